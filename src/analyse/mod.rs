@@ -1,0 +1,27 @@
+//! Rules: each reads a loaded recording and raises a [`Finding`] only from
+//! what the recording measured. Versions and settings go into the text.
+
+pub mod finding;
+pub mod statements;
+pub mod timer_syscalls;
+
+pub use finding::{Finding, Severity};
+
+use crate::recording::Loaded;
+
+pub trait Rule {
+    /// The finding id it raises (stable; part of the contract).
+    fn id(&self) -> &'static str;
+    fn evaluate(&self, rec: &Loaded) -> Option<Finding>;
+}
+
+pub fn rules() -> Vec<Box<dyn Rule>> {
+    vec![Box::new(timer_syscalls::TimerSyscalls)]
+}
+
+/// Every rule's findings, most severe first, then by id.
+pub fn analyse(rec: &Loaded) -> Vec<Finding> {
+    let mut out: Vec<Finding> = rules().iter().filter_map(|r| r.evaluate(rec)).collect();
+    out.sort_by(|a, b| b.severity.cmp(&a.severity).then_with(|| a.id.cmp(&b.id)));
+    out
+}

@@ -1,0 +1,198 @@
+//! `timer-syscalls-per-statement` (seed 000): with statement_timeout set,
+//! PostgreSQL ≤ 13 re-arms SIGALRM with setitimer() on every statement.
+//! Raised from the measured ratio of the backends' setitimer calls to the
+//! statements they ran.
+use serde_json::json;
+
+use super::statements::statements;
+use super::{Finding, Rule, Severity};
+use crate::procinfo::Role;
+use crate::recording::Loaded;
+
+pub const ID: &str = "timer-syscalls-per-statement";
+
+/// Below this many statements a ratio says little.
+const MIN_STATEMENTS: u64 = 1000;
+/// Timer syscalls per statement that count as "one per statement".
+const WARN_PER_STATEMENT: f64 = 0.5;
+/// Share of the backends' syscalls that makes it critical.
+const CRITICAL_SHARE: f64 = 0.25;
+
+/// Settings that arm a timer per statement or per transaction.
+const TIMER_SETTINGS: &[&str] = &[
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "idle_session_timeout",
+    "transaction_timeout",
+];
+
+pub struct TimerSyscalls;
+
+impl Rule for TimerSyscalls {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn evaluate(&self, rec: &Loaded) -> Option<Finding> {
+        let stmts = statements(rec)?;
+        if stmts.count < MIN_STATEMENTS {
+            return None;
+        }
+        let by_role = rec.syscalls_by_role(None);
+        let backends = by_role.get(&Role::Backend)?;
+        let setitimer = backends.get("setitimer");
+        let timer_settime = backends.get("timer_settime");
+        let timer_calls = setitimer + timer_settime;
+        let per_statement = timer_calls as f64 / stmts.count as f64;
+        if per_statement < WARN_PER_STATEMENT {
+            return None;
+        }
+        let total = backends.total();
+        let share = timer_calls as f64 / total.max(1) as f64;
+        let (a, b) = rec.syscall_span().unwrap_or(stmts.window);
+        let secs = (b - a).max(1e-9);
+        let severity = if share >= CRITICAL_SHARE {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
+        let settings: serde_json::Map<String, serde_json::Value> = TIMER_SETTINGS
+            .iter()
+            .filter_map(|k| {
+                let v = rec.manifest.postgres.settings.get(*k)?;
+                Some((k.to_string(), json!(v)))
+            })
+            .collect();
+        let armed: Vec<String> = settings
+            .iter()
+            .filter(|(_, v)| v.as_str().is_some_and(|s| s != "0" && !s.is_empty()))
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+            .collect();
+        let version = rec
+            .manifest
+            .postgres
+            .version
+            .clone()
+            .unwrap_or_else(|| "unknown".into());
+        let major = rec.manifest.postgres.major;
+        let why = match major {
+            Some(m) if m <= 13 => format!(
+                "This server is PostgreSQL {version}: before 14, schedule_alarm() calls setitimer() each time a \
+                 statement arms or disarms its timeout (fixed by commit 09cf1d5226 in 14)."
+            ),
+            Some(_) => format!(
+                "This server is PostgreSQL {version}, which keeps an armed timer across statements (14+), so a \
+                 per-statement rate here means the timeouts themselves change per statement (e.g. SET \
+                 statement_timeout or lock_timeout in every transaction)."
+            ),
+            None => "The server's version was not recorded.".to_string(),
+        };
+        let settings_text = if armed.is_empty() {
+            "no timeout setting was recorded as armed".to_string()
+        } else {
+            format!("timeouts armed: {}", armed.join(", "))
+        };
+        Some(Finding {
+            id: ID.into(),
+            severity,
+            title: "A timer syscall on every statement".into(),
+            summary: format!(
+                "Backends made {timer_calls} timer syscalls (setitimer {setitimer}, timer_settime {timer_settime}) for \
+                 {count} statements: {per_statement:.2} per statement, {rate:.0}/s, {pct:.1}% of their {total} \
+                 syscalls ({settings_text}). {why}",
+                count = stmts.count,
+                rate = timer_calls as f64 / secs,
+                pct = share * 100.0,
+            ),
+            evidence: json!({
+                "setitimer": setitimer,
+                "timer_settime": timer_settime,
+                "statements": stmts.count,
+                "statements_source": stmts.source,
+                "timer_syscalls_per_statement": round3(per_statement),
+                "timer_syscalls_per_second": round3(timer_calls as f64 / secs),
+                "share_of_backend_syscalls": round3(share),
+                "backend_syscalls": total,
+                "backend_syscalls_per_statement": round3(total as f64 / stmts.count as f64),
+                "backends": backends.pids.len(),
+                "window_s": [round3(a), round3(b)],
+                "timer_settings": settings,
+                "postgres_version": version,
+            }),
+            remedy: "Upgrade to PostgreSQL 14 or later, which re-arms the interval timer only when the next \
+                     timeout moves earlier (09cf1d5226; 15 adds d37776e451). Until then, weigh the cost — one \
+                     setitimer per statement, a few percent of a short query's time — against what the timeout \
+                     protects: keep statement_timeout where runaway queries are possible, but set it per role or \
+                     database (ALTER ROLE … SET statement_timeout) rather than server-wide for latency-critical \
+                     OLTP sessions, and compare tps before/after with `pgbelow compare`."
+                .into(),
+        })
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::Loaded;
+
+    fn fixture(name: &str) -> Loaded {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recordings")
+            .join(name);
+        Loaded::open(&dir).expect("fixture recording")
+    }
+
+    // Both fixtures are real lab runs: `pgbelow lab run --scenario select-only
+    // --set statement_timeout=10s --duration 10` on PostgreSQL 13.23 and 15.18.
+    #[test]
+    fn fires_on_the_pg13_recording() {
+        let f = TimerSyscalls
+            .evaluate(&fixture("pg13-select-only-timeout"))
+            .expect("finding");
+        assert_eq!(f.id, ID);
+        assert_eq!(f.evidence["setitimer"], 229484);
+        assert_eq!(f.evidence["statements"], 229481);
+        assert_eq!(f.evidence["timer_syscalls_per_statement"], 1.0);
+        assert_eq!(f.evidence["timer_settings"]["statement_timeout"], "10s");
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(f.summary.contains("13.23"));
+    }
+
+    #[test]
+    fn silent_on_the_pg15_recording() {
+        assert!(TimerSyscalls
+            .evaluate(&fixture("pg15-select-only-timeout"))
+            .is_none());
+    }
+
+    #[test]
+    fn decided_by_the_counts_not_the_version() {
+        // The PG 13 recording relabelled as 15 still fires: the counts decide.
+        let mut rec = fixture("pg13-select-only-timeout");
+        rec.manifest.postgres.major = Some(15);
+        rec.manifest.postgres.version = Some("15.18".into());
+        let f = TimerSyscalls.evaluate(&rec).expect("finding from counts");
+        assert!(f.summary.contains("change per statement"), "{}", f.summary);
+        // And with the setitimer calls taken out of the counts, it does not.
+        for s in &mut rec.syscalls {
+            for calls in s.counts.values_mut() {
+                calls.remove("setitimer");
+            }
+        }
+        assert!(TimerSyscalls.evaluate(&rec).is_none());
+    }
+
+    #[test]
+    fn too_few_statements_say_nothing() {
+        let mut rec = fixture("pg13-select-only-timeout");
+        if let Some(w) = rec.workload.as_mut() {
+            w.statements = MIN_STATEMENTS - 1;
+        }
+        assert!(TimerSyscalls.evaluate(&rec).is_none());
+    }
+}

@@ -1,0 +1,78 @@
+//! Collectors: one module per source of evidence, behind [`Collector`].
+//! A [`session::Session`] drives them on one clock and writes the recording.
+
+pub mod cpu;
+pub mod pgstat;
+pub mod session;
+pub mod syscalls;
+
+use anyhow::Result;
+
+use crate::error::fixable;
+use crate::recording::{CollectorInfo, Writer};
+
+/// A source of evidence sampled about once per second.
+pub trait Collector {
+    fn name(&self) -> &'static str;
+    /// Mechanism, status and reason for the manifest (cpu_s is filled by the session).
+    fn info(&self) -> CollectorInfo;
+    /// Write what happened since the last call; `t` is seconds since the recording began.
+    fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()>;
+    /// Processes this collector has seen (pid, parent pid), so the session can
+    /// give each a role even if it exited before /proc was read.
+    fn pids_seen(&self) -> Vec<(u32, u32)> {
+        Vec::new()
+    }
+}
+
+/// Collectors pgbelow knows, in the order they run.
+pub const KNOWN: &[&str] = &["syscalls"];
+/// Collectors on when `--collectors` is not given.
+pub const DEFAULT: &[&str] = &["syscalls"];
+
+/// Parse `--collectors a,b,c` (or `none`, or `all`).
+pub fn parse_list(spec: Option<&str>) -> Result<Vec<String>> {
+    let Some(spec) = spec else {
+        return Ok(DEFAULT.iter().map(|s| s.to_string()).collect());
+    };
+    let spec = spec.trim();
+    if spec == "none" || spec.is_empty() {
+        return Ok(Vec::new());
+    }
+    if spec == "all" {
+        return Ok(KNOWN.iter().map(|s| s.to_string()).collect());
+    }
+    let mut out = Vec::new();
+    for name in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if !KNOWN.contains(&name) {
+            return Err(fixable(
+                format!("unknown collector '{name}'"),
+                format!(
+                    "use --collectors with some of: {}, or none, or all",
+                    KNOWN.join(",")
+                ),
+            ));
+        }
+        if !out.iter().any(|n: &String| n == name) {
+            out.push(name.to_string());
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collector_lists() {
+        assert_eq!(parse_list(None).unwrap(), vec!["syscalls"]);
+        assert!(parse_list(Some("none")).unwrap().is_empty());
+        assert_eq!(
+            parse_list(Some("syscalls,syscalls")).unwrap(),
+            vec!["syscalls"]
+        );
+        let e = parse_list(Some("syscalls,bogus")).unwrap_err();
+        assert!(e.to_string().contains("unknown collector 'bogus'"));
+    }
+}

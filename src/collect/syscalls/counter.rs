@@ -1,0 +1,319 @@
+//! Counting the syscalls of a process tree in the kernel, never with ptrace.
+//!
+//! Two mechanisms, the first that works is used:
+//!
+//! * **eBPF** ([`Mechanism::Ebpf`]): raw tracepoints count every syscall of
+//!   every tracked process by number, and the kernel itself adds each child a
+//!   tracked process forks before the child first runs, so short-lived
+//!   children are counted completely. Needs CAP_BPF and CAP_PERFMON (or root)
+//!   and Linux >= 5.12 with BTF; tracefs is not needed.
+//! * **perf tracepoints** ([`Mechanism::PerfTracepoint`]): one counting
+//!   `perf_event_open` event per thread per syscall in [`PERF_SYSCALLS`]
+//!   (others are not counted: see [`SyscallCounter::counted_syscalls`]), on
+//!   the `syscalls:sys_enter_*` tracepoints (needs tracefs). New descendants
+//!   and threads are found by walking /proc at each [`SyscallCounter::read`],
+//!   so a process or thread that lives less than one read interval, and the
+//!   first syscalls of any new one, may be missed.
+//!
+//! Counts are cumulative since [`SyscallCounter::start`]; callers diff them.
+//! A process that exited keeps its final counts in every later snapshot.
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::error::{find_fixable, fixable};
+
+#[path = "bpf.rs"]
+mod bpf;
+#[path = "perf.rs"]
+mod perf;
+#[path = "procwalk.rs"]
+mod procwalk;
+
+pub use perf::PERF_SYSCALLS;
+
+/// How syscalls are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mechanism {
+    /// BPF programs on raw tracepoints, counts aggregated in BPF maps.
+    Ebpf,
+    /// Counting perf events on the syscalls:sys_enter_* tracepoints.
+    PerfTracepoint,
+}
+
+impl fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mechanism::Ebpf => "ebpf",
+            Mechanism::PerfTracepoint => "perf-tracepoint",
+        })
+    }
+}
+
+impl std::str::FromStr for Mechanism {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "ebpf" => Ok(Mechanism::Ebpf),
+            "perf-tracepoint" => Ok(Mechanism::PerfTracepoint),
+            _ => Err(fixable(
+                format!("unknown syscall mechanism {s:?}"),
+                "use ebpf or perf-tracepoint",
+            )),
+        }
+    }
+}
+
+/// Cumulative syscall counts of the tracked processes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CountSnapshot {
+    /// cumulative syscall counts since start: tgid -> (syscall nr -> count)
+    pub counts: BTreeMap<u32, BTreeMap<u32, u64>>,
+    /// tgid -> parent tgid for every process tracked (roots map to 0)
+    pub parents: BTreeMap<u32, u32>,
+    /// syscalls not counted because a map was full (must be reported, never
+    /// silent); with eBPF, also syscalls whose number is beyond the table
+    /// (e.g. x32 ABI calls)
+    pub dropped: u64,
+    /// children of tracked processes that could not be tracked because the
+    /// process map was full: none of their syscalls are in `counts` (eBPF;
+    /// always 0 with perf, which cannot know)
+    pub lost_children: u64,
+}
+
+enum Backend {
+    Ebpf(bpf::Ebpf),
+    Perf(perf::Perf),
+}
+
+/// Counts the syscalls of a set of processes and all their descendants.
+pub struct SyscallCounter {
+    backend: Backend,
+    fallback_reason: Option<String>,
+}
+
+impl SyscallCounter {
+    /// Track `roots` and every descendant, existing ones (walk /proc children now) and ones forked later.
+    /// `prefer`: None = eBPF if it loads, else perf tracepoints. Some(m) forces one mechanism (used by tests and `--syscall-mechanism`).
+    /// Errors are fixable: not root/no CAP_BPF → "run as root or grant CAP_BPF,CAP_PERFMON"; both mechanisms failing → say why each failed.
+    pub fn start(roots: &[u32], prefer: Option<Mechanism>) -> anyhow::Result<SyscallCounter> {
+        check_roots(roots)?;
+        check_privileges()?;
+        let mut roots = roots.to_vec();
+        roots.sort_unstable();
+        roots.dedup();
+        match prefer {
+            Some(Mechanism::Ebpf) => Ok(SyscallCounter {
+                backend: Backend::Ebpf(bpf::Ebpf::start(&roots).map_err(ebpf_error)?),
+                fallback_reason: None,
+            }),
+            Some(Mechanism::PerfTracepoint) => Ok(SyscallCounter {
+                backend: Backend::Perf(perf::Perf::start(&roots)?),
+                fallback_reason: None,
+            }),
+            None => match bpf::Ebpf::start(&roots) {
+                Ok(b) => Ok(SyscallCounter {
+                    backend: Backend::Ebpf(b),
+                    fallback_reason: None,
+                }),
+                Err(bpf_err) => {
+                    let bpf_err = ebpf_error(bpf_err);
+                    match perf::Perf::start(&roots) {
+                        Ok(p) => Ok(SyscallCounter {
+                            backend: Backend::Perf(p),
+                            fallback_reason: Some(format!("eBPF unavailable: {bpf_err:#}")),
+                        }),
+                        Err(perf_err) => Err(both_failed(&bpf_err, &perf_err)),
+                    }
+                }
+            },
+        }
+    }
+
+    /// The mechanism in use.
+    pub fn mechanism(&self) -> Mechanism {
+        match self.backend {
+            Backend::Ebpf(_) => Mechanism::Ebpf,
+            Backend::Perf(_) => Mechanism::PerfTracepoint,
+        }
+    }
+
+    /// Cheap: reads the maps. Called once a second.
+    pub fn read(&mut self) -> anyhow::Result<CountSnapshot> {
+        match &mut self.backend {
+            Backend::Ebpf(b) => b.read(),
+            Backend::Perf(p) => p.read(),
+        }
+    }
+
+    /// Why the preferred mechanism was not used, if a fallback happened (goes into the manifest).
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
+    }
+
+    /// The syscall numbers that are counted: `None` means all of them (eBPF);
+    /// with perf tracepoints only these, so a syscall missing from a snapshot
+    /// is evidence of zero calls only if it is in this list.
+    pub fn counted_syscalls(&self) -> Option<Vec<u32>> {
+        match &self.backend {
+            Backend::Ebpf(_) => None,
+            Backend::Perf(p) => Some(p.counted_syscalls()),
+        }
+    }
+}
+
+// Drop: `bpf::Ebpf` drops its skeleton (links, programs and maps are closed,
+// nothing stays attached); `perf::Perf` closes every perf event fd.
+
+fn check_roots(roots: &[u32]) -> anyhow::Result<()> {
+    if roots.is_empty() {
+        return Err(fixable(
+            "no process to count syscalls of",
+            "pass the PostgreSQL postmaster pid",
+        ));
+    }
+    for &pid in roots {
+        if pid == 0 || !procwalk::exists(pid) {
+            return Err(fixable(
+                format!("process {pid} does not exist"),
+                "pass the pid of a running process (see `ps -e`)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+
+/// Fails early, with the fix, when neither mechanism can work for lack of
+/// privileges: eBPF needs CAP_BPF+CAP_PERFMON, perf tracepoints CAP_PERFMON
+/// (CAP_SYS_ADMIN covers both).
+fn check_privileges() -> anyhow::Result<()> {
+    let caps = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| parse_cap_eff(&s));
+    let Some(caps) = caps else {
+        return Ok(()); // unknown: let the mechanisms tell
+    };
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    if has(CAP_SYS_ADMIN) || has(CAP_PERFMON) {
+        return Ok(());
+    }
+    Err(fixable(
+        "counting syscalls in the kernel needs CAP_BPF and CAP_PERFMON, which this process lacks",
+        "run as root or grant CAP_BPF,CAP_PERFMON (sudo setcap cap_bpf,cap_perfmon+ep <path to pgbelow>)",
+    ))
+}
+
+fn parse_cap_eff(status: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// Puts the usual causes of a BPF load failure into words.
+fn ebpf_error(e: anyhow::Error) -> anyhow::Error {
+    if find_fixable(&e).is_some() {
+        return e;
+    }
+    let io = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<libbpf_rs::Error>())
+        .map(|le| le.kind());
+    match io {
+        Some(libbpf_rs::ErrorKind::PermissionDenied) => fixable(
+            format!("loading the eBPF syscall counter was refused ({e:#})"),
+            "run as root or grant CAP_BPF,CAP_PERFMON; check kernel.unprivileged_bpf_disabled and lockdown",
+        ),
+        _ => e,
+    }
+}
+
+fn both_failed(bpf_err: &anyhow::Error, perf_err: &anyhow::Error) -> anyhow::Error {
+    let fix = find_fixable(perf_err)
+        .or_else(|| find_fixable(bpf_err))
+        .map(|f| f.fix.clone())
+        .unwrap_or_else(|| {
+            "run as root on Linux >= 5.12 with BTF (/sys/kernel/btf/vmlinux), or mount tracefs: mount -t tracefs nodev /sys/kernel/tracing".into()
+        });
+    fixable(
+        format!(
+            "cannot count syscalls: eBPF failed: {}; perf tracepoints failed: {}",
+            one_line(bpf_err),
+            one_line(perf_err)
+        ),
+        fix,
+    )
+}
+
+/// An error chain on one line, without a Fixable's "(fix: ...)" repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    if let Some(f) = find_fixable(e) {
+        return f.what.clone();
+    }
+    format!("{e:#}").replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mechanism_names() {
+        assert_eq!(Mechanism::Ebpf.to_string(), "ebpf");
+        assert_eq!(Mechanism::PerfTracepoint.to_string(), "perf-tracepoint");
+        assert_eq!(
+            serde_json::to_string(&Mechanism::PerfTracepoint).unwrap(),
+            "\"perf-tracepoint\""
+        );
+        assert_eq!(
+            serde_json::from_str::<Mechanism>("\"ebpf\"").unwrap(),
+            Mechanism::Ebpf
+        );
+        assert_eq!(
+            "perf-tracepoint".parse::<Mechanism>().unwrap(),
+            Mechanism::PerfTracepoint
+        );
+        assert!("strace".parse::<Mechanism>().is_err());
+    }
+
+    #[test]
+    fn cap_eff() {
+        let s = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
+        assert_eq!(parse_cap_eff(s), Some(0x1ff_ffff_ffff));
+        assert_eq!(parse_cap_eff("CapEff:\tzz\n"), None);
+        assert_eq!(parse_cap_eff(""), None);
+    }
+
+    #[test]
+    fn bad_roots_are_fixable() {
+        for roots in [&[][..], &[0][..], &[u32::MAX][..]] {
+            let e = SyscallCounter::start(roots, None).err().expect("error");
+            assert!(find_fixable(&e).is_some(), "{e:#}");
+        }
+    }
+
+    #[test]
+    fn both_failed_names_each() {
+        let e = both_failed(
+            &anyhow::anyhow!("BTF missing"),
+            &fixable(
+                "tracefs not mounted",
+                "mount -t tracefs nodev /sys/kernel/tracing",
+            ),
+        );
+        let f = find_fixable(&e).unwrap();
+        assert!(f.what.contains("eBPF failed: BTF missing"), "{}", f.what);
+        assert!(f
+            .what
+            .contains("perf tracepoints failed: tracefs not mounted"));
+        assert_eq!(f.fix, "mount -t tracefs nodev /sys/kernel/tracing");
+    }
+
+    #[test]
+    fn counter_is_send() {
+        fn send<T: Send>() {}
+        send::<SyscallCounter>();
+    }
+}

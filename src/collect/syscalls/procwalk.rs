@@ -1,0 +1,188 @@
+//! Finding the descendants of tracked processes in /proc.
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fs;
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Whether `/proc/<pid>` exists (a zombie not yet reaped by its parent still does).
+pub(super) fn exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The thread ids of process `pid`; empty if it is gone.
+pub(super) fn threads(pid: u32) -> Vec<u32> {
+    match fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(dir) => dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Whether the kernel has /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN).
+fn have_children_files() -> bool {
+    static HAVE: OnceLock<bool> = OnceLock::new();
+    *HAVE.get_or_init(|| {
+        let me = std::process::id();
+        Path::new(&format!("/proc/{me}/task/{me}/children")).exists()
+    })
+}
+
+/// The child processes (tgids) of process `pid`, from the children files of
+/// each of its threads.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for tid in threads(pid) {
+        if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
+            out.extend(parse_children(&text));
+        }
+    }
+    out
+}
+
+fn parse_children(text: &str) -> impl Iterator<Item = u32> + '_ {
+    text.split_ascii_whitespace().filter_map(|s| s.parse().ok())
+}
+
+/// The parent tgid field of a /proc/<pid>/stat line; `None` if malformed.
+fn parse_stat_ppid(stat: &str) -> Option<u32> {
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    fields.next()?; // state
+    fields.next()?.parse().ok()
+}
+
+/// parent pid -> child pids, for every process in /proc.
+fn scan_parents() -> BTreeMap<u32, Vec<u32>> {
+    let mut by_parent: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return by_parent;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A process that exited since readdir is simply skipped.
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some(ppid) = parse_stat_ppid(&stat) {
+            by_parent.entry(ppid).or_default().push(pid);
+        }
+    }
+    by_parent
+}
+
+/// Calls `visit(child, parent)` for every live descendant of `from` that is
+/// not `known`, each parent before its children. A process is listed only
+/// after `visit` returned for its parent, so a caller that starts tracking
+/// in `visit` (and whose kernel side tracks forks of tracked processes) misses
+/// no process that was alive during the walk.
+pub(super) fn walk_new_descendants(
+    from: impl IntoIterator<Item = u32>,
+    known: &mut BTreeSet<u32>,
+    visit: &mut dyn FnMut(u32, u32) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    walk_with(have_children_files(), from, known, visit)
+}
+
+fn walk_with(
+    children_files: bool,
+    from: impl IntoIterator<Item = u32>,
+    known: &mut BTreeSet<u32>,
+    visit: &mut dyn FnMut(u32, u32) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut queue: VecDeque<u32> = from.into_iter().collect();
+    if children_files {
+        while let Some(pid) = queue.pop_front() {
+            for child in children(pid) {
+                if known.insert(child) {
+                    visit(child, pid)?;
+                    queue.push_back(child);
+                }
+            }
+        }
+        return Ok(());
+    }
+    // Without children files: scan all of /proc, and again until a scan finds
+    // nothing new (a process forked between a scan and its parent's visit
+    // shows up in the next one).
+    let starts: Vec<u32> = queue.drain(..).collect();
+    loop {
+        let by_parent = scan_parents();
+        let mut found = false;
+        let mut queue: VecDeque<u32> = starts.iter().copied().collect();
+        let mut seen: BTreeSet<u32> = queue.iter().copied().collect();
+        while let Some(pid) = queue.pop_front() {
+            for &child in by_parent.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
+                if known.insert(child) {
+                    found = true;
+                    visit(child, pid)?;
+                }
+                if seen.insert(child) {
+                    queue.push_back(child);
+                }
+            }
+        }
+        if !found {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_ppid_with_odd_comm() {
+        assert_eq!(
+            parse_stat_ppid("123 (postgres: a (b) c) S 45 123 123 0 -1"),
+            Some(45)
+        );
+        assert_eq!(parse_stat_ppid("1 (init) S 0 1 1"), Some(0));
+        assert_eq!(parse_stat_ppid("garbage"), None);
+        assert_eq!(parse_stat_ppid("1 (x) S"), None);
+        assert_eq!(parse_stat_ppid(""), None);
+    }
+
+    #[test]
+    fn children_list() {
+        assert_eq!(parse_children("12 34 \n").collect::<Vec<_>>(), [12, 34]);
+        assert_eq!(parse_children("").count(), 0);
+    }
+
+    #[test]
+    fn finds_own_child() {
+        finds_own_child_with(true);
+        finds_own_child_with(false);
+    }
+
+    fn finds_own_child_with(children_files: bool) {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("spawn sleep");
+        let me = std::process::id();
+        let mut known = BTreeSet::from([me]);
+        let mut seen = Vec::new();
+        walk_with(children_files, [me], &mut known, &mut |c, p| {
+            seen.push((c, p));
+            Ok(())
+        })
+        .unwrap();
+        let scanned = scan_parents();
+        let alive = exists(child.id());
+        child.kill().ok();
+        child.wait().ok();
+        assert!(seen.contains(&(child.id(), me)), "{seen:?}");
+        assert!(scanned.get(&me).is_some_and(|c| c.contains(&child.id())));
+        assert!(alive);
+        assert!(!exists(child.id()));
+    }
+}

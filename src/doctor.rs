@@ -1,0 +1,244 @@
+//! `pgbelow doctor`: check this machine, run short probes on a lab cluster
+//! of the system's PostgreSQL, print what it found and where the report is.
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::analyse::Severity;
+use crate::collect::syscalls::Mechanism;
+use crate::error::fixable;
+use crate::lab::{self, LabOptions, PgChoice};
+use crate::report::{self, Report};
+use crate::workload::{find_pgbench, Scenario};
+
+#[derive(Clone, Debug)]
+pub struct Check {
+    pub level: &'static str, // "ok", "warn", "fail", "info"
+    pub name: &'static str,
+    pub detail: String,
+}
+
+fn cap_effective() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Can this process load BPF programs and open perf events?
+pub fn can_trace() -> bool {
+    const CAP_SYS_ADMIN: u64 = 21;
+    const CAP_PERFMON: u64 = 38;
+    const CAP_BPF: u64 = 39;
+    let caps = cap_effective();
+    let has = |c: u64| caps & (1 << c) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+pub fn machine_checks() -> Vec<Check> {
+    let mut v = Vec::new();
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    v.push(if can_trace() {
+        Check { level: "ok", name: "privileges", detail: "can load BPF programs and open perf events".into() }
+    } else {
+        Check {
+            level: "fail",
+            name: "privileges",
+            detail: "cannot load BPF programs; fix: run as root (sudo pgbelow …) or setcap cap_bpf,cap_perfmon+ep on the binary".into(),
+        }
+    });
+    v.push(
+        if std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+            Check {
+                level: "ok",
+                name: "kernel BTF",
+                detail: "/sys/kernel/btf/vmlinux present (CO-RE BPF works)".into(),
+            }
+        } else {
+            Check {
+                level: "warn",
+                name: "kernel BTF",
+                detail:
+                    "no /sys/kernel/btf/vmlinux; syscall counting falls back to perf tracepoints"
+                        .into(),
+            }
+        },
+    );
+    if let Some(p) = read("/proc/sys/kernel/perf_event_paranoid") {
+        let n: i32 = p.parse().unwrap_or(4);
+        v.push(if n <= 1 || can_trace() {
+            Check { level: "ok", name: "perf_event_paranoid", detail: format!("{n}") }
+        } else {
+            Check {
+                level: "warn",
+                name: "perf_event_paranoid",
+                detail: format!("{n}: unprivileged perf is limited; fix: sysctl kernel.perf_event_paranoid=1 or run as root"),
+            }
+        });
+    }
+    let cs = read("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .unwrap_or_default();
+    let avail = read("/sys/devices/system/clocksource/clocksource0/available_clocksource")
+        .unwrap_or_default();
+    let vdso_ok = matches!(
+        cs.as_str(),
+        "tsc" | "arch_sys_counter" | "kvm-clock" | "hyperv_clocksource_tsc_page"
+    );
+    v.push(Check {
+        level: if vdso_ok { "ok" } else { "warn" },
+        name: "clocksource",
+        detail: if vdso_ok {
+            format!("{cs} (clock reads stay in the vDSO; available: {avail})")
+        } else {
+            format!("{cs}: clock reads may be syscalls, EXPLAIN ANALYZE and track_io_timing get expensive (available: {avail})")
+        },
+    });
+    v.push(match find_pgbench() {
+        Ok(p) => Check {
+            level: "ok",
+            name: "pgbench",
+            detail: p.display().to_string(),
+        },
+        Err(e) => Check {
+            level: "fail",
+            name: "pgbench",
+            detail: format!("{e:#}"),
+        },
+    });
+    v
+}
+
+pub struct DoctorOptions {
+    pub out: Option<PathBuf>,
+    pub pg: PgChoice,
+    pub duration_s: u32,
+    pub syscall_mechanism: Option<Mechanism>,
+    pub show_progress: bool,
+}
+
+pub struct DoctorResult {
+    pub text: String,
+    pub dir: PathBuf,
+    pub report: Report,
+}
+
+pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
+    let checks = machine_checks();
+    let mut text = String::from("pgbelow doctor\n\nMachine\n");
+    for c in &checks {
+        let _ = writeln!(text, "  {:<5} {:<20} {}", c.level, c.name, c.detail);
+    }
+    if opts.show_progress {
+        eprint!("{text}");
+    }
+    if let Some(c) = checks.iter().find(|c| c.level == "fail") {
+        return Err(fixable(
+            format!("doctor cannot probe: {}", c.name),
+            c.detail.clone(),
+        ));
+    }
+    let install = lab::resolve_install(&opts.pg, opts.show_progress)?;
+    let symtab = install.has_symtab();
+    let pg_line = format!(
+        "  {:<5} {:<20} {} at {}{}\n",
+        "ok",
+        "PostgreSQL",
+        install.version,
+        install.bin_dir.display(),
+        if symtab {
+            ""
+        } else {
+            " (stripped: static functions will not resolve in profiles)"
+        }
+    );
+    text.push_str(&pg_line);
+    if opts.show_progress {
+        eprint!("{pg_line}");
+    }
+    let out = opts.out.clone().unwrap_or_else(|| {
+        let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+        PathBuf::from("pgbelow-runs").join(format!("doctor-{stamp}"))
+    });
+    // Timer probe (seed 000): select-only with statement_timeout armed.
+    let probe = LabOptions {
+        scenario: Scenario::SelectOnly,
+        pg: PgChoice::Dir(install.bin_dir.clone()),
+        set: vec![("statement_timeout".into(), "10s".into())],
+        duration_s: opts.duration_s,
+        clients: 1,
+        scale: 1,
+        collectors: crate::collect::DEFAULT
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        syscall_mechanism: opts.syscall_mechanism,
+        out: Some(out),
+        show_progress: opts.show_progress,
+    };
+    let res = lab::run(&probe)?;
+    let r = &res.report;
+    let _ = writeln!(
+        text,
+        "\nProbe: timer syscalls (select-only, statement_timeout=10s, {} s)",
+        opts.duration_s
+    );
+    let per_stmt = r
+        .syscalls
+        .by_role
+        .get(&crate::procinfo::Role::Backend)
+        .and_then(|t| t.top.iter().find(|row| row.syscall == "setitimer"))
+        .and_then(|row| row.per_statement)
+        .unwrap_or(0.0);
+    let exposed = r
+        .findings
+        .iter()
+        .any(|f| f.id == crate::analyse::timer_syscalls::ID);
+    if let Some(w) = &r.workload {
+        let _ = writeln!(
+            text,
+            "  {:.0} tps · {} statements · setitimer {per_stmt:.3} per statement → {}",
+            w.tps,
+            w.statements,
+            if exposed { "EXPOSED" } else { "not exposed" }
+        );
+    }
+    let _ = writeln!(text, "\nFindings");
+    if r.findings.is_empty() {
+        let _ = writeln!(text, "  none");
+    }
+    for f in &r.findings {
+        let _ = writeln!(
+            text,
+            "  [{}] {} — {}\n    {}",
+            f.severity.as_str(),
+            f.id,
+            f.title,
+            f.summary
+        );
+    }
+    let _ = writeln!(
+        text,
+        "\nRecording: {}\nReport:    {}",
+        res.dir.display(),
+        res.dir.join(report::TEXT_FILE).display()
+    );
+    Ok(DoctorResult {
+        text,
+        dir: res.dir,
+        report: res.report,
+    })
+}
+
+/// Highest severity among findings, for `--fail-on`.
+pub fn worst(r: &Report) -> Option<Severity> {
+    r.findings.iter().map(|f| f.severity).max()
+}

@@ -1,0 +1,49 @@
+//! Errors a user can act on: each names the object and the exact fix.
+use std::fmt;
+
+/// An environment or usage problem. `main` prints it on one line and exits 2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fixable {
+    /// What failed, naming the object (a path, a version, a setting).
+    pub what: String,
+    /// The exact fix, as a command or a setting where possible.
+    pub fix: String,
+}
+
+impl fmt::Display for Fixable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (fix: {})", self.what, self.fix)
+    }
+}
+
+impl std::error::Error for Fixable {}
+
+/// Build an `anyhow::Error` carrying a [`Fixable`].
+pub fn fixable(what: impl Into<String>, fix: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Fixable {
+        what: what.into(),
+        fix: fix.into(),
+    })
+}
+
+/// The first [`Fixable`] in an error chain, if any.
+pub fn find_fixable(err: &anyhow::Error) -> Option<&Fixable> {
+    err.chain().find_map(|e| e.downcast_ref::<Fixable>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixable_is_found_under_context() {
+        let e = fixable("pgbench not found", "apt-get install postgresql-client")
+            .context("starting the workload");
+        let f = find_fixable(&e).expect("fixable in chain");
+        assert_eq!(f.fix, "apt-get install postgresql-client");
+        assert_eq!(
+            f.to_string(),
+            "pgbench not found (fix: apt-get install postgresql-client)"
+        );
+    }
+}

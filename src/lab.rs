@@ -1,0 +1,289 @@
+//! `pgbelow lab run`: provision a PostgreSQL, run a scenario under the
+//! collectors, analyse the recording, tear everything down.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::collect::session::{Session, SessionOptions};
+use crate::collect::syscalls::Mechanism;
+use crate::error::fixable;
+use crate::interrupt;
+use crate::provision::{Cluster, ClusterOptions, PgInstall};
+use crate::recording::{files, this_host_manifest, Loaded, ScenarioInfo, Status};
+use crate::report;
+use crate::workload::{Pgbench, PgbenchTarget, Scenario, WorkloadSummary};
+
+/// Which PostgreSQL to run.
+#[derive(Clone, Debug)]
+pub enum PgChoice {
+    System,
+    Major(u32),
+    Dir(PathBuf),
+}
+
+#[derive(Clone, Debug)]
+pub struct LabOptions {
+    pub scenario: Scenario,
+    pub pg: PgChoice,
+    pub set: Vec<(String, String)>,
+    pub duration_s: u32,
+    pub clients: u32,
+    pub scale: u32,
+    pub collectors: Vec<String>,
+    pub syscall_mechanism: Option<Mechanism>,
+    pub out: Option<PathBuf>,
+    /// Progress bar and status lines on stderr.
+    pub show_progress: bool,
+}
+
+pub struct LabResult {
+    pub dir: PathBuf,
+    pub report: report::Report,
+}
+
+/// Settings whose values go into every manifest (the rules explain with them).
+pub const RELEVANT_SETTINGS: &[&str] = &[
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "idle_session_timeout",
+    "transaction_timeout",
+    "deadlock_timeout",
+    "shared_buffers",
+    "synchronous_commit",
+    "max_connections",
+    "track_io_timing",
+    "checkpoint_timeout",
+    "checkpoint_completion_target",
+    "checkpoint_flush_after",
+    "bgwriter_flush_after",
+    "backend_flush_after",
+    "wal_sync_method",
+    "fsync",
+];
+
+/// SQL listing the relevant settings, for psql -A -t (name|value lines).
+pub fn settings_sql() -> String {
+    let names: Vec<String> = RELEVANT_SETTINGS.iter().map(|n| format!("'{n}'")).collect();
+    format!(
+        "select name, current_setting(name) from pg_settings where name in ({}) order by name",
+        names.join(",")
+    )
+}
+
+/// Parse `name|value` lines from psql -A -t.
+pub fn parse_settings(out: &str) -> BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once('|'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+pub fn resolve_install(pg: &PgChoice, show: bool) -> Result<PgInstall> {
+    let say = move |m: &str| {
+        if show {
+            eprintln!("pgbelow: {m}");
+        }
+    };
+    match pg {
+        PgChoice::System => PgInstall::system(),
+        PgChoice::Major(m) => PgInstall::for_major(*m, &say),
+        PgChoice::Dir(d) => PgInstall::from_dir(d),
+    }
+}
+
+fn default_out(scenario: &str, major: u32) -> PathBuf {
+    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+    PathBuf::from("pgbelow-runs").join(format!("{scenario}-pg{major}-{stamp}"))
+}
+
+fn check_interrupt() -> Result<()> {
+    if interrupt::requested() {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+pub fn run(opts: &LabOptions) -> Result<LabResult> {
+    let pgbench = Pgbench::locate()?;
+    let install = resolve_install(&opts.pg, opts.show_progress)?;
+    check_interrupt()?;
+    let out = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| default_out(opts.scenario.name(), install.major));
+    if out.join(files::MANIFEST).exists() {
+        return Err(fixable(
+            format!("{} already holds a recording", out.display()),
+            "pass another --out DIR, or remove that one",
+        ));
+    }
+    crate::recording::writer::probe_writable(&out)?;
+    let status = |m: &str| {
+        if opts.show_progress {
+            eprintln!("pgbelow: {m}");
+        }
+    };
+    status(&format!(
+        "starting PostgreSQL {} from {}",
+        install.version,
+        install.bin_dir.display()
+    ));
+    let mut cluster = Cluster::start(
+        &install,
+        &ClusterOptions {
+            settings: opts.set.clone(),
+            log_checkpoints: true,
+        },
+    )?;
+    let result = run_on(&cluster, &install, &pgbench, &out, opts, &status);
+    let stopped = cluster.stop();
+    let res = result?;
+    stopped.context("stopping the lab cluster")?;
+    Ok(res)
+}
+
+fn run_on(
+    cluster: &Cluster,
+    install: &PgInstall,
+    pgbench: &Pgbench,
+    out: &Path,
+    opts: &LabOptions,
+    status: &dyn Fn(&str),
+) -> Result<LabResult> {
+    check_interrupt()?;
+    cluster.psql("postgres", "CREATE DATABASE bench")?;
+    let target = PgbenchTarget {
+        host: cluster.socket_dir().display().to_string(),
+        port: cluster.port(),
+        user: cluster.user().to_string(),
+        dbname: "bench".into(),
+    };
+    status(&format!("pgbench -i -s {}", opts.scale));
+    pgbench.init(&target, opts.scale)?;
+    check_interrupt()?;
+    let settings = parse_settings(&cluster.psql("bench", &settings_sql())?);
+    let version = cluster
+        .psql("bench", "show server_version")?
+        .trim()
+        .to_string();
+
+    let mut manifest = this_host_manifest("lab");
+    manifest.postgres.version = Some(version);
+    manifest.postgres.major = Some(install.major);
+    manifest.postgres.bin_dir = Some(install.bin_dir.display().to_string());
+    manifest.postgres.symtab = Some(install.has_symtab());
+    manifest.postgres.postmaster_pid = cluster.postmaster_pid();
+    manifest.postgres.data_dir = Some(cluster.data_dir().display().to_string());
+    manifest.postgres.settings = settings;
+    manifest.scenario = Some(ScenarioInfo {
+        name: opts.scenario.name().into(),
+        clients: opts.clients,
+        duration_s: opts.duration_s,
+        scale: opts.scale,
+        set: opts.set.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        pg: Some(match &opts.pg {
+            PgChoice::System => "system".into(),
+            PgChoice::Major(m) => m.to_string(),
+            PgChoice::Dir(d) => d.display().to_string(),
+        }),
+    });
+    let mut session = Session::start(
+        out.to_path_buf(),
+        manifest,
+        &SessionOptions {
+            collectors: opts.collectors.clone(),
+            syscall_mechanism: opts.syscall_mechanism,
+        },
+        Vec::new(),
+    )?;
+    let outcome = drive(&mut session, pgbench, &target, opts);
+    let (st, err) = match &outcome {
+        Ok(_) if interrupt::requested() => (Status::Interrupted, None),
+        Ok(_) => (Status::Complete, None),
+        Err(e) => (Status::Failed, Some(format!("{e:#}"))),
+    };
+    let dir = session.finish(st, err)?;
+    outcome?;
+    let loaded = Loaded::open(&dir)?;
+    let rep = report::build(&loaded);
+    report::write_files(&dir, &rep)?;
+    status(&format!("recording written to {}", dir.display()));
+    Ok(LabResult { dir, report: rep })
+}
+
+/// Run pgbench, ticking the collectors each second and streaming progress.
+fn drive(
+    session: &mut Session,
+    pgbench: &Pgbench,
+    target: &PgbenchTarget,
+    opts: &LabOptions,
+) -> Result<()> {
+    let bar = if opts.show_progress {
+        let b = ProgressBar::new(u64::from(opts.duration_s));
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {elapsed:>3} [{bar:30}] {pos}/{len}s {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let t_start = session.t();
+    let mut run = pgbench.start(target, opts.scenario, opts.clients, opts.duration_s)?;
+    let mut interrupted = false;
+    let mut next_tick = t_start + 1.0;
+    loop {
+        for p in run.progress() {
+            bar.set_position(p.t as u64);
+            bar.set_message(format!("{:.0} tps, lat {:.3} ms", p.tps, p.lat_ms));
+            let mut p = p;
+            p.t = crate::collect::session::round_ms(t_start + p.t);
+            session.writer().append(files::PROGRESS, &p)?;
+        }
+        if run.finished() {
+            break;
+        }
+        if !interrupted && interrupt::requested() {
+            interrupted = true;
+            run.interrupt();
+        }
+        if session.t() >= next_tick {
+            session.tick()?;
+            next_tick += 1.0;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t_end = session.t();
+    let (summary, rest) = run.wait()?;
+    for mut p in rest {
+        p.t = crate::collect::session::round_ms(t_start + p.t);
+        session.writer().append(files::PROGRESS, &p)?;
+    }
+    bar.finish_and_clear();
+    let transactions = summary.transactions.unwrap_or(0);
+    let w = WorkloadSummary {
+        tool: "pgbench".into(),
+        scenario: opts.scenario.name().into(),
+        clients: summary.clients.unwrap_or(opts.clients),
+        scale: opts.scale,
+        transactions,
+        statements: transactions * opts.scenario.statements_per_transaction(),
+        statements_source: format!(
+            "pgbench transactions × {} statement(s) per {} transaction",
+            opts.scenario.statements_per_transaction(),
+            opts.scenario.name()
+        ),
+        failed: summary.failed.unwrap_or(0),
+        tps: summary.tps.unwrap_or(0.0),
+        duration_s: crate::collect::session::round_ms(t_end - t_start),
+        latency_avg_ms: summary.latency_avg_ms,
+        t_start,
+        t_end,
+    };
+    session.writer().put(files::WORKLOAD_SUMMARY, &w)?;
+    Ok(())
+}

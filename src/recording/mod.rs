@@ -1,0 +1,23 @@
+//! The recording: a directory between capture and interpretation, so that
+//! analysis and reports run offline and again. Format: docs/recording.md.
+
+pub mod manifest;
+pub mod reader;
+pub mod writer;
+
+pub use manifest::{
+    new_manifest as this_host_manifest, CollectorInfo, Host, Manifest, Postgres, ScenarioInfo,
+    Status, SCHEMA_VERSION,
+};
+pub use reader::{Loaded, SyscallSample};
+pub use writer::Writer;
+
+/// Stream names (`<name>.jsonl`) and files inside a recording.
+pub mod files {
+    pub const MANIFEST: &str = "manifest.json";
+    pub const WORKLOAD_SUMMARY: &str = "workload.json";
+    pub const PROGRESS: &str = "progress.jsonl";
+    pub const PROCESSES: &str = "processes.jsonl";
+    pub const SYSCALLS: &str = "syscalls.jsonl";
+    pub const PGSTAT: &str = "pgstat.jsonl";
+}

@@ -1,0 +1,206 @@
+//! The JSON report. Additive changes only: other tools read it.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::analyse::{self, statements::statements, Finding};
+use crate::procinfo::Role;
+use crate::recording::{CollectorInfo, Host, Loaded, Status};
+
+pub const REPORT_SCHEMA_VERSION: u32 = 1;
+const TOP_SYSCALLS: usize = 12;
+/// Syscalls the rules reason about: always listed for backends, even at 0,
+/// so "≈ 0 per statement" is visible rather than implied by absence.
+pub const WATCHED: &[&str] = &[
+    "setitimer",
+    "timer_settime",
+    "clock_gettime",
+    "epoll_create1",
+    "epoll_ctl",
+];
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    pub schema_version: u32,
+    pub pgbelow_version: String,
+    pub recording: RecordingMeta,
+    pub host: Host,
+    pub postgres: PostgresMeta,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<Workload>,
+    pub collectors: Vec<CollectorInfo>,
+    pub syscalls: Syscalls,
+    pub findings: Vec<Finding>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecordingMeta {
+    pub mode: String,
+    pub status: Status,
+    pub started_at: String,
+    pub duration_s: Option<f64>,
+    pub pgbelow_cpu_s: Option<f64>,
+    /// pgbelow's CPU as a share of one CPU over the recording.
+    pub pgbelow_cpu_share: Option<f64>,
+    pub truncated_lines: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<crate::recording::ScenarioInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PostgresMeta {
+    pub version: Option<String>,
+    pub major: Option<u32>,
+    pub symtab: Option<bool>,
+    pub settings: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Workload {
+    pub scenario: String,
+    pub tps: f64,
+    pub transactions: u64,
+    pub statements: u64,
+    pub statements_source: String,
+    pub duration_s: f64,
+    pub clients: u32,
+    pub failed: u64,
+    pub latency_avg_ms: Option<f64>,
+    /// Per-second tps as pgbench reported it.
+    pub tps_series: Vec<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Syscalls {
+    /// Interval over which counts were taken (recording seconds).
+    pub window_s: Option<[f64; 2]>,
+    pub dropped: u64,
+    pub by_role: BTreeMap<Role, RoleTable>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RoleTable {
+    pub processes: usize,
+    pub total: u64,
+    pub per_second: f64,
+    /// The most frequent syscalls, then (backends) the watched ones not among them.
+    pub top: Vec<SyscallRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SyscallRow {
+    pub syscall: String,
+    pub count: u64,
+    pub per_second: f64,
+    /// Calls per statement the server ran (backends only, when statements are known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_statement: Option<f64>,
+}
+
+fn r3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Analyse a loaded recording and build its report.
+pub fn build(rec: &Loaded) -> Report {
+    let m = &rec.manifest;
+    let findings = analyse::analyse(rec);
+    let stmts = statements(rec);
+    let span = rec.syscall_span();
+    let secs = span.map(|(a, b)| (b - a).max(1e-9)).unwrap_or(1.0);
+    let mut by_role = BTreeMap::new();
+    for (role, calls) in rec.syscalls_by_role(None) {
+        let mut rows: Vec<SyscallRow> = calls
+            .calls
+            .iter()
+            .map(|(name, n)| SyscallRow {
+                syscall: name.clone(),
+                count: *n,
+                per_second: r3(*n as f64 / secs),
+                per_statement: match (&stmts, role) {
+                    (Some(s), Role::Backend) if s.count > 0 => Some(r3(*n as f64 / s.count as f64)),
+                    _ => None,
+                },
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then_with(|| a.syscall.cmp(&b.syscall))
+        });
+        rows.truncate(TOP_SYSCALLS);
+        if role == Role::Backend {
+            for name in WATCHED {
+                if !rows.iter().any(|r| r.syscall == *name) {
+                    let n = calls.get(name);
+                    rows.push(SyscallRow {
+                        syscall: name.to_string(),
+                        count: n,
+                        per_second: r3(n as f64 / secs),
+                        per_statement: stmts
+                            .as_ref()
+                            .filter(|s| s.count > 0)
+                            .map(|s| r3(n as f64 / s.count as f64)),
+                    });
+                }
+            }
+        }
+        by_role.insert(
+            role,
+            RoleTable {
+                processes: calls.pids.len(),
+                total: calls.total(),
+                per_second: r3(calls.total() as f64 / secs),
+                top: rows,
+            },
+        );
+    }
+    let workload = rec.workload.as_ref().map(|w| Workload {
+        scenario: w.scenario.clone(),
+        tps: r3(w.tps),
+        transactions: w.transactions,
+        statements: w.statements,
+        statements_source: w.statements_source.clone(),
+        duration_s: r3(w.duration_s),
+        clients: w.clients,
+        failed: w.failed,
+        latency_avg_ms: w.latency_avg_ms,
+        tps_series: rec.progress.iter().map(|p| p.tps).collect(),
+    });
+    let cpu_share = match (m.pgbelow_cpu_s, m.duration_s) {
+        (Some(c), Some(d)) if d > 0.0 => Some(r3(c / d)),
+        _ => None,
+    };
+    Report {
+        schema_version: REPORT_SCHEMA_VERSION,
+        pgbelow_version: env!("CARGO_PKG_VERSION").to_string(),
+        recording: RecordingMeta {
+            mode: m.mode.clone(),
+            status: m.status.clone(),
+            started_at: m.started_at.clone(),
+            duration_s: m.duration_s,
+            pgbelow_cpu_s: m.pgbelow_cpu_s,
+            pgbelow_cpu_share: cpu_share,
+            truncated_lines: rec.truncated_lines,
+            scenario: m.scenario.clone(),
+            error: m.error.clone(),
+        },
+        host: m.host.clone(),
+        postgres: PostgresMeta {
+            version: m.postgres.version.clone(),
+            major: m.postgres.major,
+            symtab: m.postgres.symtab,
+            settings: m.postgres.settings.clone(),
+        },
+        workload,
+        collectors: m.collectors.clone(),
+        syscalls: Syscalls {
+            window_s: span.map(|(a, b)| [r3(a), r3(b)]),
+            dropped: rec.syscalls_dropped(),
+            by_role,
+        },
+        findings,
+    }
+}

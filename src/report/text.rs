@@ -1,0 +1,175 @@
+//! Text rendering of a [`Report`]: what a person reads in a terminal.
+use std::fmt::Write;
+
+use super::Report;
+use crate::procinfo::Role;
+
+/// Roles shown first in the syscall table; the rest follow in order.
+const ROLE_ORDER: &[Role] = &[Role::Backend, Role::Postmaster];
+const ROWS_PER_ROLE: usize = 8;
+
+pub fn render(r: &Report) -> String {
+    let mut o = String::new();
+    let m = &r.recording;
+    let pg = r.postgres.version.as_deref().unwrap_or("unknown version");
+    let _ = writeln!(
+        o,
+        "pgbelow {} — {} recording of PostgreSQL {pg}",
+        r.pgbelow_version, m.mode
+    );
+    let _ = writeln!(
+        o,
+        "  host: Linux {} {} · {} CPUs · clocksource {}",
+        r.host.kernel,
+        r.host.arch,
+        r.host.cpus,
+        r.host.clocksource.as_deref().unwrap_or("?")
+    );
+    let status = serde_json::to_value(&m.status)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default();
+    let _ = write!(
+        o,
+        "  recording: {status}, {:.1} s",
+        m.duration_s.unwrap_or(0.0)
+    );
+    if let (Some(c), Some(share)) = (m.pgbelow_cpu_s, m.pgbelow_cpu_share) {
+        let _ = write!(
+            o,
+            " · pgbelow used {c:.3} s CPU ({:.2}% of one CPU)",
+            share * 100.0
+        );
+    }
+    let _ = writeln!(o);
+    if let Some(e) = &m.error {
+        let _ = writeln!(o, "  error: {e}");
+    }
+    if m.truncated_lines > 0 {
+        let _ = writeln!(
+            o,
+            "  note: {} line(s) cut short by an interrupted write were skipped",
+            m.truncated_lines
+        );
+    }
+    if !r.postgres.settings.is_empty() {
+        let set: Vec<String> = r
+            .postgres
+            .settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(o, "  settings: {}", set.join(" "));
+    }
+    for c in &r.collectors {
+        let _ = write!(
+            o,
+            "  collector {}: {} via {}, {:.3} s CPU",
+            c.name, c.status, c.mechanism, c.cpu_s
+        );
+        if let Some(why) = &c.reason {
+            let _ = write!(o, " — {why}");
+        }
+        let _ = writeln!(o);
+    }
+
+    if let Some(w) = &r.workload {
+        let _ = writeln!(
+            o,
+            "\nWorkload: {} · {} client(s) · {:.1} s",
+            w.scenario, w.clients, w.duration_s
+        );
+        let _ = writeln!(
+            o,
+            "  {:.1} tps · {} transactions · {} statements · {} failed · latency avg {}",
+            w.tps,
+            w.transactions,
+            w.statements,
+            w.failed,
+            w.latency_avg_ms
+                .map_or("?".into(), |l| format!("{l:.3} ms"))
+        );
+        if !w.tps_series.is_empty() {
+            let (min, max) = w
+                .tps_series
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+            let _ = writeln!(
+                o,
+                "  per-second tps: min {min:.0} · max {max:.0} over {} s",
+                w.tps_series.len()
+            );
+        }
+    }
+
+    if !r.syscalls.by_role.is_empty() {
+        let _ = writeln!(o, "\nSyscalls by process role (counted in the kernel)");
+        if r.syscalls.dropped > 0 {
+            let _ = writeln!(
+                o,
+                "  warning: {} syscalls were not counted (map full)",
+                r.syscalls.dropped
+            );
+        }
+        let mut roles: Vec<&Role> = ROLE_ORDER
+            .iter()
+            .filter(|x| r.syscalls.by_role.contains_key(x))
+            .collect();
+        roles.extend(
+            r.syscalls
+                .by_role
+                .keys()
+                .filter(|x| !ROLE_ORDER.contains(x)),
+        );
+        for role in roles {
+            let t = &r.syscalls.by_role[role];
+            let _ = writeln!(
+                o,
+                "  {role} ({} process{}): {} calls, {:.0}/s",
+                t.processes,
+                if t.processes == 1 { "" } else { "es" },
+                t.total,
+                t.per_second
+            );
+            let watched = t
+                .top
+                .iter()
+                .skip(ROWS_PER_ROLE)
+                .filter(|row| super::json::WATCHED.contains(&row.syscall.as_str()));
+            for row in t.top.iter().take(ROWS_PER_ROLE).chain(watched) {
+                let _ = write!(
+                    o,
+                    "    {:<18} {:>12} {:>12.1}/s",
+                    row.syscall, row.count, row.per_second
+                );
+                if let Some(ps) = row.per_statement {
+                    let _ = write!(o, " {ps:>8.3}/stmt");
+                }
+                let _ = writeln!(o);
+            }
+        }
+    }
+
+    if r.findings.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nFindings: none — no rule's evidence threshold was met."
+        );
+    } else {
+        let _ = writeln!(o, "\nFindings");
+        for f in &r.findings {
+            let _ = writeln!(o, "  [{}] {} — {}", f.severity.as_str(), f.id, f.title);
+            let _ = writeln!(o, "    {}", f.summary);
+            if let Some(map) = f.evidence.as_object() {
+                let parts: Vec<String> = map
+                    .iter()
+                    .filter(|(_, v)| !v.is_object())
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                let _ = writeln!(o, "    evidence: {}", parts.join(" "));
+            }
+            let _ = writeln!(o, "    remedy: {}", f.remedy);
+        }
+    }
+    o
+}

@@ -1,0 +1,156 @@
+//! Command-line behaviour on bad input: one line naming the object and the
+//! fix, exit code 2, nothing left behind.
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn pgbelow() -> Command {
+    Command::cargo_bin("pgbelow").expect("binary built")
+}
+
+#[test]
+fn unknown_scenario_is_a_usage_error() {
+    pgbelow()
+        .args(["lab", "run", "--scenario", "nope"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("invalid value 'nope'"))
+        .stderr(predicate::str::contains("select-only"));
+}
+
+#[test]
+fn set_without_value_is_a_usage_error() {
+    pgbelow()
+        .args([
+            "lab",
+            "run",
+            "--scenario",
+            "select-only",
+            "--set",
+            "statement_timeout",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("is not GUC=VALUE"));
+}
+
+#[test]
+fn unknown_collector_is_named() {
+    pgbelow()
+        .args([
+            "lab",
+            "run",
+            "--scenario",
+            "select-only",
+            "--collectors",
+            "syscalls,bogus",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("unknown collector 'bogus'"))
+        .stderr(predicate::str::contains("fix:"));
+}
+
+#[test]
+fn report_of_a_missing_directory() {
+    let out = pgbelow()
+        .args(["report", "/nonexistent/rec"])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("/nonexistent/rec is not a readable pgbelow recording"),
+        "{err}"
+    );
+}
+
+#[test]
+fn report_of_a_corrupt_manifest() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(
+        d.path().join("manifest.json"),
+        "{\"schema_version\": 1, \"mode\"",
+    )
+    .unwrap();
+    pgbelow()
+        .arg("report")
+        .arg(d.path())
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("manifest.json"))
+        .stderr(predicate::str::contains("fix:"));
+}
+
+#[test]
+fn missing_pgbench_is_named() {
+    pgbelow()
+        .env("PGBELOW_PGBENCH", "/nonexistent/pgbench")
+        .args(["lab", "run", "--scenario", "select-only", "--duration", "2"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "/nonexistent/pgbench is not an executable pgbench",
+        ));
+}
+
+#[test]
+fn unwritable_output_directory_is_refused_before_anything_starts() {
+    pgbelow()
+        .args([
+            "lab",
+            "run",
+            "--scenario",
+            "select-only",
+            "--duration",
+            "2",
+            "--out",
+            "/proc/pgbelow-out",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "/proc/pgbelow-out is not writable",
+        ));
+    assert!(!std::path::Path::new("/proc/pgbelow-out").exists());
+}
+
+#[test]
+fn unavailable_major_is_named() {
+    pgbelow()
+        .args([
+            "lab",
+            "run",
+            "--scenario",
+            "select-only",
+            "--pg",
+            "7",
+            "--duration",
+            "2",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("7"))
+        .stderr(predicate::str::contains("fix:"));
+}
+
+#[test]
+fn lab_list_names_the_scenarios() {
+    pgbelow()
+        .args(["lab", "list"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("select-only"))
+        .stdout(predicate::str::contains("tpcb"));
+}
+
+#[test]
+fn record_refuses_a_pid_that_is_not_a_postmaster() {
+    let me = std::process::id().to_string();
+    pgbelow()
+        .args(["record", "--pid", &me, "--duration", "1"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(format!(
+            "pid {me} is not a PostgreSQL postmaster"
+        )));
+}

@@ -1,0 +1,185 @@
+//! Case S0 (seed 000) end to end on real PostgreSQL: the lab runs pgbench
+//! select-only, the kernel counts the backends' syscalls, and the finding
+//! `timer-syscalls-per-statement` follows the measured setitimer rate —
+//! raised on 13 with statement_timeout, not on 13 without it, not on 15.
+use std::path::Path;
+use std::process::Command as StdCommand;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+const ID: &str = "timer-syscalls-per-statement";
+
+fn lab_run(extra: &[&str], out: &Path) -> Value {
+    let mut args = vec![
+        "lab",
+        "run",
+        "--scenario",
+        "select-only",
+        "--duration",
+        "6",
+        "--scale",
+        "1",
+        "--format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let assert = Command::cargo_bin("pgbelow")
+        .unwrap()
+        .args(&args)
+        .arg("--out")
+        .arg(out)
+        .timeout(Duration::from_secs(600))
+        .assert();
+    let o = assert.get_output();
+    assert!(
+        o.status.success(),
+        "pgbelow {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("JSON report on stdout")
+}
+
+fn setitimer_per_statement(r: &Value) -> f64 {
+    let top = r["syscalls"]["by_role"]["backend"]["top"]
+        .as_array()
+        .expect("backend syscalls");
+    top.iter()
+        .find(|row| row["syscall"] == "setitimer")
+        .and_then(|row| row["per_statement"].as_f64())
+        .unwrap_or(0.0)
+}
+
+fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
+    r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+}
+
+/// Everything the lab started is gone: the postmaster and its data directory.
+fn assert_torn_down(out: &Path) {
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let pid = m["postgres"]["postmaster_pid"].as_u64().unwrap();
+    assert!(pid > 0);
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "postmaster {pid} still running"
+    );
+    let data = m["postgres"]["data_dir"].as_str().unwrap();
+    assert!(!Path::new(data).exists(), "{data} left behind");
+}
+
+#[test]
+fn pg13_with_statement_timeout_raises_the_finding() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let r = lab_run(&["--pg", "13", "--set", "statement_timeout=10s"], &out);
+    assert_eq!(r["postgres"]["major"], 13);
+    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    assert!(matches!(
+        f["severity"].as_str(),
+        Some("warning" | "critical")
+    ));
+    let per = f["evidence"]["timer_syscalls_per_statement"]
+        .as_f64()
+        .unwrap();
+    assert!((0.9..=2.1).contains(&per), "setitimer per statement {per}");
+    assert!(f["evidence"]["statements"].as_u64().unwrap() > 1000);
+    assert_eq!(f["evidence"]["timer_settings"]["statement_timeout"], "10s");
+    assert!(f["remedy"].as_str().unwrap().contains("14"));
+    assert_eq!(r["workload"]["scenario"], "select-only");
+    assert!(r["workload"]["tps"].as_f64().unwrap() > 100.0);
+    assert_eq!(r["collectors"][0]["mechanism"], "ebpf");
+    assert_torn_down(&out);
+
+    // The saved recording re-analyses offline to the same findings.
+    let again = Command::cargo_bin("pgbelow")
+        .unwrap()
+        .arg("report")
+        .arg(&out)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    let r2: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(r2["findings"], r["findings"]);
+}
+
+#[test]
+fn pg13_without_a_timeout_raises_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let r = lab_run(&["--pg", "13"], &out);
+    assert!(finding(&r, ID).is_none(), "{r:#}");
+    assert!(setitimer_per_statement(&r) < 0.05);
+    // The backends were counted: recvfrom ≈ 1 per statement.
+    let total = r["syscalls"]["by_role"]["backend"]["total"]
+        .as_u64()
+        .unwrap();
+    assert!(total > r["workload"]["statements"].as_u64().unwrap());
+    assert_torn_down(&out);
+}
+
+#[test]
+fn pg15_with_statement_timeout_raises_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let r = lab_run(&["--set", "statement_timeout=10s"], &out);
+    assert_eq!(r["postgres"]["major"], 15);
+    assert!(finding(&r, ID).is_none(), "{r:#}");
+    assert!(
+        setitimer_per_statement(&r) < 0.05,
+        "{}",
+        setitimer_per_statement(&r)
+    );
+    assert_torn_down(&out);
+}
+
+#[test]
+fn ctrl_c_stops_cleanly_with_a_valid_recording() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let bin = assert_cmd::cargo::cargo_bin("pgbelow");
+    let mut child = StdCommand::new(bin)
+        .args([
+            "lab",
+            "run",
+            "--scenario",
+            "select-only",
+            "--duration",
+            "60",
+            "--scale",
+            "1",
+            "--format",
+            "json",
+            "--out",
+        ])
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the workload is running (progress lines appear), then interrupt.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !out.join("progress.jsonl").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "workload never started"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["recording"]["status"], "interrupted");
+    assert!(r["recording"]["duration_s"].as_f64().unwrap() < 30.0);
+    assert!(r["workload"]["transactions"].as_u64().unwrap() > 0);
+    assert_torn_down(&out);
+}
