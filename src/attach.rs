@@ -8,7 +8,8 @@ use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::collect::pgstat::{PgstatCollector, ServerConn};
-use crate::collect::session::{Session, SessionOptions};
+use crate::collect::session::Session;
+use crate::collect::Context;
 use crate::collect::syscalls::Mechanism;
 use crate::collect::Collector;
 use crate::error::fixable;
@@ -96,15 +97,12 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
             "pass another --out DIR, or remove that one",
         ));
     }
-    let mut session = Session::start(
-        out,
-        manifest,
-        &SessionOptions {
-            collectors: opts.collectors.clone(),
-            syscall_mechanism: opts.syscall_mechanism,
-        },
-        extra,
-    )?;
+    let mut ctx = Context::new(opts.pid);
+    ctx.dsn = opts.dsn.clone();
+    ctx.bin_dir = manifest.postgres.bin_dir.as_ref().map(PathBuf::from);
+    ctx.major = manifest.postgres.major;
+    ctx.syscall_mechanism = opts.syscall_mechanism;
+    let mut session = Session::start(out, manifest, ctx, &opts.collectors, extra)?;
     let bar = if opts.show_progress {
         let b = ProgressBar::new(u64::from(opts.duration_s));
         b.set_style(

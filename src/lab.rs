@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::collect::session::{Session, SessionOptions};
+use crate::collect::session::Session;
+use crate::collect::Context as CollectContext;
 use crate::collect::syscalls::Mechanism;
 use crate::error::fixable;
 use crate::interrupt;
@@ -191,15 +192,14 @@ fn run_on(
             PgChoice::Dir(d) => d.display().to_string(),
         }),
     });
-    let mut session = Session::start(
-        out.to_path_buf(),
-        manifest,
-        &SessionOptions {
-            collectors: opts.collectors.clone(),
-            syscall_mechanism: opts.syscall_mechanism,
-        },
-        Vec::new(),
-    )?;
+    let mut ctx = CollectContext::new(cluster.postmaster_pid());
+    ctx.dsn = Some(cluster.conninfo("bench"));
+    ctx.data_dir = Some(cluster.data_dir().to_path_buf());
+    ctx.server_log = Some(cluster.log_path().to_path_buf());
+    ctx.bin_dir = Some(install.bin_dir.clone());
+    ctx.major = Some(install.major);
+    ctx.syscall_mechanism = opts.syscall_mechanism;
+    let mut session = Session::start(out.to_path_buf(), manifest, ctx, &opts.collectors, Vec::new())?;
     let outcome = drive(&mut session, pgbench, &target, opts);
     let (st, err) = match &outcome {
         Ok(_) if interrupt::requested() => (Status::Interrupted, None),

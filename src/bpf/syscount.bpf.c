@@ -49,6 +49,14 @@ struct {
 	__type(value, struct proc);
 } procs SEC(".maps");
 
+// tgids the fork program started tracking, for userspace to pick up: with
+// them it reads the counts by key and never walks the whole hash table.
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, 8192);
+	__type(value, __u32);
+} new_procs SEC(".maps");
+
 // A zeroed struct proc to insert from; per-CPU so that setting `parent` on
 // it needs no lock. Its counts are never written.
 struct {
@@ -67,6 +75,8 @@ __u64 tracked_bits[BITMAP_WORDS];
 __u64 dropped;
 // Children of tracked processes that could not be tracked (procs full).
 __u64 lost_children;
+// Pushes to new_procs that failed (queue full): userspace then lists all keys.
+__u64 queue_overflows;
 
 static __always_inline int is_tracked(__u32 tgid)
 {
@@ -85,7 +95,7 @@ int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	__u64 nr = ctx->args[1];
 	if (nr < MAX_NR)
-		p->counts[nr]++;
+		__sync_fetch_and_add(&p->counts[nr], 1);
 	else
 		__sync_fetch_and_add(&dropped, 1);
 	return 0;
@@ -111,7 +121,10 @@ int on_fork(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	init->parent = ptgid;
 	init->flags = 0;
-	if (bpf_map_update_elem(&procs, &ctgid, init, BPF_NOEXIST) != 0) {
+	if (bpf_map_update_elem(&procs, &ctgid, init, BPF_NOEXIST) == 0) {
+		if (bpf_map_push_elem(&new_procs, &ctgid, 0) != 0)
+			__sync_fetch_and_add(&queue_overflows, 1);
+	} else {
 		struct proc *old = bpf_map_lookup_elem(&procs, &ctgid);
 		if (old) {
 			// The pid of an exited process userspace has not read yet was

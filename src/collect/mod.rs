@@ -1,12 +1,15 @@
 //! Collectors: one module per source of evidence, behind [`Collector`].
 //! A [`session::Session`] drives them on one clock and writes the recording.
 
+pub mod context;
 pub mod cpu;
 pub mod pgstat;
 pub mod session;
 pub mod syscalls;
 
 use anyhow::Result;
+
+pub use context::{Context, Processes};
 
 use crate::error::fixable;
 use crate::recording::{CollectorInfo, Writer};
@@ -22,6 +25,35 @@ pub trait Collector {
     /// give each a role even if it exited before /proc was read.
     fn pids_seen(&self) -> Vec<(u32, u32)> {
         Vec::new()
+    }
+    /// CPU seconds spent by the collector's own threads, if it has any
+    /// (the session measures the time spent in `sample` itself).
+    fn thread_cpu_s(&self) -> f64 {
+        0.0
+    }
+    /// One-off facts for the manifest's `facts` (e.g. sysctls, mount options).
+    fn facts(&self) -> Vec<(String, serde_json::Value)> {
+        Vec::new()
+    }
+    /// The backend pid of this collector's own database connection, if it
+    /// has one: the session gives it the role "observer" so no rule counts it.
+    fn observer_pid(&self) -> Option<u32> {
+        None
+    }
+    /// End-of-recording work after the last `sample` (e.g. symbolize, write SVGs).
+    fn finish(&mut self, _t: f64, _out: &mut Writer) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Start the collector called `name`. Each collector module adds its arm.
+pub fn start(name: &str, ctx: &Context) -> Result<Box<dyn Collector>> {
+    match name {
+        "syscalls" => Ok(Box::new(syscalls::SyscallCollector::start(
+            ctx.postmaster,
+            ctx.syscall_mechanism,
+        )?)),
+        other => Err(anyhow::anyhow!("unknown collector {other}")),
     }
 }
 

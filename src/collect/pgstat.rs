@@ -156,6 +156,10 @@ impl Collector for PgstatCollector {
         }
     }
 
+    fn observer_pid(&self) -> Option<u32> {
+        Some(self.conn.backend_pid)
+    }
+
     fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
         let s = self.conn.sample(t)?;
         out.append(files::PGSTAT, &s)

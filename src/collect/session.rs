@@ -1,55 +1,43 @@
 //! A recording session: starts the selected collectors on one postmaster,
 //! samples them on one clock, names every process it sees, and closes the
 //! recording with each collector's cost and pgbelow's own CPU time.
-use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::time::Instant;
 
 use anyhow::Result;
 
 use super::cpu::{process_cpu_s, thread_cpu_s};
-use super::syscalls::{Mechanism, SyscallCollector};
-use super::Collector;
+use super::{Collector, Context};
 use crate::procinfo::{self, ProcessInfo, Role};
 use crate::recording::{files, CollectorInfo, Manifest, Status, Writer};
 
 pub struct Session {
     writer: Writer,
-    start: Instant,
+    ctx: Context,
     cpu_start: f64,
-    postmaster: u32,
+    /// Each collector with the CPU seconds the session spent in it.
     collectors: Vec<(Box<dyn Collector>, f64)>,
     /// Collectors that could not start: recorded, and the run goes on.
     failed: Vec<CollectorInfo>,
-    known: BTreeSet<u32>,
-}
-
-pub struct SessionOptions {
-    pub collectors: Vec<String>,
-    pub syscall_mechanism: Option<Mechanism>,
 }
 
 impl Session {
-    /// Create the recording and start the collectors. A collector that fails
-    /// to start is an error only when it is the only one asked for.
+    /// Create the recording and start the collectors named in `names`, plus
+    /// `extra` ones built by the caller. A collector that fails to start is
+    /// recorded as failed with its reason; it is an error only when no
+    /// collector could start at all.
     pub fn start(
         dir: PathBuf,
         manifest: Manifest,
-        opts: &SessionOptions,
+        ctx: Context,
+        names: &[String],
         extra: Vec<Box<dyn Collector>>,
     ) -> Result<Session> {
-        let postmaster = manifest.postgres.postmaster_pid;
         let mut collectors: Vec<(Box<dyn Collector>, f64)> = Vec::new();
         let mut failed = Vec::new();
         let mut first_error = None;
-        for name in &opts.collectors {
+        for name in names {
             let c0 = thread_cpu_s();
-            let started: Result<Box<dyn Collector>> = match name.as_str() {
-                "syscalls" => SyscallCollector::start(postmaster, opts.syscall_mechanism)
-                    .map(|c| Box::new(c) as Box<dyn Collector>),
-                other => Err(anyhow::anyhow!("unknown collector {other}")),
-            };
-            match started {
+            match super::start(name, &ctx) {
                 Ok(c) => collectors.push((c, thread_cpu_s() - c0)),
                 Err(e) => {
                     failed.push(CollectorInfo {
@@ -72,13 +60,17 @@ impl Session {
         let writer = Writer::create(&dir, manifest)?;
         let mut s = Session {
             writer,
-            start: Instant::now(),
+            ctx,
             cpu_start: process_cpu_s(),
-            postmaster,
             collectors,
             failed,
-            known: BTreeSet::new(),
         };
+        for (c, _) in &s.collectors {
+            s.writer.manifest.facts.extend(c.facts());
+            if let Some(pid) = c.observer_pid() {
+                s.writer.manifest.postgres.observer_backend_pid.get_or_insert(pid);
+            }
+        }
         s.update_manifest_collectors();
         s.writer.write_manifest()?;
         s.discover(&[])?;
@@ -88,15 +80,15 @@ impl Session {
 
     /// Seconds since the recording began.
     pub fn t(&self) -> f64 {
-        round_ms(self.start.elapsed().as_secs_f64())
+        self.ctx.t()
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.ctx
     }
 
     pub fn writer(&mut self) -> &mut Writer {
         &mut self.writer
-    }
-
-    pub fn manifest_mut(&mut self) -> &mut Manifest {
-        &mut self.writer.manifest
     }
 
     /// Sample every collector once and name new processes.
@@ -117,29 +109,37 @@ impl Session {
     /// processes the kernel saw but /proc no longer has a "short-lived" role.
     fn discover(&mut self, seen: &[(u32, u32)]) -> Result<()> {
         let t = self.t();
+        let postmaster = self.ctx.postmaster;
+        let known: std::collections::BTreeSet<u32> = self.ctx.pids().into_iter().collect();
         let mut new: Vec<ProcessInfo> = Vec::new();
-        for pid in procinfo::descendants(self.postmaster) {
-            if !self.known.contains(&pid) {
-                if let Some(p) = procinfo::describe(pid, self.postmaster) {
+        for pid in procinfo::descendants(postmaster) {
+            if !known.contains(&pid) {
+                if let Some(p) = procinfo::describe(pid, postmaster) {
                     new.push(p);
                 }
             }
         }
         for (pid, ppid) in seen {
-            if !self.known.contains(pid) && !new.iter().any(|p| p.pid == *pid) {
-                let p = procinfo::describe(*pid, self.postmaster).unwrap_or(ProcessInfo {
+            if !known.contains(pid) && !new.iter().any(|p| p.pid == *pid) {
+                new.push(procinfo::describe(*pid, postmaster).unwrap_or(ProcessInfo {
                     pid: *pid,
                     ppid: *ppid,
                     role: Role::ShortLived,
                     title: String::new(),
-                });
-                new.push(p);
+                }));
             }
         }
-        for p in new {
-            self.known.insert(p.pid);
-            self.writer
-                .append(files::PROCESSES, &Stamped { t, p: &p })?;
+        if new.is_empty() {
+            return Ok(());
+        }
+        let observer = self.writer.manifest.postgres.observer_backend_pid;
+        let mut table = self.ctx.processes.write().map_err(|_| anyhow::anyhow!("process table poisoned"))?;
+        for mut p in new {
+            if Some(p.pid) == observer {
+                p.role = Role::Observer;
+            }
+            self.writer.append(files::PROCESSES, &Stamped { t, p: &p })?;
+            table.insert(p.pid, p);
         }
         Ok(())
     }
@@ -149,7 +149,7 @@ impl Session {
             .collectors
             .iter()
             .map(|(c, cost)| CollectorInfo {
-                cpu_s: round_us(*cost),
+                cpu_s: round_us(*cost + c.thread_cpu_s()),
                 ..c.info()
             })
             .collect();
@@ -157,18 +157,27 @@ impl Session {
         self.writer.manifest.collectors = infos;
     }
 
-    /// Final sample, then the manifest with status, duration and costs.
+    /// Final sample and each collector's end work, then the manifest with
+    /// status, duration and costs.
     pub fn finish(mut self, status: Status, error: Option<String>) -> Result<PathBuf> {
-        let tick = self.tick();
+        let mut result = self.tick();
         let t = self.t();
+        for (c, cost) in &mut self.collectors {
+            let c0 = thread_cpu_s();
+            let r = c.finish(t, &mut self.writer);
+            *cost += thread_cpu_s() - c0;
+            if result.is_ok() {
+                result = r;
+            }
+        }
         self.update_manifest_collectors();
         let m = &mut self.writer.manifest;
-        m.status = if tick.is_err() && status == Status::Complete {
+        m.status = if result.is_err() && status == Status::Complete {
             Status::Failed
         } else {
             status
         };
-        m.error = error.or_else(|| tick.as_ref().err().map(|e| format!("{e:#}")));
+        m.error = error.or_else(|| result.as_ref().err().map(|e| format!("{e:#}")));
         m.duration_s = Some(t);
         m.pgbelow_cpu_s = Some(round_us(process_cpu_s() - self.cpu_start));
         self.writer.write_manifest()?;

@@ -31,6 +31,9 @@ pub struct Manifest {
     pub postgres: Postgres,
     pub scenario: Option<ScenarioInfo>,
     pub collectors: Vec<CollectorInfo>,
+    /// One-off facts collectors gathered (sysctls, mount options, clock costs), by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub facts: BTreeMap<String, serde_json::Value>,
     /// pgbelow's own CPU time (user+system) over the recording, in seconds.
     pub pgbelow_cpu_s: Option<f64>,
     /// Why the run failed, when it did.
@@ -122,6 +125,7 @@ pub fn new_manifest(mode: &str) -> Manifest {
         postgres: Postgres::default(),
         scenario: None,
         collectors: Vec::new(),
+        facts: BTreeMap::new(),
         pgbelow_cpu_s: None,
         error: None,
     }

@@ -148,7 +148,7 @@ impl Ebpf {
             _slot: slot,
             value_size,
             retired: BTreeMap::new(),
-            batch_ok: true,
+            batch_ok: std::env::var_os("NOBATCH").is_none(),
         };
         for &root in roots {
             me.track(root, 0)?;
