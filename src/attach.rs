@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::collect::pgstat::{PgstatCollector, ServerConn};
+use crate::collect::pgstat::ServerConn;
 use crate::collect::session::Session;
-use crate::collect::Context;
 use crate::collect::syscalls::Mechanism;
-use crate::collect::Collector;
+use crate::collect::Context;
 use crate::error::fixable;
 use crate::interrupt;
 use crate::lab::RELEVANT_SETTINGS;
@@ -49,6 +48,7 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
             "pass the postmaster's pid: head -1 $PGDATA/postmaster.pid",
         ));
     }
+    crate::collect::preflight(&opts.collectors)?;
     if !procinfo::looks_like_postmaster(opts.pid) {
         return Err(fixable(
             format!("pid {} is not a PostgreSQL postmaster", opts.pid),
@@ -57,8 +57,9 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
     }
     let mut manifest = this_host_manifest("attach");
     manifest.postgres.postmaster_pid = opts.pid;
-    let mut extra: Vec<Box<dyn Collector>> = Vec::new();
     if let Some(dsn) = &opts.dsn {
+        // This connection only fills the manifest; the pgstat collector
+        // (when selected) opens its own and names its backend the observer.
         let mut conn = ServerConn::connect(dsn)?;
         if let Some(pm) = conn.postmaster_pid() {
             if pm != opts.pid {
@@ -74,8 +75,7 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
         manifest.postgres.settings = conn.settings(RELEVANT_SETTINGS)?;
         manifest.postgres.version = Some(conn.version.clone());
         manifest.postgres.major = Some(conn.major);
-        manifest.postgres.observer_backend_pid = Some(conn.backend_pid);
-        extra.push(Box::new(PgstatCollector::new(conn)));
+        drop(conn);
     } else {
         manifest.postgres.version = exe_version(opts.pid);
         manifest.postgres.major = manifest
@@ -102,7 +102,7 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
     ctx.bin_dir = manifest.postgres.bin_dir.as_ref().map(PathBuf::from);
     ctx.major = manifest.postgres.major;
     ctx.syscall_mechanism = opts.syscall_mechanism;
-    let mut session = Session::start(out, manifest, ctx, &opts.collectors, extra)?;
+    let mut session = Session::start(out, manifest, ctx, &opts.collectors, Vec::new())?;
     let bar = if opts.show_progress {
         let b = ProgressBar::new(u64::from(opts.duration_s));
         b.set_style(

@@ -25,6 +25,8 @@ pub enum Command {
     Record(RecordArgs),
     /// Re-analyse a saved recording.
     Report(ReportArgs),
+    /// Compare two recordings (before/after a setting, a patch, a version).
+    Compare(CompareArgs),
     /// Check this machine and probe a lab PostgreSQL; the main job, no arguments needed.
     Doctor(DoctorArgs),
 }
@@ -140,6 +142,16 @@ pub struct ReportArgs {
     pub output: Option<PathBuf>,
     #[command(flatten)]
     pub out: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// The "before" recording.
+    pub dir_a: PathBuf,
+    /// The "after" recording.
+    pub dir_b: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
 }
 
 #[derive(Args, Debug)]

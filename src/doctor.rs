@@ -19,26 +19,7 @@ pub struct Check {
     pub detail: String,
 }
 
-fn cap_effective() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Can this process load BPF programs and open perf events?
-pub fn can_trace() -> bool {
-    const CAP_SYS_ADMIN: u64 = 21;
-    const CAP_PERFMON: u64 = 38;
-    const CAP_BPF: u64 = 39;
-    let caps = cap_effective();
-    let has = |c: u64| caps & (1 << c) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
-}
+pub use crate::collect::can_trace;
 
 pub fn machine_checks() -> Vec<Check> {
     let mut v = Vec::new();

@@ -8,8 +8,8 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::collect::session::Session;
-use crate::collect::Context as CollectContext;
 use crate::collect::syscalls::Mechanism;
+use crate::collect::Context as CollectContext;
 use crate::error::fixable;
 use crate::interrupt;
 use crate::provision::{Cluster, ClusterOptions, PgInstall};
@@ -109,6 +109,7 @@ fn check_interrupt() -> Result<()> {
 }
 
 pub fn run(opts: &LabOptions) -> Result<LabResult> {
+    crate::collect::preflight(&opts.collectors)?;
     let pgbench = Pgbench::locate()?;
     let install = resolve_install(&opts.pg, opts.show_progress)?;
     check_interrupt()?;
@@ -199,7 +200,13 @@ fn run_on(
     ctx.bin_dir = Some(install.bin_dir.clone());
     ctx.major = Some(install.major);
     ctx.syscall_mechanism = opts.syscall_mechanism;
-    let mut session = Session::start(out.to_path_buf(), manifest, ctx, &opts.collectors, Vec::new())?;
+    let mut session = Session::start(
+        out.to_path_buf(),
+        manifest,
+        ctx,
+        &opts.collectors,
+        Vec::new(),
+    )?;
     let outcome = drive(&mut session, pgbench, &target, opts);
     let (st, err) = match &outcome {
         Ok(_) if interrupt::requested() => (Status::Interrupted, None),
@@ -235,6 +242,7 @@ fn drive(
     let t_start = session.t();
     let mut run = pgbench.start(target, opts.scenario, opts.clients, opts.duration_s)?;
     let mut interrupted = false;
+    let mut seen = Vec::new();
     let mut next_tick = t_start + 1.0;
     loop {
         for p in run.progress() {
@@ -243,6 +251,7 @@ fn drive(
             let mut p = p;
             p.t = crate::collect::session::round_ms(t_start + p.t);
             session.writer().append(files::PROGRESS, &p)?;
+            seen.push(p);
         }
         if run.finished() {
             break;
@@ -258,12 +267,30 @@ fn drive(
         std::thread::sleep(Duration::from_millis(20));
     }
     let t_end = session.t();
-    let (summary, rest) = run.wait()?;
+    let (mut summary, rest) = match run.wait() {
+        Ok(r) => r,
+        // pgbench prints no summary when interrupted; its progress lines stand in.
+        Err(_) if interrupted => (Default::default(), Vec::new()),
+        Err(e) => return Err(e),
+    };
     for mut p in rest {
         p.t = crate::collect::session::round_ms(t_start + p.t);
+        seen.push(p.clone());
         session.writer().append(files::PROGRESS, &p)?;
     }
     bar.finish_and_clear();
+    let mut source = format!(
+        "pgbench transactions × {} statement(s) per {} transaction",
+        opts.scenario.statements_per_transaction(),
+        opts.scenario.name()
+    );
+    if summary.transactions.is_none() && !seen.is_empty() {
+        // Each progress line covers one second: Σ tps ≈ transactions.
+        let total: f64 = seen.iter().map(|p| p.tps).sum();
+        summary.transactions = Some(total.round() as u64);
+        summary.tps = Some(total / seen.len() as f64);
+        source = format!("{source}, estimated from per-second progress (pgbench was interrupted)");
+    }
     let transactions = summary.transactions.unwrap_or(0);
     let w = WorkloadSummary {
         tool: "pgbench".into(),
@@ -272,11 +299,7 @@ fn drive(
         scale: opts.scale,
         transactions,
         statements: transactions * opts.scenario.statements_per_transaction(),
-        statements_source: format!(
-            "pgbench transactions × {} statement(s) per {} transaction",
-            opts.scenario.statements_per_transaction(),
-            opts.scenario.name()
-        ),
+        statements_source: source,
         failed: summary.failed.unwrap_or(0),
         tps: summary.tps.unwrap_or(0.0),
         duration_s: crate::collect::session::round_ms(t_end - t_start),

@@ -149,6 +149,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(exit_for(&rep, a.out.fail_on))
         }
+        Command::Compare(a) => {
+            let ra = report::build(&Loaded::open(&a.dir_a)?);
+            let rb = report::build(&Loaded::open(&a.dir_b)?);
+            let c = pgbelow::compare::compare(
+                &a.dir_a.display().to_string(),
+                &ra,
+                &a.dir_b.display().to_string(),
+                &rb,
+            );
+            print(&match a.format {
+                Format::Text => pgbelow::compare::render(&c),
+                Format::Json => serde_json::to_string_pretty(&c)? + "\n",
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Doctor(a) => {
             let res = doctor::run(&doctor::DoctorOptions {
                 out: a.out,

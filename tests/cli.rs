@@ -154,3 +154,77 @@ fn record_refuses_a_pid_that_is_not_a_postmaster() {
             "pid {me} is not a PostgreSQL postmaster"
         )));
 }
+
+/// Run pgbelow as the unprivileged `postgres` account.
+fn as_postgres(args: &[&str]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let bin = assert_cmd::cargo::cargo_bin("pgbelow");
+    std::process::Command::new(bin)
+        .args(args)
+        .current_dir("/tmp")
+        .uid(uid_of("postgres"))
+        .gid(gid_of("postgres"))
+        .output()
+        .unwrap()
+}
+
+fn uid_of(name: &str) -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-u", name])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn gid_of(name: &str) -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-g", name])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn without_privileges_the_fix_is_named_before_anything_starts() {
+    let o = as_postgres(&[
+        "lab",
+        "run",
+        "--scenario",
+        "select-only",
+        "--duration",
+        "2",
+        "--out",
+        "/tmp/pgbelow-np-rec",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("needs CAP_BPF and CAP_PERFMON"), "{err}");
+    assert!(err.contains("fix: run as root"), "{err}");
+    assert!(!std::path::Path::new("/tmp/pgbelow-np-rec").exists());
+}
+
+#[test]
+fn a_setting_the_server_rejects_is_named_and_nothing_is_left() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let o = pgbelow()
+        .args([
+            "lab",
+            "run",
+            "--scenario",
+            "select-only",
+            "--duration",
+            "2",
+            "--set",
+            "no_such_guc=1",
+            "--out",
+        ])
+        .arg(&out)
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&o.get_output().stderr).to_string();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no_such_guc"), "{err}");
+    assert!(!out.exists(), "recording dir left behind");
+}

@@ -262,6 +262,93 @@ fn perf_ignores_untracked() {
     }
 }
 
+/// Descendants at any depth, each with its parent.
+#[test]
+fn ebpf_tracks_grandchildren() {
+    if !privileged() {
+        return;
+    }
+    let _g = serial();
+    let mut load = Load::spawn(&["chain", "4", "1000"]);
+    let mut counter = start(load.pid, Mechanism::Ebpf);
+    load.send_byte();
+    let chain: Vec<u32> = load
+        .expect_line("chain")
+        .iter()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(chain.len(), 4);
+    let snap = counter.read().unwrap();
+    let mut parent = load.pid;
+    for &pid in &chain {
+        assert_eq!(snap.parents.get(&pid), Some(&parent), "parent of {pid}");
+        parent = pid;
+    }
+    assert_eq!(count(&snap, chain[3], getppid()), 1000);
+    assert_eq!(count(&snap, chain[2], getppid()), 0);
+}
+
+/// More short-lived children than the kernel's queue of new processes
+/// holds: none is lost, all are retired with their final counts.
+#[test]
+fn ebpf_many_short_lived_children() {
+    if !privileged() {
+        return;
+    }
+    let _g = serial();
+    let children = 9000;
+    let mut load = Load::spawn(&["churn", &children.to_string()]);
+    let mut counter = start(load.pid, Mechanism::Ebpf);
+    load.send_byte();
+    load.expect_line("churned");
+    let snap = counter.read().unwrap();
+    assert_eq!(snap.lost_children, 0);
+    let kids: Vec<u32> = snap
+        .parents
+        .iter()
+        .filter(|&(_, &p)| p == load.pid)
+        .map(|(&c, _)| c)
+        .collect();
+    assert_eq!(kids.len(), children, "children tracked");
+    assert!(kids.iter().all(|&k| count(&snap, k, getppid()) == 1));
+    load.finish();
+    let later = counter.read().unwrap();
+    assert_eq!(later.parents.len(), children + 1);
+    assert_eq!(counter.read().unwrap(), later);
+}
+
+/// Threads count into their process, in both mechanisms.
+fn threads_counted(m: Mechanism) {
+    let _g = serial();
+    let mut load = Load::spawn(&["threads", "4", "2500"]);
+    let mut counter = start(load.pid, m);
+    load.send_byte();
+    load.expect_line("joined");
+    let snap = counter.read().unwrap();
+    assert_eq!(count(&snap, load.pid, getppid()), 4 * 2500, "{m}");
+    let pid = load.pid;
+    load.finish();
+    assert_eq!(
+        count(&counter.read().unwrap(), pid, getppid()),
+        4 * 2500,
+        "{m}"
+    );
+}
+
+#[test]
+fn ebpf_counts_threads() {
+    if privileged() {
+        threads_counted(Mechanism::Ebpf);
+    }
+}
+
+#[test]
+fn perf_counts_threads() {
+    if privileged() {
+        threads_counted(Mechanism::PerfTracepoint);
+    }
+}
+
 #[test]
 fn default_prefers_ebpf() {
     if !privileged() {

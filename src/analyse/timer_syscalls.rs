@@ -125,7 +125,7 @@ impl Rule for TimerSyscalls {
                      setitimer per statement, a few percent of a short query's time — against what the timeout \
                      protects: keep statement_timeout where runaway queries are possible, but set it per role or \
                      database (ALTER ROLE … SET statement_timeout) rather than server-wide for latency-critical \
-                     OLTP sessions, and compare tps before/after with `pgbelow compare`."
+                     OLTP sessions, and prove the change with two `pgbelow lab run` recordings and `pgbelow compare A B`."
                 .into(),
         })
     }

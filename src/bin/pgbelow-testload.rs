@@ -11,6 +11,15 @@
 //! pgbelow-testload time N
 //!     fork a child that times N getppid() calls (its CPU time); prints
 //!     `ns_per_call <x>`.
+//! pgbelow-testload chain D N
+//!     a chain of D forked processes (each the child of the previous); the
+//!     last calls getppid() N times. Prints `chain <pid>...` (top first).
+//! pgbelow-testload churn C
+//!     fork C children one after the other, each calls getppid() once and
+//!     exits. Prints `churned <C>`.
+//! pgbelow-testload threads T N
+//!     T threads, started before `ready`, each call getppid() N times on go
+//!     and exit. Prints `joined <T>`.
 //! pgbelow-testload spread P K
 //!     fork P children that each make K distinct cheap syscalls, then block
 //!     until stdin closes; prints `spread <pid>...` when all made them.
@@ -24,8 +33,11 @@ fn main() -> ExitCode {
     let result = match (args.first().map(String::as_str), num(1)) {
         (Some("fork"), Some(n)) => fork_getppid(n, args.iter().any(|a| a == "--child-waits")),
         (Some("time"), Some(n)) => time_getppid(n),
+        (Some("chain"), Some(d)) => chain(d, num(2).unwrap_or(0)),
+        (Some("churn"), Some(c)) => churn(c),
+        (Some("threads"), Some(t)) => threads(t, num(2).unwrap_or(0)),
         (Some("spread"), Some(p)) => spread(p, num(2).unwrap_or(30)),
-        _ => Err("usage: pgbelow-testload fork N [--child-waits] | time N | spread P K".into()),
+        _ => Err("usage: pgbelow-testload fork N [--child-waits] | time N | chain D N | churn C | threads T N | spread P K".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -120,6 +132,88 @@ fn fork_getppid(n: u64, child_waits: bool) -> Res {
 
 /// CPU time of the calling thread: time spent preempted by other work on a
 /// busy machine does not count.
+fn chain(depth: u64, n: u64) -> Res {
+    ready()?;
+    let mut fds = [0; 2];
+    // SAFETY: pipe into a local array.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err("pipe failed".into());
+    }
+    let top = fork_child(|| chain_link(depth.saturating_sub(1), n, fds[1]))?;
+    reap(top)?;
+    // SAFETY: closing our copy of the write end, so that read sees EOF.
+    unsafe { libc::close(fds[1]) };
+    let mut pids = vec![top.to_string()];
+    let mut b = [0u8; 4];
+    // SAFETY: reads into a local buffer.
+    while unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 4) } == 4 {
+        pids.push(i32::from_ne_bytes(b).to_string());
+    }
+    say(&format!("chain {}", pids.join(" ")));
+    wait_eof();
+    Ok(())
+}
+
+/// In a forked process: fork the rest of the chain (sending its pid up the
+/// pipe), or be its end; async-signal-safe calls only.
+fn chain_link(left: u64, n: u64, pipe: libc::c_int) {
+    if left == 0 {
+        getppid_n(n);
+        return;
+    }
+    // SAFETY: fork in a single-threaded child; see fork_child.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => unsafe { libc::_exit(4) },
+        0 => {
+            chain_link(left - 1, n, pipe);
+            // SAFETY: see fork_child.
+            unsafe { libc::_exit(0) }
+        }
+        _ => {
+            let b = pid.to_ne_bytes();
+            let mut status = 0;
+            // SAFETY: write a local buffer; wait for our own child.
+            unsafe {
+                libc::write(pipe, b.as_ptr().cast(), 4);
+                libc::waitpid(pid, &mut status, 0);
+            }
+        }
+    }
+}
+
+fn churn(count: u64) -> Res {
+    ready()?;
+    for _ in 0..count {
+        let pid = fork_child(|| getppid_n(1))?;
+        reap(pid)?;
+    }
+    say(&format!("churned {count}"));
+    wait_eof();
+    Ok(())
+}
+
+fn threads(count: u64, n: u64) -> Res {
+    let go = std::sync::Arc::new(std::sync::Barrier::new(count as usize + 1));
+    let handles: Vec<_> = (0..count)
+        .map(|_| {
+            let go = go.clone();
+            std::thread::spawn(move || {
+                go.wait();
+                getppid_n(n);
+            })
+        })
+        .collect();
+    ready()?;
+    go.wait();
+    for h in handles {
+        h.join().map_err(|_| "a thread panicked".to_string())?;
+    }
+    say(&format!("joined {count}"));
+    wait_eof();
+    Ok(())
+}
+
 fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -57,7 +57,10 @@ impl Context {
 
     /// Pids of the cluster's processes seen so far, sorted.
     pub fn pids(&self) -> Vec<u32> {
-        self.processes.read().map(|p| p.keys().copied().collect()).unwrap_or_default()
+        self.processes
+            .read()
+            .map(|p| p.keys().copied().collect())
+            .unwrap_or_default()
     }
 
     pub fn role_of(&self, pid: u32) -> Option<Role> {

@@ -68,7 +68,11 @@ impl Session {
         for (c, _) in &s.collectors {
             s.writer.manifest.facts.extend(c.facts());
             if let Some(pid) = c.observer_pid() {
-                s.writer.manifest.postgres.observer_backend_pid.get_or_insert(pid);
+                s.writer
+                    .manifest
+                    .postgres
+                    .observer_backend_pid
+                    .get_or_insert(pid);
             }
         }
         s.update_manifest_collectors();
@@ -133,12 +137,17 @@ impl Session {
             return Ok(());
         }
         let observer = self.writer.manifest.postgres.observer_backend_pid;
-        let mut table = self.ctx.processes.write().map_err(|_| anyhow::anyhow!("process table poisoned"))?;
+        let mut table = self
+            .ctx
+            .processes
+            .write()
+            .map_err(|_| anyhow::anyhow!("process table poisoned"))?;
         for mut p in new {
             if Some(p.pid) == observer {
                 p.role = Role::Observer;
             }
-            self.writer.append(files::PROCESSES, &Stamped { t, p: &p })?;
+            self.writer
+                .append(files::PROCESSES, &Stamped { t, p: &p })?;
             table.insert(p.pid, p);
         }
         Ok(())

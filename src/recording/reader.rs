@@ -24,6 +24,14 @@ pub struct SyscallSample {
     pub counts: BTreeMap<u32, BTreeMap<String, u64>>,
     #[serde(default)]
     pub dropped: u64,
+    /// Children of tracked processes the kernel map had no room for: none
+    /// of their syscalls are in `counts`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_children: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Server counters read over the observer connection (attach mode).
@@ -159,6 +167,10 @@ impl Loaded {
 
     pub fn syscalls_dropped(&self) -> u64 {
         self.syscalls.iter().map(|s| s.dropped).sum()
+    }
+
+    pub fn processes_lost(&self) -> u64 {
+        self.syscalls.iter().map(|s| s.lost_children).sum()
     }
 }
 

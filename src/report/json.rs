@@ -77,6 +77,9 @@ pub struct Syscalls {
     /// Interval over which counts were taken (recording seconds).
     pub window_s: Option<[f64; 2]>,
     pub dropped: u64,
+    /// Processes whose syscalls could not be counted at all (kernel map full).
+    #[serde(default)]
+    pub processes_lost: u64,
     pub by_role: BTreeMap<Role, RoleTable>,
 }
 
@@ -199,6 +202,7 @@ pub fn build(rec: &Loaded) -> Report {
         syscalls: Syscalls {
             window_s: span.map(|(a, b)| [r3(a), r3(b)]),
             dropped: rec.syscalls_dropped(),
+            processes_lost: rec.processes_lost(),
             by_role,
         },
         findings,

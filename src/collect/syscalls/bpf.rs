@@ -3,7 +3,6 @@
 //! per-process arrays (see src/bpf/syscount.bpf.c).
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -75,27 +74,39 @@ struct Bss(NonNull<types::bss>);
 unsafe impl Send for Bss {}
 
 impl Bss {
+    /// Word `i` of the tracked bitmap, if in range.
     fn word(&self, i: usize) -> Option<&AtomicU64> {
-        let base = self.0.as_ptr();
-        // SAFETY: in bounds (checked by get); u64 in a page-aligned mapping
-        // is 8-aligned; all access to the mapping is atomic.
+        fn len<const N: usize>(_: *mut [u64; N]) -> usize {
+            N
+        }
+        // SAFETY: only a field address is computed (no reference to memory
+        // the kernel writes); the word is in bounds, 8-aligned in a
+        // page-aligned mapping that lives as long as `self`, and all access
+        // to it is atomic.
         unsafe {
-            let words = std::ptr::addr_of_mut!((*base).tracked_bits);
-            let p: *mut u64 = (*words).as_mut_ptr();
-            (i < (*words).len()).then(|| AtomicU64::from_ptr(p.add(i)))
+            let words = std::ptr::addr_of_mut!((*self.0.as_ptr()).tracked_bits);
+            (i < len(words)).then(|| AtomicU64::from_ptr(words.cast::<u64>().add(i)))
         }
     }
 
+    /// Loads one of the kernel-written u64 counters of the .bss.
+    fn load(&self, field: fn(*mut types::bss) -> *mut u64) -> u64 {
+        // SAFETY: `field` only computes a field address inside the mapping
+        // (aligned, live as long as the skeleton); access is atomic.
+        unsafe { AtomicU64::from_ptr(field(self.0.as_ptr())) }.load(Ordering::SeqCst)
+    }
+
     fn dropped(&self) -> u64 {
-        // SAFETY: in the mapping, aligned, only accessed atomically.
-        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.0.as_ptr()).dropped)) }
-            .load(Ordering::Relaxed)
+        // SAFETY (all three): a field address of a valid mapping, no deref.
+        self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).dropped) })
     }
 
     fn lost_children(&self) -> u64 {
-        // SAFETY: as for `dropped`.
-        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.0.as_ptr()).lost_children)) }
-            .load(Ordering::Relaxed)
+        self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).lost_children) })
+    }
+
+    fn queue_overflows(&self) -> u64 {
+        self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).queue_overflows) })
     }
 
     fn set_tracked(&self, tgid: u32, on: bool) {
@@ -121,8 +132,15 @@ pub(super) struct Ebpf {
     /// Final counts (and parent) of processes that exited and were removed
     /// from the kernel map.
     retired: BTreeMap<u32, (u32, BTreeMap<u32, u64>)>,
-    /// Whether BPF_MAP_LOOKUP_BATCH works on this kernel (tried once).
-    batch_ok: bool,
+    /// The keys of the kernel map: roots, the /proc walk at start, and the
+    /// children the fork program announces through `new_procs`. Reading by
+    /// key costs one lookup per process; listing the keys of a hash map
+    /// walks all its buckets.
+    keys: BTreeSet<u32>,
+    /// `queue_overflows` when the keys were last listed in full.
+    overflows_seen: u64,
+    /// One struct proc, reused by every lookup.
+    buf: Vec<u8>,
 }
 
 impl Ebpf {
@@ -148,7 +166,9 @@ impl Ebpf {
             _slot: slot,
             value_size,
             retired: BTreeMap::new(),
-            batch_ok: std::env::var_os("NOBATCH").is_none(),
+            keys: BTreeSet::new(),
+            overflows_seen: 0,
+            buf: vec![0; value_size],
         };
         for &root in roots {
             me.track(root, 0)?;
@@ -160,13 +180,16 @@ impl Ebpf {
         procwalk::walk_new_descendants(roots.iter().copied(), &mut known, &mut |child, parent| {
             me.track(child, parent)
         })?;
+        me.keys = known;
         Ok(me)
     }
 
     /// Starts tracking `tgid` unless the kernel already does.
     fn track(&self, tgid: u32, parent: u32) -> anyhow::Result<()> {
         let mut value = vec![0u8; self.value_size];
-        value[..4].copy_from_slice(&parent.to_ne_bytes());
+        if let Some(p) = value.get_mut(..4) {
+            p.copy_from_slice(&parent.to_ne_bytes());
+        }
         match self
             .skel
             .maps
@@ -183,95 +206,46 @@ impl Ebpf {
         Ok(())
     }
 
-    /// Every (tgid, struct proc bytes) in the kernel map.
-    fn entries(&mut self) -> anyhow::Result<Vec<(u32, Vec<u8>)>> {
-        if self.batch_ok {
-            match self.entries_batched() {
-                Ok(v) => return Ok(v),
-                // Older kernels reject batch ops; fall back for good.
-                Err(e) if is_unsupported(&e) => self.batch_ok = false,
-                Err(e) => return Err(e).context("reading the BPF counts map"),
-            }
+    /// Learns the tgids the fork program added since the last read.
+    fn refresh_keys(&mut self) -> anyhow::Result<()> {
+        let overflows = self.bss.queue_overflows();
+        let queue = &self.skel.maps.new_procs;
+        let mut tgid = [0u8; 4];
+        while queue
+            .lookup_into_and_delete(&[], &mut tgid)
+            .context("reading the BPF queue of new processes")?
+        {
+            self.keys.insert(u32::from_ne_bytes(tgid));
         }
-        let map = &self.skel.maps.procs;
-        let mut out = Vec::new();
-        for key in map.keys() {
-            let Ok(k) = <[u8; 4]>::try_from(key.as_slice()) else {
-                continue;
-            };
-            // The entry may go away between keys() and lookup(): skip it.
-            if let Some(v) = map
-                .lookup(&key, MapFlags::ANY)
-                .context("reading the BPF counts map")?
-            {
-                out.push((u32::from_ne_bytes(k), v));
-            }
-        }
-        Ok(out)
-    }
-
-    fn entries_batched(&self) -> std::io::Result<Vec<(u32, Vec<u8>)>> {
-        let fd = self.skel.maps.procs.as_fd().as_raw_fd();
-        let mut out = Vec::new();
-        // A hash batch returns whole buckets; ENOSPC means one did not fit.
-        let mut chunk: u32 = 256;
-        let mut keys = Vec::new();
-        let mut values = Vec::new();
-        let mut in_batch = 0u32;
-        let mut out_batch = 0u32;
-        let mut first = true;
-        loop {
-            keys.resize(chunk as usize, 0u32);
-            values.resize(chunk as usize * self.value_size, 0u8);
-            let mut count = chunk;
-            let opts = libbpf_rs::libbpf_sys::bpf_map_batch_opts {
-                sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_batch_opts>() as _,
-                ..Default::default()
-            };
-            // SAFETY: buffers hold `count` keys and values of the map's sizes;
-            // in/out batch tokens are 4 bytes, like a key of this hash map.
-            let ret = unsafe {
-                libbpf_rs::libbpf_sys::bpf_map_lookup_batch(
-                    fd,
-                    if first {
-                        std::ptr::null_mut()
-                    } else {
-                        (&mut in_batch as *mut u32).cast()
-                    },
-                    (&mut out_batch as *mut u32).cast(),
-                    keys.as_mut_ptr().cast(),
-                    values.as_mut_ptr().cast(),
-                    &mut count,
-                    &opts,
-                )
-            };
-            let err = (ret != 0).then(std::io::Error::last_os_error);
-            match err.as_ref().and_then(std::io::Error::raw_os_error) {
-                Some(libc::ENOSPC) if chunk < 1 << 20 => {
-                    chunk *= 4;
-                    continue;
+        if overflows != self.overflows_seen {
+            // The queue was full at some point: list every key once.
+            for key in self.skel.maps.procs.keys() {
+                if let Ok(k) = <[u8; 4]>::try_from(key.as_slice()) {
+                    self.keys.insert(u32::from_ne_bytes(k));
                 }
-                Some(libc::EINTR) => continue,
-                None | Some(libc::ENOENT) => {}
-                Some(_) => return Err(err.unwrap_or_else(std::io::Error::last_os_error)),
             }
-            for i in 0..count as usize {
-                let v = &values[i * self.value_size..(i + 1) * self.value_size];
-                out.push((keys[i], v.to_vec()));
-            }
-            if err.is_some() {
-                return Ok(out); // ENOENT: that was the last batch
-            }
-            in_batch = out_batch;
-            first = false;
+            self.overflows_seen = overflows;
         }
+        Ok(())
     }
 
     pub(super) fn read(&mut self) -> anyhow::Result<CountSnapshot> {
+        self.refresh_keys()?;
         let mut live: BTreeMap<u32, (u32, BTreeMap<u32, u64>)> = BTreeMap::new();
         let mut gone = Vec::new();
-        for (tgid, value) in self.entries()? {
-            let (parent, flags, counts) = parse_proc(&value);
+        let mut missing = Vec::new();
+        for &tgid in &self.keys {
+            let found = self
+                .skel
+                .maps
+                .procs
+                .lookup_into(&tgid.to_ne_bytes(), &mut self.buf, MapFlags::ANY)
+                .context("reading the BPF counts map")?;
+            if !found {
+                missing.push(tgid);
+                continue;
+            }
+            let (parent, flags, counts) = parse_proc(&self.buf);
             // The kernel flags a process whose leader exited; it is gone for
             // good once its parent reaped it.
             if flags & PROC_EXITED != 0 && !procwalk::exists(tgid) {
@@ -279,21 +253,27 @@ impl Ebpf {
             }
             live.insert(tgid, (parent, counts));
         }
+        for tgid in missing {
+            self.keys.remove(&tgid);
+        }
         // Move processes that are gone from the kernel map to `retired`.
         for tgid in gone {
             self.bss.set_tracked(tgid, false);
             let key = tgid.to_ne_bytes();
             let map = &self.skel.maps.procs;
-            // No syscall of a reaped process can still be counted: this read is final.
-            let last = map.lookup(&key, MapFlags::ANY).ok().flatten();
+            // No syscall of a reaped process can be counted any more: this
+            // lookup is final.
+            let last = map
+                .lookup_into(&key, &mut self.buf, MapFlags::ANY)
+                .unwrap_or(false);
             let _ = map.delete(&key);
-            let (parent, counts) = match last {
-                Some(value) => {
-                    let (parent, _, counts) = parse_proc(&value);
-                    live.remove(&tgid);
-                    (parent, counts)
-                }
-                None => live.remove(&tgid).unwrap_or_default(),
+            self.keys.remove(&tgid);
+            let entry = live.remove(&tgid).unwrap_or_default();
+            let (parent, counts) = if last {
+                let (parent, _, counts) = parse_proc(&self.buf);
+                (parent, counts)
+            } else {
+                entry
             };
             let slot = self.retired.entry(tgid).or_default();
             slot.0 = parent;
@@ -342,9 +322,28 @@ fn parse_proc(value: &[u8]) -> (u32, u32, BTreeMap<u32, u64>) {
     (u32_at(0), u32_at(4), counts)
 }
 
-fn is_unsupported(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
-    ) || e.raw_os_error() == Some(524) // ENOTSUPP (kernel-internal)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_values() {
+        let mut v = vec![0u8; PROC_HEADER + 8 * 4];
+        v[..4].copy_from_slice(&7u32.to_ne_bytes());
+        v[4..8].copy_from_slice(&PROC_EXITED.to_ne_bytes());
+        v[PROC_HEADER + 8 * 2..PROC_HEADER + 8 * 3].copy_from_slice(&5u64.to_ne_bytes());
+        let (parent, flags, counts) = parse_proc(&v);
+        assert_eq!((parent, flags), (7, PROC_EXITED));
+        assert_eq!(counts, BTreeMap::from([(2, 5)]));
+        // Short or odd-sized values: what is there, no panic.
+        assert_eq!(parse_proc(&[1, 0]), (0, 0, BTreeMap::new()));
+        assert_eq!(parse_proc(&v[..PROC_HEADER + 8 * 3 + 3]).2, counts);
+    }
+
+    #[test]
+    fn merging_adds() {
+        let mut a = BTreeMap::from([(1, 2), (3, 4)]);
+        merge(&mut a, &BTreeMap::from([(3, 1), (5, 6)]));
+        assert_eq!(a, BTreeMap::from([(1, 2), (3, 5), (5, 6)]));
+    }
 }

@@ -71,6 +71,7 @@ impl Collector for SyscallCollector {
             dt: t - self.last_t,
             counts: delta(&self.last, &now),
             dropped: now.dropped.saturating_sub(self.last.dropped),
+            lost_children: now.lost_children.saturating_sub(self.last.lost_children),
         };
         out.append(files::SYSCALLS, &sample)?;
         self.last = now;

@@ -83,7 +83,7 @@ pub struct CountSnapshot {
 }
 
 enum Backend {
-    Ebpf(bpf::Ebpf),
+    Ebpf(Box<bpf::Ebpf>),
     Perf(perf::Perf),
 }
 
@@ -98,14 +98,11 @@ impl SyscallCounter {
     /// `prefer`: None = eBPF if it loads, else perf tracepoints. Some(m) forces one mechanism (used by tests and `--syscall-mechanism`).
     /// Errors are fixable: not root/no CAP_BPF → "run as root or grant CAP_BPF,CAP_PERFMON"; both mechanisms failing → say why each failed.
     pub fn start(roots: &[u32], prefer: Option<Mechanism>) -> anyhow::Result<SyscallCounter> {
-        check_roots(roots)?;
+        let roots = root_tgids(roots)?;
         check_privileges()?;
-        let mut roots = roots.to_vec();
-        roots.sort_unstable();
-        roots.dedup();
         match prefer {
             Some(Mechanism::Ebpf) => Ok(SyscallCounter {
-                backend: Backend::Ebpf(bpf::Ebpf::start(&roots).map_err(ebpf_error)?),
+                backend: Backend::Ebpf(Box::new(bpf::Ebpf::start(&roots).map_err(ebpf_error)?)),
                 fallback_reason: None,
             }),
             Some(Mechanism::PerfTracepoint) => Ok(SyscallCounter {
@@ -114,7 +111,7 @@ impl SyscallCounter {
             }),
             None => match bpf::Ebpf::start(&roots) {
                 Ok(b) => Ok(SyscallCounter {
-                    backend: Backend::Ebpf(b),
+                    backend: Backend::Ebpf(Box::new(b)),
                     fallback_reason: None,
                 }),
                 Err(bpf_err) => {
@@ -166,22 +163,40 @@ impl SyscallCounter {
 // Drop: `bpf::Ebpf` drops its skeleton (links, programs and maps are closed,
 // nothing stays attached); `perf::Perf` closes every perf event fd.
 
-fn check_roots(roots: &[u32]) -> anyhow::Result<()> {
+/// The thread-group ids of `roots` (a thread id names its process), sorted
+/// and deduplicated; a fixable error for an empty list or a missing process.
+fn root_tgids(roots: &[u32]) -> anyhow::Result<Vec<u32>> {
     if roots.is_empty() {
         return Err(fixable(
             "no process to count syscalls of",
             "pass the PostgreSQL postmaster pid",
         ));
     }
+    let mut out = Vec::with_capacity(roots.len());
     for &pid in roots {
-        if pid == 0 || !procwalk::exists(pid) {
+        let status = (pid != 0)
+            .then(|| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            .flatten();
+        let Some(status) = status else {
             return Err(fixable(
                 format!("process {pid} does not exist"),
                 "pass the pid of a running process (see `ps -e`)",
             ));
-        }
+        };
+        out.push(parse_status_field(&status, "Tgid:").unwrap_or(pid));
     }
-    Ok(())
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+fn parse_status_field(status: &str, name: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 const CAP_SYS_ADMIN: u32 = 21;
@@ -284,6 +299,28 @@ mod tests {
         assert_eq!(parse_cap_eff(s), Some(0x1ff_ffff_ffff));
         assert_eq!(parse_cap_eff("CapEff:\tzz\n"), None);
         assert_eq!(parse_cap_eff(""), None);
+    }
+
+    #[test]
+    fn thread_ids_name_their_process() {
+        let me = std::process::id();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            done_rx.recv().ok();
+        });
+        let tid = tid_rx.recv().unwrap();
+        assert_ne!(tid, me);
+        assert_eq!(root_tgids(&[tid, me, me]).unwrap(), [me]);
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert_eq!(
+            parse_status_field("Name:\tx\nTgid:\t42\n", "Tgid:"),
+            Some(42)
+        );
+        assert_eq!(parse_status_field("Tgid:\tx\n", "Tgid:"), None);
     }
 
     #[test]

@@ -235,31 +235,18 @@ impl Perf {
         }))
     }
 
-    /// Starts counting new descendants and new threads of tracked processes.
+    /// Starts counting new descendants of tracked processes.
     fn discover(&mut self) -> anyhow::Result<()> {
         let live: Vec<u32> = self.procs.keys().copied().collect();
         let mut found = Vec::new();
-        procwalk::walk_new_descendants(live.iter().copied(), &mut self.known, &mut |c, p| {
+        procwalk::walk_new_descendants(live, &mut self.known, &mut |c, p| {
             found.push((c, p));
             Ok(())
         })?;
-        // The walk lists a child only after its parent, so opening events
-        // in this order still finds grandchildren (at the next read at worst).
+        // Events of a child are opened after the walk, so a grandchild it
+        // forks meanwhile is found at the next read (perf mode's known gap).
         for (child, parent) in found {
             self.add_process(child, parent)?;
-        }
-        for tgid in live {
-            let new: Vec<u32> = procwalk::threads(tgid)
-                .into_iter()
-                .filter(|t| !self.procs[&tgid].threads.contains_key(t))
-                .collect();
-            for tid in new {
-                if let Some(g) = self.open_group(tid)? {
-                    if let Some(p) = self.procs.get_mut(&tgid) {
-                        p.threads.insert(tid, g);
-                    }
-                }
-            }
         }
         Ok(())
     }
@@ -268,8 +255,22 @@ impl Perf {
         self.discover()?;
         let n = self.events.len();
         let mut gone = Vec::new();
-        for (&tgid, p) in &mut self.procs {
+        let tgids: Vec<u32> = self.procs.keys().copied().collect();
+        for tgid in tgids {
             let alive: BTreeSet<u32> = procwalk::threads(tgid).into_iter().collect();
+            // New threads of a tracked process.
+            let mut opened = Vec::new();
+            for &tid in &alive {
+                if !self.procs[&tgid].threads.contains_key(&tid) {
+                    if let Some(g) = self.open_group(tid)? {
+                        opened.push((tid, g));
+                    }
+                }
+            }
+            let Some(p) = self.procs.get_mut(&tgid) else {
+                continue;
+            };
+            p.threads.extend(opened);
             let mut dead = Vec::new();
             for (&tid, g) in &mut p.threads {
                 read_group(g, n).with_context(|| format!("reading perf counters of {tid}"))?;
@@ -285,7 +286,8 @@ impl Perf {
                     }
                 }
             }
-            if p.threads.is_empty() && !procwalk::exists(tgid) {
+            // No /proc/<tgid>/task at all: reaped (a zombie still lists its leader).
+            if alive.is_empty() {
                 gone.push(tgid);
             }
         }
@@ -351,12 +353,21 @@ fn read_group(g: &mut Group, n: usize) -> io::Result<()> {
     if got < 0 {
         return Err(io::Error::last_os_error());
     }
-    let words = got as usize / 8;
-    let nr = (buf[0] as usize)
-        .min(words.saturating_sub(1))
-        .min(g.last.len());
-    g.last[..nr].copy_from_slice(&buf[1..=nr]);
+    apply_group_read(&buf[..got as usize / 8], &mut g.last);
     Ok(())
+}
+
+/// Copies the values of a PERF_FORMAT_GROUP read (`nr`, then `nr` values)
+/// into `last`, ignoring anything short or surplus.
+fn apply_group_read(words: &[u64], last: &mut [u64]) {
+    let Some((&nr, values)) = words.split_first() else {
+        return;
+    };
+    let n = usize::try_from(nr)
+        .unwrap_or(usize::MAX)
+        .min(values.len())
+        .min(last.len());
+    last[..n].copy_from_slice(&values[..n]);
 }
 
 /// The tracefs `events/syscalls` directory; mounts tracefs if it is not.
@@ -475,13 +486,22 @@ mod tests {
     }
 
     #[test]
-    fn group_read_parses_partial_buffers() {
+    fn group_read_values() {
+        let mut last = vec![7; 3];
+        apply_group_read(&[3, 10, 20, 30], &mut last);
+        assert_eq!(last, [10, 20, 30]);
+        // Short, empty, or claiming more than there is: only what is there.
+        apply_group_read(&[3, 11], &mut last);
+        assert_eq!(last, [11, 20, 30]);
+        apply_group_read(&[], &mut last);
+        apply_group_read(&[u64::MAX, 1, 2, 3, 4], &mut last);
+        assert_eq!(last, [1, 2, 3]);
+        // No leader: nothing read, nothing changed.
         let mut g = Group {
             fds: Vec::new(),
-            last: vec![7; 3],
+            last: vec![5],
         };
-        // No leader: nothing read, nothing changed.
-        read_group(&mut g, 3).unwrap();
-        assert_eq!(g.last, [7, 7, 7]);
+        read_group(&mut g, 1).unwrap();
+        assert_eq!(g.last, [5]);
     }
 }

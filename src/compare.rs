@@ -1,0 +1,330 @@
+//! `pgbelow compare A B`: did the change between two recordings (a setting,
+//! a patch, a version) help? tps with a confidence interval, per-statement
+//! syscall costs side by side, and which findings went away or appeared.
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+use serde::{Deserialize, Serialize};
+
+use crate::procinfo::Role;
+use crate::report::Report;
+
+pub const COMPARE_SCHEMA_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Comparison {
+    pub schema_version: u32,
+    pub a: Side,
+    pub b: Side,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tps: Option<TpsChange>,
+    /// Settings whose values differ: name → [A, B].
+    pub settings_changed: BTreeMap<String, [String; 2]>,
+    /// Backend syscalls per statement, A vs B, largest change first.
+    pub syscalls_per_statement: Vec<SyscallChange>,
+    pub findings: FindingChanges,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Side {
+    pub recording: String,
+    pub postgres_version: Option<String>,
+    pub scenario: Option<String>,
+    pub tps: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TpsChange {
+    pub mean_a: f64,
+    pub mean_b: f64,
+    /// (B − A) / A, percent.
+    pub change_pct: f64,
+    /// 95% confidence interval of the change, percent of A (Welch, per-second samples).
+    pub ci95_pct: [f64; 2],
+    /// The interval excludes zero.
+    pub significant: bool,
+    pub seconds_a: usize,
+    pub seconds_b: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SyscallChange {
+    pub syscall: String,
+    pub a: f64,
+    pub b: f64,
+    pub delta: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FindingChanges {
+    /// Raised in A, not in B.
+    pub resolved: Vec<String>,
+    /// Raised in B, not in A.
+    pub new: Vec<String>,
+    pub persisting: Vec<String>,
+}
+
+fn mean_var(x: &[f64]) -> (f64, f64) {
+    let n = x.len() as f64;
+    let m = x.iter().sum::<f64>() / n;
+    let v = if x.len() > 1 {
+        x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (m, v)
+}
+
+/// Two-sided 95% critical value of Student's t for `df` degrees of freedom.
+fn t95(df: f64) -> f64 {
+    const TABLE: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    let d = df.floor().max(1.0) as usize;
+    if d <= 30 {
+        TABLE[d - 1]
+    } else if d <= 60 {
+        2.000
+    } else {
+        1.960
+    }
+}
+
+/// Welch's interval for mean(b) − mean(a), as percent of mean(a).
+pub fn tps_change(a: &[f64], b: &[f64]) -> Option<TpsChange> {
+    if a.len() < 2 || b.len() < 2 {
+        return None;
+    }
+    let (ma, va) = mean_var(a);
+    let (mb, vb) = mean_var(b);
+    if ma <= 0.0 {
+        return None;
+    }
+    let (na, nb) = (a.len() as f64, b.len() as f64);
+    let se2 = va / na + vb / nb;
+    let df = if se2 > 0.0 {
+        se2.powi(2) / ((va / na).powi(2) / (na - 1.0) + (vb / nb).powi(2) / (nb - 1.0))
+    } else {
+        na + nb - 2.0
+    };
+    let half = t95(df) * se2.sqrt();
+    let d = mb - ma;
+    let pct = |x: f64| (x / ma * 1000.0).round() / 10.0;
+    Some(TpsChange {
+        mean_a: (ma * 10.0).round() / 10.0,
+        mean_b: (mb * 10.0).round() / 10.0,
+        change_pct: pct(d),
+        ci95_pct: [pct(d - half), pct(d + half)],
+        significant: d - half > 0.0 || d + half < 0.0,
+        seconds_a: a.len(),
+        seconds_b: b.len(),
+    })
+}
+
+fn per_statement(r: &Report) -> BTreeMap<String, f64> {
+    r.syscalls
+        .by_role
+        .get(&Role::Backend)
+        .map(|t| {
+            t.top
+                .iter()
+                .filter_map(|row| Some((row.syscall.clone(), row.per_statement?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Drop the first and last second of pgbench progress: ramp-up and the partial tail.
+fn steady(series: &[f64]) -> Vec<f64> {
+    if series.len() > 4 {
+        series[1..series.len() - 1].to_vec()
+    } else {
+        series.to_vec()
+    }
+}
+
+pub fn compare(a_name: &str, a: &Report, b_name: &str, b: &Report) -> Comparison {
+    let side = |name: &str, r: &Report| Side {
+        recording: name.to_string(),
+        postgres_version: r.postgres.version.clone(),
+        scenario: r.workload.as_ref().map(|w| w.scenario.clone()),
+        tps: r.workload.as_ref().map(|w| w.tps),
+    };
+    let tps = match (&a.workload, &b.workload) {
+        (Some(wa), Some(wb)) => tps_change(&steady(&wa.tps_series), &steady(&wb.tps_series)),
+        _ => None,
+    };
+    let mut settings_changed = BTreeMap::new();
+    let keys: BTreeSet<&String> = a
+        .postgres
+        .settings
+        .keys()
+        .chain(b.postgres.settings.keys())
+        .collect();
+    for k in keys {
+        let va = a
+            .postgres
+            .settings
+            .get(k)
+            .cloned()
+            .unwrap_or_else(|| "-".into());
+        let vb = b
+            .postgres
+            .settings
+            .get(k)
+            .cloned()
+            .unwrap_or_else(|| "-".into());
+        if va != vb {
+            settings_changed.insert(k.clone(), [va, vb]);
+        }
+    }
+    let (pa, pb) = (per_statement(a), per_statement(b));
+    let names: BTreeSet<&String> = pa.keys().chain(pb.keys()).collect();
+    let mut syscalls: Vec<SyscallChange> = names
+        .into_iter()
+        .map(|n| {
+            let (x, y) = (
+                pa.get(n).copied().unwrap_or(0.0),
+                pb.get(n).copied().unwrap_or(0.0),
+            );
+            SyscallChange {
+                syscall: n.clone(),
+                a: x,
+                b: y,
+                delta: ((y - x) * 1000.0).round() / 1000.0,
+            }
+        })
+        .filter(|c| c.a > 0.0 || c.b > 0.0)
+        .collect();
+    syscalls.sort_by(|x, y| {
+        y.delta
+            .abs()
+            .total_cmp(&x.delta.abs())
+            .then_with(|| x.syscall.cmp(&y.syscall))
+    });
+    let ida: BTreeSet<&String> = a.findings.iter().map(|f| &f.id).collect();
+    let idb: BTreeSet<&String> = b.findings.iter().map(|f| &f.id).collect();
+    Comparison {
+        schema_version: COMPARE_SCHEMA_VERSION,
+        a: side(a_name, a),
+        b: side(b_name, b),
+        tps,
+        settings_changed,
+        syscalls_per_statement: syscalls,
+        findings: FindingChanges {
+            resolved: ida.difference(&idb).map(|s| s.to_string()).collect(),
+            new: idb.difference(&ida).map(|s| s.to_string()).collect(),
+            persisting: ida.intersection(&idb).map(|s| s.to_string()).collect(),
+        },
+    }
+}
+
+pub fn render(c: &Comparison) -> String {
+    let mut o = String::new();
+    let v = |s: &Side| s.postgres_version.clone().unwrap_or_else(|| "?".into());
+    let _ = writeln!(o, "A: {} (PostgreSQL {})", c.a.recording, v(&c.a));
+    let _ = writeln!(o, "B: {} (PostgreSQL {})", c.b.recording, v(&c.b));
+    if let Some(t) = &c.tps {
+        let _ = writeln!(
+            o,
+            "\ntps: {:.1} → {:.1} ({:+.1}%, 95% CI {:+.1}% … {:+.1}%, {} vs {} s) — {}",
+            t.mean_a,
+            t.mean_b,
+            t.change_pct,
+            t.ci95_pct[0],
+            t.ci95_pct[1],
+            t.seconds_a,
+            t.seconds_b,
+            if t.significant {
+                "significant"
+            } else {
+                "within noise"
+            }
+        );
+    }
+    if !c.settings_changed.is_empty() {
+        let _ = writeln!(o, "\nsettings changed:");
+        for (k, [a, b]) in &c.settings_changed {
+            let _ = writeln!(o, "  {k}: {a} → {b}");
+        }
+    }
+    if !c.syscalls_per_statement.is_empty() {
+        let _ = writeln!(o, "\nbackend syscalls per statement:");
+        for s in c.syscalls_per_statement.iter().take(12) {
+            let _ = writeln!(
+                o,
+                "  {:<18} {:>9.3} → {:>9.3} ({:+.3})",
+                s.syscall, s.a, s.b, s.delta
+            );
+        }
+    }
+    let f = &c.findings;
+    let list = |v: &Vec<String>| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let _ = writeln!(
+        o,
+        "\nfindings: resolved in B: {} · new in B: {} · in both: {}",
+        list(&f.resolved),
+        list(&f.new),
+        list(&f.persisting)
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recording::Loaded;
+
+    fn report(name: &str) -> Report {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recordings")
+            .join(name);
+        crate::report::build(&Loaded::open(&dir).unwrap())
+    }
+
+    #[test]
+    fn pg13_to_pg15_resolves_the_timer_finding() {
+        let c = compare(
+            "13",
+            &report("pg13-select-only-timeout"),
+            "15",
+            &report("pg15-select-only-timeout"),
+        );
+        assert_eq!(c.findings.resolved, vec!["timer-syscalls-per-statement"]);
+        assert!(c.findings.new.is_empty());
+        let s = c
+            .syscalls_per_statement
+            .iter()
+            .find(|s| s.syscall == "setitimer")
+            .unwrap();
+        assert_eq!((s.a, s.b), (1.0, 0.0));
+        assert!(c.tps.is_some());
+        assert!(render(&c).contains("resolved in B: timer-syscalls-per-statement"));
+    }
+
+    #[test]
+    fn welch_interval() {
+        let a = [100.0, 102.0, 98.0, 101.0, 99.0];
+        let same = tps_change(&a, &a).unwrap();
+        assert_eq!(same.change_pct, 0.0);
+        assert!(!same.significant);
+        let b = [120.0, 122.0, 118.0, 121.0, 119.0];
+        let up = tps_change(&a, &b).unwrap();
+        assert_eq!(up.change_pct, 20.0);
+        assert!(up.significant);
+        assert!(
+            up.ci95_pct[0] > 15.0 && up.ci95_pct[1] < 25.0,
+            "{:?}",
+            up.ci95_pct
+        );
+        assert!(tps_change(&[1.0], &b).is_none());
+    }
+}

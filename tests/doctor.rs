@@ -1,0 +1,37 @@
+//! `pgbelow doctor` with no arguments but an output directory: checks the
+//! machine, probes the system's PostgreSQL, writes a report, in under a minute.
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+
+#[test]
+fn doctor_checks_the_machine_and_probes_the_system_postgres() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("doctor");
+    let t0 = Instant::now();
+    let o = Command::cargo_bin("pgbelow")
+        .unwrap()
+        .arg("doctor")
+        .arg("--out")
+        .arg(&out)
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("privileges"), "{stdout}");
+    assert!(stdout.contains("clocksource"), "{stdout}");
+    assert!(stdout.contains("Probe: timer syscalls"), "{stdout}");
+    // The system PostgreSQL here is 15: measured, not exposed.
+    assert!(stdout.contains("not exposed"), "{stdout}");
+    assert!(out.join("report.txt").exists());
+    assert!(out.join("report.json").exists());
+    assert!(stdout.contains(&out.join("report.txt").display().to_string()));
+    // Budget is one minute on this machine; allow slack for a loaded CI box.
+    assert!(took < Duration::from_secs(90), "doctor took {took:?}");
+}
