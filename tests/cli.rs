@@ -186,6 +186,7 @@ fn gid_of(name: &str) -> u32 {
 
 #[test]
 fn without_privileges_the_fix_is_named_before_anything_starts() {
+    let out = format!("/tmp/np-rec-{}", std::process::id());
     let o = as_postgres(&[
         "lab",
         "run",
@@ -193,15 +194,17 @@ fn without_privileges_the_fix_is_named_before_anything_starts() {
         "select-only",
         "--duration",
         "2",
+        "--collectors",
+        "syscalls",
         "--out",
-        "/tmp/pgbelow-np-rec",
+        &out,
     ]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("needs CAP_BPF and CAP_PERFMON"), "{err}");
     assert!(err.contains("fix: run as root"), "{err}");
-    assert!(!std::path::Path::new("/tmp/pgbelow-np-rec").exists());
+    assert!(!std::path::Path::new(&out).exists());
 }
 
 #[test]
@@ -227,4 +230,45 @@ fn a_setting_the_server_rejects_is_named_and_nothing_is_left() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("no_such_guc"), "{err}");
     assert!(!out.exists(), "recording dir left behind");
+}
+
+#[test]
+fn without_privileges_the_run_goes_on_and_says_what_degraded() {
+    let out = format!("/tmp/np-degraded-{}", std::process::id());
+    let o = as_postgres(&[
+        "lab",
+        "run",
+        "--scenario",
+        "select-only",
+        "--duration",
+        "3",
+        "--scale",
+        "1",
+        "--format",
+        "json",
+        "--out",
+        &out,
+    ]);
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let collectors = r["collectors"].as_array().unwrap();
+    let status = |name: &str| {
+        collectors
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| {
+                (
+                    c["status"].as_str().unwrap_or("").to_string(),
+                    c["reason"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .unwrap_or_default()
+    };
+    let (st, why) = status("syscalls");
+    assert_eq!(st, "failed", "{collectors:?}");
+    assert!(why.contains("CAP_BPF"), "{why}");
+    // Collectors that need no privileges still ran.
+    assert_eq!(status("pgstat").0, "ok", "{collectors:?}");
+    assert!(r["workload"]["transactions"].as_u64().unwrap() > 0);
 }

@@ -144,7 +144,7 @@ fn ctrl_c_stops_cleanly_with_a_valid_recording() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
     let bin = assert_cmd::cargo::cargo_bin("pgbelow");
-    let mut child = StdCommand::new(bin)
+    let child = StdCommand::new(bin)
         .args([
             "lab",
             "run",
@@ -182,4 +182,81 @@ fn ctrl_c_stops_cleanly_with_a_valid_recording() {
     assert!(r["recording"]["duration_s"].as_f64().unwrap() < 30.0);
     assert!(r["workload"]["transactions"].as_u64().unwrap() > 0);
     assert_torn_down(&out);
+}
+
+#[test]
+fn sigkill_leaves_a_readable_recording_and_no_server() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let bin = assert_cmd::cargo::cargo_bin("pgbelow");
+    let mut child = StdCommand::new(&bin)
+        .args([
+            "lab",
+            "run",
+            "--scenario",
+            "select-only",
+            "--duration",
+            "60",
+            "--scale",
+            "1",
+            "--out",
+        ])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !out.join("syscalls.jsonl").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "recording never started"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    child.kill().unwrap(); // SIGKILL: no handler runs
+    child.wait().unwrap();
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["status"], "recording");
+    let pid = m["postgres"]["postmaster_pid"].as_u64().unwrap();
+    // The postmaster follows its parent down (PR_SET_PDEATHSIG → immediate shutdown).
+    let gone = std::time::Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}/status")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .contains("zombie")
+    {
+        assert!(
+            std::time::Instant::now() < gone,
+            "postmaster {pid} outlived pgbelow"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = Command::cargo_bin("pgbelow")
+        .unwrap()
+        .arg("report")
+        .arg(&out)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let r: Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(r["recording"]["status"], "recording");
+    assert!(
+        r["syscalls"]["by_role"]["backend"]["total"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "{:#}",
+        r["syscalls"]
+    );
+    // The data directory is left (nothing can run after SIGKILL); remove it for the suite.
+    if let Some(dir) = m["postgres"]["data_dir"]
+        .as_str()
+        .and_then(|d| Path::new(d).parent())
+    {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

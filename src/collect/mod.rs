@@ -1,11 +1,15 @@
 //! Collectors: one module per source of evidence, behind [`Collector`].
 //! A [`session::Session`] drives them on one clock and writes the recording.
 
+pub mod clock;
 pub mod context;
 pub mod cpu;
 pub mod pgstat;
+pub mod procfs;
+pub mod profile;
 pub mod session;
 pub mod syscalls;
+pub mod system;
 
 use anyhow::Result;
 
@@ -46,6 +50,49 @@ pub trait Collector {
     }
 }
 
+/// Collectors that need kernel tracing privileges (BPF / perf events).
+const NEED_TRACING: &[&str] = &["syscalls", "profile"];
+
+/// Can this process load BPF programs and open perf events?
+pub fn can_trace() -> bool {
+    const CAP_SYS_ADMIN: u64 = 21;
+    const CAP_PERFMON: u64 = 38;
+    const CAP_BPF: u64 = 39;
+    let caps = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0);
+    let has = |c: u64| caps & (1 << c) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+/// Refuse before anything is started when the only collectors asked for
+/// cannot run here, so a user learns the fix without waiting for a cluster.
+pub fn preflight(names: &[String]) -> Result<()> {
+    let tracing: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| NEED_TRACING.contains(n))
+        .collect();
+    if !tracing.is_empty() && tracing.len() == names.len() && !can_trace() {
+        let exe = std::env::current_exe().map_or("pgbelow".into(), |p| p.display().to_string());
+        return Err(fixable(
+            format!(
+                "collector {} needs CAP_BPF and CAP_PERFMON, which this process lacks",
+                tracing.join(",")
+            ),
+            format!(
+                "run as root (sudo), or: setcap cap_bpf,cap_perfmon+ep {exe}; or --collectors none"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Start the collector called `name`. Each collector module adds its arm.
 pub fn start(name: &str, ctx: &Context) -> Result<Box<dyn Collector>> {
     match name {
@@ -53,14 +100,19 @@ pub fn start(name: &str, ctx: &Context) -> Result<Box<dyn Collector>> {
             ctx.postmaster,
             ctx.syscall_mechanism,
         )?)),
+        "procfs" => Ok(Box::new(procfs::ProcfsCollector::start(ctx)?)),
+        "system" => Ok(Box::new(system::SystemCollector::start(ctx)?)),
+        "profile" => Ok(Box::new(profile::ProfileCollector::start(ctx)?)),
+        "pgstat" => Ok(Box::new(pgstat::PgstatCollector::start(ctx)?)),
+        "clock" => Ok(Box::new(clock::ClockCollector::start()?)),
         other => Err(anyhow::anyhow!("unknown collector {other}")),
     }
 }
 
 /// Collectors pgbelow knows, in the order they run.
-pub const KNOWN: &[&str] = &["syscalls"];
+pub const KNOWN: &[&str] = &["syscalls", "procfs", "system", "profile", "pgstat", "clock"];
 /// Collectors on when `--collectors` is not given.
-pub const DEFAULT: &[&str] = &["syscalls"];
+pub const DEFAULT: &[&str] = &["syscalls", "procfs", "system", "profile", "pgstat", "clock"];
 
 /// Parse `--collectors a,b,c` (or `none`, or `all`).
 pub fn parse_list(spec: Option<&str>) -> Result<Vec<String>> {
@@ -98,7 +150,7 @@ mod tests {
 
     #[test]
     fn collector_lists() {
-        assert_eq!(parse_list(None).unwrap(), vec!["syscalls"]);
+        assert_eq!(parse_list(None).unwrap(), DEFAULT.to_vec());
         assert!(parse_list(Some("none")).unwrap().is_empty());
         assert_eq!(
             parse_list(Some("syscalls,syscalls")).unwrap(),

@@ -1,17 +1,49 @@
-//! The server's own counters over a read-only connection: statements and
-//! transactions, so rules can compute per-statement ratios on a server
-//! pgbelow did not start. Never writes: the session is read-only and only
-//! SELECTs statistics views.
+//! PostgreSQL's own view of itself, over one dedicated read-only connection:
+//! a wait profile from `pg_stat_activity` sampled at 10 Hz, the
+//! checkpointer/bgwriter/WAL/replication counters and the standby's replay
+//! position at 1 Hz, the statement and transaction counters rules use for
+//! per-statement ratios, and checkpoint start/end events from the server log.
+//!
+//! Never writes: the session runs with `default_transaction_read_only=on`
+//! and only SELECTs statistics views and functions. Every query is prepared
+//! once and chosen by `server_version_num` (columns moved between 10 and 18).
+//! Format of the streams: docs/collectors/pgstat.md.
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::Result;
-use postgres::{Client, NoTls};
+use anyhow::{Context as _, Result};
+use postgres::{Client, NoTls, Statement};
+use serde::{Deserialize, Serialize};
 
-use super::Collector;
+use super::{Collector, Context};
 use crate::error::fixable;
+use crate::procinfo::Role;
 use crate::recording::reader::PgstatSample;
 use crate::recording::{files, CollectorInfo, Writer};
+
+/// Wait profile, one line per interval: [`WaitSample`].
+pub const WAITS: &str = "pgstat_waits.jsonl";
+/// Server counters, one line per second: [`ServerSample`].
+pub const SERVER: &str = "pgstat_server.jsonl";
+/// Checkpoint and restartpoint events from the server log: [`LogEvent`].
+pub const CHECKPOINTS: &str = "checkpoints.jsonl";
+
+/// How often `pg_stat_activity` is sampled for the wait profile.
+pub const WAIT_HZ: f64 = 10.0;
+/// How much of an existing log is read back at start to find a checkpoint
+/// already in progress.
+const LOG_BACKLOG: u64 = 256 * 1024;
+/// How long `finish` waits for the sampler's last query.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+/// At most this much new log is read per interval.
+const LOG_READ_MAX: usize = 4 << 20;
 
 pub struct ServerConn {
     client: Client,
@@ -21,6 +53,10 @@ pub struct ServerConn {
     has_pgss: bool,
     /// Statements this connection has run, so they can be subtracted.
     own: u64,
+    version_num: i32,
+    /// Superuser or member of pg_read_all_stats: sees every backend's waits.
+    sees_all: bool,
+    user: String,
 }
 
 impl ServerConn {
@@ -40,6 +76,9 @@ impl ServerConn {
         if cfg.get_user().is_none() {
             cfg.user(&whoami_user());
         }
+        if cfg.get_connect_timeout().is_none() {
+            cfg.connect_timeout(Duration::from_secs(10));
+        }
         let mut client = cfg.connect(NoTls).map_err(|e| {
             fixable(
                 format!("cannot connect with --dsn '{dsn}': {e}"),
@@ -48,17 +87,32 @@ impl ServerConn {
         })?;
         let row = client.query_one(
             "select current_setting('server_version'), current_setting('server_version_num')::int, pg_backend_pid(), \
-             exists(select 1 from pg_extension where extname = 'pg_stat_statements')",
+             exists(select 1 from pg_extension where extname = 'pg_stat_statements'), \
+             current_setting('is_superuser') = 'on', current_user::text",
             &[],
         )?;
         let num: i32 = row.get(1);
         let pid: i32 = row.get(2);
+        let superuser: bool = row.get(4);
+        let user: String = row.get(5);
+        let sees_all = superuser
+            || (num >= 100000
+                && client
+                    .query_one(
+                        "select pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')",
+                        &[],
+                    )
+                    .map(|r| r.get::<_, bool>(0))
+                    .unwrap_or(false));
         Ok(ServerConn {
             version: row.get(0),
             major: (num / 10000) as u32,
             backend_pid: pid as u32,
             has_pgss: row.get(3),
-            own: 1,
+            own: 2,
+            version_num: num,
+            sees_all,
+            user,
             client,
         })
     }
@@ -89,33 +143,107 @@ impl ServerConn {
         Some(pid as u32)
     }
 
-    fn sample(&mut self, t: f64) -> Result<PgstatSample> {
-        let tx: i64 = self
-            .client
-            .query_one("select coalesce(sum(xact_commit + xact_rollback), 0)::bigint from pg_stat_database", &[])?
-            .get(0);
+    /// One text value from a read-only query, `None` if it fails or is NULL.
+    fn text(&mut self, sql: &str) -> Option<String> {
         self.own += 1;
-        let statements = if self.has_pgss {
-            self.own += 1;
-            match self.client.query_one(
-                "select coalesce(sum(calls), 0)::bigint from pg_stat_statements",
-                &[],
-            ) {
-                Ok(r) => Some(r.get::<_, i64>(0) as u64),
-                Err(_) => {
-                    self.has_pgss = false;
-                    None
-                }
-            }
+        self.client
+            .query_opt(sql, &[])
+            .ok()??
+            .get::<_, Option<String>>(0)
+    }
+
+    /// Prepare the sampling queries for this server version.
+    fn prepare(&mut self) -> Result<Prepared> {
+        let activity = match activity_sql(self.version_num) {
+            Some(sql) => Some(
+                self.client
+                    .prepare(&sql)
+                    .context("preparing the pg_stat_activity query")?,
+            ),
+            None => None,
+        };
+        let server = self
+            .client
+            .prepare(&server_sql(self.version_num))
+            .context("preparing the statistics query")?;
+        let pgss = if self.has_pgss {
+            self.client
+                .prepare("select coalesce(sum(calls), 0)::bigint from pg_stat_statements")
+                .ok()
         } else {
             None
         };
-        Ok(PgstatSample {
+        self.has_pgss = pgss.is_some();
+        self.own += 3;
+        Ok(Prepared {
+            activity,
+            server,
+            pgss,
+        })
+    }
+
+    /// Backends grouped by what they are doing, this instant.
+    fn activity(&mut self, stmt: &Statement) -> Result<Vec<ActivityRow>> {
+        self.own += 1;
+        let rows = self.client.query(stmt, &[])?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let backend_type: String = r.get(0);
+                let visible: bool = r.get(6);
+                let state: Option<String> = r.get(2);
+                ActivityRow {
+                    role: role_of_backend_type(&backend_type),
+                    backend_type,
+                    application_name: r.get(1),
+                    state: if visible {
+                        state
+                    } else {
+                        Some("hidden".into())
+                    },
+                    wait_event_type: r.get(3),
+                    wait_event: r.get(4),
+                    count: r.get::<_, i64>(5) as u64,
+                }
+            })
+            .collect())
+    }
+
+    /// The 1 Hz counters, plus the transaction/statement sample.
+    fn counters(&mut self, p: &Prepared, t: f64) -> Result<(ServerSample, PgstatSample)> {
+        self.own += 1;
+        let text: String = self.client.query_one(&p.server, &[])?.get(0);
+        let row: ServerRow = serde_json::from_str(&text)
+            .with_context(|| format!("reading the statistics row {text}"))?;
+        let statements = match &p.pgss {
+            Some(stmt) => {
+                self.own += 1;
+                self.client
+                    .query_one(stmt, &[])
+                    .ok()
+                    .map(|r| r.get::<_, i64>(0) as u64)
+            }
+            None => None,
+        };
+        let pg = PgstatSample {
             t,
-            transactions: tx as u64,
+            transactions: row.transactions,
             statements,
             own_statements: self.own,
-        })
+        };
+        let s = ServerSample {
+            t,
+            in_recovery: row.in_recovery,
+            wal_lsn: row.wal_lsn,
+            receive_lsn: row.receive_lsn,
+            replay_lsn: row.replay_lsn,
+            replay_age_s: row.replay_age_s,
+            checkpointer: row.checkpointer,
+            bgwriter: row.bgwriter,
+            wal: row.wal,
+            replication: row.replication.unwrap_or_default(),
+        };
+        Ok((s, pg))
     }
 }
 
@@ -125,15 +253,1119 @@ fn whoami_user() -> String {
         .unwrap_or_else(|_| "postgres".into())
 }
 
-/// The collector form: one [`PgstatSample`] per interval into `pgstat.jsonl`.
+struct Prepared {
+    activity: Option<Statement>,
+    server: Statement,
+    pgss: Option<Statement>,
+}
+
+/// `pg_stat_activity` grouped, without pgbelow's own backend. `None` before
+/// 9.6 (no wait events).
+pub fn activity_sql(version_num: i32) -> Option<String> {
+    let backend_type = match version_num {
+        100000.. => "coalesce(backend_type, '')",
+        90600.. => "'client backend'::text",
+        _ => return None,
+    };
+    Some(format!(
+        "select {backend_type}, coalesce(application_name, ''), state, wait_event_type, wait_event, \
+         count(*)::int8, coalesce(query, '') <> '<insufficient privilege>' \
+         from pg_stat_activity where pid <> pg_backend_pid() group by 1, 2, 3, 4, 5, 7"
+    ))
+}
+
+/// One statement returning the 1 Hz counters as one JSON object (so they
+/// cost one round trip and one transaction), for this server version.
+pub fn server_sql(version_num: i32) -> String {
+    let major = version_num / 10000;
+    let ckpt = match major {
+        18.. => "select num_timed as timed, num_requested as requested, num_done as done, \
+                 restartpoints_timed, restartpoints_req as restartpoints_requested, restartpoints_done, \
+                 write_time as write_time_ms, sync_time as sync_time_ms, buffers_written, slru_written \
+                 from pg_stat_checkpointer",
+        17 => "select num_timed as timed, num_requested as requested, \
+               restartpoints_timed, restartpoints_req as restartpoints_requested, restartpoints_done, \
+               write_time as write_time_ms, sync_time as sync_time_ms, buffers_written \
+               from pg_stat_checkpointer",
+        _ => "select checkpoints_timed as timed, checkpoints_req as requested, \
+              checkpoint_write_time as write_time_ms, checkpoint_sync_time as sync_time_ms, \
+              buffers_checkpoint as buffers_written from pg_stat_bgwriter",
+    };
+    let bgwriter = if major >= 17 {
+        "select buffers_clean, maxwritten_clean, buffers_alloc from pg_stat_bgwriter"
+    } else {
+        "select buffers_clean, maxwritten_clean, buffers_alloc, buffers_backend, buffers_backend_fsync \
+         from pg_stat_bgwriter"
+    };
+    let wal = match major {
+        18.. => "(select row_to_json(x) from (select wal_records as records, wal_fpi as fpi, \
+                 wal_bytes as bytes, wal_buffers_full as buffers_full from pg_stat_wal) x)",
+        14..=17 => "(select row_to_json(x) from (select wal_records as records, wal_fpi as fpi, \
+                    wal_bytes as bytes, wal_buffers_full as buffers_full, wal_write as write, \
+                    wal_sync as sync, wal_write_time as write_time_ms, wal_sync_time as sync_time_ms \
+                    from pg_stat_wal) x)",
+        _ => "null::json",
+    };
+    let (lsn, recv, replay, diff) = if major >= 10 {
+        (
+            "pg_current_wal_lsn()",
+            "pg_last_wal_receive_lsn()",
+            "pg_last_wal_replay_lsn()",
+            "pg_wal_lsn_diff",
+        )
+    } else {
+        (
+            "pg_current_xlog_location()",
+            "pg_last_xlog_receive_location()",
+            "pg_last_xlog_replay_location()",
+            "pg_xlog_location_diff",
+        )
+    };
+    let replication = if major >= 10 {
+        format!(
+            "(select coalesce(json_agg(x), '[]'::json) from (select pid, coalesce(application_name, '') as application_name, \
+             client_addr::text as client_addr, state, sync_state, \
+             {diff}(sent_lsn, '0/0') as sent_lsn, {diff}(write_lsn, '0/0') as write_lsn, \
+             {diff}(flush_lsn, '0/0') as flush_lsn, {diff}(replay_lsn, '0/0') as replay_lsn, \
+             extract(epoch from write_lag) as write_lag_s, extract(epoch from flush_lag) as flush_lag_s, \
+             extract(epoch from replay_lag) as replay_lag_s from pg_stat_replication) x)"
+        )
+    } else {
+        "'[]'::json".to_string()
+    };
+    format!(
+        "select json_build_object(\
+         'in_recovery', pg_is_in_recovery(), \
+         'wal_lsn', case when pg_is_in_recovery() then null else {diff}({lsn}, '0/0') end, \
+         'receive_lsn', {diff}({recv}, '0/0'), \
+         'replay_lsn', {diff}({replay}, '0/0'), \
+         'replay_age_s', case when pg_is_in_recovery() then extract(epoch from now() - pg_last_xact_replay_timestamp()) end, \
+         'transactions', (select coalesce(sum(xact_commit + xact_rollback), 0) from pg_stat_database), \
+         'checkpointer', (select row_to_json(x) from ({ckpt}) x), \
+         'bgwriter', (select row_to_json(x) from ({bgwriter}) x), \
+         'wal', {wal}, \
+         'replication', {replication})::text"
+    )
+}
+
+/// The role pgbelow gives a process, from `pg_stat_activity.backend_type`.
+pub fn role_of_backend_type(backend_type: &str) -> Role {
+    match backend_type {
+        "client backend" => Role::Backend,
+        "checkpointer" => Role::Checkpointer,
+        "background writer" => Role::BackgroundWriter,
+        "walwriter" => Role::Walwriter,
+        "walsender" => Role::Walsender,
+        "walreceiver" => Role::Walreceiver,
+        "startup" => Role::Startup,
+        "autovacuum launcher" => Role::AutovacuumLauncher,
+        "autovacuum worker" => Role::AutovacuumWorker,
+        "archiver" => Role::Archiver,
+        "logical replication launcher" => Role::LogicalReplicationLauncher,
+        "parallel worker" => Role::ParallelWorker,
+        "" => Role::Other,
+        _ => Role::BackgroundWorker,
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct ActivityRow {
+    role: Role,
+    backend_type: String,
+    application_name: String,
+    state: Option<String>,
+    wait_event_type: Option<String>,
+    wait_event: Option<String>,
+    count: u64,
+}
+
+/// The wait profile of one interval: how many times, over `ticks` looks at
+/// `pg_stat_activity`, a backend was seen in each (role, state, wait).
+/// `samples / ticks` is the average number of backends in that row.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WaitSample {
+    pub t: f64,
+    pub dt: f64,
+    pub ticks: u32,
+    pub rows: Vec<WaitRow>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WaitRow {
+    pub role: Role,
+    pub backend_type: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub application_name: String,
+    /// `active`, `idle`, `idle in transaction`, …; None for background
+    /// processes; `hidden` when pgbelow's role may not see that backend.
+    pub state: Option<String>,
+    pub wait_event_type: Option<String>,
+    pub wait_event: Option<String>,
+    /// Backend-observations summed over the interval's ticks.
+    pub samples: u64,
+    /// Most backends seen in this row at one tick.
+    pub max_backends: u64,
+}
+
+impl WaitRow {
+    /// `Type:Event`, or `CPU` when the backend reports no wait (running, or
+    /// in code without a wait event).
+    pub fn wait(&self) -> String {
+        match (&self.wait_event_type, &self.wait_event) {
+            (Some(t), Some(e)) => format!("{t}:{e}"),
+            (Some(t), None) => t.clone(),
+            _ => "CPU".into(),
+        }
+    }
+
+    /// Waiting for work rather than working: an idle client session, or a
+    /// background process in its main-loop sleep (`Activity` waits).
+    /// (`hidden` rows are neither: the report leaves them out.)
+    pub fn is_idle(&self) -> bool {
+        self.state.as_deref() == Some("idle") || self.wait_event_type.as_deref() == Some("Activity")
+    }
+}
+
+/// Key of a wait-profile row.
+type WaitKey = (
+    Role,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+#[derive(Default)]
+struct WaitAcc {
+    ticks: u32,
+    rows: BTreeMap<WaitKey, (u64, u64)>,
+}
+
+impl WaitAcc {
+    fn add(&mut self, rows: Vec<ActivityRow>) {
+        self.ticks += 1;
+        for r in rows {
+            let e = self
+                .rows
+                .entry((
+                    r.role,
+                    r.backend_type,
+                    r.application_name,
+                    r.state,
+                    r.wait_event_type,
+                    r.wait_event,
+                ))
+                .or_default();
+            e.0 += r.count;
+            e.1 = e.1.max(r.count);
+        }
+    }
+
+    fn take(&mut self, t: f64, dt: f64) -> WaitSample {
+        let acc = std::mem::take(self);
+        WaitSample {
+            t,
+            dt,
+            ticks: acc.ticks,
+            rows: acc
+                .rows
+                .into_iter()
+                .map(|((role, bt, app, state, wt, we), (n, max))| WaitRow {
+                    role,
+                    backend_type: bt,
+                    application_name: app,
+                    state,
+                    wait_event_type: wt,
+                    wait_event: we,
+                    samples: n,
+                    max_backends: max,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Server-wide counters at one instant (cumulative; rates are differences).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerSample {
+    pub t: f64,
+    pub in_recovery: bool,
+    /// `pg_current_wal_lsn()` as bytes, on a primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_lsn: Option<u64>,
+    /// `pg_last_wal_receive_lsn()`, on a standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receive_lsn: Option<u64>,
+    /// `pg_last_wal_replay_lsn()`, on a standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_lsn: Option<u64>,
+    /// now() − `pg_last_xact_replay_timestamp()`, on a standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_age_s: Option<f64>,
+    pub checkpointer: Option<Checkpointer>,
+    pub bgwriter: Option<Bgwriter>,
+    /// `pg_stat_wal` (14+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal: Option<Wal>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replication: Vec<Replica>,
+}
+
+/// Checkpointer counters under one set of names: `pg_stat_bgwriter`'s
+/// `checkpoints_*`/`checkpoint_*`/`buffers_checkpoint` up to 16,
+/// `pg_stat_checkpointer` from 17.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checkpointer {
+    pub timed: u64,
+    pub requested: u64,
+    /// Checkpoints completed (18+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restartpoints_timed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restartpoints_requested: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restartpoints_done: Option<u64>,
+    pub write_time_ms: f64,
+    pub sync_time_ms: f64,
+    pub buffers_written: u64,
+    /// SLRU buffers written by checkpoints (18+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slru_written: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Bgwriter {
+    pub buffers_clean: u64,
+    pub maxwritten_clean: u64,
+    pub buffers_alloc: u64,
+    /// Buffers written by backends themselves (≤ 16; pg_stat_io from 17).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffers_backend: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffers_backend_fsync: Option<u64>,
+}
+
+/// `pg_stat_wal` (14+; write/sync columns until 17).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Wal {
+    pub records: u64,
+    pub fpi: u64,
+    pub bytes: u64,
+    pub buffers_full: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_time_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_time_ms: Option<f64>,
+}
+
+/// One row of `pg_stat_replication`, LSNs as bytes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Replica {
+    pub pid: u32,
+    pub application_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_addr: Option<String>,
+    pub state: Option<String>,
+    pub sync_state: Option<String>,
+    pub sent_lsn: Option<u64>,
+    pub write_lsn: Option<u64>,
+    pub flush_lsn: Option<u64>,
+    pub replay_lsn: Option<u64>,
+    pub write_lag_s: Option<f64>,
+    pub flush_lag_s: Option<f64>,
+    pub replay_lag_s: Option<f64>,
+}
+
+/// What [`server_sql`] returns.
+#[derive(Deserialize)]
+struct ServerRow {
+    in_recovery: bool,
+    wal_lsn: Option<u64>,
+    receive_lsn: Option<u64>,
+    replay_lsn: Option<u64>,
+    replay_age_s: Option<f64>,
+    transactions: u64,
+    checkpointer: Option<Checkpointer>,
+    bgwriter: Option<Bgwriter>,
+    wal: Option<Wal>,
+    replication: Option<Vec<Replica>>,
+}
+
+// ---------------------------------------------------------------------------
+// Server log: checkpoint events.
+
+/// A checkpoint (or restartpoint) line of the server log, on the recording's
+/// clock.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LogEvent {
+    /// Recording time of the line (negative: before the recording began).
+    pub t: f64,
+    /// `checkpoint`, `restartpoint`, or `too-frequent` (the "checkpoints are
+    /// occurring too frequently" warning).
+    pub kind: String,
+    /// `start`, `complete`, or `warning`.
+    pub phase: String,
+    /// Where `t` came from: `log` (the line's timestamp) or `read` (when
+    /// pgbelow read the line, ±1 s: the log_line_prefix has no time).
+    pub t_from: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Why it started: `time`, `immediate force wait`, `wal`, `shutdown immediate`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flags: Option<String>,
+    #[serde(default, flatten)]
+    pub stats: CheckpointStats,
+}
+
+/// The numbers of a "checkpoint complete" line (PostgreSQL 10–18 formats).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointStats {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffers: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffers_pct: Option<f64>,
+    /// SLRU buffers written (18+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slru_buffers: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_added: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_removed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_recycled: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_files: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longest_sync_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub average_sync_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distance_kb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_kb: Option<u64>,
+    /// Checkpoint and redo LSN (printed by newer versions: 17 and 18, not 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redo_lsn: Option<String>,
+    /// For `too-frequent`: seconds between the last two checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_apart: Option<u64>,
+}
+
+/// A timestamp from a log line's prefix.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LogTime {
+    /// `%m`/`%t`: local time in `log_timezone`, with the zone as printed
+    /// (an abbreviation such as `UTC`/`CET`, or a numeric offset).
+    Local {
+        /// Milliseconds since the epoch, reading the local time as if UTC.
+        naive_ms: i64,
+        zone: Option<String>,
+    },
+    /// `%n`: seconds since the epoch.
+    Epoch { ms: i64 },
+}
+
+/// A recognised line: its time (when the prefix has one), pid, and event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogLine {
+    pub time: Option<LogTime>,
+    pub event: LogEvent,
+}
+
+/// Parse one server-log line; `None` unless it is a checkpoint/restartpoint
+/// line. The returned event's `t` is 0 and `t_from` empty: [`LogClock`]
+/// places it on the recording's clock.
+pub fn parse_log_line(line: &str) -> Option<LogLine> {
+    let line = line.trim_end();
+    let (at, kind, phase) = [
+        ("checkpoint starting:", "checkpoint", "start"),
+        ("checkpoint complete:", "checkpoint", "complete"),
+        ("restartpoint starting:", "restartpoint", "start"),
+        ("restartpoint complete:", "restartpoint", "complete"),
+        (
+            "checkpoints are occurring too frequently",
+            "too-frequent",
+            "warning",
+        ),
+    ]
+    .iter()
+    .find_map(|(needle, kind, phase)| line.find(needle).map(|i| (i, *kind, *phase)))?;
+    let prefix = &line[..at];
+    // The severity ("LOG:  ") ends the prefix; a server in another language
+    // prints another word, so only cut at the last ':' before the message.
+    let prefix = prefix.trim_end().rsplit_once(' ').map_or("", |(p, _sev)| p);
+    let body = &line[at..];
+    let mut event = LogEvent {
+        kind: kind.into(),
+        phase: phase.into(),
+        pid: find_pid(prefix),
+        ..LogEvent::default()
+    };
+    match phase {
+        "start" => {
+            let flags = body.split_once(':').map_or("", |(_, f)| f).trim();
+            event.flags = (!flags.is_empty()).then(|| flags.to_string());
+        }
+        "complete" => {
+            event.stats = parse_complete(body.split_once(':').map_or("", |(_, s)| s));
+        }
+        _ => {
+            // "(%d second(s) apart)"
+            event.stats.seconds_apart = body
+                .split_once('(')
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok());
+        }
+    }
+    Some(LogLine {
+        time: find_time(prefix),
+        event,
+    })
+}
+
+/// The numbers after "checkpoint complete:".
+pub fn parse_complete(s: &str) -> CheckpointStats {
+    let mut st = CheckpointStats::default();
+    let num = |v: &str| -> Option<f64> {
+        v.trim()
+            .trim_end_matches(" s")
+            .trim_end_matches(" kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    for item in s.split([';', ',']).map(str::trim).filter(|i| !i.is_empty()) {
+        if let Some((k, v)) = item.split_once('=') {
+            let k = k.trim();
+            match k {
+                "write" => st.write_s = num(v),
+                "sync" => st.sync_s = num(v),
+                "total" => st.total_s = num(v),
+                "sync files" => st.sync_files = num(v).map(|x| x as u64),
+                "longest" => st.longest_sync_s = num(v),
+                "average" => st.average_sync_s = num(v),
+                "distance" => st.distance_kb = num(v).map(|x| x as u64),
+                "estimate" => st.estimate_kb = num(v).map(|x| x as u64),
+                "lsn" => st.lsn = Some(v.trim().to_string()),
+                "redo lsn" => st.redo_lsn = Some(v.trim().to_string()),
+                _ => {}
+            }
+            continue;
+        }
+        let words: Vec<&str> = item.split_whitespace().collect();
+        let first = words.first().and_then(|w| w.parse::<u64>().ok());
+        match words.as_slice() {
+            ["wrote", n, "buffers", rest @ ..] => {
+                st.buffers = n.parse().ok();
+                st.buffers_pct = rest
+                    .first()
+                    .map(|p| p.trim_matches(|c| c == '(' || c == ')' || c == '%'))
+                    .and_then(|p| p.parse().ok());
+            }
+            ["wrote", n, "SLRU", ..] => st.slru_buffers = n.parse().ok(),
+            [.., "added"] => st.wal_added = first,
+            [_, "removed"] => st.wal_removed = first,
+            [_, "recycled"] => st.wal_recycled = first,
+            _ => {}
+        }
+    }
+    st
+}
+
+/// `[pid]` or `pid` token (`%p`) in a log_line_prefix.
+fn find_pid(prefix: &str) -> Option<u32> {
+    prefix
+        .split(|c: char| c.is_whitespace())
+        .filter_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
+        .find_map(|w| w.split('-').next().and_then(|p| p.parse().ok()))
+}
+
+/// The first `YYYY-MM-DD HH:MM:SS[.mmm] [ZONE]` in a prefix, else a `%n`
+/// epoch (`1732246801.123`).
+fn find_time(prefix: &str) -> Option<LogTime> {
+    let b = prefix.as_bytes();
+    for i in 0..b.len().saturating_sub(18) {
+        if let Some((naive_ms, len)) = parse_datetime(&b[i..]) {
+            let rest = &prefix[i + len..];
+            let zone = rest
+                .strip_prefix(' ')
+                .and_then(|r| r.split([' ', ']']).next())
+                .filter(|z| {
+                    !z.is_empty()
+                        && z.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "+-:/_".contains(c))
+                        && !z.starts_with('[')
+                })
+                .map(String::from);
+            return Some(LogTime::Local { naive_ms, zone });
+        }
+    }
+    prefix
+        .split(|c: char| c.is_whitespace() || c == '[' || c == ']')
+        .filter(|w| w.len() >= 14 && w.contains('.'))
+        .find_map(|w| {
+            let (s, ms) = w.split_once('.')?;
+            let s: i64 = s.parse().ok()?;
+            let ms: i64 = ms.parse().ok()?;
+            (s > 1_000_000_000 && ms < 1000).then_some(LogTime::Epoch { ms: s * 1000 + ms })
+        })
+}
+
+/// `YYYY-MM-DD HH:MM:SS` with optional `.mmm` at the start of `b`:
+/// (ms since epoch as if UTC, bytes used).
+fn parse_datetime(b: &[u8]) -> Option<(i64, usize)> {
+    let digits = |r: std::ops::Range<usize>| -> Option<u32> {
+        let s = b.get(r)?;
+        if !s.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(s).ok()?.parse().ok()
+    };
+    if b.len() < 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b' '
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let date =
+        chrono::NaiveDate::from_ymd_opt(digits(0..4)? as i32, digits(5..7)?, digits(8..10)?)?;
+    let (ms, len) = match (b.get(19), digits(20..23)) {
+        (Some(b'.'), Some(ms)) => (ms, 23),
+        _ => (0, 19),
+    };
+    let dt = date.and_hms_milli_opt(digits(11..13)?, digits(14..16)?, digits(17..19)?, ms)?;
+    Some((dt.and_utc().timestamp_millis(), len))
+}
+
+/// Places log timestamps on the recording's clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogClock {
+    /// Wall-clock time (ms since the epoch) of the recording's t = 0.
+    pub wall0_ms: i64,
+    /// `log_timezone`'s offset from UTC now, in seconds (from the server).
+    pub tz_offset_s: Option<i64>,
+}
+
+impl LogClock {
+    /// Recording time of a log timestamp, if the zone can be resolved.
+    pub fn t_of(&self, time: &LogTime) -> Option<f64> {
+        let utc_ms = match time {
+            LogTime::Epoch { ms } => *ms,
+            LogTime::Local { naive_ms, zone } => {
+                let off = zone
+                    .as_deref()
+                    .and_then(zone_offset_s)
+                    .or(self.tz_offset_s)?;
+                naive_ms - off * 1000
+            }
+        };
+        Some((utc_ms - self.wall0_ms) as f64 / 1000.0)
+    }
+
+    /// Stamp a parsed line: from its timestamp, else `read_t`.
+    pub fn stamp(&self, line: LogLine, read_t: f64) -> LogEvent {
+        let mut e = line.event;
+        match line.time.as_ref().and_then(|t| self.t_of(t)) {
+            Some(t) => {
+                e.t = super::session::round_ms(t);
+                e.t_from = "log".into();
+            }
+            None => {
+                e.t = read_t;
+                e.t_from = "read".into();
+            }
+        }
+        e
+    }
+}
+
+/// Offset of a zone printed by `%m` whose meaning needs no tz database:
+/// UTC/GMT/Z or a numeric `+HH`, `+HHMM`, `+HH:MM`.
+fn zone_offset_s(zone: &str) -> Option<i64> {
+    if matches!(zone, "UTC" | "GMT" | "Z" | "UCT" | "Etc/UTC") {
+        return Some(0);
+    }
+    let (sign, rest) = match zone.as_bytes().first()? {
+        b'+' => (1, &zone[1..]),
+        b'-' => (-1, &zone[1..]),
+        _ => return None,
+    };
+    let rest = rest.replace(':', "");
+    if !rest.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let (h, m) = match rest.len() {
+        1 | 2 => (rest.parse::<i64>().ok()?, 0),
+        4 => (
+            rest[..2].parse::<i64>().ok()?,
+            rest[2..].parse::<i64>().ok()?,
+        ),
+        _ => return None,
+    };
+    Some(sign * (h * 3600 + m * 60))
+}
+
+/// New complete lines appended to a file since the last read.
+struct LogTail {
+    path: PathBuf,
+    offset: u64,
+    partial: Vec<u8>,
+}
+
+impl LogTail {
+    /// Start at the end of `path`; also return the complete lines of its
+    /// last `backlog` bytes (to find a checkpoint already under way).
+    fn open(path: &Path, backlog: u64) -> std::io::Result<(LogTail, Vec<String>)> {
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        let from = len.saturating_sub(backlog);
+        f.seek(SeekFrom::Start(from))?;
+        let mut buf = Vec::new();
+        f.take(len - from).read_to_end(&mut buf)?;
+        let text = String::from_utf8_lossy(&buf);
+        let mut lines: Vec<String> = text.lines().map(String::from).collect();
+        if from > 0 && !lines.is_empty() {
+            lines.remove(0); // cut in the middle
+        }
+        if !buf.ends_with(b"\n") {
+            lines.pop();
+        }
+        let consumed = buf.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1) as u64;
+        Ok((
+            LogTail {
+                path: path.to_path_buf(),
+                offset: from + consumed,
+                partial: Vec::new(),
+            },
+            lines,
+        ))
+    }
+
+    fn read_new(&mut self) -> std::io::Result<Vec<String>> {
+        let mut f = File::open(&self.path)?;
+        let len = f.metadata()?.len();
+        if len < self.offset {
+            // Truncated or replaced: start over.
+            self.offset = 0;
+            self.partial.clear();
+        }
+        if len == self.offset {
+            return Ok(Vec::new());
+        }
+        f.seek(SeekFrom::Start(self.offset))?;
+        let mut buf = Vec::new();
+        f.take(LOG_READ_MAX as u64).read_to_end(&mut buf)?;
+        self.offset += buf.len() as u64;
+        let mut data = std::mem::take(&mut self.partial);
+        data.extend_from_slice(&buf);
+        let cut = data.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+        self.partial = data.split_off(cut);
+        Ok(String::from_utf8_lossy(&data)
+            .lines()
+            .map(String::from)
+            .collect())
+    }
+}
+
+/// The last checkpoint/restartpoint start among `lines` with no completion after it.
+fn unfinished_start(lines: &[String]) -> Option<LogLine> {
+    let mut open = None;
+    for l in lines {
+        if let Some(p) = parse_log_line(l) {
+            match p.event.phase.as_str() {
+                "start" => open = Some(p),
+                "complete" => open = None,
+                _ => {}
+            }
+        }
+    }
+    open
+}
+
+/// Where the server log is, discovered read-only: the lab's path, else
+/// `pg_current_logfile()` (superuser) under `data_directory`, else the
+/// postmaster's stderr when that is a regular file.
+fn discover_log(conn: &mut ServerConn, ctx: &Context) -> std::result::Result<PathBuf, String> {
+    if let Some(p) = &ctx.server_log {
+        return Ok(p.clone());
+    }
+    let mut why = Vec::new();
+    if conn.major >= 10 {
+        match conn.text("select pg_current_logfile('stderr')") {
+            Some(f) => {
+                let p = PathBuf::from(&f);
+                if p.is_absolute() {
+                    return Ok(p);
+                }
+                match conn.text("select current_setting('data_directory')") {
+                    Some(d) => return Ok(Path::new(&d).join(p)),
+                    None => why.push("data_directory is not readable by this role".to_string()),
+                }
+            }
+            None => why.push(
+                "pg_current_logfile() returned nothing (logging_collector off, or not a superuser)"
+                    .into(),
+            ),
+        }
+    }
+    let fd2 = format!("/proc/{}/fd/2", ctx.postmaster);
+    match std::fs::read_link(&fd2) {
+        Ok(p) if std::fs::metadata(&p).map(|m| m.is_file()).unwrap_or(false) => return Ok(p),
+        Ok(p) => why.push(format!(
+            "the postmaster's stderr is {}, not a file",
+            p.display()
+        )),
+        Err(e) => why.push(format!("{fd2}: {e}")),
+    }
+    Err(why.join("; "))
+}
+
+// ---------------------------------------------------------------------------
+// The collector.
+
+/// What the sampling thread hands to the session each interval.
+#[derive(Default)]
+struct Pending {
+    waits: WaitAcc,
+    server: Vec<ServerSample>,
+    pgstat: Vec<PgstatSample>,
+    error: Option<String>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    cpu_ns: AtomicU64,
+    pending: Mutex<Pending>,
+}
+
+/// The collector: a thread samples at [`WAIT_HZ`] and 1 Hz over the
+/// connection; `sample` writes what it gathered and reads new log lines.
 pub struct PgstatCollector {
-    conn: ServerConn,
+    backend_pid: u32,
+    mechanism: String,
+    notes: Vec<String>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    last_t: f64,
+    log: Option<(LogTail, LogClock)>,
+    /// Events found at start (a checkpoint under way), written at the first sample.
+    backlog: Vec<LogEvent>,
+    lost: bool,
 }
 
 impl PgstatCollector {
-    pub fn new(conn: ServerConn) -> PgstatCollector {
-        PgstatCollector { conn }
+    /// Connect with `ctx.dsn` and start sampling.
+    pub fn start(ctx: &Context) -> Result<PgstatCollector> {
+        let Some(dsn) = &ctx.dsn else {
+            return Err(fixable(
+                "pgstat needs a connection: pass --dsn",
+                "pass --dsn 'host=… port=… user=… dbname=…' (read-only use), or leave pgstat out of --collectors",
+            ));
+        };
+        let conn = ServerConn::connect(dsn)?;
+        PgstatCollector::with_conn(conn, ctx)
     }
+
+    /// Start sampling over an existing connection.
+    pub fn with_conn(mut conn: ServerConn, ctx: &Context) -> Result<PgstatCollector> {
+        let mut notes = Vec::new();
+        let prepared = conn.prepare()?;
+        let mut mechanism = String::from("sql: pg_stat_database");
+        if prepared.activity.is_some() {
+            mechanism.push_str(", pg_stat_activity (10 Hz)");
+        } else {
+            notes.push(format!(
+                "no wait profile: PostgreSQL {} has no wait events (9.6+)",
+                conn.version
+            ));
+        }
+        mechanism.push_str(if conn.major >= 17 {
+            ", pg_stat_checkpointer, pg_stat_bgwriter"
+        } else {
+            ", pg_stat_bgwriter"
+        });
+        if conn.major >= 14 {
+            mechanism.push_str(", pg_stat_wal");
+        }
+        mechanism.push_str(", pg_stat_replication");
+        if prepared.pgss.is_some() {
+            mechanism.push_str(", pg_stat_statements");
+        }
+        if !conn.sees_all && conn.major >= 10 {
+            notes.push(format!(
+                "waits of other roles' backends are hidden from role {} (fix: GRANT pg_read_all_stats TO {})",
+                conn.user, conn.user
+            ));
+        }
+        let log = open_log(&mut conn, ctx, &mut notes);
+        if log.is_some() {
+            mechanism.push_str(", server log");
+        }
+        let mut backlog = Vec::new();
+        let log = log.map(|(tail, clock, lines)| {
+            if let Some(open) = unfinished_start(&lines) {
+                backlog.push(clock.stamp(open, 0.0));
+            }
+            (tail, clock)
+        });
+
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            cpu_ns: AtomicU64::new(0),
+            pending: Mutex::new(Pending::default()),
+        });
+        let backend_pid = conn.backend_pid;
+        let thread_shared = Arc::clone(&shared);
+        let t0 = ctx.start;
+        let thread = std::thread::Builder::new()
+            .name("pgbelow-pgstat".into())
+            .spawn(move || sampler(conn, prepared, t0, &thread_shared))
+            .context("starting the pgstat sampling thread")?;
+        Ok(PgstatCollector {
+            backend_pid,
+            mechanism,
+            notes,
+            shared,
+            thread: Some(thread),
+            last_t: ctx.t(),
+            log,
+            backlog,
+            lost: false,
+        })
+    }
+
+    fn drain(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        let p = {
+            let mut g = self
+                .shared
+                .pending
+                .lock()
+                .map_err(|_| anyhow::anyhow!("pgstat state poisoned"))?;
+            std::mem::take(&mut *g)
+        };
+        let mut p = p;
+        if p.waits.ticks > 0 {
+            let w = p.waits.take(t, super::session::round_ms(t - self.last_t));
+            out.append(WAITS, &w)?;
+        }
+        self.last_t = t;
+        for s in &p.server {
+            out.append(SERVER, s)?;
+        }
+        for s in &p.pgstat {
+            out.append(files::PGSTAT, s)?;
+        }
+        if let Some(e) = p.error {
+            if !self.lost {
+                self.lost = true;
+                self.notes
+                    .push(format!("connection lost at t={t:.1} s: {e}"));
+            }
+        }
+        for e in self.backlog.drain(..) {
+            out.append(CHECKPOINTS, &e)?;
+        }
+        if let Some((tail, clock)) = &mut self.log {
+            match tail.read_new() {
+                Ok(lines) => {
+                    for l in lines {
+                        if let Some(p) = parse_log_line(&l) {
+                            out.append(CHECKPOINTS, &clock.stamp(p, t))?;
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.notes.push(format!(
+                        "server log {} no longer readable at t={t:.1} s: {e}",
+                        tail.path.display()
+                    ));
+                    self.log = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop the sampler after its last counters sample. A server that does
+    /// not answer within [`STOP_WAIT`] (stalled in I/O, say) is not waited
+    /// for: the thread is left to end with the process.
+    fn stop_thread(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.thread.take() {
+            h.thread().unpark();
+            let deadline = Instant::now() + STOP_WAIT;
+            while !h.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                self.notes.push(format!(
+                    "the server did not answer the last query within {} s",
+                    STOP_WAIT.as_secs()
+                ));
+            }
+        }
+    }
+}
+
+/// Open the server log for checkpoint events, noting why when it cannot be.
+fn open_log(
+    conn: &mut ServerConn,
+    ctx: &Context,
+    notes: &mut Vec<String>,
+) -> Option<(LogTail, LogClock, Vec<String>)> {
+    if conn
+        .text("select current_setting('log_checkpoints')")
+        .as_deref()
+        == Some("off")
+    {
+        notes.push(
+            "no checkpoint events: log_checkpoints is off (fix: ALTER SYSTEM SET log_checkpoints = on; SELECT pg_reload_conf())"
+                .into(),
+        );
+        return None;
+    }
+    let path = match discover_log(conn, ctx) {
+        Ok(p) => p,
+        Err(why) => {
+            notes.push(format!(
+                "no checkpoint events: the server log was not found read-only ({why}) (fix: connect as a superuser with logging_collector on, or record with the postmaster's stderr going to a file)"
+            ));
+            return None;
+        }
+    };
+    let (tail, lines) = match LogTail::open(&path, LOG_BACKLOG) {
+        Ok(x) => x,
+        Err(e) => {
+            notes.push(format!(
+                "no checkpoint events: cannot read the server log {}: {e} (fix: run pgbelow as a user that can read it, e.g. the server's account or root)",
+                path.display()
+            ));
+            return None;
+        }
+    };
+    if let Some(prefix) = conn.text("select current_setting('log_line_prefix')") {
+        if !["%m", "%t", "%n"].iter().any(|p| prefix.contains(p)) {
+            notes.push(format!(
+                "log_line_prefix '{prefix}' has no time: checkpoint events are stamped when read (±1 s) (fix: add %m to log_line_prefix)"
+            ));
+        }
+    }
+    if let Some(lc) = conn.text("select current_setting('lc_messages')") {
+        let english = lc.is_empty()
+            || lc == "C"
+            || lc == "POSIX"
+            || lc.starts_with("en")
+            || lc.starts_with("C.");
+        if !english {
+            notes.push(format!(
+                "lc_messages is '{lc}': translated checkpoint lines are not recognised (fix: ALTER SYSTEM SET lc_messages = 'C')"
+            ));
+        }
+    }
+    let tz_offset_s = conn
+        .text(
+            "select extract(epoch from (now() at time zone current_setting('log_timezone')) \
+             - (now() at time zone 'UTC'))::bigint::text",
+        )
+        .and_then(|s| s.parse().ok());
+    let wall_now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let clock = LogClock {
+        wall0_ms: wall_now - ctx.start.elapsed().as_millis() as i64,
+        tz_offset_s,
+    };
+    Some((tail, clock, lines))
+}
+
+/// The sampling thread: `pg_stat_activity` at [`WAIT_HZ`], counters at 1 Hz
+/// and once more when told to stop.
+fn sampler(mut conn: ServerConn, p: Prepared, t0: Instant, shared: &Shared) {
+    let period = Duration::from_secs_f64(1.0 / WAIT_HZ);
+    let t = || super::session::round_ms(t0.elapsed().as_secs_f64());
+    let mut next = Instant::now();
+    let mut next_counters = Instant::now();
+    let fail = |e: anyhow::Error| {
+        if let Ok(mut g) = shared.pending.lock() {
+            g.error = Some(format!("{e:#}"));
+        }
+    };
+    loop {
+        let stopping = shared.stop.load(Ordering::SeqCst);
+        if let Some(stmt) = &p.activity {
+            match conn.activity(stmt) {
+                Ok(rows) => {
+                    if let Ok(mut g) = shared.pending.lock() {
+                        g.waits.add(rows);
+                    }
+                }
+                Err(e) => {
+                    fail(e);
+                    break;
+                }
+            }
+        }
+        let now = Instant::now();
+        if stopping || now >= next_counters {
+            match conn.counters(&p, t()) {
+                Ok((s, pg)) => {
+                    if let Ok(mut g) = shared.pending.lock() {
+                        g.server.push(s);
+                        g.pgstat.push(pg);
+                    }
+                }
+                Err(e) => {
+                    fail(e);
+                    break;
+                }
+            }
+            next_counters += Duration::from_secs(1);
+            if next_counters < now {
+                next_counters = now + Duration::from_secs(1);
+            }
+        }
+        shared
+            .cpu_ns
+            .store((super::cpu::thread_cpu_s() * 1e9) as u64, Ordering::Relaxed);
+        if stopping {
+            break;
+        }
+        next += period;
+        let now = Instant::now();
+        if next < now {
+            next = now + period;
+        }
+        while !shared.stop.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            if now >= next {
+                break;
+            }
+            std::thread::park_timeout(next - now);
+        }
+    }
+    shared
+        .cpu_ns
+        .store((super::cpu::thread_cpu_s() * 1e9) as u64, Ordering::Relaxed);
 }
 
 impl Collector for PgstatCollector {
@@ -144,24 +1376,156 @@ impl Collector for PgstatCollector {
     fn info(&self) -> CollectorInfo {
         CollectorInfo {
             name: "pgstat".into(),
-            mechanism: if self.conn.has_pgss {
-                "sql: pg_stat_database, pg_stat_statements"
+            mechanism: self.mechanism.clone(),
+            status: if self.notes.is_empty() {
+                "ok"
             } else {
-                "sql: pg_stat_database"
+                "degraded"
             }
             .into(),
-            status: "ok".into(),
-            reason: None,
+            reason: (!self.notes.is_empty()).then(|| self.notes.join("; ")),
             cpu_s: 0.0,
         }
     }
 
     fn observer_pid(&self) -> Option<u32> {
-        Some(self.conn.backend_pid)
+        Some(self.backend_pid)
+    }
+
+    fn thread_cpu_s(&self) -> f64 {
+        self.shared.cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9
     }
 
     fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
-        let s = self.conn.sample(t)?;
-        out.append(files::PGSTAT, &s)
+        self.drain(t, out)
+    }
+
+    fn finish(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        self.stop_thread();
+        self.drain(t, out)
+    }
+}
+
+impl Drop for PgstatCollector {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_pg17_complete_line_with_lsns() {
+        let l = "2026-11-22 04:37:32.747 CET [25066] LOG:  checkpoint complete: wrote 8339 buffers (50.9%); 0 WAL file(s) added, 0 removed, 4 recycled; write=10.279 s, sync=0.031 s, total=10.325 s; sync files=21, longest=0.007 s, average=0.002 s; distance=69771 kB, estimate=69771 kB; lsn=0/E2C2710, redo lsn=0/BBBCA00";
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(p.event.kind, "checkpoint");
+        assert_eq!(p.event.phase, "complete");
+        assert_eq!(p.event.pid, Some(25066));
+        let s = &p.event.stats;
+        assert_eq!(s.buffers, Some(8339));
+        assert_eq!(s.buffers_pct, Some(50.9));
+        assert_eq!(s.wal_recycled, Some(4));
+        assert_eq!(s.write_s, Some(10.279));
+        assert_eq!(s.sync_s, Some(0.031));
+        assert_eq!(s.total_s, Some(10.325));
+        assert_eq!(s.sync_files, Some(21));
+        assert_eq!(s.distance_kb, Some(69771));
+        assert_eq!(s.redo_lsn.as_deref(), Some("0/BBBCA00"));
+        match p.time.unwrap() {
+            LogTime::Local { zone, .. } => assert_eq!(zone.as_deref(), Some("CET")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn places_times_on_the_recording_clock() {
+        let start =
+            parse_log_line("2026-11-22 03:37:22.650 UTC [25045] LOG:  checkpoint starting: time")
+                .unwrap();
+        let wall0 = chrono::NaiveDate::from_ymd_opt(2026, 11, 22)
+            .unwrap()
+            .and_hms_milli_opt(3, 37, 20, 0)
+            .unwrap()
+            .and_utc()
+            .timestamp_millis();
+        let clock = LogClock {
+            wall0_ms: wall0,
+            tz_offset_s: None,
+        };
+        let e = clock.stamp(start, 9.0);
+        assert_eq!((e.t, e.t_from.as_str()), (2.65, "log"));
+        assert_eq!(e.flags.as_deref(), Some("time"));
+        // CET needs the server's offset; without it the read time is used.
+        let cet =
+            parse_log_line("2026-11-22 04:37:22.650 CET [25045] LOG:  checkpoint starting: time")
+                .unwrap();
+        assert_eq!(clock.stamp(cet.clone(), 9.0).t_from, "read");
+        let clock = LogClock {
+            tz_offset_s: Some(3600),
+            ..clock
+        };
+        assert_eq!(clock.stamp(cet, 9.0).t, 2.65);
+        assert_eq!(zone_offset_s("+0530"), Some(19800));
+        assert_eq!(zone_offset_s("-03"), Some(-10800));
+    }
+
+    #[test]
+    fn other_prefixes() {
+        let p = parse_log_line("LOG:  checkpoint starting: immediate force wait").unwrap();
+        assert_eq!(p.time, None);
+        assert_eq!(p.event.flags.as_deref(), Some("immediate force wait"));
+        let p = parse_log_line(
+            "1763782642.650 [77] LOG:  checkpoints are occurring too frequently (9 seconds apart)",
+        )
+        .unwrap();
+        assert_eq!(p.time, Some(LogTime::Epoch { ms: 1763782642650 }));
+        assert_eq!(p.event.stats.seconds_apart, Some(9));
+        assert!(
+            parse_log_line("2026-11-22 03:37:22.650 UTC [1] LOG:  database system is ready")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn sql_per_version() {
+        assert!(server_sql(100023).contains("checkpoints_timed"));
+        assert!(!server_sql(130000).contains("pg_stat_wal)"));
+        assert!(server_sql(140000).contains("wal_sync_time"));
+        assert!(server_sql(170000).contains("pg_stat_checkpointer"));
+        assert!(!server_sql(180000).contains("wal_sync_time"));
+        assert!(server_sql(180000).contains("slru_written"));
+        assert!(activity_sql(90500).is_none());
+        assert!(activity_sql(100000).unwrap().contains("backend_type"));
+    }
+
+    #[test]
+    fn wait_rows_aggregate_over_ticks() {
+        let row = |state: Option<&str>, wt: Option<&str>, n| ActivityRow {
+            role: Role::Backend,
+            backend_type: "client backend".into(),
+            application_name: "pgbench".into(),
+            state: state.map(String::from),
+            wait_event_type: wt.map(String::from),
+            wait_event: wt.map(|_| "WALWrite".to_string()),
+            count: n,
+        };
+        let mut acc = WaitAcc::default();
+        acc.add(vec![
+            row(Some("active"), Some("LWLock"), 3),
+            row(Some("active"), None, 1),
+        ]);
+        acc.add(vec![row(Some("active"), Some("LWLock"), 1)]);
+        let s = acc.take(1.0, 1.0);
+        assert_eq!(s.ticks, 2);
+        let lw = s
+            .rows
+            .iter()
+            .find(|r| r.wait() == "LWLock:WALWrite")
+            .unwrap();
+        assert_eq!((lw.samples, lw.max_backends), (4, 3));
+        assert!(s.rows.iter().any(|r| r.wait() == "CPU"));
+        assert_eq!(acc.ticks, 0);
     }
 }

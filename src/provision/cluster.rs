@@ -3,6 +3,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -335,12 +336,22 @@ impl Cluster {
             let log = File::create(&self.log_path)
                 .with_context(|| format!("creating {}", self.log_path.display()))?;
             self.account.chown(&self.log_path)?;
-            let child = self
-                .server_command("postgres")
-                .arg("-D")
+            let mut cmd = self.server_command("postgres");
+            cmd.arg("-D")
                 .arg(&self.data_dir)
                 .stdout(log.try_clone()?)
-                .stderr(log)
+                .stderr(log);
+            // If pgbelow is killed outright (SIGKILL, OOM), the postmaster gets
+            // SIGQUIT (immediate shutdown) instead of running on unowned. std runs
+            // this after the uid switch, which would otherwise clear it.
+            // SAFETY: prctl is async-signal-safe; no allocation in the closure.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT as libc::c_ulong);
+                    Ok(())
+                });
+            }
+            let child = cmd
                 .spawn()
                 .with_context(|| format!("starting {}", self.install.bin("postgres").display()))?;
             self.child = Some(child);

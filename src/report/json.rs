@@ -3,6 +3,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::sections;
 use crate::analyse::{self, statements::statements, Finding};
 use crate::procinfo::Role;
 use crate::recording::{CollectorInfo, Host, Loaded, Status};
@@ -30,7 +31,54 @@ pub struct Report {
     pub workload: Option<Workload>,
     pub collectors: Vec<CollectorInfo>,
     pub syscalls: Syscalls,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub procfs: Option<sections::procfs::ProcfsSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<sections::profile::ProfileSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pgstat: Option<sections::pgstat::PgstatSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<sections::system::SystemSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<sections::clock::ClockSection>,
+    /// Writeback and checkpoints around the worst second of tps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst_second: Option<WorstSecond>,
     pub findings: Vec<Finding>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorstSecond {
+    /// Recording time of the lowest per-second tps.
+    pub t: f64,
+    pub tps: f64,
+    /// Median per-second tps, for scale.
+    pub median_tps: f64,
+    /// Memory/writeback samples within ±5 s.
+    pub system: Vec<crate::collect::system::SystemSample>,
+    /// Checkpoints overlapping ±5 s.
+    pub checkpoints: Vec<sections::pgstat::CheckpointEvent>,
+}
+
+const WORST_WINDOW_S: f64 = 5.0;
+
+fn worst_second(rec: &Loaded) -> Option<WorstSecond> {
+    let worst = rec.progress.iter().min_by(|a, b| a.tps.total_cmp(&b.tps))?;
+    let mut tps: Vec<f64> = rec.progress.iter().map(|p| p.tps).collect();
+    tps.sort_by(f64::total_cmp);
+    let median_tps = tps[tps.len() / 2];
+    let (a, b) = (worst.t - WORST_WINDOW_S, worst.t + WORST_WINDOW_S);
+    let checkpoints = sections::pgstat::checkpoints(rec)
+        .into_iter()
+        .filter(|c| c.start_t.unwrap_or(f64::MIN) <= b && c.end_t.unwrap_or(f64::MAX) >= a)
+        .collect();
+    Some(WorstSecond {
+        t: worst.t,
+        tps: worst.tps,
+        median_tps,
+        system: sections::system::around(rec, worst.t, WORST_WINDOW_S),
+        checkpoints,
+    })
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -205,6 +253,12 @@ pub fn build(rec: &Loaded) -> Report {
             processes_lost: rec.processes_lost(),
             by_role,
         },
+        procfs: sections::procfs::build(rec),
+        profile: sections::profile::build(rec),
+        pgstat: sections::pgstat::build(rec),
+        system: sections::system::build(rec),
+        clock: sections::clock::build(rec),
+        worst_second: worst_second(rec),
         findings,
     }
 }

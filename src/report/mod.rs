@@ -2,6 +2,7 @@
 //! a text rendering of the same document.
 
 pub mod json;
+pub mod sections;
 pub mod text;
 
 pub use json::{build, Report};

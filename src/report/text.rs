@@ -150,6 +150,45 @@ pub fn render(r: &Report) -> String {
         }
     }
 
+    if let Some(p) = &r.procfs {
+        super::sections::procfs::render(p, &mut o);
+    }
+    if let Some(p) = &r.profile {
+        super::sections::profile::render(p, &mut o);
+    }
+    if let Some(p) = &r.pgstat {
+        super::sections::pgstat::render(p, &mut o);
+    }
+    if let Some(s) = &r.system {
+        super::sections::system::render(s, &mut o);
+    }
+    if let Some(c) = &r.clock {
+        super::sections::clock::render(c, &mut o);
+    }
+    if let Some(w) = &r.worst_second {
+        if !w.system.is_empty() || !w.checkpoints.is_empty() {
+            let _ = writeln!(
+                o,
+                "\nAround the worst second of tps (t={:.0} s: {:.0} tps, median {:.0})",
+                w.t, w.tps, w.median_tps
+            );
+            for c in &w.checkpoints {
+                let _ = writeln!(
+                    o,
+                    "  {} {} from t={} to t={} (write {} s, sync {} s, {} buffers)",
+                    c.kind,
+                    c.flags.as_deref().unwrap_or(""),
+                    c.start_t.map_or("?".into(), |t| format!("{t:.1}")),
+                    c.end_t.map_or("running".into(), |t| format!("{t:.1}")),
+                    c.write_s.map_or("?".into(), |x| format!("{x:.1}")),
+                    c.sync_s.map_or("?".into(), |x| format!("{x:.1}")),
+                    c.buffers.map_or("?".into(), |x| x.to_string()),
+                );
+            }
+            super::sections::system::render_rows(&w.system, &mut o);
+        }
+    }
+
     if r.findings.is_empty() {
         let _ = writeln!(
             o,

@@ -1,0 +1,469 @@
+//! In-memory aggregation of sampling rounds into one `procfs.jsonl` line
+//! per second, and the per-process counter deltas that go with it.
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::parse::{self, CtxSwitches, Io, Schedstat, Stat};
+use super::sampler::Observation;
+use crate::procinfo::Role;
+
+/// One line of `procfs.jsonl`: what the cluster's processes did in `(t-dt, t]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcfsSample {
+    pub t: f64,
+    pub dt: f64,
+    /// The sampling rate asked for.
+    pub hz: f64,
+    /// Sampling rounds actually taken in the interval.
+    pub ticks: u64,
+    /// Kernel stacks read in the interval (the costly file).
+    #[serde(default)]
+    pub stack_reads: u64,
+    /// Per role × state × top kernel frame, sorted by those keys.
+    pub rows: Vec<StateRow>,
+    /// Per pid: counter deltas over the interval (all-zero rows left out).
+    #[serde(default)]
+    pub procs: BTreeMap<u32, ProcDelta>,
+}
+
+/// Time some processes of one role spent in one state at one place.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StateRow {
+    pub role: Role,
+    /// The state letter of /proc/PID/stat: R, S, D, T, Z, …
+    pub state: String,
+    /// The first kernel frame that is not a generic scheduler/wait
+    /// function; the wait channel when no stack was read; "" when running.
+    pub frame: String,
+    /// Process samples in this row.
+    pub samples: u64,
+    /// Process-seconds: samples × (dt / ticks).
+    pub s: f64,
+    /// Seconds during which at least one process was in this row.
+    pub wall_s: f64,
+    /// The processes seen in this row.
+    pub pids: Vec<u32>,
+    /// The most processes in this row in one round (at once).
+    #[serde(default)]
+    pub max_pids: u64,
+    /// Whole kernel stacks (folded, outermost first) → samples.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stacks: BTreeMap<String, u64>,
+    /// Wait channels → samples.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub wchans: BTreeMap<String, u64>,
+    /// Syscalls blocked in → samples.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub syscalls: BTreeMap<String, u64>,
+}
+
+/// What one process did over one interval (deltas of cumulative counters).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcDelta {
+    /// CPU seconds (user + system).
+    #[serde(default, skip_serializing_if = "is_zero_f")]
+    pub cpu_s: f64,
+    /// Seconds runnable but waiting for a CPU.
+    #[serde(default, skip_serializing_if = "is_zero_f")]
+    pub runq_s: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub read_bytes: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub write_bytes: u64,
+    /// Voluntary context switches (it waited).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub vcsw: u64,
+    /// Involuntary context switches (it was preempted).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nvcsw: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
+}
+
+fn is_zero_f(x: &f64) -> bool {
+    *x == 0.0
+}
+
+impl ProcDelta {
+    pub fn is_empty(&self) -> bool {
+        *self == ProcDelta::default()
+    }
+}
+
+type RowKey = (Role, char, Arc<str>);
+
+#[derive(Default)]
+struct RowAcc {
+    samples: u64,
+    ticks_hit: u64,
+    last_tick: u64,
+    in_tick: u64,
+    max_in_tick: u64,
+    pids: BTreeSet<u32>,
+    stacks: BTreeMap<Arc<str>, u64>,
+    wchans: BTreeMap<Arc<str>, u64>,
+    syscalls: BTreeMap<Arc<str>, u64>,
+}
+
+/// Sampling rounds since the last line, aggregated.
+#[derive(Default)]
+pub struct Interval {
+    ticks: u64,
+    stack_reads: u64,
+    rows: BTreeMap<RowKey, RowAcc>,
+}
+
+impl Interval {
+    /// Add one sampling round.
+    pub fn add_round(&mut self, obs: &[Observation], stack_reads: u64) {
+        self.ticks += 1;
+        self.stack_reads += stack_reads;
+        for o in obs {
+            let r = self.rows.entry((o.role, o.state, o.frame())).or_default();
+            r.samples += 1;
+            if r.last_tick != self.ticks {
+                r.last_tick = self.ticks;
+                r.ticks_hit += 1;
+                r.in_tick = 0;
+            }
+            r.in_tick += 1;
+            r.max_in_tick = r.max_in_tick.max(r.in_tick);
+            r.pids.insert(o.pid);
+            if let Some(s) = &o.stack {
+                *r.stacks.entry(s.folded.clone()).or_default() += 1;
+            }
+            if let Some(w) = &o.wchan {
+                *r.wchans.entry(w.clone()).or_default() += 1;
+            }
+            if let Some(c) = &o.syscall {
+                *r.syscalls.entry(c.clone()).or_default() += 1;
+            }
+        }
+    }
+
+    pub fn ticks(&self) -> u64 {
+        self.ticks
+    }
+
+    /// The rows of this interval, over `dt` seconds.
+    pub fn rows(&self, dt: f64) -> Vec<StateRow> {
+        let per_tick = if self.ticks == 0 {
+            0.0
+        } else {
+            dt / self.ticks as f64
+        };
+        let names = |m: &BTreeMap<Arc<str>, u64>| -> BTreeMap<String, u64> {
+            m.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+        };
+        self.rows
+            .iter()
+            .map(|((role, state, frame), r)| StateRow {
+                role: *role,
+                state: state.to_string(),
+                frame: frame.to_string(),
+                samples: r.samples,
+                s: round_ms(r.samples as f64 * per_tick),
+                wall_s: round_ms(r.ticks_hit as f64 * per_tick),
+                pids: r.pids.iter().copied().collect(),
+                max_pids: r.max_in_tick,
+                stacks: names(&r.stacks),
+                wchans: names(&r.wchans),
+                syscalls: names(&r.syscalls),
+            })
+            .collect()
+    }
+
+    /// The line for this interval.
+    pub fn into_sample(
+        self,
+        t: f64,
+        dt: f64,
+        hz: f64,
+        procs: BTreeMap<u32, ProcDelta>,
+    ) -> ProcfsSample {
+        ProcfsSample {
+            t,
+            dt: round_ms(dt),
+            hz,
+            ticks: self.ticks,
+            stack_reads: self.stack_reads,
+            rows: self.rows(dt),
+            procs,
+        }
+    }
+}
+
+/// Cumulative counters of one process, read once per interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Counters {
+    pub starttime: u64,
+    pub cpu_ns: u64,
+    pub runq_ns: u64,
+    pub io: Io,
+    pub ctxt: CtxSwitches,
+}
+
+impl Counters {
+    /// Combine what the files said: schedstat's nanoseconds when there,
+    /// else stat's clock ticks.
+    pub fn from_parts(
+        stat: &Stat,
+        sched: Option<Schedstat>,
+        io: Option<Io>,
+        ctxt: Option<CtxSwitches>,
+        ticks_per_s: u64,
+    ) -> Counters {
+        let cpu_ns = match sched {
+            Some(s) => s.run_ns,
+            None => (stat.utime + stat.stime) * (1_000_000_000 / ticks_per_s.max(1)),
+        };
+        Counters {
+            starttime: stat.starttime,
+            cpu_ns,
+            runq_ns: sched.map_or(0, |s| s.runq_wait_ns),
+            io: io.unwrap_or_default(),
+            ctxt: ctxt.unwrap_or_default(),
+        }
+    }
+
+    /// Read the counters of `pid`; `None` if it has exited.
+    pub fn read(pid: u32, ticks_per_s: u64) -> Option<Counters> {
+        let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).ok();
+        let stat = parse::parse_stat(&read("stat")?)?;
+        let sched = read("schedstat").and_then(|s| parse::parse_schedstat(&s));
+        let io = read("io").and_then(|s| parse::parse_io(&s));
+        let ctxt = read("status").and_then(|s| parse::parse_status_ctxt(&s));
+        Some(Counters::from_parts(&stat, sched, io, ctxt, ticks_per_s))
+    }
+}
+
+/// Turns cumulative counters into per-interval deltas per pid.
+#[derive(Default)]
+pub struct CounterDeltas {
+    prev: BTreeMap<u32, Counters>,
+    /// Processes that started at or after this (clock ticks since boot)
+    /// began within the recording: their whole counters count.
+    pub recording_start_ticks: u64,
+}
+
+impl CounterDeltas {
+    pub fn new(recording_start_ticks: u64) -> CounterDeltas {
+        CounterDeltas {
+            prev: BTreeMap::new(),
+            recording_start_ticks,
+        }
+    }
+
+    /// Deltas since the previous call for the processes in `now` (absent
+    /// ones have exited and are forgotten). A process seen for the first
+    /// time counts from its start if it started during the recording, else
+    /// from now on; a pid reused by a new process counts from its start.
+    pub fn update(&mut self, now: BTreeMap<u32, Counters>) -> BTreeMap<u32, ProcDelta> {
+        let mut out = BTreeMap::new();
+        for (pid, c) in &now {
+            let base = match self.prev.get(pid) {
+                Some(p) if p.starttime == c.starttime => Some(*p),
+                Some(_) => Some(Counters::default()),
+                None if c.starttime >= self.recording_start_ticks => Some(Counters::default()),
+                None => None,
+            };
+            let Some(b) = base else { continue };
+            let d = ProcDelta {
+                cpu_s: round_us(c.cpu_ns.saturating_sub(b.cpu_ns) as f64 * 1e-9),
+                runq_s: round_us(c.runq_ns.saturating_sub(b.runq_ns) as f64 * 1e-9),
+                read_bytes: c.io.read_bytes.saturating_sub(b.io.read_bytes),
+                write_bytes: c.io.write_bytes.saturating_sub(b.io.write_bytes),
+                vcsw: c.ctxt.voluntary.saturating_sub(b.ctxt.voluntary),
+                nvcsw: c.ctxt.nonvoluntary.saturating_sub(b.ctxt.nonvoluntary),
+            };
+            if !d.is_empty() {
+                out.insert(*pid, d);
+            }
+        }
+        self.prev = now;
+        out
+    }
+}
+
+pub fn round_ms(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+pub fn round_us(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collect::procfs::parse::{parse_stack, parse_stat};
+    use crate::collect::procfs::sampler::Stack;
+
+    fn fixture(name: &str) -> String {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/proc/");
+        std::fs::read_to_string(format!("{p}{name}")).unwrap()
+    }
+
+    fn obs(
+        pid: u32,
+        role: Role,
+        stat: &str,
+        stack: Option<&str>,
+        wchan: Option<&str>,
+    ) -> Observation {
+        let st = parse_stat(&fixture(stat)).unwrap();
+        Observation {
+            pid,
+            role,
+            state: st.state,
+            wchan: wchan.map(|w| Arc::from(super::parse::parse_wchan(&fixture(w)).unwrap())),
+            syscall: None,
+            stack: stack.and_then(|s| Stack::from_frames(parse_stack(&fixture(s))).map(Arc::new)),
+        }
+    }
+
+    #[test]
+    fn rounds_become_rows_per_role_state_and_frame() {
+        // Ten rounds at 10 Hz of real samples: four backends in D in the
+        // writeback wait (stack of dd in fsync, state from its stat), one
+        // backend sleeping in epoll, the checkpointer sleeping; two of
+        // the backends leave D for the last four rounds.
+        let mut iv = Interval::default();
+        for round in 0..10 {
+            let mut v = Vec::new();
+            for pid in [101, 102, 103, 104] {
+                let in_d = pid <= 102 || round < 6;
+                v.push(if in_d {
+                    obs(
+                        pid,
+                        Role::Backend,
+                        "stat_d_dd",
+                        Some("stack_d_fsync_writeback"),
+                        None,
+                    )
+                } else {
+                    obs(
+                        pid,
+                        Role::Backend,
+                        "stat_pg_backend",
+                        Some("stack_s_pg_backend_epoll"),
+                        Some("wchan_pg_backend"),
+                    )
+                });
+            }
+            v.push(obs(
+                105,
+                Role::Checkpointer,
+                "stat_pg_checkpointer",
+                Some("stack_s_pg_checkpointer"),
+                Some("wchan_pg_checkpointer"),
+            ));
+            iv.add_round(&v, 3);
+        }
+        let s = iv.into_sample(5.0, 1.0, 10.0, BTreeMap::new());
+        assert_eq!(s.ticks, 10);
+        assert_eq!(s.stack_reads, 30);
+        let keys: Vec<(Role, &str, &str)> = s
+            .rows
+            .iter()
+            .map(|r| (r.role, r.state.as_str(), r.frame.as_str()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                (Role::Backend, "D", "folio_wait_writeback"),
+                (Role::Backend, "S", "do_epoll_wait"),
+                (Role::Checkpointer, "S", "do_epoll_wait"),
+            ]
+        );
+        let d = &s.rows[0];
+        assert_eq!(d.pids, [101, 102, 103, 104]);
+        assert_eq!(d.max_pids, 4);
+        assert_eq!(d.samples, 4 * 6 + 2 * 4);
+        assert_eq!(d.s, 3.2);
+        assert_eq!(d.wall_s, 1.0);
+        assert_eq!(d.stacks.len(), 1);
+        let (folded, n) = d.stacks.iter().next().unwrap();
+        assert!(folded.starts_with("entry_SYSCALL_64_after_hwframe;do_syscall_64;__x64_sys_fsync"));
+        assert!(folded.ends_with("folio_wait_writeback;folio_wait_bit"));
+        assert_eq!(*n, 32);
+        let e = &s.rows[1];
+        assert_eq!(
+            (e.pids.as_slice(), e.samples, e.s, e.wall_s),
+            (&[103, 104][..], 8, 0.8, 0.4)
+        );
+        assert_eq!(e.wchans["do_epoll_wait"], 8);
+        assert_eq!(e.max_pids, 2);
+        // A line round-trips through JSON.
+        let line = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<ProcfsSample>(&line).unwrap(), s);
+    }
+
+    #[test]
+    fn a_process_running_has_an_empty_frame_and_no_stack() {
+        let mut iv = Interval::default();
+        let r = Observation {
+            pid: 7,
+            role: Role::Backend,
+            state: 'R',
+            wchan: None,
+            syscall: None,
+            stack: None,
+        };
+        iv.add_round(std::slice::from_ref(&r), 0);
+        iv.add_round(&[], 0);
+        let rows = iv.rows(0.2);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].frame.as_str(), rows[0].s, rows[0].wall_s),
+            ("", 0.1, 0.1)
+        );
+        assert!(rows[0].stacks.is_empty());
+        let line = serde_json::to_string(&rows[0]).unwrap();
+        assert!(!line.contains("stacks"), "{line}");
+    }
+
+    #[test]
+    fn counter_deltas_start_new_processes_at_zero_and_old_ones_now() {
+        let stat = parse_stat(&fixture("stat_pg_checkpointer")).unwrap();
+        let sched = parse::parse_schedstat(&fixture("schedstat_pg_checkpointer"));
+        let io = parse::parse_io(&fixture("io_pg_backend"));
+        let ctxt = parse::parse_status_ctxt(&fixture("status_pg_checkpointer"));
+        let c = Counters::from_parts(&stat, sched, io, ctxt, 100);
+        assert_eq!(c.cpu_ns, 892845);
+        // Started before the recording: the first sight is only a baseline.
+        let mut d = CounterDeltas::new(stat.starttime + 1);
+        assert!(d.update(BTreeMap::from([(20291, c)])).is_empty());
+        let mut c2 = c;
+        c2.cpu_ns += 250_000_000;
+        c2.io.write_bytes += 8192;
+        c2.ctxt.voluntary += 3;
+        let out = d.update(BTreeMap::from([(20291, c2)]));
+        assert_eq!(
+            out[&20291],
+            ProcDelta {
+                cpu_s: 0.25,
+                write_bytes: 8192,
+                vcsw: 3,
+                ..ProcDelta::default()
+            }
+        );
+        // The same pid, reused by a process started later: counted from 0.
+        let mut c3 = c;
+        c3.starttime += 500;
+        let out = d.update(BTreeMap::from([(20291, c3)]));
+        assert_eq!(out[&20291].write_bytes, 192512);
+        // Started during the recording: counted from its start.
+        let mut d = CounterDeltas::new(stat.starttime);
+        let out = d.update(BTreeMap::from([(20291, c)]));
+        assert_eq!(out[&20291].cpu_s, 0.000893);
+        // Without schedstat, CPU comes from stat's clock ticks.
+        let dd = parse_stat(&fixture("stat_d_dd")).unwrap();
+        let no_sched = Counters::from_parts(&dd, None, None, None, 100);
+        assert_eq!(no_sched.cpu_ns, 1_570_000_000);
+    }
+}

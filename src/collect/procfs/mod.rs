@@ -1,0 +1,281 @@
+//! Process states and kernel stacks, sampled from /proc (after 0x.tools'
+//! psn): for every process of the cluster, at `ctx.procfs_hz`, its state
+//! (R/S/D/…), wait channel, current syscall and kernel stack; aggregated
+//! in memory into "time per role × state × top kernel frame" and written
+//! once per second to `procfs.jsonl` with per-process CPU, I/O and
+//! context-switch deltas. Format and costs: docs/collectors/procfs.md.
+//!
+//! A sampling thread does the rounds; [`Collector::sample`] (1 Hz, on the
+//! session's thread) takes what it aggregated, reads the cumulative
+//! counters and writes the line.
+
+pub mod aggregate;
+pub mod parse;
+pub mod sampler;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+pub use aggregate::{CounterDeltas, Counters, Interval, ProcDelta, ProcfsSample, StateRow};
+pub use sampler::{Observation, Sampler, Stack, StackProblem};
+
+use super::{Collector, Context};
+use crate::error::fixable;
+use crate::procinfo::Role;
+use crate::recording::{CollectorInfo, Writer};
+
+/// The stream this collector writes.
+pub const STREAM: &str = "procfs.jsonl";
+/// Highest sampling rate accepted.
+pub const MAX_HZ: f64 = 1000.0;
+
+/// State shared between the sampling thread and the collector.
+struct Shared {
+    interval: Mutex<Interval>,
+    stack_problem: Mutex<Option<StackProblem>>,
+    /// CPU time of the sampling thread, nanoseconds.
+    thread_cpu_ns: AtomicU64,
+}
+
+pub struct ProcfsCollector {
+    ctx: Context,
+    hz: f64,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    deltas: CounterDeltas,
+    ticks_per_s: u64,
+    last_t: f64,
+}
+
+impl ProcfsCollector {
+    /// Start sampling the processes of `ctx`'s table at `ctx.procfs_hz`.
+    pub fn start(ctx: &Context) -> Result<ProcfsCollector> {
+        let hz = ctx.procfs_hz;
+        if !(hz.is_finite() && hz > 0.0 && hz <= MAX_HZ) {
+            return Err(fixable(
+                format!("procfs sampling rate {hz} Hz is out of range"),
+                format!("set the procfs rate between 0.1 and {MAX_HZ} Hz (10 is the default)"),
+            ));
+        }
+        let problem = sampler::probe_stacks(ctx.postmaster).err();
+        let read_stacks = problem.is_none();
+        let shared = Arc::new(Shared {
+            interval: Mutex::new(Interval::default()),
+            stack_problem: Mutex::new(problem),
+            thread_cpu_ns: AtomicU64::new(0),
+        });
+        let ticks_per_s = clock_ticks_per_s();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let ctx = ctx.clone();
+            let shared = shared.clone();
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("pgbelow-procfs".into())
+                .spawn(move || run(ctx, hz, read_stacks, shared, stop))?
+        };
+        Ok(ProcfsCollector {
+            ctx: ctx.clone(),
+            hz,
+            shared,
+            stop,
+            thread: Some(thread),
+            deltas: CounterDeltas::new(recording_start_ticks(ctx.start, ticks_per_s)),
+            ticks_per_s,
+            last_t: ctx.t(),
+        })
+    }
+
+    fn stop_thread(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Why kernel stacks are not recorded, if they are not.
+    pub fn stack_problem(&self) -> Option<StackProblem> {
+        self.shared.stack_problem.lock().ok()?.clone()
+    }
+}
+
+impl Drop for ProcfsCollector {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+/// The sampling thread: a round every 1/hz seconds until told to stop.
+/// It sleeps with `thread::sleep` (one clock_nanosleep per round, the
+/// cheapest wake-up measured) in slices of at most 100 ms, so a stop
+/// request is seen within 100 ms at any rate.
+fn run(ctx: Context, hz: f64, read_stacks: bool, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+    let period = Duration::from_secs_f64(1.0 / hz);
+    let mut sampler = Sampler::new(read_stacks);
+    let mut obs = Vec::new();
+    let mut next = Instant::now();
+    let mut table_read: Option<Instant> = None;
+    let mut rounds: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        // The session refreshes the process table once per second.
+        if table_read.is_none_or(|t| t.elapsed() >= Duration::from_millis(500)) {
+            sampler.set_pids(&table(&ctx));
+            table_read = Some(Instant::now());
+        }
+        let reads_before = sampler.stack_reads;
+        obs.clear();
+        sampler.round(&mut obs);
+        if let Ok(mut iv) = shared.interval.lock() {
+            iv.add_round(&obs, sampler.stack_reads - reads_before);
+        }
+        if let Some(p) = sampler.stack_problem.take() {
+            if let Ok(mut slot) = shared.stack_problem.lock() {
+                slot.get_or_insert(p);
+            }
+        }
+        rounds += 1;
+        if rounds % 16 == 1 {
+            shared
+                .thread_cpu_ns
+                .store(thread_cpu_ns(), Ordering::Relaxed);
+        }
+        next += period;
+        let now = Instant::now();
+        if next <= now {
+            // Fell behind (a slow round or a stalled machine): skip the
+            // missed rounds rather than bursting; `ticks` shows it.
+            next = now + period;
+        }
+        loop {
+            let now = Instant::now();
+            if next <= now || stop.load(Ordering::Relaxed) {
+                break;
+            }
+            std::thread::sleep((next - now).min(Duration::from_millis(100)));
+        }
+    }
+    shared
+        .thread_cpu_ns
+        .store(thread_cpu_ns(), Ordering::Relaxed);
+}
+
+fn table(ctx: &Context) -> Vec<(u32, Role)> {
+    ctx.processes
+        .read()
+        .map(|t| t.values().map(|p| (p.pid, p.role)).collect())
+        .unwrap_or_default()
+}
+
+impl Collector for ProcfsCollector {
+    fn name(&self) -> &'static str {
+        "procfs"
+    }
+
+    fn info(&self) -> CollectorInfo {
+        let died = !self.stop.load(Ordering::Relaxed)
+            && self.thread.as_ref().is_some_and(|t| t.is_finished());
+        let reason = if died {
+            Some("the procfs sampling thread stopped early; process states after that are missing (fix: report this as a pgbelow bug)".to_string())
+        } else {
+            self.stack_problem()
+                .map(|p| format!("{} (fix: {})", p.what, p.fix))
+        };
+        CollectorInfo {
+            name: "procfs".into(),
+            mechanism: "procfs".into(),
+            status: if reason.is_some() { "degraded" } else { "ok" }.into(),
+            reason,
+            cpu_s: 0.0,
+        }
+    }
+
+    fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        let interval = match self.shared.interval.lock() {
+            Ok(mut iv) => std::mem::take(&mut *iv),
+            Err(_) => return Err(anyhow::anyhow!("procfs sampler state poisoned")),
+        };
+        let now: BTreeMap<u32, Counters> = self
+            .ctx
+            .pids()
+            .into_iter()
+            .filter_map(|pid| Some((pid, Counters::read(pid, self.ticks_per_s)?)))
+            .collect();
+        let procs = self.deltas.update(now);
+        let dt = t - self.last_t;
+        self.last_t = t;
+        out.append(STREAM, &interval.into_sample(t, dt, self.hz, procs))
+    }
+
+    fn thread_cpu_s(&self) -> f64 {
+        self.shared.thread_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
+    fn facts(&self) -> Vec<(String, serde_json::Value)> {
+        vec![("procfs.hz".into(), serde_json::json!(self.hz))]
+    }
+
+    fn finish(&mut self, _t: f64, _out: &mut Writer) -> Result<()> {
+        self.stop_thread();
+        Ok(())
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    (super::cpu::thread_cpu_s() * 1e9) as u64
+}
+
+/// USER_HZ, the unit of CPU times and start times in /proc/PID/stat.
+pub fn clock_ticks_per_s() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
+}
+
+/// The recording's start in /proc's start-time unit (clock ticks since boot).
+fn recording_start_ticks(start: Instant, ticks_per_s: u64) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    let boot_now = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+    let at = (boot_now - start.elapsed().as_secs_f64()).max(0.0);
+    (at * ticks_per_s as f64) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_out_of_range_is_refused_with_a_fix() {
+        let mut ctx = Context::new(std::process::id());
+        ctx.procfs_hz = 0.0;
+        let e = ProcfsCollector::start(&ctx).err().unwrap();
+        let f = crate::error::find_fixable(&e).unwrap();
+        assert!(f.what.contains("out of range"), "{f}");
+        ctx.procfs_hz = 5000.0;
+        assert!(ProcfsCollector::start(&ctx).is_err());
+    }
+
+    #[test]
+    fn this_process_started_before_now() {
+        let tps = clock_ticks_per_s();
+        let me = crate::collect::procfs::parse::parse_stat(
+            &std::fs::read_to_string("/proc/self/stat").unwrap(),
+        )
+        .unwrap();
+        assert!(me.starttime <= recording_start_ticks(Instant::now(), tps) + 1);
+    }
+}

@@ -1,0 +1,859 @@
+//! On-CPU stacks of the cluster's processes, kernel and user frames, with
+//! symbols (issue 3, part 4; the evidence of seeds 003 and 004).
+//!
+//! How: one `cpu-clock` sampling event per CPU for every task ([`perf`]),
+//! which costs the sampled processes nothing measurable, unlike a
+//! per-process `perf record -p`. A reader thread drains the rings, keeps
+//! samples whose process belongs to the cluster, unwinds user stacks from a
+//! copy of the stack with the binaries' `.eh_frame` tables ([`unwind`]; the
+//! PostgreSQL builds here have no frame pointers) and counts identical
+//! stacks as addresses, so memory and CPU do not grow with the sample count.
+//! At the end, every distinct address is symbolized once ([`symbols`]) and
+//! the collector writes `profile.folded` (`role;frame;… count`, root first),
+//! one SVG flame graph per role and one for all, and `profile.json`.
+//! Format and limits: docs/collectors/profile.md.
+mod maps;
+mod perf;
+mod symbols;
+mod unwind;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::BufWriter;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use serde::{Deserialize, Serialize};
+
+use super::{Collector, Context, Processes};
+use crate::error::Fixable;
+use crate::procinfo::{self, ProcessInfo, Role};
+use crate::recording::writer::write_text_atomic;
+use crate::recording::{CollectorInfo, Writer};
+
+pub use symbols::KERNEL_SUFFIX;
+
+/// Files this collector writes into the recording.
+pub mod files {
+    /// Per-interval counts: `{"t","dt","samples","other","lost","unattributed"}`.
+    pub const STREAM: &str = "profile.jsonl";
+    /// [`super::Summary`], written at the end.
+    pub const SUMMARY: &str = "profile.json";
+    /// Folded stacks, `role;root;…;leaf count`.
+    pub const FOLDED: &str = "profile.folded";
+    /// Flame graph of all roles.
+    pub const SVG_ALL: &str = "flamegraph.svg";
+
+    /// Flame graph of one role.
+    pub fn svg_for(role: &str) -> String {
+        format!("flamegraph-{role}.svg")
+    }
+}
+
+/// User stack bytes copied per sample. Measured on PostgreSQL 13 under
+/// pgbench: a backend's stack from `_start` to an executor leaf is ~7 KiB
+/// deep; 16 KiB leaves room for deeper plans and costs ~3 MB/s of copying
+/// per CPU at 99 Hz.
+pub const DEFAULT_STACK_BYTES: u32 = 16 * 1024;
+
+/// How to sample.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub hz: u64,
+    /// Sample kernel frames too.
+    pub kernel: bool,
+    /// User stack bytes per sample for DWARF unwinding; 0 = the kernel's
+    /// frame-pointer walk (truncated for binaries built without them).
+    pub stack_bytes: u32,
+}
+
+impl Options {
+    pub fn from_context(ctx: &Context) -> Options {
+        Options {
+            hz: ctx.profile_hz,
+            kernel: true,
+            stack_bytes: DEFAULT_STACK_BYTES,
+        }
+    }
+}
+
+/// `profile.json`: totals, quality of the stacks, and where the flame graphs are.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub mechanism: String,
+    pub hz: u64,
+    pub cpus: usize,
+    pub duration_s: f64,
+    /// Samples of the cluster's processes (what the stacks count).
+    pub samples: u64,
+    /// Samples of other processes and of idle CPUs, dropped.
+    pub other_samples: u64,
+    /// Samples of processes that exited before pgbelow could tell whose they were.
+    pub unattributed: u64,
+    /// Samples the kernel dropped because a ring was full.
+    pub lost: u64,
+    /// User frames (weighted by samples) and how many no symbol covered.
+    pub user_frames: u64,
+    pub unresolved_user_frames: u64,
+    pub unresolved_share: f64,
+    pub kernel_frames: u64,
+    pub unresolved_kernel_frames: u64,
+    pub kernel_symbols: bool,
+    /// Share of samples whose user stack reached `main`/`_start`/a thread
+    /// start: the rest were cut short (unwind data missing, stack copy too small).
+    pub rooted_share: f64,
+    pub mean_user_depth: f64,
+    pub roles: Vec<RoleSummary>,
+    /// Modules with frames, most frames first.
+    pub modules: Vec<ModuleSummary>,
+    pub folded: String,
+    pub flamegraph: Option<String>,
+    /// Problems, one line each with its fix.
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoleSummary {
+    pub role: String,
+    pub pids: usize,
+    pub samples: u64,
+    pub user_frames: u64,
+    pub unresolved_user_frames: u64,
+    pub flamegraph: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModuleSummary {
+    pub path: String,
+    /// Whether the file has `.symtab` (or DWARF); None if it could not be read.
+    pub symtab: Option<bool>,
+    pub frames: u64,
+    pub unresolved: u64,
+}
+
+/// One line of `profile.jsonl`: counts in `(t - dt, t]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tick {
+    pub t: f64,
+    pub dt: f64,
+    pub samples: u64,
+    pub other: u64,
+    pub lost: u64,
+    pub unattributed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    samples: AtomicU64,
+    other: AtomicU64,
+    lost: AtomicU64,
+    unattributed: AtomicU64,
+    cpu_ns: AtomicU64,
+}
+
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    counters: Counters,
+    new_pids: Mutex<Vec<(u32, u32)>>,
+}
+
+/// (pid, number of kernel frames, kernel frames then user frames, leaf first).
+type StackKey = (u32, u16, Box<[u64]>);
+
+struct PidState {
+    layout: Option<Arc<unwind::Layout>>,
+    maps_read: Instant,
+    info: Option<ProcessInfo>,
+    described: Instant,
+}
+
+/// The reader thread's state: who is in the cluster, their layouts, and the stacks.
+struct Tracker {
+    postmaster: u32,
+    processes: Processes,
+    shared: Arc<Shared>,
+    dwarf: bool,
+    cluster: HashMap<u32, PidState>,
+    outsiders: HashSet<u32>,
+    layouts: unwind::Layouts,
+    stacks: HashMap<StackKey, u64>,
+    frames: Vec<u64>,
+    user: Vec<u64>,
+}
+
+const REFRESH: Duration = Duration::from_secs(1);
+
+impl Tracker {
+    fn add(&mut self, pid: u32, ppid: u32) {
+        if self.cluster.contains_key(&pid) {
+            return;
+        }
+        let now = Instant::now();
+        let long_ago = now.checked_sub(REFRESH * 2).unwrap_or(now);
+        self.cluster.insert(
+            pid,
+            PidState {
+                layout: None,
+                maps_read: long_ago,
+                info: None,
+                described: long_ago,
+            },
+        );
+        if let Ok(mut v) = self.shared.new_pids.lock() {
+            v.push((pid, ppid));
+        }
+    }
+
+    /// Is `tgid` one of the cluster's processes? None: gone, cannot tell.
+    fn member(&mut self, tgid: u32) -> Option<bool> {
+        if tgid == 0 || self.outsiders.contains(&tgid) {
+            return Some(false);
+        }
+        if self.cluster.contains_key(&tgid) {
+            return Some(true);
+        }
+        let known = self
+            .processes
+            .read()
+            .ok()
+            .and_then(|p| p.get(&tgid).map(|i| i.ppid));
+        if let Some(ppid) = known {
+            self.add(tgid, ppid);
+            return Some(true);
+        }
+        let ppid = procinfo::read_ppid(tgid)?;
+        if tgid == self.postmaster || ppid == self.postmaster || self.cluster.contains_key(&ppid) {
+            self.add(tgid, ppid);
+            Some(true)
+        } else {
+            self.outsiders.insert(tgid);
+            Some(false)
+        }
+    }
+
+    fn handle(&mut self, rec: perf::Record<'_>) {
+        let c = &self.shared.counters;
+        match rec.kind {
+            perf::PERF_RECORD_SAMPLE => {
+                if let Some(s) = perf::parse_sample(rec.body, self.dwarf) {
+                    self.on_sample(&s);
+                }
+            }
+            perf::PERF_RECORD_LOST => {
+                c.lost
+                    .fetch_add(perf::parse_lost(rec.body).unwrap_or(0), Ordering::Relaxed);
+            }
+            perf::PERF_RECORD_FORK => {
+                if let Some((pid, ppid, _)) = perf::parse_task(rec.body) {
+                    self.outsiders.remove(&pid);
+                    if pid != ppid && (ppid == self.postmaster || self.cluster.contains_key(&ppid))
+                    {
+                        self.add(pid, ppid);
+                    }
+                }
+            }
+            perf::PERF_RECORD_EXIT => {
+                if let Some((pid, _, tid)) = perf::parse_task(rec.body) {
+                    if pid == tid {
+                        // The pid may come back as somebody else's process.
+                        self.outsiders.remove(&pid);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_sample(&mut self, s: &perf::Sample<'_>) {
+        let member = self.member(s.pid);
+        let c = &self.shared.counters;
+        let counter = match member {
+            Some(true) => &c.samples,
+            Some(false) => &c.other,
+            None => &c.unattributed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if member != Some(true) {
+            return;
+        }
+        let pid = s.pid;
+        let postmaster = self.postmaster;
+        let Some(st) = self.cluster.get_mut(&pid) else {
+            return;
+        };
+        let now = Instant::now();
+        let stale = |st: &PidState| now.duration_since(st.maps_read) >= REFRESH;
+        // Title and role: re-read while the process still shows its parent's title.
+        if st.info.as_ref().is_none_or(|i| i.role == Role::Other)
+            && now.duration_since(st.described) >= REFRESH
+        {
+            st.described = now;
+            if let Some(i) = procinfo::describe(pid, postmaster) {
+                st.info = Some(i);
+            }
+        }
+        let user_ip = s.regs.map(|r| r[2]).or_else(|| s.fp_user_frames().next());
+        let needs_maps = match (&st.layout, user_ip) {
+            (None, _) => true,
+            (Some(l), Some(ip)) => !l.covers(ip),
+            (Some(_), None) => false,
+        };
+        if needs_maps && stale(st) {
+            st.maps_read = now;
+            if let Some(l) = self.layouts.read(pid) {
+                st.layout = Some(l);
+            }
+        }
+        let layout = st.layout.clone();
+
+        self.frames.clear();
+        for (i, a) in s.kernel_frames().enumerate() {
+            self.frames.push(if i == 0 { a } else { a.wrapping_sub(1) });
+        }
+        let nk = self.frames.len().min(u16::MAX as usize) as u16;
+        self.user.clear();
+        if self.dwarf {
+            #[cfg(target_arch = "x86_64")]
+            if let (Some(regs), Some(l)) = (s.regs, layout.as_deref()) {
+                self.layouts.unwind(l, regs, s.stack, &mut self.user);
+            }
+            if self.user.is_empty() {
+                self.user.extend(s.regs.map(|r| r[2]));
+            }
+        } else {
+            for (i, a) in s.fp_user_frames().enumerate() {
+                self.user.push(if i == 0 { a } else { a.wrapping_sub(1) });
+            }
+        }
+        for &a in &self.user {
+            self.frames.push(match layout.as_deref() {
+                Some(l) => l.encode(a),
+                None => a & ((1 << 48) - 1),
+            });
+        }
+        let key = (pid, nk, self.frames.as_slice().into());
+        *self.stacks.entry(key).or_default() += 1;
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    (super::cpu::thread_cpu_s() * 1e9) as u64
+}
+
+fn run(mut sampler: perf::CpuSampler, mut t: Tracker) -> Tracker {
+    sampler.enable();
+    loop {
+        let stopping = t.shared.stop.load(Ordering::Relaxed);
+        if stopping {
+            sampler.disable();
+        }
+        sampler.drain(&mut |r| t.handle(r));
+        t.shared
+            .counters
+            .cpu_ns
+            .store(thread_cpu_ns(), Ordering::Relaxed);
+        if stopping {
+            return t;
+        }
+        sampler.wait(100);
+    }
+}
+
+pub struct ProfileCollector {
+    ctx: Context,
+    opts: Options,
+    dwarf: bool,
+    cpus: usize,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<Tracker>>,
+    started: Instant,
+    last: Tick,
+    /// Problems known from the start (kernel frames hidden, …).
+    start_notes: Vec<String>,
+    summary: Option<Summary>,
+}
+
+impl ProfileCollector {
+    pub fn start(ctx: &Context) -> Result<ProfileCollector> {
+        ProfileCollector::start_with(ctx, Options::from_context(ctx))
+    }
+
+    pub fn start_with(ctx: &Context, opts: Options) -> Result<ProfileCollector> {
+        if opts.hz == 0 || opts.hz > 10_000 {
+            return Err(crate::error::fixable(
+                format!("profile frequency {} Hz is out of range", opts.hz),
+                "use a frequency between 1 and 10000 Hz (default 99)",
+            ));
+        }
+        let mut start_notes = Vec::new();
+        let cfg = perf::Config {
+            hz: opts.hz,
+            kernel: opts.kernel,
+            stack_bytes: opts.stack_bytes,
+        };
+        let sampler = match perf::CpuSampler::open(cfg) {
+            Ok(s) => s,
+            // Unprivileged with perf_event_paranoid = 1 may still sample user space.
+            Err(e) if opts.kernel && crate::error::find_fixable(&e).is_some() => {
+                match perf::CpuSampler::open(perf::Config {
+                    kernel: false,
+                    ..cfg
+                }) {
+                    Ok(s) => {
+                        start_notes.push(format!("kernel frames not sampled: {e:#}"));
+                        s
+                    }
+                    Err(_) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        if opts.kernel && !symbols::kallsyms_visible() {
+            let kr = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "?".into());
+            start_notes.push(
+                Fixable {
+                    what: format!(
+                        "kernel frames cannot be named: /proc/kallsyms hides addresses (kernel.kptr_restrict = {kr})"
+                    ),
+                    fix: "run pgbelow as root, or `sysctl kernel.kptr_restrict=0`".into(),
+                }
+                .to_string(),
+            );
+        }
+        let dwarf = sampler.dwarf;
+        let cpus = sampler.cpus();
+        let shared = Arc::new(Shared::default());
+        let mut tracker = Tracker {
+            postmaster: ctx.postmaster,
+            processes: ctx.processes.clone(),
+            shared: shared.clone(),
+            dwarf,
+            cluster: HashMap::new(),
+            outsiders: HashSet::new(),
+            layouts: unwind::Layouts::default(),
+            stacks: HashMap::new(),
+            frames: Vec::new(),
+            user: Vec::new(),
+        };
+        for pid in procinfo::descendants(ctx.postmaster) {
+            let ppid = procinfo::read_ppid(pid).unwrap_or(0);
+            tracker.add(pid, ppid);
+        }
+        let thread = std::thread::Builder::new()
+            .name("pgbelow-profile".into())
+            .spawn(move || run(sampler, tracker))
+            .context("starting the profile reader thread")?;
+        Ok(ProfileCollector {
+            ctx: ctx.clone(),
+            opts,
+            dwarf,
+            cpus,
+            shared,
+            thread: Some(thread),
+            started: Instant::now(),
+            last: Tick::default(),
+            start_notes,
+            summary: None,
+        })
+    }
+
+    fn mechanism(&self) -> String {
+        let user = if self.dwarf {
+            format!(
+                "DWARF unwinding of {} KiB user stack copies",
+                self.opts.stack_bytes / 1024
+            )
+        } else {
+            "frame-pointer user callchains".to_string()
+        };
+        format!(
+            "perf_event cpu-clock per CPU at {} Hz, {user}, symbols from blazesym and /proc/kallsyms",
+            self.opts.hz
+        )
+    }
+
+    /// The summary written at `finish`.
+    pub fn summary(&self) -> Option<&Summary> {
+        self.summary.as_ref()
+    }
+
+    fn totals(&self, t: f64) -> Tick {
+        let c = &self.shared.counters;
+        Tick {
+            t,
+            dt: 0.0,
+            samples: c.samples.load(Ordering::Relaxed),
+            other: c.other.load(Ordering::Relaxed),
+            lost: c.lost.load(Ordering::Relaxed),
+            unattributed: c.unattributed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn stop(&mut self) -> Option<Tracker> {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.thread.take().and_then(|h| h.join().ok())
+    }
+}
+
+impl Drop for ProfileCollector {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+impl Collector for ProfileCollector {
+    fn name(&self) -> &'static str {
+        "profile"
+    }
+
+    fn info(&self) -> CollectorInfo {
+        let notes = match &self.summary {
+            Some(s) => s.notes.clone(),
+            None => self.start_notes.clone(),
+        };
+        let degraded = notes.iter().any(|n| n.contains("(fix: "));
+        let reason = match &self.summary {
+            Some(s) if degraded => Some(format!(
+                "{} samples, {} lost, {:.0}% of user frames unresolved; {}",
+                s.samples,
+                s.lost,
+                s.unresolved_share * 100.0,
+                notes.join("; ")
+            )),
+            _ if degraded => Some(notes.join("; ")),
+            _ => None,
+        };
+        CollectorInfo {
+            name: "profile".into(),
+            mechanism: self.mechanism(),
+            status: if degraded { "degraded" } else { "ok" }.into(),
+            reason,
+            cpu_s: 0.0,
+        }
+    }
+
+    fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        let now = self.totals(t);
+        let tick = Tick {
+            t,
+            dt: super::session::round_ms(t - self.last.t),
+            samples: now.samples - self.last.samples,
+            other: now.other - self.last.other,
+            lost: now.lost - self.last.lost,
+            unattributed: now.unattributed - self.last.unattributed,
+        };
+        out.append(files::STREAM, &tick)?;
+        self.last = now;
+        Ok(())
+    }
+
+    fn pids_seen(&self) -> Vec<(u32, u32)> {
+        self.shared
+            .new_pids
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+
+    fn thread_cpu_s(&self) -> f64 {
+        self.shared.counters.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9
+    }
+
+    fn finish(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        let duration_s = self.started.elapsed().as_secs_f64();
+        let Some(tracker) = self.stop() else {
+            anyhow::bail!("the profile reader thread died");
+        };
+        let totals = self.totals(t);
+        let mut summary = write_outputs(out.dir(), &self.ctx, tracker, self.opts)?;
+        summary.mechanism = self.mechanism();
+        summary.cpus = self.cpus;
+        summary.duration_s = super::session::round_ms(duration_s);
+        summary.other_samples = totals.other;
+        summary.unattributed = totals.unattributed;
+        summary.lost = totals.lost;
+        let mut notes = self.start_notes.clone();
+        notes.append(&mut summary.notes);
+        if totals.lost > 0 && totals.lost * 100 > totals.samples + totals.other {
+            notes.push(
+                Fixable {
+                    what: format!("{} samples lost: the perf rings overflowed", totals.lost),
+                    fix: "lower the profile frequency, or sample fewer CPUs' worth of load".into(),
+                }
+                .to_string(),
+            );
+        }
+        summary.notes = notes;
+        out.put(files::SUMMARY, &summary)?;
+        self.summary = Some(summary);
+        Ok(())
+    }
+}
+
+/// Names every pid's role: the session's table first, then what the reader saw.
+fn roles(ctx: &Context, tracker: &Tracker) -> HashMap<u32, Role> {
+    let mut out = HashMap::new();
+    for (&pid, st) in &tracker.cluster {
+        let from_ctx = ctx.role_of(pid).filter(|r| *r != Role::Other);
+        let own = st
+            .info
+            .as_ref()
+            .map(|i| i.role)
+            .or_else(|| procinfo::describe(pid, ctx.postmaster).map(|i| i.role));
+        let role = from_ctx.or(own).unwrap_or(Role::ShortLived);
+        out.insert(pid, role);
+    }
+    out
+}
+
+const ROOTS: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "main",
+    "clone",
+    "clone3",
+    "start_thread",
+];
+
+/// Symbolize, fold by role, write the folded file and the flame graphs.
+fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> Result<Summary> {
+    let roles = roles(ctx, &tracker);
+    let kallsyms = if opts.kernel {
+        symbols::Kallsyms::read()
+    } else {
+        symbols::Kallsyms::default()
+    };
+    let user_frames = tracker
+        .stacks
+        .keys()
+        .flat_map(|(_, nk, f)| f[*nk as usize..].iter().copied());
+    let names = symbols::symbolize_user(&tracker.layouts.modules, user_frames);
+    let modules = &tracker.layouts.modules;
+
+    let mut s = Summary {
+        hz: opts.hz,
+        kernel_symbols: kallsyms.usable(),
+        folded: files::FOLDED.to_string(),
+        ..Default::default()
+    };
+    let mut folded: BTreeMap<String, u64> = BTreeMap::new();
+    let mut per_role: BTreeMap<Role, (HashSet<u32>, RoleSummary)> = BTreeMap::new();
+    let mut per_module: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    let mut anon = (0u64, 0u64);
+    let mut rooted = 0u64;
+    let mut kernel_names: HashMap<u64, (String, bool)> = HashMap::new();
+    for ((pid, nk, frames), &n) in &tracker.stacks {
+        let role = roles.get(pid).copied().unwrap_or(Role::ShortLived);
+        let (kernel, user) = frames.split_at(*nk as usize);
+        let (pids, rs) = per_role.entry(role).or_default();
+        pids.insert(*pid);
+        rs.samples += n;
+        s.samples += n;
+        let mut line = role.as_str().to_string();
+        for (i, &f) in user.iter().enumerate().rev() {
+            let name = names.get(&f).cloned().flatten();
+            let resolved = name.is_some();
+            if i == user.len() - 1 && name.as_deref().is_some_and(|n| ROOTS.contains(&n)) {
+                rooted += n;
+            }
+            let label = name.unwrap_or_else(|| symbols::unresolved_label(modules, f));
+            s.user_frames += n;
+            rs.user_frames += n;
+            let slot = match unwind::decode(f) {
+                Some((m, _)) => per_module.entry(m).or_default(),
+                None => &mut anon,
+            };
+            slot.0 += n;
+            if !resolved {
+                s.unresolved_user_frames += n;
+                rs.unresolved_user_frames += n;
+                slot.1 += n;
+            }
+            line.push(';');
+            line.push_str(&label);
+        }
+        for &a in kernel.iter().rev() {
+            let (label, ok) = kernel_names
+                .entry(a)
+                .or_insert_with(|| symbols::kernel_label(&kallsyms, a));
+            s.kernel_frames += n;
+            if !*ok {
+                s.unresolved_kernel_frames += n;
+            }
+            line.push(';');
+            line.push_str(label);
+        }
+        *folded.entry(line).or_default() += n;
+    }
+    s.unresolved_share = ratio(s.unresolved_user_frames, s.user_frames);
+    s.rooted_share = ratio(rooted, s.samples);
+    s.mean_user_depth = if s.samples > 0 {
+        (s.user_frames as f64 / s.samples as f64 * 10.0).round() / 10.0
+    } else {
+        0.0
+    };
+
+    let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let mut text = lines.join("\n");
+    if !text.is_empty() {
+        text.push('\n');
+    }
+    write_text_atomic(&dir.join(files::FOLDED), &text)?;
+    if s.samples > 0 {
+        let sub = subtitle(&s);
+        let title = format!(
+            "on-CPU stacks, all roles ({} samples at {} Hz)",
+            s.samples, opts.hz
+        );
+        flame(
+            &dir.join(files::SVG_ALL),
+            &title,
+            &sub,
+            lines.iter().map(|l| l.as_str()),
+        )?;
+        s.flamegraph = Some(files::SVG_ALL.to_string());
+    }
+    for (role, (pids, mut rs)) in per_role {
+        rs.role = role.as_str().to_string();
+        rs.pids = pids.len();
+        let prefix = format!("{};", rs.role);
+        let own: Vec<&str> = lines
+            .iter()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .collect();
+        if !own.is_empty() {
+            let file = files::svg_for(&rs.role);
+            let title = format!(
+                "on-CPU stacks: {} ({} samples at {} Hz)",
+                rs.role, rs.samples, opts.hz
+            );
+            flame(&dir.join(&file), &title, &subtitle(&s), own.into_iter())?;
+            rs.flamegraph = Some(file);
+        }
+        s.roles.push(rs);
+    }
+    s.roles
+        .sort_by(|a, b| b.samples.cmp(&a.samples).then(a.role.cmp(&b.role)));
+
+    for (m, (frames, unresolved)) in per_module {
+        let info = &modules[m as usize];
+        s.modules.push(ModuleSummary {
+            path: info.path.clone(),
+            symtab: info.elf.as_ref().map(|e| e.symtab),
+            frames,
+            unresolved,
+        });
+    }
+    if anon.0 > 0 {
+        s.modules.push(ModuleSummary {
+            path: "[anon]".into(),
+            symtab: None,
+            frames: anon.0,
+            unresolved: anon.1,
+        });
+    }
+    s.modules
+        .sort_by(|a, b| b.frames.cmp(&a.frames).then(a.path.cmp(&b.path)));
+    s.notes = quality_notes(&s, ctx);
+    Ok(s)
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        (a as f64 / b as f64 * 1000.0).round() / 1000.0
+    }
+}
+
+fn subtitle(s: &Summary) -> String {
+    format!(
+        "{:.0}% of user frames unresolved; {:.0}% of stacks reach main",
+        s.unresolved_share * 100.0,
+        s.rooted_share * 100.0
+    )
+}
+
+/// One line per problem with the stacks, with the fix where there is one.
+fn quality_notes(s: &Summary, ctx: &Context) -> Vec<String> {
+    let mut notes = Vec::new();
+    if s.samples == 0 {
+        notes.push("no on-CPU samples of the cluster's processes: they were idle".to_string());
+        return notes;
+    }
+    if s.unresolved_share > 0.05 {
+        let worst = s
+            .modules
+            .iter()
+            .filter(|m| m.unresolved > 0)
+            .max_by_key(|m| m.unresolved);
+        if let Some(m) = worst {
+            let why = match m.symtab {
+                Some(false) => "stripped: no .symtab, so static functions show as [file+offset]",
+                Some(true) => "frames outside any symbol",
+                None if m.path == "[anon]" => "code outside any file (JIT or generated code)",
+                None => "the file could not be read",
+            };
+            let share = (s.unresolved_share * 100.0).round();
+            let what = format!(
+                "{share}% of user frames unresolved, most in {} ({why})",
+                m.path
+            );
+            let is_postgres = m.path.ends_with("/postgres");
+            let fix = if is_postgres && m.symtab == Some(false) {
+                let major = ctx.major.map_or("MAJOR".to_string(), |v| v.to_string());
+                let npm = crate::provision::PgInstall::cache_dir()
+                    .map(|d| format!(" (the npm builds under {} keep theirs)", d.display()))
+                    .unwrap_or_default();
+                Some(format!(
+                    "install postgresql-{major}-dbgsym, or pass --pg-bin with a build that keeps its symbol table{npm}"
+                ))
+            } else if m.symtab == Some(false) {
+                Some("install the debug symbols of that package (its -dbgsym)".to_string())
+            } else {
+                None
+            };
+            notes.push(match fix {
+                Some(fix) => Fixable { what, fix }.to_string(),
+                None => what,
+            });
+        }
+    }
+    if s.rooted_share < 0.5 {
+        notes.push(format!(
+            "only {:.0}% of user stacks were unwound up to main; the flame graphs root the rest at their outermost known frame",
+            s.rooted_share * 100.0
+        ));
+    }
+    notes
+}
+
+/// Write one SVG flame graph from folded lines (without counts' role prefix as given).
+fn flame<'a>(
+    path: &Path,
+    title: &str,
+    subtitle: &str,
+    lines: impl Iterator<Item = &'a str>,
+) -> Result<()> {
+    use inferno::flamegraph::color::{MultiPalette, Palette};
+    let mut o = inferno::flamegraph::Options::default();
+    o.title = title.to_string();
+    o.subtitle = Some(subtitle.to_string());
+    o.count_name = "samples".into();
+    o.colors = Palette::Multi(MultiPalette::Perl);
+    o.hash = true;
+    o.deterministic = true;
+    let tmp = path.with_extension("svg.tmp");
+    let f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    inferno::flamegraph::from_lines(&mut o, lines, BufWriter::new(f))
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! Names for addresses, once at the end: kernel frames from /proc/kallsyms,
+//! user frames with blazesym from each module's file. A frame that no
+//! symbol covers keeps its module and offset (`[postgres+0x3a4f0]`), so a
+//! stripped binary shows up as such instead of as a silent `[unknown]`.
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+
+use super::unwind::{decode, Backing, ModuleInfo};
+
+/// Suffix of kernel frames in folded stacks (the convention inferno colours).
+pub const KERNEL_SUFFIX: &str = "_[k]";
+
+/// Does /proc/kallsyms show addresses (not zeros, as with kptr_restrict)?
+pub fn kallsyms_visible() -> bool {
+    use std::io::BufRead;
+    let Ok(f) = std::fs::File::open("/proc/kallsyms") else {
+        return false;
+    };
+    std::io::BufReader::new(f)
+        .lines()
+        .take(16)
+        .map_while(Result::ok)
+        .any(|l| {
+            l.split_whitespace()
+                .next()
+                .and_then(|a| u64::from_str_radix(a, 16).ok())
+                .is_some_and(|a| a != 0)
+        })
+}
+
+/// Text symbols of the running kernel.
+#[derive(Debug, Default)]
+pub struct Kallsyms {
+    addrs: Vec<u64>,
+    names: Vec<String>,
+}
+
+impl Kallsyms {
+    pub fn read() -> Kallsyms {
+        std::fs::read_to_string("/proc/kallsyms")
+            .map(|t| Kallsyms::parse(&t))
+            .unwrap_or_default()
+    }
+
+    /// Parse `/proc/kallsyms` text (`ffffffff81000000 T _stext [module]`).
+    pub fn parse(text: &str) -> Kallsyms {
+        let mut syms: Vec<(u64, &str)> = text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+                let kind = f.next()?;
+                let name = f.next()?;
+                matches!(kind, "t" | "T" | "w" | "W").then_some((addr, name))
+            })
+            .filter(|(a, _)| *a != 0)
+            .collect();
+        syms.sort_by_key(|s| s.0);
+        syms.dedup_by_key(|s| s.0);
+        Kallsyms {
+            addrs: syms.iter().map(|s| s.0).collect(),
+            names: syms.iter().map(|s| s.1.to_string()).collect(),
+        }
+    }
+
+    /// False when addresses are hidden (kptr_restrict, not root): all zero.
+    pub fn usable(&self) -> bool {
+        !self.addrs.is_empty()
+    }
+
+    pub fn lookup(&self, addr: u64) -> Option<&str> {
+        let i = self.addrs.partition_point(|a| *a <= addr).checked_sub(1)?;
+        // Past the last symbol there is no telling where the text ends.
+        if i + 1 == self.addrs.len() && addr - self.addrs[i] > 1 << 20 {
+            return None;
+        }
+        Some(&self.names[i])
+    }
+}
+
+/// A frame name safe for the folded format (`;` separates frames).
+pub fn clean(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            ';' => ':',
+            '\n' | '\r' | '\t' => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+pub fn kernel_label(k: &Kallsyms, addr: u64) -> (String, bool) {
+    match k.lookup(addr) {
+        Some(n) => (format!("{}{KERNEL_SUFFIX}", clean(n)), true),
+        None => (format!("[kernel]{KERNEL_SUFFIX}"), false),
+    }
+}
+
+/// Names of user frames, by encoded frame; `None` where no symbol covers it.
+pub fn symbolize_user(
+    modules: &[ModuleInfo],
+    frames: impl IntoIterator<Item = u64>,
+) -> HashMap<u64, Option<String>> {
+    let mut by_module: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for f in frames {
+        if let Some((m, off)) = decode(f) {
+            by_module.entry(m).or_default().push(off);
+        }
+    }
+    let symbolizer = Symbolizer::builder()
+        .enable_code_info(false)
+        .enable_inlined_fns(false)
+        .build();
+    let mut out = HashMap::new();
+    for (m, mut offs) in by_module {
+        offs.sort_unstable();
+        offs.dedup();
+        let names = symbolize_module(&symbolizer, &modules[m as usize], &offs);
+        for (off, name) in offs.into_iter().zip(names) {
+            out.insert(super::unwind::encode(m, off), name);
+        }
+    }
+    out
+}
+
+fn symbolize_module(s: &Symbolizer, m: &ModuleInfo, offs: &[u64]) -> Vec<Option<String>> {
+    let none = || vec![None; offs.len()];
+    // The vDSO has no file: symbolize our own copy of its image.
+    let _tmp;
+    let path = match (&m.open_path, m.elf.as_deref()) {
+        (Some(p), _) => p.clone(),
+        (None, Some(elf)) => {
+            let Backing::Owned(bytes) = &*elf.backing else {
+                return none();
+            };
+            let Ok(mut f) = tempfile::NamedTempFile::new() else {
+                return none();
+            };
+            if f.write_all(bytes).is_err() {
+                return none();
+            }
+            let p = f.path().to_path_buf();
+            _tmp = f;
+            p
+        }
+        (None, None) => return none(),
+    };
+    let src = Source::Elf(Elf::new(path));
+    match s.symbolize(&src, Input::FileOffset(offs)) {
+        Ok(syms) => syms
+            .into_iter()
+            .map(|r| match r {
+                Symbolized::Sym(sym) => Some(clean(&sym.name)),
+                Symbolized::Unknown(_) => None,
+            })
+            .collect(),
+        Err(_) => none(),
+    }
+}
+
+/// The label of a user frame no symbol covered.
+pub fn unresolved_label(modules: &[ModuleInfo], frame: u64) -> String {
+    match decode(frame) {
+        Some((m, off)) => format!("[{}+{off:#x}]", clean(modules[m as usize].name())),
+        None => "[anon]".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kallsyms_lookup() {
+        let k = Kallsyms::parse(
+            "ffffffff81000000 T _stext\n\
+             ffffffff81000100 t do_one\n\
+             ffffffff81000200 D some_data\n\
+             ffffffff81000300 T mutex_spin_on_owner\n\
+             ffffffffc0001000 t ext4_foo\t[ext4]\n",
+        );
+        assert!(k.usable());
+        assert_eq!(k.lookup(0xffffffff81000150), Some("do_one"));
+        assert_eq!(k.lookup(0xffffffff81000250), Some("do_one")); // data is skipped
+        assert_eq!(k.lookup(0xffffffff81000300), Some("mutex_spin_on_owner"));
+        assert_eq!(k.lookup(0xffffffffc0001010), Some("ext4_foo"));
+        assert_eq!(k.lookup(0x1000), None);
+        // kptr_restrict: every address reads as zero.
+        let hidden = Kallsyms::parse("0000000000000000 T _stext\n0000000000000000 t do_one\n");
+        assert!(!hidden.usable());
+    }
+
+    #[test]
+    fn names_are_folded_safe() {
+        assert_eq!(clean("a;b\nc"), "a:b c");
+    }
+}

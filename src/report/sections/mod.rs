@@ -1,0 +1,8 @@
+//! Report sections: one module per kind of evidence, each reading its own
+//! files from a recording (`build`) and rendering itself as text (`render`).
+
+pub mod clock;
+pub mod pgstat;
+pub mod procfs;
+pub mod profile;
+pub mod system;
