@@ -5,8 +5,11 @@
 # on (default collectors), plus the same workload with `strace -c` attached
 # to the backend for reference. Prints per-run tps and the median ratios.
 #
-# usage: bench/overhead.sh [PAIRS=3] [DURATION=20] [extra lab args...]
+# usage: [ON_COLLECTORS=list] bench/overhead.sh [PAIRS=3] [DURATION=20] [extra lab args...]
 # e.g.   bench/overhead.sh 3 20 --pg 13 --set statement_timeout=10s
+#        ON_COLLECTORS=syscalls bench/overhead.sh 3 20     # one collector's cost
+# Also prints, from the "on" runs' manifests, each collector's CPU seconds,
+# pgbelow's CPU and peak RSS, and the recording's size per minute.
 set -euo pipefail
 pairs=${1:-3}; shift || true
 dur=${1:-20}; shift || true
@@ -34,7 +37,18 @@ run() { # mode -> prints tps
   local args=(lab run --scenario select-only --clients 1 --scale 10 --duration "$dur" --format json --out "$out" "${extra[@]}")
   case $mode in
     off)    taskset -c 0 "$bin" "${args[@]}" --collectors none >/dev/null ;;
-    on)     taskset -c 0 "$bin" "${args[@]}" >/dev/null ;;
+    on)     taskset -c 0 "$bin" "${args[@]}" ${ON_COLLECTORS:+--collectors "$ON_COLLECTORS"} >/dev/null
+            python3 - "$out" "$dur" >> "$work/costs.txt" <<'PY'
+import json, os, sys
+d, dur = sys.argv[1], float(sys.argv[2])
+m = json.load(open(os.path.join(d, "manifest.json")))
+size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if not f.startswith("report."))
+cols = " ".join(f'{c["name"]}={c["cpu_s"]:.3f}s' for c in m["collectors"])
+print(f'  on-run costs: pgbelow cpu {m["pgbelow_cpu_s"]:.3f} s over {m["duration_s"]:.1f} s '
+      f'({100*m["pgbelow_cpu_s"]/m["duration_s"]:.2f}% of one CPU), peak RSS {m.get("pgbelow_peak_rss_kb",0)/1024:.1f} MiB, '
+      f'recording {size/1e6*60/m["duration_s"]:.2f} MB/min; collectors: {cols}')
+PY
+            ;;
     strace)
       taskset -c 0 "$bin" "${args[@]}" --collectors none >/dev/null &
       local lab=$!
@@ -64,6 +78,7 @@ for i in $(seq "$pairs"); do
   echo "pair $i: off $off tps · on $on tps · strace $st tps"
   offs+=("$off"); ons+=("$on"); strs+=("$st")
 done
+cat "$work/costs.txt"
 python3 - "${offs[*]}" "${ons[*]}" "${strs[*]}" <<'PY'
 import sys, statistics
 off, on, st = ([float(x) for x in a.split()] for a in sys.argv[1:4])

@@ -20,6 +20,15 @@ pub fn process_cpu_s() -> f64 {
     clock(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
+/// Peak resident set size of this process (VmHWM), KiB.
+pub fn peak_rss_kb() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -32,5 +41,6 @@ mod tests {
         std::hint::black_box(x);
         assert!(super::thread_cpu_s() > a);
         assert!(super::process_cpu_s() >= super::thread_cpu_s());
+        assert!(super::peak_rss_kb().is_some_and(|kb| kb > 0));
     }
 }

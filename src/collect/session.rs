@@ -189,6 +189,7 @@ impl Session {
         m.error = error.or_else(|| result.as_ref().err().map(|e| format!("{e:#}")));
         m.duration_s = Some(t);
         m.pgbelow_cpu_s = Some(round_us(process_cpu_s() - self.cpu_start));
+        m.pgbelow_peak_rss_kb = super::cpu::peak_rss_kb();
         self.writer.write_manifest()?;
         self.writer.flush()?;
         Ok(self.writer.dir().to_path_buf())

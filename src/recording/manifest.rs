@@ -36,6 +36,9 @@ pub struct Manifest {
     pub facts: BTreeMap<String, serde_json::Value>,
     /// pgbelow's own CPU time (user+system) over the recording, in seconds.
     pub pgbelow_cpu_s: Option<f64>,
+    /// pgbelow's peak resident memory (VmHWM), KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pgbelow_peak_rss_kb: Option<u64>,
     /// Why the run failed, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -127,6 +130,7 @@ pub fn new_manifest(mode: &str) -> Manifest {
         collectors: Vec::new(),
         facts: BTreeMap::new(),
         pgbelow_cpu_s: None,
+        pgbelow_peak_rss_kb: None,
         error: None,
     }
 }

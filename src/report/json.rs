@@ -90,6 +90,8 @@ pub struct RecordingMeta {
     pub pgbelow_cpu_s: Option<f64>,
     /// pgbelow's CPU as a share of one CPU over the recording.
     pub pgbelow_cpu_share: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pgbelow_peak_rss_kb: Option<u64>,
     pub truncated_lines: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scenario: Option<crate::recording::ScenarioInfo>,
@@ -234,6 +236,7 @@ pub fn build(rec: &Loaded) -> Report {
             duration_s: m.duration_s,
             pgbelow_cpu_s: m.pgbelow_cpu_s,
             pgbelow_cpu_share: cpu_share,
+            pgbelow_peak_rss_kb: m.pgbelow_peak_rss_kb,
             truncated_lines: rec.truncated_lines,
             scenario: m.scenario.clone(),
             error: m.error.clone(),
