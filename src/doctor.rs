@@ -192,6 +192,20 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
             if exposed { "EXPOSED" } else { "not exposed" }
         );
     }
+    if let Some(c) = &r.clock {
+        let _ = writeln!(text, "\nProbe: clock reads\n  {}", c.verdict);
+    }
+    if let Some(p) = &r.profile {
+        if let Some(b) = p.roles.iter().find(|x| x.role == "backend") {
+            let _ = writeln!(
+                text,
+                "\nProbe: on-CPU profile\n  backend: {} samples, {:.0}% of user frames unresolved{}",
+                b.samples,
+                b.unresolved_share * 100.0,
+                if symtab { "" } else { " (stripped binary: static functions show as addresses)" }
+            );
+        }
+    }
     let _ = writeln!(text, "\nFindings");
     if r.findings.is_empty() {
         let _ = writeln!(text, "  none");
