@@ -44,36 +44,11 @@ fn parse_children(text: &str) -> impl Iterator<Item = u32> + '_ {
     text.split_ascii_whitespace().filter_map(|s| s.parse().ok())
 }
 
-/// The parent tgid field of a /proc/<pid>/stat line; `None` if malformed.
-fn parse_stat_ppid(stat: &str) -> Option<u32> {
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_ascii_whitespace();
-    fields.next()?; // state
-    fields.next()?.parse().ok()
-}
-
 /// parent pid -> child pids, for every process in /proc.
 fn scan_parents() -> BTreeMap<u32, Vec<u32>> {
     let mut by_parent: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return by_parent;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        // A process that exited since readdir is simply skipped.
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        if let Some(ppid) = parse_stat_ppid(&stat) {
-            by_parent.entry(ppid).or_default().push(pid);
-        }
+    for (pid, ppid) in crate::procinfo::all_parents() {
+        by_parent.entry(ppid).or_default().push(pid);
     }
     by_parent
 }
@@ -138,6 +113,7 @@ fn walk_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::procinfo::parse_stat_ppid;
 
     #[test]
     fn stat_ppid_with_odd_comm() {
