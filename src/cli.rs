@@ -43,6 +43,9 @@ pub enum LabCommand {
 pub enum ScenarioArg {
     SelectOnly,
     Tpcb,
+    ExplainTiming,
+    SyncrepCommit,
+    DropMany,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -104,16 +107,47 @@ pub struct LabRunArgs {
     /// Seconds of workload.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=86400))]
     pub duration: u32,
-    /// pgbench clients.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub clients: u32,
+    /// pgbench clients (default 1; syncrep-commit: 8).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub clients: Option<u32>,
     /// pgbench scale factor.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100000))]
     pub scale: u32,
+    /// Local streaming standbys beside the primary (standby1, standby2, …).
+    /// Default 0; syncrep-commit defaults to 2 (with --sync first).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=8))]
+    pub standbys: Option<u32>,
+    /// How the primary waits for its standbys: `first` (FIRST N (…), the
+    /// default), `quorum` (ANY N (…)), or `async`. Needs --standbys.
+    #[arg(long, value_enum)]
+    pub sync: Option<SyncArg>,
+    /// A server setting for every standby, repeatable (after the primary's --set, which they inherit).
+    #[arg(long = "standby-set", value_name = "GUC=VALUE", value_parser = parse_guc)]
+    pub standby_set: Vec<(String, String)>,
+    /// After the recorded run, the scenario's sweep: syncrep-commit runs the
+    /// workload at each synchronous_commit level and reports tps per level.
+    #[arg(long)]
+    pub sweep: bool,
+    /// drop-many: tables to create and drop (default 300).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000000))]
+    pub tables: Option<u32>,
+    /// drop-many: leave the tables empty (no row: no cached size on the standby).
+    #[arg(long)]
+    pub empty_tables: bool,
+    /// drop-many: drop all tables in one transaction instead of one per transaction.
+    #[arg(long)]
+    pub one_transaction: bool,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
     pub output: Output,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum SyncArg {
+    Quorum,
+    First,
+    Async,
 }
 
 #[derive(Args, Debug)]

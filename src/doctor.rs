@@ -164,6 +164,9 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         syscall_mechanism: opts.syscall_mechanism,
         out: Some(out),
         show_progress: opts.show_progress,
+        replication: Default::default(),
+        sweep: false,
+        drop_many: Default::default(),
     };
     let res = lab::run(&probe)?;
     let r = &res.report;

@@ -9,11 +9,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::collect::session::Session;
 use crate::collect::syscalls::Mechanism;
-use crate::collect::Context as CollectContext;
+use crate::collect::{Context as CollectContext, Node};
 use crate::error::fixable;
 use crate::interrupt;
-use crate::provision::{Cluster, ClusterOptions, PgInstall};
-use crate::recording::{files, this_host_manifest, Loaded, ScenarioInfo, Status};
+use crate::provision::{Cluster, ClusterOptions, PgInstall, SyncMode, Topology, TopologyOptions};
+use crate::recording::{
+    files, this_host_manifest, Loaded, NodeInfo, ReplicationInfo, ScenarioInfo, Status,
+};
 use crate::report;
 use crate::workload::{Pgbench, PgbenchTarget, Scenario, WorkloadSummary};
 
@@ -38,6 +40,21 @@ pub struct LabOptions {
     pub out: Option<PathBuf>,
     /// Progress bar and status lines on stderr.
     pub show_progress: bool,
+    /// Standbys beside the primary (none by default).
+    pub replication: Replication,
+    /// After the recorded run, the scenario's sweep (syncrep-commit: tps per
+    /// synchronous_commit level).
+    pub sweep: bool,
+    /// `drop-many`'s parameters.
+    pub drop_many: crate::scenarios::drop_many::Options,
+}
+
+/// `--standbys N --sync MODE --standby-set GUC=VALUE…`
+#[derive(Clone, Debug, Default)]
+pub struct Replication {
+    pub standbys: usize,
+    pub sync: SyncMode,
+    pub standby_set: Vec<(String, String)>,
 }
 
 pub struct LabResult {
@@ -109,6 +126,13 @@ fn check_interrupt() -> Result<()> {
 }
 
 pub fn run(opts: &LabOptions) -> Result<LabResult> {
+    let with_defaults;
+    let opts = if opts.scenario == Scenario::DropMany {
+        with_defaults = crate::scenarios::drop_many::with_defaults(opts);
+        &with_defaults
+    } else {
+        opts
+    };
     crate::collect::preflight(&opts.collectors)?;
     let pgbench = Pgbench::locate()?;
     let install = resolve_install(&opts.pg, opts.show_progress)?;
@@ -134,22 +158,44 @@ pub fn run(opts: &LabOptions) -> Result<LabResult> {
         install.version,
         install.bin_dir.display()
     ));
-    let mut cluster = Cluster::start(
+    let rep = &opts.replication;
+    let mut topo = Topology::start(
         &install,
-        &ClusterOptions {
-            settings: opts.set.clone(),
-            log_checkpoints: true,
+        &TopologyOptions {
+            primary: ClusterOptions {
+                settings: opts.set.clone(),
+                log_checkpoints: true,
+            },
+            standbys: rep.standbys,
+            sync: rep.sync,
+            standby_settings: rep.standby_set.clone(),
         },
+        &status,
     )?;
-    let result = run_on(&cluster, &install, &pgbench, &out, opts, &status);
-    let stopped = cluster.stop();
+    if let Some(m) = &topo.method {
+        status(&format!(
+            "{} standby(s) streaming ({m}, {:.1} s)",
+            rep.standbys, topo.setup_s
+        ));
+    }
+    let result = run_on(
+        topo.primary(),
+        &topo,
+        &install,
+        &pgbench,
+        &out,
+        opts,
+        &status,
+    );
+    let stopped = topo.stop();
     let res = result?;
-    stopped.context("stopping the lab cluster")?;
+    stopped.context("stopping the lab cluster(s)")?;
     Ok(res)
 }
 
 fn run_on(
     cluster: &Cluster,
+    topo: &Topology,
     install: &PgInstall,
     pgbench: &Pgbench,
     out: &Path,
@@ -164,9 +210,15 @@ fn run_on(
         user: cluster.user().to_string(),
         dbname: "bench".into(),
     };
-    status(&format!("pgbench -i -s {}", opts.scale));
-    pgbench.init(&target, opts.scale)?;
+    if opts.scenario.pgbench_init() {
+        status(&format!("pgbench -i -s {}", opts.scale));
+        pgbench.init(&target, opts.scale)?;
+    } else {
+        crate::scenarios::prepare(opts, &cluster.conninfo("bench"), status)?;
+    }
     check_interrupt()?;
+    // The standbys replay the set-up before the workload starts.
+    topo.wait_caught_up()?;
     let settings = parse_settings(&cluster.psql("bench", &settings_sql())?);
     let version = cluster
         .psql("bench", "show server_version")?
@@ -181,6 +233,37 @@ fn run_on(
     manifest.postgres.postmaster_pid = cluster.postmaster_pid();
     manifest.postgres.data_dir = Some(cluster.data_dir().display().to_string());
     manifest.postgres.settings = settings;
+    if !topo.standbys().is_empty() {
+        let nodes = std::iter::once(("primary", cluster)).chain(
+            topo.standbys()
+                .iter()
+                .map(|s| (s.name.as_str(), &s.cluster)),
+        );
+        manifest.postgres.nodes = nodes
+            .map(|(name, c)| NodeInfo {
+                name: name.into(),
+                postmaster_pid: c.postmaster_pid(),
+                port: Some(c.port()),
+                data_dir: Some(c.data_dir().display().to_string()),
+            })
+            .collect();
+        let names: Vec<String> = topo.standbys().iter().map(|s| s.name.clone()).collect();
+        manifest.postgres.replication = Some(ReplicationInfo {
+            sync: topo.sync().to_string(),
+            synchronous_standby_names: cluster
+                .psql("bench", "show synchronous_standby_names")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| topo.sync().standby_names(&names)),
+            standby_set: opts
+                .replication
+                .standby_set
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+            method: topo.method.clone().unwrap_or_default(),
+            setup_s: crate::collect::session::round_ms(topo.setup_s),
+        });
+    }
     manifest.scenario = Some(ScenarioInfo {
         name: opts.scenario.name().into(),
         clients: opts.clients,
@@ -193,7 +276,12 @@ fn run_on(
             PgChoice::Dir(d) => d.display().to_string(),
         }),
     });
-    let mut ctx = CollectContext::new(cluster.postmaster_pid());
+    let nodes = topo
+        .nodes()
+        .into_iter()
+        .map(|(name, pid)| Node { name, pid })
+        .collect();
+    let mut ctx = CollectContext::new(cluster.postmaster_pid()).with_nodes(nodes);
     ctx.dsn = Some(cluster.conninfo("bench"));
     ctx.data_dir = Some(cluster.data_dir().to_path_buf());
     ctx.server_log = Some(cluster.log_path().to_path_buf());
@@ -207,7 +295,11 @@ fn run_on(
         &opts.collectors,
         Vec::new(),
     )?;
-    let outcome = drive(&mut session, pgbench, &target, opts);
+    let outcome = if opts.scenario.uses_pgbench() {
+        drive(&mut session, pgbench, &target, opts)
+    } else {
+        crate::scenarios::drive(&mut session, &cluster.conninfo("bench"), opts)
+    };
     let (st, err) = match &outcome {
         Ok(_) if interrupt::requested() => (Status::Interrupted, None),
         Ok(_) => (Status::Complete, None),
@@ -215,11 +307,36 @@ fn run_on(
     };
     let dir = session.finish(st, err)?;
     outcome?;
+    if opts.sweep && opts.scenario == Scenario::SyncrepCommit {
+        let sync = cluster
+            .psql("bench", "show synchronous_standby_names")
+            .ok()
+            .map(|s| s.trim().to_string());
+        crate::scenarios::syncrep_commit::sweep(opts, pgbench, &target, &dir, sync, status)?;
+    }
     let loaded = Loaded::open(&dir)?;
     let rep = report::build(&loaded);
     report::write_files(&dir, &rep)?;
     status(&format!("recording written to {}", dir.display()));
     Ok(LabResult { dir, report: rep })
+}
+
+/// Call `poll` every 20 ms while it returns true, ticking the collectors
+/// once a second from `next_tick` (recording time, s). Every workload
+/// driver runs under this loop.
+pub(crate) fn tick_while(
+    session: &mut Session,
+    mut next_tick: f64,
+    mut poll: impl FnMut(&mut Session) -> Result<bool>,
+) -> Result<()> {
+    while poll(session)? {
+        if session.t() >= next_tick {
+            session.tick()?;
+            next_tick += 1.0;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// Run pgbench, ticking the collectors each second and streaming progress.
@@ -243,8 +360,7 @@ fn drive(
     let mut run = pgbench.start(target, opts.scenario, opts.clients, opts.duration_s)?;
     let mut interrupted = false;
     let mut seen = Vec::new();
-    let mut next_tick = t_start + 1.0;
-    loop {
+    tick_while(session, t_start + 1.0, |session| {
         for p in run.progress() {
             bar.set_position(p.t as u64);
             bar.set_message(format!("{:.0} tps, lat {:.3} ms", p.tps, p.lat_ms));
@@ -254,18 +370,14 @@ fn drive(
             seen.push(p);
         }
         if run.finished() {
-            break;
+            return Ok(false);
         }
         if !interrupted && interrupt::requested() {
             interrupted = true;
             run.interrupt();
         }
-        if session.t() >= next_tick {
-            session.tick()?;
-            next_tick += 1.0;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        Ok(true)
+    })?;
     let t_end = session.t();
     let (mut summary, rest) = match run.wait() {
         Ok(r) => r,

@@ -15,4 +15,5 @@ pub mod procinfo;
 pub mod provision;
 pub mod recording;
 pub mod report;
+pub mod scenarios;
 pub mod workload;

@@ -6,10 +6,11 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 
-use cli::{Cli, Command, Format, LabCommand, MechanismArg, ScenarioArg, SeverityArg};
+use cli::{Cli, Command, Format, LabCommand, MechanismArg, ScenarioArg, SeverityArg, SyncArg};
 use pgbelow::analyse::Severity;
 use pgbelow::collect::syscalls::Mechanism;
-use pgbelow::lab::{LabOptions, PgChoice};
+use pgbelow::lab::{LabOptions, PgChoice, Replication};
+use pgbelow::provision::SyncMode;
 use pgbelow::recording::Loaded;
 use pgbelow::report::{self, Report};
 use pgbelow::workload::Scenario;
@@ -89,10 +90,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Lab(LabCommand::Run(a)) => {
+            // syncrep-commit needs commits that wait: 2 standbys unless told otherwise.
+            let standbys = a.standbys.unwrap_or(match a.scenario {
+                ScenarioArg::SyncrepCommit => 2,
+                ScenarioArg::DropMany => 1,
+                _ => 0,
+            });
+            if standbys == 0 && (a.sync.is_some() || !a.standby_set.is_empty()) {
+                return Err(error::fixable(
+                    "--sync and --standby-set need standbys",
+                    "add --standbys N (1–8), or drop --sync/--standby-set",
+                ));
+            }
             let opts = LabOptions {
                 scenario: match a.scenario {
                     ScenarioArg::SelectOnly => Scenario::SelectOnly,
                     ScenarioArg::Tpcb => Scenario::Tpcb,
+                    ScenarioArg::ExplainTiming => Scenario::ExplainTiming,
+                    ScenarioArg::SyncrepCommit => Scenario::SyncrepCommit,
+                    ScenarioArg::DropMany => Scenario::DropMany,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -101,12 +117,30 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 },
                 set: a.set,
                 duration_s: a.duration,
-                clients: a.clients,
+                clients: a.clients.unwrap_or(match a.scenario {
+                    ScenarioArg::SyncrepCommit => 8,
+                    _ => 1,
+                }),
                 scale: a.scale,
                 collectors: collect::parse_list(a.collection.collectors.as_deref())?,
                 syscall_mechanism: mechanism(a.collection.syscall_mechanism),
                 out: a.collection.out,
                 show_progress: show,
+                replication: Replication {
+                    standbys: standbys as usize,
+                    sync: match a.sync {
+                        Some(SyncArg::Quorum) => SyncMode::Quorum,
+                        Some(SyncArg::Async) => SyncMode::Async,
+                        Some(SyncArg::First) | None => SyncMode::First,
+                    },
+                    standby_set: a.standby_set,
+                },
+                sweep: a.sweep,
+                drop_many: pgbelow::scenarios::drop_many::Options {
+                    tables: a.tables,
+                    empty: a.empty_tables,
+                    one_transaction: a.one_transaction,
+                },
             };
             let res = lab::run(&opts)?;
             print(&render(&res.report, a.output.format)?)?;

@@ -114,6 +114,9 @@ pub struct ProcessInfo {
     pub ppid: u32,
     pub role: Role,
     pub title: String,
+    /// The node ("primary", "standby1", …) in a multi-server recording.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// Parent pid from the text of /proc/PID/stat (the comm field may hold spaces or parens).
@@ -195,6 +198,7 @@ pub fn describe(pid: u32, postmaster: u32) -> Option<ProcessInfo> {
         ppid,
         role,
         title,
+        node: None,
     })
 }
 

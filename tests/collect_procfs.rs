@@ -172,6 +172,7 @@ fn table_with(ctx: &Context, kids: &[(&Kid, Role)]) {
                 ppid: std::process::id(),
                 role: *role,
                 title: String::new(),
+                node: None,
             },
         );
     }
@@ -207,6 +208,7 @@ fn the_collectors_write_a_recording_and_the_report_sections_read_it() {
             ppid: std::process::id(),
             role,
             title: String::new(),
+            node: None,
         };
         w.append(files::PROCESSES, &p).unwrap();
     }
@@ -418,6 +420,7 @@ fn measure_cost() {
                         ppid: 1,
                         role: Role::Backend,
                         title: String::new(),
+                        node: None,
                     },
                 );
             }

@@ -32,8 +32,17 @@ fn text_report_pg15_timeout() {
 #[test]
 fn text_report_pg13_all_collectors() {
     let r = build("pg13-select-only-timeout-all");
-    for section in ["Process states", "On-CPU profile", "PostgreSQL views", "Memory and writeback", "Clock"] {
-        assert!(report::text::render(&r).contains(section), "{section} missing");
+    for section in [
+        "Process states",
+        "On-CPU profile",
+        "PostgreSQL views",
+        "Memory and writeback",
+        "Clock",
+    ] {
+        assert!(
+            report::text::render(&r).contains(section),
+            "{section} missing"
+        );
     }
     insta::assert_snapshot!(report::text::render(&r));
 }

@@ -1,8 +1,11 @@
 //! Rules: each reads a loaded recording and raises a [`Finding`] only from
 //! what the recording measured. Versions and settings go into the text.
 
+pub mod clock_reads;
 pub mod finding;
+pub mod replay_drop;
 pub mod statements;
+pub mod syncrep_wait;
 pub mod timer_syscalls;
 
 pub use finding::{Finding, Severity};
@@ -16,7 +19,12 @@ pub trait Rule {
 }
 
 pub fn rules() -> Vec<Box<dyn Rule>> {
-    vec![Box::new(timer_syscalls::TimerSyscalls)]
+    vec![
+        Box::new(timer_syscalls::TimerSyscalls),
+        Box::new(clock_reads::ClockReads),
+        Box::new(replay_drop::ReplayDropCost),
+        Box::new(syncrep_wait::SyncrepWait),
+    ]
 }
 
 /// Every rule's findings, most severe first, then by id.

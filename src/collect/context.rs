@@ -12,9 +12,21 @@ use crate::procinfo::{ProcessInfo, Role};
 /// and collectors' sampling threads (which read it).
 pub type Processes = Arc<RwLock<BTreeMap<u32, ProcessInfo>>>;
 
+/// One server of the recorded topology: "primary", "standby1", …
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Node {
+    pub name: String,
+    /// Its postmaster's pid.
+    pub pid: u32,
+}
+
 #[derive(Clone, Debug)]
 pub struct Context {
+    /// The (primary's) postmaster: `postmasters[0].pid`.
     pub postmaster: u32,
+    /// Every postmaster recorded, the primary first; collectors follow the
+    /// descendants of each. One entry for a single server.
+    pub postmasters: Vec<Node>,
     pub processes: Processes,
     /// t = 0 of the recording; every stream is stamped from it.
     pub start: Instant,
@@ -37,6 +49,10 @@ impl Context {
     pub fn new(postmaster: u32) -> Context {
         Context {
             postmaster,
+            postmasters: vec![Node {
+                name: "primary".into(),
+                pid: postmaster,
+            }],
             processes: Arc::default(),
             start: Instant::now(),
             dsn: None,
@@ -48,6 +64,20 @@ impl Context {
             procfs_hz: 10.0,
             profile_hz: 99,
         }
+    }
+
+    /// Record several servers: `nodes[0]` becomes `postmaster`.
+    pub fn with_nodes(mut self, nodes: Vec<Node>) -> Context {
+        if let Some(first) = nodes.first() {
+            self.postmaster = first.pid;
+            self.postmasters = nodes;
+        }
+        self
+    }
+
+    /// The postmaster pids of every node, the primary first.
+    pub fn roots(&self) -> Vec<u32> {
+        self.postmasters.iter().map(|n| n.pid).collect()
     }
 
     /// Seconds since the recording began, to the millisecond.

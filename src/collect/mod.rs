@@ -13,7 +13,7 @@ pub mod system;
 
 use anyhow::Result;
 
-pub use context::{Context, Processes};
+pub use context::{Context, Node, Processes};
 
 use crate::error::fixable;
 use crate::recording::{CollectorInfo, Writer};
@@ -97,7 +97,7 @@ pub fn preflight(names: &[String]) -> Result<()> {
 pub fn start(name: &str, ctx: &Context) -> Result<Box<dyn Collector>> {
     match name {
         "syscalls" => Ok(Box::new(syscalls::SyscallCollector::start(
-            ctx.postmaster,
+            &ctx.roots(),
             ctx.syscall_mechanism,
         )?)),
         "procfs" => Ok(Box::new(procfs::ProcfsCollector::start(ctx)?)),

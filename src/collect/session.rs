@@ -113,24 +113,49 @@ impl Session {
     /// processes the kernel saw but /proc no longer has a "short-lived" role.
     fn discover(&mut self, seen: &[(u32, u32)]) -> Result<()> {
         let t = self.t();
-        let postmaster = self.ctx.postmaster;
+        let nodes = self.ctx.postmasters.clone();
+        // Nodes are named only when there are several.
+        let named = nodes.len() > 1;
         let known: std::collections::BTreeSet<u32> = self.ctx.pids().into_iter().collect();
         let mut new: Vec<ProcessInfo> = Vec::new();
-        for pid in procinfo::descendants(postmaster) {
-            if !known.contains(&pid) {
-                if let Some(p) = procinfo::describe(pid, postmaster) {
-                    new.push(p);
+        for node in &nodes {
+            for pid in procinfo::descendants(node.pid) {
+                if !known.contains(&pid) && !new.iter().any(|p| p.pid == pid) {
+                    if let Some(mut p) = procinfo::describe(pid, node.pid) {
+                        p.node = named.then(|| node.name.clone());
+                        new.push(p);
+                    }
                 }
             }
         }
         for (pid, ppid) in seen {
             if !known.contains(pid) && !new.iter().any(|p| p.pid == *pid) {
-                new.push(procinfo::describe(*pid, postmaster).unwrap_or(ProcessInfo {
+                // The node of its parent: a postmaster, or a process seen before.
+                let node = nodes
+                    .iter()
+                    .find(|n| n.pid == *ppid || n.pid == *pid)
+                    .map(|n| n.name.clone())
+                    .or_else(|| {
+                        self.ctx
+                            .processes
+                            .read()
+                            .ok()
+                            .and_then(|t| t.get(ppid).and_then(|p| p.node.clone()))
+                    })
+                    .filter(|_| named);
+                let root = nodes
+                    .iter()
+                    .find(|n| Some(&n.name) == node.as_ref())
+                    .map_or(self.ctx.postmaster, |n| n.pid);
+                let mut p = procinfo::describe(*pid, root).unwrap_or(ProcessInfo {
                     pid: *pid,
                     ppid: *ppid,
                     role: Role::ShortLived,
                     title: String::new(),
-                }));
+                    node: None,
+                });
+                p.node = node;
+                new.push(p);
             }
         }
         if new.is_empty() {

@@ -17,6 +17,9 @@ use crate::error::fixable;
 
 /// The database superuser of every cluster.
 const SUPERUSER: &str = "postgres";
+/// Environment variable naming a library to `LD_PRELOAD` into the lab
+/// server (postmaster and all its children), and nothing else pgbelow runs.
+pub const SERVER_LD_PRELOAD_ENV: &str = "PGBELOW_SERVER_LD_PRELOAD";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const FAST_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 const IMMEDIATE_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -54,10 +57,10 @@ pub struct ClusterOptions {
 #[derive(Debug)]
 pub struct Cluster {
     install: PgInstall,
-    account: Account,
+    pub(super) account: Account,
     tmp: Option<tempfile::TempDir>,
-    root: PathBuf,
-    data_dir: PathBuf,
+    pub(super) root: PathBuf,
+    pub(super) data_dir: PathBuf,
     log_path: PathBuf,
     port: u16,
     pid: u32,
@@ -71,6 +74,16 @@ impl Cluster {
     /// connections. A setting the server rejects is a fixable error naming it.
     pub fn start(install: &PgInstall, opts: &ClusterOptions) -> Result<Cluster> {
         validate_settings(&opts.settings)?;
+        let mut c = Cluster::empty(install)?;
+        // On error `c` is dropped here, which stops and deletes everything.
+        c.initdb()?;
+        c.configure_and_launch(opts)?;
+        Ok(c)
+    }
+
+    /// A fresh temp dir for a cluster whose data dir is still to be made
+    /// (by initdb, or by a base backup for a standby). Nothing runs yet.
+    pub(super) fn empty(install: &PgInstall) -> Result<Cluster> {
         let account = Account::server()?;
         check_reachable(&account, install)?;
 
@@ -105,7 +118,7 @@ impl Cluster {
         }
         account.chown(&root)?;
 
-        let mut c = Cluster {
+        Ok(Cluster {
             install: install.clone(),
             account,
             data_dir: root.join("data"),
@@ -116,14 +129,29 @@ impl Cluster {
             pid: 0,
             child: None,
             stopped: false,
-        };
-        // On error `c` is dropped here, which stops and deletes everything.
-        c.initdb()?;
-        c.port = free_port()?;
-        c.append_conf(&base_conf(c.port, &c.root, opts.log_checkpoints))?;
-        c.append_conf(&settings_conf(&opts.settings))?;
-        c.launch(&opts.settings)?;
-        Ok(c)
+        })
+    }
+
+    /// Append pgbelow's own settings and `opts.settings` to the data dir's
+    /// postgresql.conf, then start the server and wait until it is ready.
+    pub(super) fn configure_and_launch(&mut self, opts: &ClusterOptions) -> Result<()> {
+        validate_settings(&opts.settings)?;
+        self.port = free_port()?;
+        self.append_conf(&base_conf(self.port, &self.root, opts.log_checkpoints))?;
+        self.append_conf(&settings_conf(&opts.settings))?;
+        self.launch(&opts.settings)
+    }
+
+    /// Shut the server down (fast) and keep its files, for a cold copy.
+    pub(super) fn shutdown_for_copy(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("the server is not running")?;
+        self.shutdown(&mut child);
+        Ok(())
+    }
+
+    /// Start again after [`Cluster::shutdown_for_copy`], same configuration.
+    pub(super) fn relaunch(&mut self) -> Result<()> {
+        self.launch(&[])
     }
 
     /// Pid of the postmaster (from postmaster.pid).
@@ -276,7 +304,7 @@ impl Cluster {
 
     /// A command for an install binary, run as the server account in the
     /// temp dir with C locale (messages we parse stay in English).
-    fn server_command(&self, name: &str) -> Command {
+    pub(super) fn server_command(&self, name: &str) -> Command {
         let mut cmd = self.install.command(name);
         self.account.apply(&mut cmd);
         cmd.current_dir(&self.root)
@@ -319,7 +347,7 @@ impl Cluster {
         Ok(())
     }
 
-    fn append_conf(&self, text: &str) -> Result<()> {
+    pub(super) fn append_conf(&self, text: &str) -> Result<()> {
         let path = self.data_dir.join("postgresql.conf");
         let mut f = OpenOptions::new()
             .append(true)
@@ -337,6 +365,13 @@ impl Cluster {
                 .with_context(|| format!("creating {}", self.log_path.display()))?;
             self.account.chown(&self.log_path)?;
             let mut cmd = self.server_command("postgres");
+            // Test/diagnostic hook: a library preloaded into the server only
+            // (e.g. one that turns clock reads into system calls, to reproduce
+            // a clocksource without vDSO support). Must be readable by the
+            // server account.
+            if let Some(lib) = std::env::var_os(SERVER_LD_PRELOAD_ENV).filter(|v| !v.is_empty()) {
+                cmd.env("LD_PRELOAD", lib);
+            }
             cmd.arg("-D")
                 .arg(&self.data_dir)
                 .stdout(log.try_clone()?)
@@ -501,7 +536,7 @@ fn check_reachable(account: &Account, install: &PgInstall) -> Result<()> {
     Ok(())
 }
 
-fn validate_settings(settings: &[(String, String)]) -> Result<()> {
+pub(super) fn validate_settings(settings: &[(String, String)]) -> Result<()> {
     for (name, value) in settings {
         let valid_name = name
             .chars()
@@ -536,12 +571,12 @@ fn validate_settings(settings: &[(String, String)]) -> Result<()> {
 }
 
 /// A value for postgresql.conf: single-quoted, `'` doubled, `\` escaped.
-fn conf_quote(v: &str) -> String {
+pub(super) fn conf_quote(v: &str) -> String {
     format!("'{}'", v.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// A value for a libpq key=value string, quoted when needed.
-fn conn_value(v: &str) -> String {
+pub(super) fn conn_value(v: &str) -> String {
     if !v.is_empty() && !v.contains(|c: char| c.is_whitespace() || c == '\'' || c == '\\') {
         v.to_string()
     } else {
@@ -628,7 +663,7 @@ fn from_severity(line: &str) -> &str {
 }
 
 /// The last `n` non-empty lines of `text`, joined with " | " (one line).
-fn tail(text: &str, n: usize) -> String {
+pub(super) fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text
         .lines()
         .map(str::trim)

@@ -36,7 +36,9 @@ mod elf;
 mod install;
 mod npm;
 mod procs;
+mod topology;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use install::{InstallSource, PgInstall};
 pub use npm::{available_majors, pick_version, NPM_PACKAGE};
+pub use topology::{Standby, SyncMode, Topology, TopologyOptions};

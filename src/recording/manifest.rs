@@ -69,6 +69,39 @@ pub struct Postgres {
     pub observer_backend_pid: Option<u32>,
     /// Settings relevant to the rules, name → value with unit as `SHOW` prints it.
     pub settings: BTreeMap<String, String>,
+    /// Every server recorded (lab topologies with standbys), the primary first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeInfo>,
+    /// How the standbys replicate, when there are any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationInfo>,
+}
+
+/// One server of a recorded topology.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// "primary", "standby1", …
+    pub name: String,
+    pub postmaster_pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<String>,
+}
+
+/// The replication set-up of a lab topology.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplicationInfo {
+    /// "quorum", "first" or "async".
+    pub sync: String,
+    pub synchronous_standby_names: String,
+    /// `--standby-set` as GUC=VALUE.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standby_set: Vec<String>,
+    /// How the standbys were made ("pg_basebackup 15.14", "cold copy").
+    pub method: String,
+    /// Seconds from the first standby's backup until all streamed, caught up.
+    pub setup_s: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

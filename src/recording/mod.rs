@@ -6,8 +6,8 @@ pub mod reader;
 pub mod writer;
 
 pub use manifest::{
-    new_manifest as this_host_manifest, CollectorInfo, Host, Manifest, Postgres, ScenarioInfo,
-    Status, SCHEMA_VERSION,
+    new_manifest as this_host_manifest, CollectorInfo, Host, Manifest, NodeInfo, Postgres,
+    ReplicationInfo, ScenarioInfo, Status, SCHEMA_VERSION,
 };
 pub use reader::{Loaded, SyscallSample};
 pub use writer::Writer;

@@ -41,6 +41,11 @@ pub struct Report {
     pub system: Option<sections::system::SystemSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock: Option<sections::clock::ClockSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explain: Option<sections::explain::ExplainSection>,
+    /// `syncrep-commit --sweep`: tps per synchronous_commit level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syncrep_sweep: Option<crate::scenarios::syncrep_commit::Sweep>,
     /// Writeback and checkpoints around the worst second of tps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst_second: Option<WorstSecond>,
@@ -261,6 +266,8 @@ pub fn build(rec: &Loaded) -> Report {
         pgstat: sections::pgstat::build(rec),
         system: sections::system::build(rec),
         clock: sections::clock::build(rec),
+        explain: sections::explain::build(rec),
+        syncrep_sweep: crate::scenarios::syncrep_commit::load(rec),
         worst_second: worst_second(rec),
         findings,
     }

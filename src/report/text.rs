@@ -165,6 +165,12 @@ pub fn render(r: &Report) -> String {
     if let Some(c) = &r.clock {
         super::sections::clock::render(c, &mut o);
     }
+    if let Some(e) = &r.explain {
+        super::sections::explain::render(e, &mut o);
+    }
+    if let Some(s) = &r.syncrep_sweep {
+        crate::scenarios::syncrep_commit::render(s, &mut o);
+    }
     if let Some(w) = &r.worst_second {
         if !w.system.is_empty() || !w.checkpoints.is_empty() {
             let _ = writeln!(

@@ -14,15 +14,27 @@ pub use progress::{parse_progress_line, parse_summary, Progress, Summary};
 pub enum Scenario {
     SelectOnly,
     Tpcb,
+    ExplainTiming,
+    SyncrepCommit,
+    DropMany,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 2] = [Scenario::SelectOnly, Scenario::Tpcb];
+    pub const ALL: [Scenario; 5] = [
+        Scenario::SelectOnly,
+        Scenario::Tpcb,
+        Scenario::ExplainTiming,
+        Scenario::SyncrepCommit,
+        Scenario::DropMany,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Scenario::SelectOnly => "select-only",
             Scenario::Tpcb => "tpcb",
+            Scenario::ExplainTiming => "explain-timing",
+            Scenario::SyncrepCommit => "syncrep-commit",
+            Scenario::DropMany => "drop-many",
         }
     }
 
@@ -39,6 +51,25 @@ impl Scenario {
             Scenario::Tpcb => {
                 "pgbench's built-in TPC-B-like transaction (7 statements, simple protocol)"
             }
+            Scenario::ExplainTiming => {
+                "EXPLAIN ANALYZE vs EXPLAIN (ANALYZE, TIMING OFF) vs the plain query over \
+                 generate_series and a table scan, each in rounds until --duration: timing overhead per \
+                 row, clock cost, clock syscalls in the backend (seed 002). --scale S: a table of \
+                 S×100k rows, generate_series of S×200k"
+            }
+            Scenario::SyncrepCommit => {
+                "pgbench -f: one INSERT per transaction (commit) into a table of its own, on a primary \
+                 with 2 synchronous standbys (FIRST 2) unless --standbys/--sync say otherwise: commits \
+                 wait in SyncRepWaitForLSN; counts epoll syscalls per commit (seed 003). --sweep: then \
+                 tps at synchronous_commit = off, local, remote_write, on, remote_apply"
+            }
+            Scenario::DropMany => {
+                "primary + 1 synchronous standby (synchronous_commit=remote_apply): create --tables N \
+                 one-row tables (--empty-tables: empty), drop them one per transaction \
+                 (--one-transaction: all in one); ms per DROP = the standby's replay cost, startup \
+                 process profiled (seed 004). Standby shared_buffers: --standby-set shared_buffers=… \
+                 (default 2GB)"
+            }
         }
     }
 
@@ -46,15 +77,39 @@ impl Scenario {
     pub fn pgbench_args(self) -> &'static [&'static str] {
         match self {
             Scenario::SelectOnly => &["-S", "-M", "prepared"],
-            Scenario::Tpcb => &[],
+            Scenario::Tpcb
+            | Scenario::ExplainTiming
+            | Scenario::SyncrepCommit
+            | Scenario::DropMany => &[],
         }
+    }
+
+    /// A custom pgbench script (`-f`) the run uses, if any.
+    pub fn pgbench_script(self) -> Option<&'static str> {
+        match self {
+            Scenario::SyncrepCommit => Some(crate::scenarios::syncrep_commit::SCRIPT),
+            _ => None,
+        }
+    }
+
+    /// Whether the lab runs `pgbench -i` first (else the scenario prepares its own tables).
+    pub fn pgbench_init(self) -> bool {
+        matches!(self, Scenario::SelectOnly | Scenario::Tpcb)
+    }
+
+    /// Whether pgbench drives this scenario (the others have their own driver).
+    pub fn uses_pgbench(self) -> bool {
+        !matches!(self, Scenario::ExplainTiming | Scenario::DropMany)
     }
 
     /// Statements the server executes per pgbench transaction, so rules can
     /// compute per-statement ratios (each one arms statement_timeout).
     pub fn statements_per_transaction(self) -> u64 {
         match self {
-            Scenario::SelectOnly => 1,
+            Scenario::SelectOnly
+            | Scenario::ExplainTiming
+            | Scenario::SyncrepCommit
+            | Scenario::DropMany => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb => 7,
         }

@@ -128,9 +128,38 @@ impl Pgbench {
         clients: u32,
         duration_s: u32,
     ) -> Result<Running> {
+        self.start_with(target, scenario, clients, duration_s, None)
+    }
+
+    /// [`Pgbench::start`] with `PGOPTIONS` for pgbench's sessions
+    /// (e.g. `-c synchronous_commit=local`), leaving the server's settings alone.
+    pub fn start_with(
+        &self,
+        target: &PgbenchTarget,
+        scenario: Scenario,
+        clients: u32,
+        duration_s: u32,
+        pgoptions: Option<&str>,
+    ) -> Result<Running> {
         let threads =
             clients.min(std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
         let mut cmd = self.command();
+        if let Some(o) = pgoptions {
+            cmd.env("PGOPTIONS", o);
+        }
+        let script = match scenario.pgbench_script() {
+            Some(text) => {
+                let p = std::env::temp_dir().join(format!(
+                    "pgbelow-{}-{}.sql",
+                    std::process::id(),
+                    scenario.name()
+                ));
+                std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+                cmd.arg("-f").arg(&p);
+                Some(p)
+            }
+            None => None,
+        };
         cmd.args(scenario.pgbench_args())
             .arg("-c")
             .arg(clients.to_string())
@@ -172,6 +201,7 @@ impl Pgbench {
             s
         });
         Ok(Running {
+            script,
             child: Some(child),
             progress: rx,
             err_thread: Some(err_thread),
@@ -197,6 +227,8 @@ fn last_error_line(stderr: &str) -> String {
 
 /// A pgbench run in progress.
 pub struct Running {
+    /// The `-f` script file, removed when the run is dropped.
+    script: Option<PathBuf>,
     child: Option<Child>,
     progress: Receiver<Progress>,
     err_thread: Option<JoinHandle<Vec<String>>>,
@@ -256,6 +288,9 @@ impl Drop for Running {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if let Some(p) = self.script.take() {
+            let _ = std::fs::remove_file(p);
         }
     }
 }

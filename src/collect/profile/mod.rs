@@ -173,7 +173,8 @@ struct PidState {
 
 /// The reader thread's state: who is in the cluster, their layouts, and the stacks.
 struct Tracker {
-    postmaster: u32,
+    /// The postmaster of every node.
+    roots: Vec<u32>,
     processes: Processes,
     shared: Arc<Shared>,
     dwarf: bool,
@@ -226,7 +227,10 @@ impl Tracker {
             return Some(true);
         }
         let ppid = procinfo::read_ppid(tgid)?;
-        if tgid == self.postmaster || ppid == self.postmaster || self.cluster.contains_key(&ppid) {
+        if self.roots.contains(&tgid)
+            || self.roots.contains(&ppid)
+            || self.cluster.contains_key(&ppid)
+        {
             self.add(tgid, ppid);
             Some(true)
         } else {
@@ -250,7 +254,8 @@ impl Tracker {
             perf::PERF_RECORD_FORK => {
                 if let Some((pid, ppid, _)) = perf::parse_task(rec.body) {
                     self.outsiders.remove(&pid);
-                    if pid != ppid && (ppid == self.postmaster || self.cluster.contains_key(&ppid))
+                    if pid != ppid
+                        && (self.roots.contains(&ppid) || self.cluster.contains_key(&ppid))
                     {
                         self.add(pid, ppid);
                     }
@@ -281,7 +286,12 @@ impl Tracker {
             return;
         }
         let pid = s.pid;
-        let postmaster = self.postmaster;
+        // describe() names a pid equal to its second argument the postmaster.
+        let postmaster = if self.roots.contains(&pid) {
+            pid
+        } else {
+            self.roots.first().copied().unwrap_or(0)
+        };
         let Some(st) = self.cluster.get_mut(&pid) else {
             return;
         };
@@ -430,7 +440,7 @@ impl ProfileCollector {
         let cpus = sampler.cpus();
         let shared = Arc::new(Shared::default());
         let mut tracker = Tracker {
-            postmaster: ctx.postmaster,
+            roots: ctx.roots(),
             processes: ctx.processes.clone(),
             shared: shared.clone(),
             dwarf,
@@ -441,9 +451,11 @@ impl ProfileCollector {
             frames: Vec::new(),
             user: Vec::new(),
         };
-        for pid in procinfo::descendants(ctx.postmaster) {
-            let ppid = procinfo::read_ppid(pid).unwrap_or(0);
-            tracker.add(pid, ppid);
+        for root in ctx.roots() {
+            for pid in procinfo::descendants(root) {
+                let ppid = procinfo::read_ppid(pid).unwrap_or(0);
+                tracker.add(pid, ppid);
+            }
         }
         let thread = std::thread::Builder::new()
             .name("pgbelow-profile".into())
@@ -601,11 +613,14 @@ fn roles(ctx: &Context, tracker: &Tracker) -> HashMap<u32, Role> {
     let mut out = HashMap::new();
     for (&pid, st) in &tracker.cluster {
         let from_ctx = ctx.role_of(pid).filter(|r| *r != Role::Other);
-        let own = st
-            .info
-            .as_ref()
-            .map(|i| i.role)
-            .or_else(|| procinfo::describe(pid, ctx.postmaster).map(|i| i.role));
+        let own = st.info.as_ref().map(|i| i.role).or_else(|| {
+            let pm = if ctx.roots().contains(&pid) {
+                pid
+            } else {
+                ctx.postmaster
+            };
+            procinfo::describe(pid, pm).map(|i| i.role)
+        });
         let role = from_ctx.or(own).unwrap_or(Role::ShortLived);
         out.insert(pid, role);
     }

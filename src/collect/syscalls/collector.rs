@@ -16,9 +16,10 @@ pub struct SyscallCollector {
 }
 
 impl SyscallCollector {
-    pub fn start(postmaster: u32, prefer: Option<Mechanism>) -> Result<SyscallCollector> {
+    /// Count the syscalls of every process under `postmasters` (one per node).
+    pub fn start(postmasters: &[u32], prefer: Option<Mechanism>) -> Result<SyscallCollector> {
         Ok(SyscallCollector {
-            counter: SyscallCounter::start(&[postmaster], prefer)?,
+            counter: SyscallCounter::start(postmasters, prefer)?,
             last: CountSnapshot::default(),
             last_t: 0.0,
         })

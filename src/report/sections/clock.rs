@@ -50,7 +50,8 @@ pub struct RoleClockSyscalls {
     pub per_s: f64,
 }
 
-fn facts(rec: &Loaded) -> Option<ClockFacts> {
+/// The clock collector's measurements: the manifest fact, else `clock.json`.
+pub fn facts(rec: &Loaded) -> Option<ClockFacts> {
     if let Some(v) = rec.manifest.facts.get(FACT) {
         if let Ok(f) = serde_json::from_value(v.clone()) {
             return Some(f);

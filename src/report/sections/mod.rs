@@ -2,6 +2,7 @@
 //! files from a recording (`build`) and rendering itself as text (`render`).
 
 pub mod clock;
+pub mod explain;
 pub mod pgstat;
 pub mod procfs;
 pub mod profile;

@@ -1,0 +1,305 @@
+//! `clock-reads-slow` (seed 002): the server's clock reads cost system calls.
+//! With a clocksource the vDSO cannot read (hpet, acpi_pm, some Xen/VM
+//! setups), every `clock_gettime` is a real syscall, and `EXPLAIN ANALYZE`
+//! (two reads per row per plan node), `track_io_timing` and
+//! `auto_explain.log_timing` pay it each time.
+//!
+//! Raised from measured evidence only: the backends' clock syscalls (per
+//! timed plan-node row under the `explain-timing` scenario, else per
+//! statement), or the clock collector's cost of a vDSO read.
+use serde_json::json;
+
+use super::statements::statements;
+use super::{Finding, Rule, Severity};
+use crate::procinfo::Role;
+use crate::recording::Loaded;
+use crate::report::sections::clock::facts;
+use crate::scenarios::explain_timing;
+
+pub const ID: &str = "clock-reads-slow";
+
+/// Clock syscalls below this count say nothing (a handful come from
+/// backend start-up even with a working vDSO).
+const MIN_CLOCK_SYSCALLS: u64 = 1000;
+/// EXPLAIN ANALYZE plan-node calls needed for a per-row rate.
+const MIN_TIMED_ROWS: u64 = 10_000;
+/// Clock syscalls per timed row: EXPLAIN ANALYZE reads the clock twice per
+/// plan-node call, so a vDSO fallback gives ≈ 2; a working vDSO gives ≈ 0.
+const WARN_PER_ROW: f64 = 0.5;
+/// Statements needed for a per-statement rate.
+const MIN_STATEMENTS: u64 = 1000;
+/// Clock syscalls per statement: with a working vDSO a backend makes none;
+/// without it every GetCurrentTimestamp() (statement and transaction start,
+/// statistics) is one — measured: 7.0 gettimeofday per `pgbench -S`
+/// statement on 15 with the server's clock reads forced to syscalls, 0 without.
+const WARN_PER_STATEMENT: f64 = 1.0;
+/// vDSO read within 2× of a syscall read: the vDSO falls back to the kernel.
+const WARN_VDSO_TO_SYSCALL: f64 = 0.5;
+/// ns per vDSO read (loop included) that no working vDSO reaches: ≥ 10× a
+/// healthy read (60–70 ns on tsc here, 110–230 ns in a debug build on a busy
+/// machine), and pg_test_timing's own bound (good: > 90% of reads < 1 µs).
+/// Seed 002's fallback measured 6853 ns.
+const WARN_VDSO_NS: f64 = 1000.0;
+/// ANALYZE/TIMING OFF ratio that makes it critical.
+const CRITICAL_RATIO: f64 = 2.0;
+
+pub struct ClockReads;
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+impl Rule for ClockReads {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn evaluate(&self, rec: &Loaded) -> Option<Finding> {
+        let clock = facts(rec);
+        let explain = explain_timing::load(rec);
+        let by_role = rec.syscalls_by_role(None);
+        let backends = by_role.get(&Role::Backend);
+        let cg = backends.map_or(0, |b| b.get("clock_gettime"));
+        let gtod = backends.map_or(0, |b| b.get("gettimeofday"));
+        let clock_syscalls = cg + gtod;
+        let (a, b) = rec.syscall_span().unwrap_or((0.0, 0.0));
+        let secs = (b - a).max(1e-9);
+        let timed_rows = explain.as_ref().map_or(0, |e| e.analyze_node_calls);
+        let per_row =
+            (timed_rows >= MIN_TIMED_ROWS).then(|| clock_syscalls as f64 / timed_rows as f64);
+        let stmts = statements(rec);
+        let per_statement = stmts
+            .as_ref()
+            .filter(|s| s.count >= MIN_STATEMENTS)
+            .map(|s| clock_syscalls as f64 / s.count as f64);
+        let by_syscalls = !rec.syscalls.is_empty()
+            && clock_syscalls >= MIN_CLOCK_SYSCALLS
+            && match per_row {
+                Some(r) => r >= WARN_PER_ROW,
+                None => per_statement.is_some_and(|r| r >= WARN_PER_STATEMENT),
+            };
+        let by_read_cost = clock.as_ref().is_some_and(|c| {
+            c.vdso.reads > 0
+                && (c.vdso_to_syscall >= WARN_VDSO_TO_SYSCALL || c.vdso.ns_per_read >= WARN_VDSO_NS)
+        });
+        if !by_syscalls && !by_read_cost {
+            return None;
+        }
+        let ratio = explain.as_ref().and_then(|e| e.max_analyze_to_timing_off());
+        let severity =
+            if ratio.is_some_and(|r| r >= CRITICAL_RATIO) || per_row.is_some_and(|r| r >= 1.0) {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            };
+        let src = clock
+            .as_ref()
+            .and_then(|c| c.clocksource.clone())
+            .or_else(|| rec.manifest.host.clocksource.clone());
+        let available = clock
+            .as_ref()
+            .map(|c| c.available_clocksources.clone())
+            .filter(|a| !a.is_empty())
+            .unwrap_or_else(|| rec.manifest.host.available_clocksources.clone());
+        let src_name = src.as_deref().unwrap_or("unknown");
+
+        let mut parts = Vec::new();
+        if by_syscalls {
+            let rate = match (per_row, per_statement) {
+                (Some(r), _) => {
+                    format!("{r:.2} per row timed by EXPLAIN ANALYZE ({timed_rows} plan-node rows)")
+                }
+                (None, Some(s)) => format!("{s:.2} per statement"),
+                _ => String::new(),
+            };
+            parts.push(format!(
+                "backends made {clock_syscalls} clock system calls (clock_gettime {cg}, gettimeofday {gtod}): \
+                 {rate}, {:.0}/s — with a working vDSO they make none",
+                clock_syscalls as f64 / secs
+            ));
+        }
+        if let Some(c) = &clock {
+            parts.push(format!(
+                "a clock read costs {:.0} ns through libc (vDSO) vs {:.0} ns as a system call (ratio {:.2}{})",
+                c.vdso.ns_per_read,
+                c.syscall.ns_per_read,
+                c.vdso_to_syscall,
+                if by_read_cost {
+                    ", the vDSO is not serving reads from user space"
+                } else {
+                    ", measured in pgbelow's own process"
+                }
+            ));
+        }
+        if let Some(e) = &explain {
+            for q in &e.queries {
+                parts.push(format!(
+                    "{}: EXPLAIN ANALYZE {:.1} ms vs TIMING OFF {:.1} ms vs plain {:.1} ms ({:.2}× / {:.2}×, \
+                     {:.0} ns of timing per row)",
+                    q.query,
+                    q.analyze_ms,
+                    q.timing_off_ms,
+                    q.plain_ms,
+                    q.analyze_to_timing_off,
+                    q.analyze_to_plain,
+                    q.timing_ns_per_row
+                ));
+            }
+        }
+        let tsc_available = available.iter().any(|s| s == "tsc");
+        let switch = if src_name == "tsc" {
+            "The clocksource is already tsc, so the syscalls come from elsewhere: a library or sandbox \
+             intercepting clock_gettime (LD_PRELOAD, seccomp, a container runtime), or a vDSO disabled for \
+             the process (vdso=0); check /proc/<backend pid>/maps for [vdso] and the server's environment."
+                .to_string()
+        } else if tsc_available {
+            format!(
+                "Switch the clocksource from {src_name} to tsc, which the vDSO reads in user space: \
+                 `echo tsc > /sys/devices/system/clocksource/clocksource0/current_clocksource` now, and \
+                 `clocksource=tsc tsc=reliable` on the kernel command line to keep it (only where the TSC is \
+                 stable; the kernel dropped it for a reason — check dmesg for 'clocksource' messages)."
+            )
+        } else {
+            format!(
+                "Available clocksources: {}; tsc is not among them (on a VM, expose an invariant TSC or use \
+                 kvm-clock, which the vDSO reads).",
+                if available.is_empty() {
+                    "unknown".to_string()
+                } else {
+                    available.join(" ")
+                }
+            )
+        };
+        let version = rec
+            .manifest
+            .postgres
+            .version
+            .clone()
+            .unwrap_or_else(|| "unknown".into());
+        Some(Finding {
+            id: ID.into(),
+            severity,
+            title: "Clock reads in the server cost system calls".into(),
+            summary: format!(
+                "{} (clocksource {src_name}). PostgreSQL {version} times plan nodes, I/O (track_io_timing) and \
+                 statements with clock_gettime(CLOCK_MONOTONIC) (instr_time, since 10); each read that is a \
+                 system call adds its cost twice per row per plan node under EXPLAIN ANALYZE.",
+                parts.join("; ")
+            ),
+            evidence: json!({
+                "clock_gettime": cg,
+                "gettimeofday": gtod,
+                "clock_syscalls": clock_syscalls,
+                "clock_syscalls_per_second": round3(clock_syscalls as f64 / secs),
+                "clock_syscalls_per_timed_row": per_row.map(round3),
+                "timed_rows": timed_rows,
+                "clock_syscalls_per_statement": per_statement.map(round3),
+                "statements": stmts.as_ref().map(|s| s.count),
+                "by_syscalls": by_syscalls,
+                "by_read_cost": by_read_cost,
+                "vdso_ns_per_read": clock.as_ref().map(|c| c.vdso.ns_per_read),
+                "syscall_ns_per_read": clock.as_ref().map(|c| c.syscall.ns_per_read),
+                "vdso_to_syscall": clock.as_ref().map(|c| c.vdso_to_syscall),
+                "clocksource": src,
+                "available_clocksources": available,
+                "analyze_to_timing_off": ratio,
+                "explain": explain.as_ref().map(|e| &e.queries),
+                "window_s": [round3(a), round3(b)],
+                "postgres_version": version,
+            }),
+            remedy: format!(
+                "{switch} Until the clock is cheap: use EXPLAIN (ANALYZE, TIMING OFF) for row counts and \
+                 plan shape (9.2+), and plain EXPLAIN ANALYZE only on small inputs; set \
+                 auto_explain.log_timing = off if auto_explain.log_analyze is on; weigh track_io_timing \
+                 (two clock reads per block read or written) and measure it with pg_test_timing. PostgreSQL \
+                 19 adds an RDTSC-based instrumentation clock (timing_clock_source) that avoids \
+                 clock_gettime for EXPLAIN timing. Prove the fix with `pgbelow lab run --scenario \
+                 explain-timing` before and after, and `pgbelow compare A B`."
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Loaded {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recordings")
+            .join(name);
+        Loaded::open(&dir).expect("fixture recording")
+    }
+
+    // Both fixtures are real lab runs of `pgbelow lab run --scenario
+    // explain-timing --duration 8 --scale 5` on PostgreSQL 15.18 (tsc):
+    // healthy, and with the server preloading a library that routes
+    // clock_gettime/gettimeofday through syscall() (PGBELOW_SERVER_LD_PRELOAD).
+    #[test]
+    fn fires_on_the_forced_syscall_recording() {
+        let f = ClockReads
+            .evaluate(&fixture("pg15-explain-timing-forced"))
+            .expect("finding");
+        assert_eq!(f.id, ID);
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.evidence["by_syscalls"], true);
+        assert_eq!(f.evidence["by_read_cost"], false);
+        assert_eq!(f.evidence["timed_rows"], 7500030);
+        assert_eq!(f.evidence["clock_gettime"], 15000220);
+        assert_eq!(f.evidence["clock_syscalls_per_timed_row"], 2.0);
+        assert!(f.evidence["analyze_to_timing_off"].as_f64().unwrap() > 4.0);
+        assert_eq!(f.evidence["clocksource"], "tsc");
+        assert!(f.evidence["vdso_ns_per_read"].as_f64().unwrap() < 100.0);
+        assert!(f.summary.contains("2.00 per row"), "{}", f.summary);
+        // tsc already: the remedy points at what intercepts the clock.
+        assert!(f.remedy.contains("LD_PRELOAD"), "{}", f.remedy);
+        assert!(f.remedy.contains("TIMING OFF") && f.remedy.contains("auto_explain.log_timing"));
+    }
+
+    #[test]
+    fn silent_on_the_healthy_recording() {
+        assert!(ClockReads
+            .evaluate(&fixture("pg15-explain-timing-healthy"))
+            .is_none());
+    }
+
+    #[test]
+    fn a_slow_vdso_read_fires_and_names_tsc() {
+        // The healthy run with its clock measurements replaced by a fallback
+        // clocksource's (seed 002: 6853 ns per read): the read cost decides.
+        let mut rec = fixture("pg15-explain-timing-healthy");
+        let mut c = facts(&rec).unwrap();
+        c.clocksource = Some("hpet".into());
+        c.available_clocksources = vec!["tsc".into(), "hpet".into(), "acpi_pm".into()];
+        c.vdso.ns_per_read = 6853.0;
+        c.syscall.ns_per_read = 6900.0;
+        c.vdso_to_syscall = 0.993;
+        rec.manifest.facts.insert(
+            crate::collect::clock::FACT.into(),
+            serde_json::to_value(&c).unwrap(),
+        );
+        let f = ClockReads
+            .evaluate(&rec)
+            .expect("finding from the read cost");
+        assert_eq!(f.evidence["by_read_cost"], true);
+        assert_eq!(f.evidence["by_syscalls"], false);
+        assert!(f.remedy.contains("current_clocksource"), "{}", f.remedy);
+        assert!(f.remedy.contains("clocksource=tsc tsc=reliable"));
+    }
+
+    #[test]
+    fn decided_by_measurements_not_the_version() {
+        let mut rec = fixture("pg15-explain-timing-healthy");
+        rec.manifest.postgres.major = Some(10);
+        rec.manifest.postgres.version = Some("10.23".into());
+        assert!(ClockReads.evaluate(&rec).is_none());
+    }
+
+    #[test]
+    fn silent_on_a_healthy_select_only_recording() {
+        // pgbench select-only with every collector, tsc clocksource.
+        assert!(ClockReads
+            .evaluate(&fixture("pg13-select-only-timeout-all"))
+            .is_none());
+    }
+}

@@ -1,0 +1,335 @@
+//! `syncrep-wait-syscalls` (seed 003): before PostgreSQL 14, a commit that
+//! waits for synchronous standbys (`SyncRepWaitForLSN` → `WaitLatch`) builds
+//! and frees an epoll set on every wait — `epoll_create1`, 2× `epoll_ctl`,
+//! `close` per commit — and freeing a set takes the kernel's global
+//! `epmutex`, contended across backends. Raised from the backends' measured
+//! epoll syscalls per committed transaction while commits waited for
+//! standbys; the profile, when there is one, corroborates with the share of
+//! backend samples under `SyncRepWaitForLSN` and in epoll/mutex kernel code.
+use serde_json::json;
+
+use super::{Finding, Rule, Severity};
+use crate::collect::profile::KERNEL_SUFFIX;
+use crate::procinfo::Role;
+use crate::recording::Loaded;
+use crate::report::sections::profile::{parse_folded, FoldedStack};
+
+pub const ID: &str = "syncrep-wait-syscalls";
+
+/// Below this many commits a ratio says little.
+const MIN_COMMITS: u64 = 1000;
+/// epoll_create1 per commit that counts as "one set per commit wait".
+const MIN_CREATE_PER_COMMIT: f64 = 0.8;
+/// epoll_ctl per commit (2 expected: the latch and postmaster-death fds).
+const MIN_CTL_PER_COMMIT: f64 = 1.5;
+/// Share of backend samples in epoll/mutex code that makes it critical.
+const CRITICAL_EPOLL_SHARE: f64 = 0.2;
+
+pub struct SyncrepWait;
+
+/// Committed transactions in the recording and where the number came from.
+fn commits(rec: &Loaded) -> Option<(u64, String, (f64, f64))> {
+    if let Some(w) = &rec.workload {
+        if w.transactions > 0 {
+            return Some((
+                w.transactions,
+                format!("{} transactions (one commit each)", w.tool),
+                (w.t_start, w.t_end),
+            ));
+        }
+    }
+    let first = rec.pgstat.first()?;
+    let last = rec.pgstat.last()?;
+    (last.t > first.t).then(|| {
+        (
+            last.transactions.saturating_sub(first.transactions),
+            "pg_stat_database xact_commit+xact_rollback".to_string(),
+            (first.t, last.t),
+        )
+    })
+}
+
+/// Backend samples of the profile: total, under SyncRepWaitForLSN, in epoll
+/// functions, in mutex code (kernel), with any kernel frame.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProfileShares {
+    pub samples: u64,
+    pub syncrep: u64,
+    pub epoll: u64,
+    pub mutex: u64,
+    pub kernel: u64,
+}
+
+impl ProfileShares {
+    pub fn from_stacks(stacks: &[FoldedStack]) -> ProfileShares {
+        let mut s = ProfileShares::default();
+        for st in stacks.iter().filter(|s| s.role == "backend") {
+            let n = st.samples;
+            s.samples += n;
+            let has = |f: &dyn Fn(&str) -> bool| st.frames.iter().any(|x| f(x));
+            if has(&|x| x == "SyncRepWaitForLSN") {
+                s.syncrep += n;
+            }
+            if has(&|x| x.contains("epoll") || x.contains("eventpoll")) {
+                s.epoll += n;
+            }
+            if has(&|x| x.ends_with(KERNEL_SUFFIX) && x.contains("mutex")) {
+                s.mutex += n;
+            }
+            if has(&|x| x.ends_with(KERNEL_SUFFIX)) {
+                s.kernel += n;
+            }
+        }
+        s
+    }
+
+    fn share(&self, n: u64) -> f64 {
+        round3(n as f64 / self.samples.max(1) as f64)
+    }
+}
+
+fn profile_shares(rec: &Loaded) -> Option<ProfileShares> {
+    let text =
+        std::fs::read_to_string(rec.dir.join(crate::collect::profile::files::FOLDED)).ok()?;
+    let s = ProfileShares::from_stacks(&parse_folded(&text));
+    (s.samples > 0).then_some(s)
+}
+
+impl Rule for SyncrepWait {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn evaluate(&self, rec: &Loaded) -> Option<Finding> {
+        let (n, source, window) = commits(rec)?;
+        if n < MIN_COMMITS {
+            return None;
+        }
+        let by_role = rec.syscalls_by_role(None);
+        let b = by_role.get(&Role::Backend)?;
+        let create = b.get("epoll_create1") + b.get("epoll_create");
+        let ctl = b.get("epoll_ctl");
+        let close = b.get("close");
+        let per = |x: u64| round3(x as f64 / n as f64);
+        if (create as f64 / n as f64) < MIN_CREATE_PER_COMMIT
+            || (ctl as f64 / n as f64) < MIN_CTL_PER_COMMIT
+        {
+            return None;
+        }
+        let prof = profile_shares(rec);
+        // The commits must have waited for standbys: the recording's topology
+        // says so, or the profile caught backends in SyncRepWaitForLSN.
+        let repl = rec.manifest.postgres.replication.as_ref();
+        let sync_topology = repl.is_some_and(|r| r.sync != "async");
+        let sync_in_profile = prof.as_ref().is_some_and(|p| p.syncrep > 0);
+        if !sync_topology && !sync_in_profile {
+            return None;
+        }
+        let level = rec
+            .manifest
+            .postgres
+            .settings
+            .get("synchronous_commit")
+            .cloned();
+        let (a, z) = rec.syscall_span().unwrap_or(window);
+        let secs = (z - a).max(1e-9);
+        let tps = rec
+            .workload
+            .as_ref()
+            .map(|w| w.tps)
+            .filter(|t| *t > 0.0)
+            .unwrap_or(n as f64 / secs);
+        let epoll_share = prof.as_ref().map(|p| p.share(p.epoll + p.mutex));
+        let severity = if epoll_share.is_some_and(|s| s >= CRITICAL_EPOLL_SHARE) {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
+        let version = rec
+            .manifest
+            .postgres
+            .version
+            .clone()
+            .unwrap_or_else(|| "unknown".into());
+        let why = match rec.manifest.postgres.major {
+            Some(m) if m <= 13 => format!(
+                "This server is PostgreSQL {version}: before 14, WaitLatch() builds a WaitEventSet (an epoll \
+                 instance) for every wait and frees it afterwards (long-lived set since 3347c982ba, 14)."
+            ),
+            Some(_) => format!(
+                "This server is PostgreSQL {version}, whose WaitLatch() keeps one epoll set; a per-commit rate \
+                 here comes from another per-call WaitEventSet (WaitLatchOrSocket, an extension)."
+            ),
+            None => "The server's version was not recorded.".into(),
+        };
+        let prof_text = match &prof {
+            Some(p) => format!(
+                " On-CPU backend samples: {:.1}% under SyncRepWaitForLSN, {:.1}% in epoll functions, {:.1}% in \
+                 kernel mutex code, {:.1}% in the kernel.",
+                p.share(p.syncrep) * 100.0,
+                p.share(p.epoll) * 100.0,
+                p.share(p.mutex) * 100.0,
+                p.share(p.kernel) * 100.0
+            ),
+            None => String::new(),
+        };
+        let standby_text = match repl {
+            Some(r) => format!(
+                "synchronous_standby_names '{}'",
+                r.synchronous_standby_names
+            ),
+            None => "standbys seen in the profile".into(),
+        };
+        Some(Finding {
+            id: ID.into(),
+            severity,
+            title: "An epoll set built and freed on every commit wait".into(),
+            summary: format!(
+                "Backends made {create} epoll_create1, {ctl} epoll_ctl and {close} close calls for {n} commits \
+                 ({:.2}, {:.2}, {:.2} per commit) at {tps:.0} tps, while commits waited for standbys \
+                 ({standby_text}, synchronous_commit={}). Each wait creates an epoll instance, registers \
+                 two fds and closes it; closing takes the kernel's global epmutex, which backends contend \
+                 for on many cores.{prof_text} {why}",
+                per(create),
+                per(ctl),
+                per(close),
+                level.as_deref().unwrap_or("?"),
+            ),
+            evidence: json!({
+                "commits": n,
+                "commits_source": source,
+                "tps": round3(tps),
+                "epoll_create1": create,
+                "epoll_ctl": ctl,
+                "close": close,
+                "epoll_create1_per_commit": per(create),
+                "epoll_ctl_per_commit": per(ctl),
+                "close_per_commit": per(close),
+                "backend_syscalls_per_commit": per(b.total()),
+                "backends": b.pids.len(),
+                "window_s": [round3(a), round3(z)],
+                "synchronous_commit": level,
+                "synchronous_standby_names": repl.map(|r| r.synchronous_standby_names.clone()),
+                "profile": prof.as_ref().map(|p| json!({
+                    "backend_samples": p.samples,
+                    "share_under_SyncRepWaitForLSN": p.share(p.syncrep),
+                    "share_in_epoll": p.share(p.epoll),
+                    "share_in_kernel_mutex": p.share(p.mutex),
+                    "share_in_kernel": p.share(p.kernel),
+                })),
+                "postgres_version": version,
+            }),
+            remedy: "Upgrade to PostgreSQL 14 or later, where WaitLatch() uses a long-lived WaitEventSet \
+                     (3347c982ba) and a commit wait costs no epoll set-up. Until then: commit less often \
+                     (batch rows into fewer transactions, multi-row INSERT/COPY), use synchronous_commit=local \
+                     or off for sessions that can accept it (per transaction with SET LOCAL), and keep the \
+                     contending backends on fewer cores (CPU placement, a connection pooler with fewer server \
+                     connections) so the global epmutex is less contended. Prove the change with \
+                     `pgbelow lab run --scenario syncrep-commit --sweep` and `pgbelow compare A B`."
+                .into(),
+        })
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Loaded {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recordings")
+            .join(name);
+        Loaded::open(&dir).expect("fixture recording")
+    }
+
+    #[test]
+    fn profile_shares_count_backend_samples() {
+        let s = ProfileShares::from_stacks(&parse_folded(
+            "backend;main;SyncRepWaitForLSN;WaitLatch;CreateWaitEventSet;epoll_create1;entry_SYSCALL_64_[k] 3\n\
+             backend;main;SyncRepWaitForLSN;WaitLatch;FreeWaitEventSet;close;__fput_[k];ep_eventpoll_release_[k];mutex_lock_[k] 1\n\
+             backend;main;ExecInsert 6\n\
+             walsender;main;WalSndLoop 9\n",
+        ));
+        assert_eq!(
+            s,
+            ProfileShares {
+                samples: 10,
+                syncrep: 4,
+                epoll: 4,
+                mutex: 1,
+                kernel: 4
+            }
+        );
+    }
+
+    // Both fixtures are real lab runs: `pgbelow lab run --scenario
+    // syncrep-commit --duration 8 --sweep` (8 clients, FIRST 2 standbys) on
+    // PostgreSQL 13.23 and 15.
+    #[test]
+    fn fires_on_the_pg13_recording() {
+        let f = SyncrepWait
+            .evaluate(&fixture("pg13-syncrep-commit"))
+            .expect("finding");
+        assert_eq!(f.id, ID);
+        let e = &f.evidence;
+        assert_eq!(e["commits"], 16350);
+        assert_eq!(e["epoll_create1"], 15969);
+        assert_eq!(e["epoll_create1_per_commit"], 0.977);
+        assert_eq!(e["epoll_ctl_per_commit"], 1.955);
+        assert_eq!(e["close_per_commit"], 0.981);
+        assert_eq!(e["synchronous_commit"], "on");
+        let p = &e["profile"];
+        assert!(p["share_under_SyncRepWaitForLSN"].as_f64().unwrap() > 0.05);
+        assert!(p["share_in_epoll"].as_f64().unwrap() > 0.02);
+        assert!(f.summary.contains("13.23"), "{}", f.summary);
+        assert!(f.remedy.contains("3347c982ba"));
+    }
+
+    #[test]
+    fn silent_on_the_pg15_recording() {
+        assert!(SyncrepWait
+            .evaluate(&fixture("pg15-syncrep-commit"))
+            .is_none());
+    }
+
+    #[test]
+    fn decided_by_the_counts_and_the_waits() {
+        // Without standbys in the manifest, the profile's SyncRepWaitForLSN still shows the waits.
+        let mut rec = fixture("pg13-syncrep-commit");
+        rec.manifest.postgres.replication = None;
+        assert!(SyncrepWait.evaluate(&rec).is_some());
+        // Without the epoll calls in the counts, nothing.
+        let mut rec = fixture("pg13-syncrep-commit");
+        for s in &mut rec.syscalls {
+            for calls in s.counts.values_mut() {
+                calls.remove("epoll_create1");
+            }
+        }
+        assert!(SyncrepWait.evaluate(&rec).is_none());
+    }
+
+    #[test]
+    fn the_sweep_is_read_back() {
+        let s =
+            crate::scenarios::syncrep_commit::load(&fixture("pg13-syncrep-commit")).expect("sweep");
+        let names: Vec<&str> = s
+            .levels
+            .iter()
+            .map(|l| l.synchronous_commit.as_str())
+            .collect();
+        assert_eq!(names, crate::scenarios::syncrep_commit::LEVELS);
+        assert!(s.levels[0].tps > s.levels[4].tps);
+    }
+
+    #[test]
+    fn silent_without_epoll_calls() {
+        // A PG 13 select-only run: many transactions, no commit waits.
+        assert!(SyncrepWait
+            .evaluate(&fixture("pg13-select-only-timeout"))
+            .is_none());
+    }
+}

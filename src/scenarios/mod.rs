@@ -1,0 +1,34 @@
+//! Scenarios with their own workload driver instead of pgbench. Each runs
+//! under the lab's once-a-second collector tick ([`crate::lab::tick_while`]).
+pub mod drop_many;
+pub mod explain_timing;
+pub mod syncrep_commit;
+
+use anyhow::Result;
+
+use crate::collect::session::Session;
+use crate::lab::LabOptions;
+use crate::workload::Scenario;
+
+/// Create what the scenario needs in the lab database, before recording starts.
+pub fn prepare(opts: &LabOptions, dsn: &str, status: &dyn Fn(&str)) -> Result<()> {
+    match opts.scenario {
+        Scenario::ExplainTiming => {
+            explain_timing::prepare(dsn, &explain_timing::Params::for_lab(opts), status)
+        }
+        Scenario::DropMany => drop_many::prepare(dsn, &drop_many::Params::for_lab(opts), status),
+        Scenario::SyncrepCommit => syncrep_commit::prepare(dsn, status),
+        s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
+    }
+}
+
+/// Run the scenario's workload while the session records.
+pub fn drive(session: &mut Session, dsn: &str, opts: &LabOptions) -> Result<()> {
+    match opts.scenario {
+        Scenario::ExplainTiming => {
+            explain_timing::drive(session, dsn, &explain_timing::Params::for_lab(opts))
+        }
+        Scenario::DropMany => drop_many::drive(session, dsn, &drop_many::Params::for_lab(opts)),
+        s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
+    }
+}

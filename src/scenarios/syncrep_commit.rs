@@ -1,0 +1,196 @@
+//! `syncrep-commit` (seed 003): many pgbench clients each commit one INSERT
+//! per transaction on a primary whose commits wait for synchronous standbys
+//! (`SyncRepWaitForLSN` → `WaitLatch`). Before PostgreSQL 14, `WaitLatch`
+//! builds and frees an epoll set on every call: `epoll_create1`, 2×
+//! `epoll_ctl` and `close` per commit, and freeing the set takes the kernel's
+//! global `epmutex`.
+//!
+//! The main run is pgbench with [`SCRIPT`] at the server's
+//! `synchronous_commit` (recorded by the collectors). With `--sweep`, after
+//! the recording, the same workload runs once per `synchronous_commit` level
+//! (set for pgbench's sessions with `PGOPTIONS`, the server untouched),
+//! without collectors, and the tps per level go to [`SWEEP`].
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use postgres::{Client, NoTls};
+use serde::{Deserialize, Serialize};
+
+use crate::interrupt;
+use crate::lab::LabOptions;
+use crate::recording::writer::write_json_atomic;
+use crate::recording::Loaded;
+use crate::workload::{Pgbench, PgbenchTarget, Scenario};
+
+/// The table the scenario creates and inserts into.
+pub const TABLE: &str = "pgbelow_syncrep";
+/// One INSERT per transaction (autocommit: one commit each).
+pub const SCRIPT: &str = "insert into pgbelow_syncrep (info) values (md5(random()::text));\n";
+/// Per-level results of `--sweep`.
+pub const SWEEP: &str = "syncrep_sweep.json";
+/// Levels of `synchronous_commit`, weakest first (the seed's table).
+pub const LEVELS: &[&str] = &["off", "local", "remote_write", "on", "remote_apply"];
+/// Seconds per sweep level at most (the sweep runs `--duration`, capped).
+pub const MAX_LEVEL_S: u32 = 10;
+
+/// Create the table (empty) before recording starts.
+pub fn prepare(dsn: &str, status: &dyn Fn(&str)) -> Result<()> {
+    status(&format!("creating {TABLE}"));
+    let mut c = Client::connect(dsn, NoTls).with_context(|| format!("connecting to {dsn}"))?;
+    c.batch_execute(&format!(
+        "drop table if exists {TABLE}; \
+         create table {TABLE} (id bigserial primary key, info text, crt_time timestamptz default now())"
+    ))
+    .with_context(|| format!("creating {TABLE}"))?;
+    Ok(())
+}
+
+/// One level of the sweep.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Level {
+    pub synchronous_commit: String,
+    pub tps: f64,
+    pub transactions: u64,
+    pub latency_avg_ms: Option<f64>,
+    pub duration_s: u32,
+}
+
+/// `syncrep_sweep.json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    pub clients: u32,
+    /// The recording's `--sync` and synchronous_standby_names, for context.
+    pub sync: Option<String>,
+    pub levels: Vec<Level>,
+}
+
+/// Seconds each sweep level runs.
+pub fn level_seconds(opts: &LabOptions) -> u32 {
+    opts.duration_s.clamp(1, MAX_LEVEL_S)
+}
+
+/// Run the workload once per level and write [`SWEEP`] into `dir`.
+pub fn sweep(
+    opts: &LabOptions,
+    pgbench: &Pgbench,
+    target: &PgbenchTarget,
+    dir: &Path,
+    sync: Option<String>,
+    status: &dyn Fn(&str),
+) -> Result<Sweep> {
+    let secs = level_seconds(opts);
+    let mut out = Sweep {
+        clients: opts.clients,
+        sync,
+        levels: Vec::new(),
+    };
+    for level in LEVELS {
+        if interrupt::requested() {
+            break;
+        }
+        status(&format!(
+            "sweep: synchronous_commit={level}, {secs} s, {} clients",
+            opts.clients
+        ));
+        let mut run = pgbench.start_with(
+            target,
+            Scenario::SyncrepCommit,
+            opts.clients,
+            secs,
+            Some(&format!("-c synchronous_commit={level}")),
+        )?;
+        while !run.finished() {
+            if interrupt::requested() {
+                run.interrupt();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (s, _) = run.wait()?;
+        out.levels.push(Level {
+            synchronous_commit: level.to_string(),
+            tps: (s.tps.unwrap_or(0.0) * 10.0).round() / 10.0,
+            transactions: s.transactions.unwrap_or(0),
+            latency_avg_ms: s.latency_avg_ms,
+            duration_s: secs,
+        });
+        write_json_atomic(&dir.join(SWEEP), &out)?;
+    }
+    Ok(out)
+}
+
+/// The sweep of a recording, if it has one.
+pub fn load(rec: &Loaded) -> Option<Sweep> {
+    serde_json::from_str(&std::fs::read_to_string(rec.dir.join(SWEEP)).ok()?).ok()
+}
+
+/// The sweep as a text table (the seed's layout).
+pub fn render(s: &Sweep, o: &mut String) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        o,
+        "\nsynchronous_commit sweep ({} clients, one INSERT per commit{})",
+        s.clients,
+        s.sync
+            .as_deref()
+            .map(|x| format!(", standbys: {x}"))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(
+        o,
+        "  {:<14} {:>10} {:>12} {:>8}",
+        "level", "tps", "latency ms", "vs off"
+    );
+    let off = s
+        .levels
+        .iter()
+        .find(|l| l.synchronous_commit == "off")
+        .map(|l| l.tps);
+    for l in &s.levels {
+        let rel = match off {
+            Some(b) if b > 0.0 => format!("{:.2}", l.tps / b),
+            _ => "-".into(),
+        };
+        let lat = l
+            .latency_avg_ms
+            .map_or("-".to_string(), |x| format!("{x:.3}"));
+        let _ = writeln!(
+            o,
+            "  {:<14} {:>10.1} {:>12} {:>8}",
+            l.synchronous_commit, l.tps, lat, rel
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_table() {
+        let s = Sweep {
+            clients: 8,
+            sync: Some("FIRST 2 (standby1, standby2)".into()),
+            levels: vec![
+                Level {
+                    synchronous_commit: "off".into(),
+                    tps: 1000.0,
+                    transactions: 3000,
+                    latency_avg_ms: Some(8.0),
+                    duration_s: 3,
+                },
+                Level {
+                    synchronous_commit: "on".into(),
+                    tps: 500.0,
+                    transactions: 1500,
+                    latency_avg_ms: None,
+                    duration_s: 3,
+                },
+            ],
+        };
+        let mut o = String::new();
+        render(&s, &mut o);
+        assert!(o.contains("FIRST 2"), "{o}");
+        assert!(o.contains("0.50"), "{o}");
+    }
+}

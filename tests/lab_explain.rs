@@ -1,0 +1,156 @@
+//! Case S2 (seed 002) end to end on real PostgreSQL: the `explain-timing`
+//! scenario runs EXPLAIN ANALYZE vs TIMING OFF vs the plain query while the
+//! kernel counts the backend's clock syscalls. On this machine's healthy
+//! clock (vDSO) `clock-reads-slow` stays silent; with the server preloading a
+//! library that turns clock_gettime/gettimeofday into real system calls (what
+//! a clocksource without vDSO support does), it fires from the counts.
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+const ID: &str = "clock-reads-slow";
+
+const CLOCK_SYSCALL_C: &str = r#"
+#define _GNU_SOURCE
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Every clock read becomes a system call, bypassing the vDSO. */
+int clock_gettime(clockid_t clk, struct timespec *ts) {
+    return (int)syscall(SYS_clock_gettime, clk, ts);
+}
+
+int gettimeofday(struct timeval *restrict tv, void *restrict tz) {
+    return (int)syscall(SYS_gettimeofday, tv, tz);
+}
+"#;
+
+/// Build the preload library under /tmp, readable by the server account.
+fn build_clock_syscall_lib(dir: &Path) -> PathBuf {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = dir.join("clock_syscall.c");
+    let lib = dir.join("libclocksyscall.so");
+    std::fs::write(&src, CLOCK_SYSCALL_C).unwrap();
+    let st = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .expect("cc (a C compiler) is needed to build the preload library");
+    assert!(st.success(), "cc failed");
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
+    lib
+}
+
+fn lab_run(out: &Path, preload: Option<&Path>) -> Value {
+    let mut cmd = Command::cargo_bin("pgbelow").unwrap();
+    cmd.args([
+        "lab",
+        "run",
+        "--scenario",
+        "explain-timing",
+        "--duration",
+        "4",
+        "--scale",
+        "2",
+        "--format",
+        "json",
+        "--out",
+    ])
+    .arg(out)
+    .env_remove("PGBELOW_SERVER_LD_PRELOAD")
+    .timeout(Duration::from_secs(600));
+    if let Some(lib) = preload {
+        cmd.env("PGBELOW_SERVER_LD_PRELOAD", lib);
+    }
+    let assert = cmd.assert();
+    let o = assert.get_output();
+    assert!(
+        o.status.success(),
+        "pgbelow lab run failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("JSON report on stdout")
+}
+
+fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
+    r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+}
+
+fn assert_torn_down(out: &Path) {
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let pid = m["postgres"]["postmaster_pid"].as_u64().unwrap();
+    assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    let data = m["postgres"]["data_dir"].as_str().unwrap();
+    assert!(!Path::new(data).exists(), "{data} left behind");
+}
+
+#[test]
+fn healthy_clock_raises_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let r = lab_run(&out, None);
+    assert!(finding(&r, ID).is_none(), "{:#}", r["findings"]);
+    let e = &r["explain"];
+    let queries = e["queries"].as_array().expect("explain section");
+    assert_eq!(queries.len(), 2);
+    for q in queries {
+        assert!(q["runs_per_mode"].as_u64().unwrap() >= 3, "{q}");
+        assert!(q["node_calls"].as_u64().unwrap() > 200_000, "{q}");
+        assert!(q["analyze_ms"].as_f64().unwrap() > 0.0);
+    }
+    assert!(e["timed_rows"].as_u64().unwrap() > 1_000_000);
+    let per_row = e["clock_syscalls_per_timed_row"].as_f64().unwrap();
+    assert!(per_row < 0.01, "clock syscalls per timed row {per_row}");
+    assert_eq!(r["workload"]["scenario"], "explain-timing");
+    assert!(r["workload"]["statements"].as_u64().unwrap() >= 18);
+    assert!(out.join("explain.jsonl").exists());
+    assert_torn_down(&out);
+}
+
+#[test]
+fn clock_reads_as_syscalls_raise_the_finding() {
+    let lib_dir = tempfile::Builder::new()
+        .prefix("pgbelow-clocklib-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let lib = build_clock_syscall_lib(lib_dir.path());
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let r = lab_run(&out, Some(&lib));
+    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {:#}", r["findings"]));
+    let ev = &f["evidence"];
+    assert_eq!(ev["by_syscalls"], true);
+    let per_row = ev["clock_syscalls_per_timed_row"].as_f64().unwrap();
+    assert!(
+        (1.0..=2.5).contains(&per_row),
+        "clock syscalls per timed row {per_row}"
+    );
+    let ratio = ev["analyze_to_timing_off"].as_f64().unwrap();
+    assert!(ratio > 1.0, "ANALYZE / TIMING OFF {ratio}");
+    assert!(ev["clock_gettime"].as_u64().unwrap() > 1_000_000);
+    assert!(f["remedy"].as_str().unwrap().contains("TIMING OFF"));
+    assert_torn_down(&out);
+
+    // The saved recording re-analyses offline to the same findings.
+    let again = Command::cargo_bin("pgbelow")
+        .unwrap()
+        .arg("report")
+        .arg(&out)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    let r2: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(r2["findings"], r["findings"]);
+}

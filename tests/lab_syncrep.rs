@@ -1,0 +1,111 @@
+//! Case S3 (seed 003) end to end on real PostgreSQL: `syncrep-commit` runs
+//! one INSERT per commit with 8 clients on a primary with 2 synchronous
+//! standbys; the kernel counts the backends' epoll syscalls and the finding
+//! `syncrep-wait-syscalls` follows them — raised on 13 (an epoll set per
+//! commit wait), not on 15 (a long-lived set since 14).
+use std::path::Path;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+const ID: &str = "syncrep-wait-syscalls";
+
+fn lab_run(extra: &[&str], out: &Path) -> Value {
+    let mut args = vec![
+        "lab",
+        "run",
+        "--scenario",
+        "syncrep-commit",
+        "--duration",
+        "6",
+        "--format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let assert = Command::cargo_bin("pgbelow")
+        .unwrap()
+        .args(&args)
+        .arg("--out")
+        .arg(out)
+        .timeout(Duration::from_secs(900))
+        .assert();
+    let o = assert.get_output();
+    assert!(
+        o.status.success(),
+        "pgbelow {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("JSON report on stdout")
+}
+
+fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
+    r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+}
+
+fn per_statement(r: &Value, syscall: &str) -> f64 {
+    r["syscalls"]["by_role"]["backend"]["top"]
+        .as_array()
+        .expect("backend syscalls")
+        .iter()
+        .find(|row| row["syscall"] == syscall)
+        .and_then(|row| row["per_statement"].as_f64())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn pg13_sync_standbys_raise_the_finding_and_sweep() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let r = lab_run(&["--pg", "13", "--sweep"], &out);
+    assert_eq!(r["postgres"]["major"], 13);
+    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    let e = &f["evidence"];
+    let create = e["epoll_create1_per_commit"].as_f64().unwrap();
+    let ctl = e["epoll_ctl_per_commit"].as_f64().unwrap();
+    assert!(
+        (0.8..=1.5).contains(&create),
+        "epoll_create1/commit {create}"
+    );
+    assert!((1.6..=3.0).contains(&ctl), "epoll_ctl/commit {ctl}");
+    assert!(e["close_per_commit"].as_f64().unwrap() >= 0.8);
+    assert!(e["commits"].as_u64().unwrap() > 1000);
+    assert!(f["remedy"].as_str().unwrap().contains("14"));
+    assert_eq!(r["workload"]["scenario"], "syncrep-commit");
+    assert_eq!(r["workload"]["clients"], 8);
+    // The sweep ran every level, and commits that wait for nothing are faster.
+    let levels = r["syncrep_sweep"]["levels"].as_array().expect("sweep");
+    let names: Vec<&str> = levels
+        .iter()
+        .map(|l| l["synchronous_commit"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["off", "local", "remote_write", "on", "remote_apply"]
+    );
+    let tps = |n: &str| {
+        levels
+            .iter()
+            .find(|l| l["synchronous_commit"] == n)
+            .unwrap()["tps"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(tps("off") > tps("remote_apply"), "{levels:?}");
+}
+
+#[test]
+fn pg15_sync_standbys_raise_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let r = lab_run(&[], &out);
+    assert_eq!(r["postgres"]["major"], 15);
+    assert!(finding(&r, ID).is_none(), "{r:#}");
+    assert!(per_statement(&r, "epoll_create1") < 0.05);
+    assert!(r["workload"]["transactions"].as_u64().unwrap() > 1000);
+    assert!(r.get("syncrep_sweep").is_none());
+}
