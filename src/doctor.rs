@@ -109,7 +109,10 @@ pub struct DoctorOptions {
 pub struct DoctorResult {
     pub text: String,
     pub dir: PathBuf,
+    /// The timer probe's report (the main recording).
     pub report: Report,
+    /// Findings of every probe.
+    pub findings: Vec<crate::analyse::Finding>,
 }
 
 pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
@@ -195,6 +198,57 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
             if exposed { "EXPOSED" } else { "not exposed" }
         );
     }
+    // Sync-replication probe (seed 003): one synchronous standby, commits
+    // waiting for it, syscalls counted; short and cheap (syscalls only).
+    let sync_out = res.dir.join("probe-syncrep");
+    let syncrep = LabOptions {
+        scenario: Scenario::SyncrepCommit,
+        pg: PgChoice::Dir(install.bin_dir.clone()),
+        set: Vec::new(),
+        duration_s: opts.duration_s.min(5),
+        clients: 4,
+        scale: 1,
+        collectors: vec!["syscalls".into()],
+        syscall_mechanism: opts.syscall_mechanism,
+        out: Some(sync_out),
+        show_progress: opts.show_progress,
+        replication: lab::Replication {
+            standbys: 1,
+            sync: crate::provision::SyncMode::First,
+            standby_set: Vec::new(),
+        },
+        sweep: false,
+        drop_many: Default::default(),
+    };
+    let mut findings = r.findings.clone();
+    match lab::run(&syncrep) {
+        Ok(sr) => {
+            let per_commit = sr
+                .report
+                .syscalls
+                .by_role
+                .get(&crate::procinfo::Role::Backend)
+                .and_then(|t| t.top.iter().find(|row| row.syscall == "epoll_create1"))
+                .and_then(|row| row.per_statement)
+                .unwrap_or(0.0);
+            let exposed = sr
+                .report
+                .findings
+                .iter()
+                .any(|f| f.id == "syncrep-wait-syscalls");
+            let _ = writeln!(
+                text,
+                "\nProbe: synchronous commit (1 standby, FIRST 1, 4 clients)\n  {:.0} tps · epoll_create1 {per_commit:.3} per commit → {}\n  recording: {}",
+                sr.report.workload.as_ref().map_or(0.0, |w| w.tps),
+                if exposed { "EXPOSED" } else { "not exposed" },
+                sr.dir.display()
+            );
+            findings.extend(sr.report.findings.iter().cloned());
+        }
+        Err(e) => {
+            let _ = writeln!(text, "\nProbe: synchronous commit — skipped: {e:#}");
+        }
+    }
     if let Some(c) = &r.clock {
         let _ = writeln!(text, "\nProbe: clock reads\n  {}", c.verdict);
     }
@@ -210,10 +264,10 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         }
     }
     let _ = writeln!(text, "\nFindings");
-    if r.findings.is_empty() {
+    if findings.is_empty() {
         let _ = writeln!(text, "  none");
     }
-    for f in &r.findings {
+    for f in &findings {
         let _ = writeln!(
             text,
             "  [{}] {} — {}\n    {}",
@@ -233,10 +287,15 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         text,
         dir: res.dir,
         report: res.report,
+        findings,
     })
 }
 
 /// Highest severity among findings, for `--fail-on`.
 pub fn worst(r: &Report) -> Option<Severity> {
-    r.findings.iter().map(|f| f.severity).max()
+    worst_of(&r.findings)
+}
+
+pub fn worst_of(findings: &[crate::analyse::Finding]) -> Option<Severity> {
+    findings.iter().map(|f| f.severity).max()
 }

@@ -207,7 +207,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 show_progress: show,
             })?;
             print(&res.text)?;
-            Ok(exit_for(&res.report, a.fail_on))
+            Ok(match (a.fail_on, doctor::worst_of(&res.findings)) {
+                (Some(min), Some(w)) if w >= severity(min) => ExitCode::from(1),
+                _ => ExitCode::SUCCESS,
+            })
         }
     }
 }

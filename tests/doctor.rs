@@ -29,7 +29,9 @@ fn doctor_checks_the_machine_and_probes_the_system_postgres() {
     assert!(stdout.contains("Probe: timer syscalls"), "{stdout}");
     // The system PostgreSQL here is 15: measured, not exposed.
     assert!(stdout.contains("not exposed"), "{stdout}");
+    assert!(stdout.contains("Probe: synchronous commit"), "{stdout}");
     assert!(out.join("report.txt").exists());
+    assert!(out.join("probe-syncrep/report.json").exists(), "{stdout}");
     assert!(out.join("report.json").exists());
     assert!(stdout.contains(&out.join("report.txt").display().to_string()));
     // Budget is one minute on this machine; allow slack for a loaded CI box.
