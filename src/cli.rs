@@ -46,6 +46,7 @@ pub enum ScenarioArg {
     ExplainTiming,
     SyncrepCommit,
     DropMany,
+    CheckpointStall,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]

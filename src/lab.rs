@@ -118,7 +118,7 @@ fn default_out(scenario: &str, major: u32) -> PathBuf {
     PathBuf::from("pgbelow-runs").join(format!("{scenario}-pg{major}-{stamp}"))
 }
 
-fn check_interrupt() -> Result<()> {
+pub(crate) fn check_interrupt() -> Result<()> {
     if interrupt::requested() {
         bail!("interrupted");
     }
@@ -127,11 +127,17 @@ fn check_interrupt() -> Result<()> {
 
 pub fn run(opts: &LabOptions) -> Result<LabResult> {
     let with_defaults;
-    let opts = if opts.scenario == Scenario::DropMany {
-        with_defaults = crate::scenarios::drop_many::with_defaults(opts);
-        &with_defaults
-    } else {
-        opts
+    let opts = match opts.scenario {
+        Scenario::DropMany => {
+            with_defaults = crate::scenarios::drop_many::with_defaults(opts);
+            &with_defaults
+        }
+        Scenario::CheckpointStall => {
+            crate::scenarios::checkpoint_stall::require_root()?;
+            with_defaults = crate::scenarios::checkpoint_stall::with_defaults(opts);
+            &with_defaults
+        }
+        _ => opts,
     };
     crate::collect::preflight(&opts.collectors)?;
     let pgbench = Pgbench::locate()?;
@@ -159,6 +165,9 @@ pub fn run(opts: &LabOptions) -> Result<LabResult> {
         install.bin_dir.display()
     ));
     let rep = &opts.replication;
+    // Declared before the topology so that it is dropped after it: the
+    // device can only be unmounted once the server is gone.
+    let mut stall: Option<crate::scenarios::checkpoint_stall::StallDevice> = None;
     let mut topo = Topology::start(
         &install,
         &TopologyOptions {
@@ -178,21 +187,57 @@ pub fn run(opts: &LabOptions) -> Result<LabResult> {
             rep.standbys, topo.setup_s
         ));
     }
-    let result = run_on(
-        topo.primary(),
-        &topo,
-        &install,
-        &pgbench,
-        &out,
-        opts,
-        &status,
-    );
+    let result = if opts.scenario == Scenario::CheckpointStall {
+        start_stall_device(&topo, &status).map(|d| {
+            stall = Some(d);
+        })
+    } else {
+        Ok(())
+    }
+    .and_then(|()| {
+        run_on(
+            topo.primary(),
+            &topo,
+            &install,
+            &pgbench,
+            &out,
+            opts,
+            stall.as_mut(),
+            &status,
+        )
+    });
     let stopped = topo.stop();
+    let removed = stall.take().map_or(Ok(()), |mut d| d.teardown());
     let res = result?;
     stopped.context("stopping the lab cluster(s)")?;
+    removed?;
     Ok(res)
 }
 
+/// The checkpoint-stall device, its tablespace dir owned by the server
+/// account (the owner of the primary's data dir), the cluster's processes
+/// under the write limit.
+fn start_stall_device(
+    topo: &Topology,
+    status: &dyn Fn(&str),
+) -> Result<crate::scenarios::checkpoint_stall::StallDevice> {
+    use std::os::unix::fs::MetadataExt;
+    let primary = topo.primary();
+    let meta = std::fs::metadata(primary.data_dir())
+        .with_context(|| format!("reading {}", primary.data_dir().display()))?;
+    let dev =
+        crate::scenarios::checkpoint_stall::StallDevice::create(meta.uid(), meta.gid(), status)?;
+    let pids: Vec<u32> = topo.nodes().into_iter().map(|(_, p)| p).collect();
+    let mut all = pids.clone();
+    for p in pids {
+        all.extend(crate::procinfo::descendants(p));
+    }
+    dev.adopt(&all)?;
+    Ok(dev)
+}
+
+// The lab's context, passed through as is.
+#[allow(clippy::too_many_arguments)]
 fn run_on(
     cluster: &Cluster,
     topo: &Topology,
@@ -200,6 +245,7 @@ fn run_on(
     pgbench: &Pgbench,
     out: &Path,
     opts: &LabOptions,
+    stall: Option<&mut crate::scenarios::checkpoint_stall::StallDevice>,
     status: &dyn Fn(&str),
 ) -> Result<LabResult> {
     check_interrupt()?;
@@ -213,6 +259,13 @@ fn run_on(
     if opts.scenario.pgbench_init() {
         status(&format!("pgbench -i -s {}", opts.scale));
         pgbench.init(&target, opts.scale)?;
+    } else if let Some(dev) = stall {
+        status("creating the hot table on the limited device");
+        crate::scenarios::checkpoint_stall::prepare(
+            &|db: &str, sql: &str| cluster.psql(db, sql),
+            &dev.tablespace_dir(),
+        )?;
+        dev.limit(status)?;
     } else {
         crate::scenarios::prepare(opts, &cluster.conninfo("bench"), status)?;
     }

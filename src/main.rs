@@ -109,6 +109,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::ExplainTiming => Scenario::ExplainTiming,
                     ScenarioArg::SyncrepCommit => Scenario::SyncrepCommit,
                     ScenarioArg::DropMany => Scenario::DropMany,
+                    ScenarioArg::CheckpointStall => Scenario::CheckpointStall,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -119,6 +120,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 duration_s: a.duration,
                 clients: a.clients.unwrap_or(match a.scenario {
                     ScenarioArg::SyncrepCommit => 8,
+                    ScenarioArg::CheckpointStall => {
+                        pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS
+                    }
                     _ => 1,
                 }),
                 scale: a.scale,

@@ -1,6 +1,7 @@
 //! Rules: each reads a loaded recording and raises a [`Finding`] only from
 //! what the recording measured. Versions and settings go into the text.
 
+pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
 pub mod replay_drop;
@@ -21,6 +22,7 @@ pub trait Rule {
 pub fn rules() -> Vec<Box<dyn Rule>> {
     vec![
         Box::new(timer_syscalls::TimerSyscalls),
+        Box::new(checkpoint_stall::CheckpointStall),
         Box::new(clock_reads::ClockReads),
         Box::new(replay_drop::ReplayDropCost),
         Box::new(syncrep_wait::SyncrepWait),

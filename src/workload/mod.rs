@@ -17,15 +17,17 @@ pub enum Scenario {
     ExplainTiming,
     SyncrepCommit,
     DropMany,
+    CheckpointStall,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
         Scenario::SyncrepCommit,
         Scenario::DropMany,
+        Scenario::CheckpointStall,
     ];
 
     pub fn name(self) -> &'static str {
@@ -35,6 +37,7 @@ impl Scenario {
             Scenario::ExplainTiming => "explain-timing",
             Scenario::SyncrepCommit => "syncrep-commit",
             Scenario::DropMany => "drop-many",
+            Scenario::CheckpointStall => "checkpoint-stall",
         }
     }
 
@@ -70,6 +73,13 @@ impl Scenario {
                  process profiled (seed 004). Standby shared_buffers: --standby-set shared_buffers=… \
                  (default 2GB)"
             }
+            Scenario::CheckpointStall => {
+                "pgbench -f upsert over a growing hot table (8 clients) whose files sit on an ext4 \
+                 loop device limited to 8 MB/s of writes with a 128 MB bdi dirty cap (root only; \
+                 all removed afterwards); shared_buffers=2GB, checkpoint_timeout=30s, \
+                 *_flush_after=0: checkpoints drain a large dirty backlog and tps dips (seed 001). \
+                 Override with --set (e.g. checkpoint_flush_after=256kB)"
+            }
         }
     }
 
@@ -80,7 +90,8 @@ impl Scenario {
             Scenario::Tpcb
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
-            | Scenario::DropMany => &[],
+            | Scenario::DropMany
+            | Scenario::CheckpointStall => &[],
         }
     }
 
@@ -88,6 +99,7 @@ impl Scenario {
     pub fn pgbench_script(self) -> Option<&'static str> {
         match self {
             Scenario::SyncrepCommit => Some(crate::scenarios::syncrep_commit::SCRIPT),
+            Scenario::CheckpointStall => Some(crate::scenarios::checkpoint_stall::SCRIPT),
             _ => None,
         }
     }
@@ -109,7 +121,8 @@ impl Scenario {
             Scenario::SelectOnly
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
-            | Scenario::DropMany => 1,
+            | Scenario::DropMany
+            | Scenario::CheckpointStall => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb => 7,
         }

@@ -1,0 +1,232 @@
+//! `checkpoint-writeback-stall` (seed 001): tps falls towards zero while a
+//! checkpoint's writes drain a dirty backlog through a slow device, and the
+//! writers (backends, checkpointer) sit in D in the kernel's writeback
+//! throttling. Raised only when per-second tps dips line up with a
+//! checkpoint recorded in the server log, with the Dirty+Writeback backlog
+//! and the blocked kernel stacks as evidence.
+use serde_json::json;
+
+use super::{Finding, Rule, Severity};
+use crate::procinfo::Role;
+use crate::recording::Loaded;
+use crate::report::sections::{pgstat, procfs, system};
+
+pub const ID: &str = "checkpoint-writeback-stall";
+
+/// A second counts as a dip below this share of the run's median tps.
+const DIP_SHARE: f64 = 0.3;
+/// Below this share it is a stall (critical).
+const STALL_SHARE: f64 = 0.05;
+/// Fewer progress seconds say nothing about a median.
+const MIN_SECONDS: usize = 10;
+/// Process-seconds in D among backends and checkpointer that corroborate it.
+const MIN_BLOCKED_S: f64 = 1.0;
+
+pub struct CheckpointStall;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+impl Rule for CheckpointStall {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn evaluate(&self, rec: &Loaded) -> Option<Finding> {
+        if rec.progress.len() < MIN_SECONDS {
+            return None;
+        }
+        let med = median(rec.progress.iter().map(|p| p.tps).collect());
+        if med <= 0.0 {
+            return None;
+        }
+        let run_end = rec.progress.last().map_or(0.0, |p| p.t);
+        // The checkpoint whose window (start .. end, or the run's end while it
+        // was still running) holds the most dip seconds.
+        let mut best: Option<(pgstat::CheckpointEvent, Vec<(f64, f64)>)> = None;
+        for c in pgstat::checkpoints(rec) {
+            let Some(start) = c.start_t else { continue };
+            let end = c.end_t.unwrap_or(run_end) + 1.0;
+            let dips: Vec<(f64, f64)> = rec
+                .progress
+                .iter()
+                .filter(|p| p.t >= start && p.t <= end && p.tps < DIP_SHARE * med)
+                .map(|p| (p.t, p.tps))
+                .collect();
+            if !dips.is_empty() && best.as_ref().is_none_or(|(_, d)| dips.len() > d.len()) {
+                best = Some((c, dips));
+            }
+        }
+        let (ckpt, dips) = best?;
+        let start = ckpt.start_t.unwrap_or(0.0);
+        let end = ckpt.end_t.unwrap_or(run_end);
+
+        // Writers blocked in D, with the frame they waited in.
+        let blocked: Vec<procfs::FrameRow> = procfs::build(rec)
+            .map(|s| s.blocked)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| matches!(r.role, Role::Backend | Role::Checkpointer))
+            .collect();
+        let blocked_s: f64 = blocked.iter().map(|r| r.s).sum();
+        let procfs_recorded = rec
+            .manifest
+            .collectors
+            .iter()
+            .any(|c| c.name == "procfs" && c.status != "failed");
+        if procfs_recorded && blocked_s < MIN_BLOCKED_S {
+            return None;
+        }
+
+        // The dirty backlog during the checkpoint.
+        let sys = system::load(rec).unwrap_or_default();
+        let in_window: Vec<&crate::collect::system::SystemSample> = sys
+            .iter()
+            .filter(|s| s.t >= start && s.t <= end + 1.0)
+            .collect();
+        let backlog = |s: &crate::collect::system::SystemSample| {
+            (s.dirty_kb + s.writeback_kb) as f64 / 1024.0
+        };
+        let peak = in_window
+            .iter()
+            .map(|s| (s.t, backlog(s)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let at_start = in_window.first().map(|s| backlog(s));
+
+        let min_tps = dips.iter().map(|d| d.1).fold(f64::MAX, f64::min);
+        let severity = if min_tps < STALL_SHARE * med || dips.len() >= 3 {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
+        let top_blocked: Vec<serde_json::Value> = blocked
+            .iter()
+            .take(6)
+            .map(|r| {
+                json!({"role": r.role, "frame": r.frame, "process_s": r.s, "pids": r.pids,
+                       "max_at_once": r.max_pids, "syscalls": r.syscalls})
+            })
+            .collect();
+        let blocked_text: Vec<String> = blocked
+            .iter()
+            .take(3)
+            .map(|r| format!("{} {} in D for {:.1} s in {}", r.pids, r.role, r.s, r.frame))
+            .collect();
+        let settings: serde_json::Map<String, serde_json::Value> = [
+            "checkpoint_flush_after",
+            "bgwriter_flush_after",
+            "backend_flush_after",
+            "checkpoint_completion_target",
+            "checkpoint_timeout",
+            "shared_buffers",
+        ]
+        .iter()
+        .filter_map(|k| {
+            Some((
+                k.to_string(),
+                json!(rec.manifest.postgres.settings.get(*k)?),
+            ))
+        })
+        .collect();
+        let r1 = |x: f64| (x * 10.0).round() / 10.0;
+        let dip_secs: Vec<f64> = dips.iter().map(|d| r1(d.0)).collect();
+        Some(Finding {
+            id: ID.into(),
+            severity,
+            title: "Throughput collapses while a checkpoint drains the dirty backlog".into(),
+            summary: format!(
+                "During the {} checkpoint from t={:.0} s{}, tps fell below {:.0}% of the median ({:.0}) in {} second(s), \
+                 down to {:.0} tps; Dirty+Writeback peaked at {} while {}. The checkpoint's writes and the \
+                 writers' own writes are throttled by the kernel's dirty limits on a device that drains slowly, and \
+                 a backend held in writeback throttling stalls every transaction that needs what it holds.",
+                ckpt.flags.as_deref().unwrap_or("recorded"),
+                start,
+                ckpt.end_t.map_or(" (still running at the end of the recording)".to_string(), |e| format!(" to t={e:.0} s")),
+                DIP_SHARE * 100.0,
+                med,
+                dips.len(),
+                min_tps,
+                peak.map_or("an unrecorded level".into(), |(t, mb)| format!("{mb:.0} MB (t={t:.0} s)")),
+                if blocked_text.is_empty() { "no process states were recorded".to_string() } else { blocked_text.join(", ") },
+            ),
+            evidence: json!({
+                "median_tps": r1(med),
+                "min_tps": r1(min_tps),
+                "dip_seconds": dip_secs,
+                "checkpoint": {
+                    "flags": ckpt.flags, "start_t": ckpt.start_t, "end_t": ckpt.end_t,
+                    "write_s": ckpt.write_s, "sync_s": ckpt.sync_s, "buffers": ckpt.buffers,
+                },
+                "backlog_mb_peak": peak.map(|p| r1(p.1)),
+                "backlog_mb_at_checkpoint_start": at_start.map(r1),
+                "blocked_process_s": r1(blocked_s),
+                "blocked": top_blocked,
+                "settings": settings,
+            }),
+            remedy: "Spread and bound the writeback: turn on checkpoint_flush_after (256kB default on Linux) and \
+                     bgwriter_flush_after/backend_flush_after so dirty data is handed to the kernel in small steps \
+                     (sync_file_range) instead of one fsync-time flood; raise checkpoint_completion_target (0.9) and \
+                     checkpoint_timeout/max_wal_size so each checkpoint writes less, more slowly; cap the page \
+                     cache's backlog with vm.dirty_background_bytes (e.g. 64–256 MB) so the flusher starts early. \
+                     Prove it with a second `pgbelow lab run --scenario checkpoint-stall --set \
+                     checkpoint_flush_after=256kB` and `pgbelow compare`."
+                .into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Loaded {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recordings")
+            .join(name);
+        Loaded::open(&dir).expect("fixture recording")
+    }
+
+    // A real run: `pgbelow lab run --scenario checkpoint-stall --duration 45
+    // --collectors all` on PostgreSQL 15.18 (data on an ext4 loop device
+    // throttled to 8 MB/s with a 128 MB bdi dirty cap).
+    #[test]
+    fn fires_on_the_stall_recording() {
+        let f = CheckpointStall
+            .evaluate(&fixture("pg15-checkpoint-stall"))
+            .expect("finding");
+        assert_eq!(f.id, ID);
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.evidence["min_tps"], 0.0);
+        let dips = f.evidence["dip_seconds"].as_array().unwrap();
+        assert!(dips.len() >= 3, "{dips:?}");
+        assert!(f.evidence["blocked_process_s"].as_f64().unwrap() >= 5.0);
+        let frames = f.evidence["blocked"].to_string();
+        assert!(
+            frames.contains("balance_dirty_pages") || frames.contains("ext4"),
+            "{frames}"
+        );
+        assert_eq!(f.evidence["checkpoint"]["flags"], "time");
+    }
+
+    #[test]
+    fn silent_on_a_healthy_run_with_every_collector() {
+        assert!(CheckpointStall
+            .evaluate(&fixture("pg13-select-only-timeout-all"))
+            .is_none());
+    }
+
+    #[test]
+    fn needs_the_dips_inside_a_checkpoint() {
+        // The same recording with the dips moved before the checkpoint began.
+        let mut rec = fixture("pg15-checkpoint-stall");
+        for p in &mut rec.progress {
+            if p.tps < 2000.0 {
+                p.tps = 12000.0;
+            }
+        }
+        rec.progress[2].tps = 0.0;
+        assert!(CheckpointStall.evaluate(&rec).is_none());
+    }
+}
