@@ -118,10 +118,23 @@ impl Session {
         let named = nodes.len() > 1;
         let known: std::collections::BTreeSet<u32> = self.ctx.pids().into_iter().collect();
         let mut new: Vec<ProcessInfo> = Vec::new();
+        // A child caught between fork and setting its title still shows the
+        // postmaster's command line; naming it then would file a backend as
+        // "other" for good, so it waits for the next round.
+        let postmaster_titles: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| procinfo::read_title(n.pid))
+            .collect();
+        let just_forked = |p: &ProcessInfo| {
+            p.role == Role::Other && postmaster_titles.contains(&p.title)
+        };
         for node in &nodes {
             for pid in procinfo::descendants(node.pid) {
                 if !known.contains(&pid) && !new.iter().any(|p| p.pid == pid) {
                     if let Some(mut p) = procinfo::describe(pid, node.pid) {
+                        if just_forked(&p) {
+                            continue;
+                        }
                         p.node = named.then(|| node.name.clone());
                         new.push(p);
                     }
@@ -154,6 +167,9 @@ impl Session {
                     title: String::new(),
                     node: None,
                 });
+                if just_forked(&p) {
+                    continue;
+                }
                 p.node = node;
                 new.push(p);
             }
