@@ -180,13 +180,7 @@ impl Rule for CheckpointStall {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixture(name: &str) -> Loaded {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/recordings")
-            .join(name);
-        Loaded::open(&dir).expect("fixture recording")
-    }
+    use crate::analyse::fixture;
 
     // A real run: `pgbelow lab run --scenario checkpoint-stall --duration 45
     // --collectors all` on PostgreSQL 15.18 (data on an ext4 loop device

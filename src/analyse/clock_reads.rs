@@ -223,13 +223,7 @@ impl Rule for ClockReads {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixture(name: &str) -> Loaded {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/recordings")
-            .join(name);
-        Loaded::open(&dir).expect("fixture recording")
-    }
+    use crate::analyse::fixture;
 
     // Both fixtures are real lab runs of `pgbelow lab run --scenario
     // explain-timing --duration 8 --scale 5` on PostgreSQL 15.18 (tsc):

@@ -35,3 +35,12 @@ pub fn analyse(rec: &Loaded) -> Vec<Finding> {
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then_with(|| a.id.cmp(&b.id)));
     out
 }
+
+/// A recording from tests/fixtures/recordings, for the rules' tests.
+#[cfg(test)]
+pub(crate) fn fixture(name: &str) -> Loaded {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings")
+        .join(name);
+    Loaded::open(&dir).expect("fixture recording")
+}

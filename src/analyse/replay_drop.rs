@@ -244,13 +244,7 @@ impl Rule for ReplayDropCost {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixture(name: &str) -> Loaded {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/recordings")
-            .join(name);
-        Loaded::open(&dir).expect("fixture recording")
-    }
+    use crate::analyse::fixture;
 
     // Real lab runs of `pgbelow lab run --scenario drop-many --tables 200
     // --standby-set shared_buffers=…` (one DROP per transaction, remote_apply,

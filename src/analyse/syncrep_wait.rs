@@ -238,13 +238,7 @@ fn round3(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixture(name: &str) -> Loaded {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/recordings")
-            .join(name);
-        Loaded::open(&dir).expect("fixture recording")
-    }
+    use crate::analyse::fixture;
 
     #[test]
     fn profile_shares_count_backend_samples() {

@@ -140,14 +140,7 @@ fn round3(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::Loaded;
-
-    fn fixture(name: &str) -> Loaded {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/recordings")
-            .join(name);
-        Loaded::open(&dir).expect("fixture recording")
-    }
+    use crate::analyse::fixture;
 
     // Both fixtures are real lab runs: `pgbelow lab run --scenario select-only
     // --set statement_timeout=10s --duration 10` on PostgreSQL 13.23 and 15.18.

@@ -125,9 +125,8 @@ impl Session {
             .iter()
             .filter_map(|n| procinfo::read_title(n.pid))
             .collect();
-        let just_forked = |p: &ProcessInfo| {
-            p.role == Role::Other && postmaster_titles.contains(&p.title)
-        };
+        let just_forked =
+            |p: &ProcessInfo| p.role == Role::Other && postmaster_titles.contains(&p.title);
         for node in &nodes {
             for pid in procinfo::descendants(node.pid) {
                 if !known.contains(&pid) && !new.iter().any(|p| p.pid == pid) {
