@@ -78,12 +78,23 @@ fn a_backend_under_explain_analyze_makes_no_clock_syscalls() {
     )
     .unwrap();
     // 200,000 rows × 2 clock reads per row through the instrumented node.
-    let plan = cluster
-        .psql(
-            "postgres",
-            "EXPLAIN (ANALYZE, TIMING ON) SELECT count(*) FROM generate_series(1, 200000)",
-        )
-        .unwrap();
+    // The session stays open a while so the collectors sample a live
+    // backend, as they do in any real recording (processes that live less
+    // than one interval are covered by tests/syscalls.rs).
+    let plan = std::thread::scope(|sc| {
+        let client = sc.spawn(|| {
+            cluster.psql(
+                "postgres",
+                "EXPLAIN (ANALYZE, TIMING ON) SELECT count(*) FROM generate_series(1, 200000); \
+                 SELECT pg_sleep(2.5)",
+            )
+        });
+        while !client.is_finished() {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            s.tick().unwrap();
+        }
+        client.join().unwrap().unwrap()
+    });
     assert!(plan.contains("actual time"), "{plan}");
     s.tick().unwrap();
     let dir = s.finish(Status::Complete, None).unwrap();
