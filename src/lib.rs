@@ -17,3 +17,9 @@ pub mod recording;
 pub mod report;
 pub mod scenarios;
 pub mod workload;
+
+/// Round to three decimals (milliseconds of seconds, ratios) so reports and
+/// recordings print stable numbers.
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}

@@ -14,6 +14,7 @@ use super::{Finding, Rule, Severity};
 use crate::procinfo::Role;
 use crate::recording::Loaded;
 use crate::report::sections::clock::facts;
+use crate::round3;
 use crate::scenarios::explain_timing;
 
 pub const ID: &str = "clock-reads-slow";
@@ -44,10 +45,6 @@ const WARN_VDSO_NS: f64 = 1000.0;
 const CRITICAL_RATIO: f64 = 2.0;
 
 pub struct ClockReads;
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
 
 impl Rule for ClockReads {
     fn id(&self) -> &'static str {

@@ -17,6 +17,7 @@ use super::{Finding, Rule, Severity};
 use crate::procinfo::Role;
 use crate::recording::Loaded;
 use crate::report::sections::{procfs, profile};
+use crate::round3;
 use crate::scenarios::drop_many;
 
 pub const ID: &str = "standby-replay-drop-cost";
@@ -56,10 +57,6 @@ const MIN_STARTUP_SAMPLES: u64 = 10;
 const CRITICAL_STARTUP_MS_PER_DROP: f64 = 3.0;
 
 pub struct ReplayDropCost;
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
 
 /// Startup-process profile: (samples, samples in the buffer-drop functions,
 /// samples in the full-scan functions, the drop function seen most).

@@ -13,6 +13,7 @@ use crate::collect::profile::KERNEL_SUFFIX;
 use crate::procinfo::Role;
 use crate::recording::Loaded;
 use crate::report::sections::profile::{parse_folded, FoldedStack};
+use crate::round3;
 
 pub const ID: &str = "syncrep-wait-syscalls";
 
@@ -229,10 +230,6 @@ impl Rule for SyncrepWait {
                 .into(),
         })
     }
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

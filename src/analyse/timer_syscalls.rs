@@ -8,6 +8,7 @@ use super::statements::statements;
 use super::{Finding, Rule, Severity};
 use crate::procinfo::Role;
 use crate::recording::Loaded;
+use crate::round3;
 
 pub const ID: &str = "timer-syscalls-per-statement";
 
@@ -131,10 +132,6 @@ impl Rule for TimerSyscalls {
                 .into(),
         })
     }
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Collector;
 use crate::recording::{CollectorInfo, Writer};
+use crate::round3;
 
 /// `clock.json` inside a recording.
 pub const FILE: &str = "clock.json";
@@ -123,10 +124,6 @@ pub fn measure(via: &str, read: fn() -> u64, dur: Duration) -> ReadCost {
         pct_below_1us: round3(below_1us as f64 * 100.0 / reads.max(1) as f64),
         max_ns: max,
     }
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// Measure this machine's clock (≈ 2 × 60 ms).

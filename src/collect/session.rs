@@ -244,7 +244,7 @@ struct Stamped<'a> {
 }
 
 pub fn round_ms(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
+    crate::round3(x)
 }
 
 fn round_us(x: f64) -> f64 {

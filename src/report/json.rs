@@ -7,6 +7,7 @@ use super::sections;
 use crate::analyse::{self, statements::statements, Finding};
 use crate::procinfo::Role;
 use crate::recording::{CollectorInfo, Host, Loaded, Status};
+use crate::round3;
 
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
 const TOP_SYSCALLS: usize = 12;
@@ -157,10 +158,6 @@ pub struct SyscallRow {
     pub per_statement: Option<f64>,
 }
 
-fn r3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
 /// Analyse a loaded recording and build its report.
 pub fn build(rec: &Loaded) -> Report {
     let m = &rec.manifest;
@@ -176,9 +173,11 @@ pub fn build(rec: &Loaded) -> Report {
             .map(|(name, n)| SyscallRow {
                 syscall: name.clone(),
                 count: *n,
-                per_second: r3(*n as f64 / secs),
+                per_second: round3(*n as f64 / secs),
                 per_statement: match (&stmts, role) {
-                    (Some(s), Role::Backend) if s.count > 0 => Some(r3(*n as f64 / s.count as f64)),
+                    (Some(s), Role::Backend) if s.count > 0 => {
+                        Some(round3(*n as f64 / s.count as f64))
+                    }
                     _ => None,
                 },
             })
@@ -196,11 +195,11 @@ pub fn build(rec: &Loaded) -> Report {
                     rows.push(SyscallRow {
                         syscall: name.to_string(),
                         count: n,
-                        per_second: r3(n as f64 / secs),
+                        per_second: round3(n as f64 / secs),
                         per_statement: stmts
                             .as_ref()
                             .filter(|s| s.count > 0)
-                            .map(|s| r3(n as f64 / s.count as f64)),
+                            .map(|s| round3(n as f64 / s.count as f64)),
                     });
                 }
             }
@@ -210,25 +209,25 @@ pub fn build(rec: &Loaded) -> Report {
             RoleTable {
                 processes: calls.pids.len(),
                 total: calls.total(),
-                per_second: r3(calls.total() as f64 / secs),
+                per_second: round3(calls.total() as f64 / secs),
                 top: rows,
             },
         );
     }
     let workload = rec.workload.as_ref().map(|w| Workload {
         scenario: w.scenario.clone(),
-        tps: r3(w.tps),
+        tps: round3(w.tps),
         transactions: w.transactions,
         statements: w.statements,
         statements_source: w.statements_source.clone(),
-        duration_s: r3(w.duration_s),
+        duration_s: round3(w.duration_s),
         clients: w.clients,
         failed: w.failed,
         latency_avg_ms: w.latency_avg_ms,
         tps_series: rec.progress.iter().map(|p| p.tps).collect(),
     });
     let cpu_share = match (m.pgbelow_cpu_s, m.duration_s) {
-        (Some(c), Some(d)) if d > 0.0 => Some(r3(c / d)),
+        (Some(c), Some(d)) if d > 0.0 => Some(round3(c / d)),
         _ => None,
     };
     Report {
@@ -256,7 +255,7 @@ pub fn build(rec: &Loaded) -> Report {
         workload,
         collectors: m.collectors.clone(),
         syscalls: Syscalls {
-            window_s: span.map(|(a, b)| [r3(a), r3(b)]),
+            window_s: span.map(|(a, b)| [round3(a), round3(b)]),
             dropped: rec.syscalls_dropped(),
             processes_lost: rec.processes_lost(),
             by_role,

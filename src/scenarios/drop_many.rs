@@ -19,14 +19,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use postgres::{Client, NoTls};
+use postgres::Client;
 use serde::{Deserialize, Serialize};
 
+use super::connect;
 use crate::collect::session::{round_ms, Session};
 use crate::interrupt;
 use crate::lab::LabOptions;
 use crate::provision::SyncMode;
 use crate::recording::{files, Loaded};
+use crate::round3;
 use crate::workload::WorkloadSummary;
 
 /// Per-commit stream.
@@ -148,12 +150,7 @@ pub struct DropSummary {
 
 /// The summary of a recording made by this scenario.
 pub fn load(rec: &Loaded) -> Option<DropSummary> {
-    let text = std::fs::read_to_string(rec.dir.join(SUMMARY)).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-fn connect(dsn: &str) -> Result<Client> {
-    Client::connect(dsn, NoTls).with_context(|| format!("connecting to {dsn}"))
+    super::load_json(rec, SUMMARY)
 }
 
 /// Create the tables (one row each unless empty), in batches.
@@ -331,10 +328,6 @@ fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     let i = ((v.len() - 1) as f64 * q).round() as usize;
     v[i.min(v.len() - 1)]
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// Per-drop statistics of the measured and baseline phases.

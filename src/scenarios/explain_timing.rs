@@ -14,13 +14,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
-use postgres::{Client, NoTls, SimpleQueryMessage};
+use postgres::{Client, SimpleQueryMessage};
 use serde::{Deserialize, Serialize};
 
+use super::connect;
 use crate::collect::session::{round_ms, Session};
 use crate::interrupt;
 use crate::lab::LabOptions;
 use crate::recording::{files, Loaded};
+use crate::round3;
 use crate::workload::WorkloadSummary;
 
 /// Per-query stream.
@@ -158,12 +160,7 @@ impl ExplainSummary {
 
 /// The summary of a recording made by this scenario.
 pub fn load(rec: &Loaded) -> Option<ExplainSummary> {
-    let text = std::fs::read_to_string(rec.dir.join(SUMMARY)).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-fn connect(dsn: &str) -> Result<Client> {
-    Client::connect(dsn, NoTls).with_context(|| format!("connecting to {dsn}"))
+    super::load_json(rec, SUMMARY)
 }
 
 /// Create and fill the table, then warm both queries up (not recorded).
@@ -356,10 +353,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     } else {
         (v[m - 1] + v[m]) / 2.0
     }
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// Medians per query and mode, ratios, and ns of timing per plan-node call.

@@ -33,3 +33,18 @@ pub fn drive(session: &mut Session, dsn: &str, opts: &LabOptions) -> Result<()> 
         s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
     }
 }
+
+/// A scenario's client connection to the lab server.
+fn connect(dsn: &str) -> anyhow::Result<postgres::Client> {
+    use anyhow::Context;
+    postgres::Client::connect(dsn, postgres::NoTls).with_context(|| format!("connecting to {dsn}"))
+}
+
+/// A scenario's summary file from a recording, if it is there and readable.
+fn load_json<T: serde::de::DeserializeOwned>(
+    rec: &crate::recording::Loaded,
+    name: &str,
+) -> Option<T> {
+    let text = std::fs::read_to_string(rec.dir.join(name)).ok()?;
+    serde_json::from_str(&text).ok()
+}

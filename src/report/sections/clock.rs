@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::collect::clock::{ClockFacts, FACT, FILE};
 use crate::procinfo::Role;
 use crate::recording::Loaded;
+use crate::round3;
 
 /// Syscalls that read the time.
 pub const CLOCK_SYSCALLS: &[&str] = &["clock_gettime", "gettimeofday", "time"];
@@ -59,10 +60,6 @@ pub fn facts(rec: &Loaded) -> Option<ClockFacts> {
     }
     let text = std::fs::read_to_string(rec.dir.join(FILE)).ok()?;
     serde_json::from_str(&text).ok()
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// The section, or None when the recording has neither clock measurements

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::procinfo::Role;
 use crate::recording::Loaded;
+use crate::round3;
 use crate::scenarios::explain_timing::{self, QuerySummary};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -19,10 +20,6 @@ pub struct ExplainSection {
     pub clocksource: Option<String>,
     pub vdso_ns_per_read: Option<f64>,
     pub syscall_ns_per_read: Option<f64>,
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 pub fn build(rec: &Loaded) -> Option<ExplainSection> {

@@ -15,6 +15,7 @@ use crate::collect::pgstat::{LogEvent, ServerSample, WaitSample, CHECKPOINTS, SE
 use crate::procinfo::Role;
 use crate::recording::reader::parse_jsonl;
 use crate::recording::Loaded;
+use crate::round3;
 
 /// Wait events shown per role.
 const TOP_WAITS: usize = 5;
@@ -266,10 +267,6 @@ pub fn pair_checkpoints(events: &[LogEvent]) -> Vec<CheckpointEvent> {
         }
     }
     out
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 fn round1(x: f64) -> f64 {
