@@ -6,10 +6,12 @@
 //! a clocksource without vDSO support does), it fires from the counts.
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use assert_cmd::Command;
 use serde_json::Value;
+
+mod common;
+use common::{assert_torn_down, finding};
 
 const ID: &str = "clock-reads-slow";
 
@@ -49,7 +51,11 @@ fn build_clock_syscall_lib(dir: &Path) -> PathBuf {
 
 fn lab_run(out: &Path, preload: Option<&Path>) -> Value {
     let mut cmd = Command::cargo_bin("pgbelow").unwrap();
-    cmd.args([
+    cmd.env_remove("PGBELOW_SERVER_LD_PRELOAD");
+    if let Some(lib) = preload {
+        cmd.env("PGBELOW_SERVER_LD_PRELOAD", lib);
+    }
+    let args = [
         "lab",
         "run",
         "--scenario",
@@ -60,39 +66,8 @@ fn lab_run(out: &Path, preload: Option<&Path>) -> Value {
         "2",
         "--format",
         "json",
-        "--out",
-    ])
-    .arg(out)
-    .env_remove("PGBELOW_SERVER_LD_PRELOAD")
-    .timeout(Duration::from_secs(600));
-    if let Some(lib) = preload {
-        cmd.env("PGBELOW_SERVER_LD_PRELOAD", lib);
-    }
-    let assert = cmd.assert();
-    let o = assert.get_output();
-    assert!(
-        o.status.success(),
-        "pgbelow lab run failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).expect("JSON report on stdout")
-}
-
-fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
-    r["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["id"] == id)
-}
-
-fn assert_torn_down(out: &Path) {
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
-    let pid = m["postgres"]["postmaster_pid"].as_u64().unwrap();
-    assert!(!Path::new(&format!("/proc/{pid}")).exists());
-    let data = m["postgres"]["data_dir"].as_str().unwrap();
-    assert!(!Path::new(data).exists(), "{data} left behind");
+    ];
+    common::run_json(cmd, &args, out)
 }
 
 #[test]

@@ -4,10 +4,11 @@
 //! `syncrep-wait-syscalls` follows them — raised on 13 (an epoll set per
 //! commit wait), not on 15 (a long-lived set since 14).
 use std::path::Path;
-use std::time::Duration;
 
-use assert_cmd::Command;
 use serde_json::Value;
+
+mod common;
+use common::{finding, per_statement};
 
 const ID: &str = "syncrep-wait-syscalls";
 
@@ -23,38 +24,7 @@ fn lab_run(extra: &[&str], out: &Path) -> Value {
         "json",
     ];
     args.extend_from_slice(extra);
-    let assert = Command::cargo_bin("pgbelow")
-        .unwrap()
-        .args(&args)
-        .arg("--out")
-        .arg(out)
-        .timeout(Duration::from_secs(900))
-        .assert();
-    let o = assert.get_output();
-    assert!(
-        o.status.success(),
-        "pgbelow {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).expect("JSON report on stdout")
-}
-
-fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
-    r["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["id"] == id)
-}
-
-fn per_statement(r: &Value, syscall: &str) -> f64 {
-    r["syscalls"]["by_role"]["backend"]["top"]
-        .as_array()
-        .expect("backend syscalls")
-        .iter()
-        .find(|row| row["syscall"] == syscall)
-        .and_then(|row| row["per_statement"].as_f64())
-        .unwrap_or(0.0)
+    common::lab_json(&args, out)
 }
 
 #[test]

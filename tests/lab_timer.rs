@@ -9,6 +9,9 @@ use std::time::Duration;
 use assert_cmd::Command;
 use serde_json::Value;
 
+mod common;
+use common::{assert_torn_down, finding, per_statement};
+
 const ID: &str = "timer-syscalls-per-statement";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
@@ -25,52 +28,7 @@ fn lab_run(extra: &[&str], out: &Path) -> Value {
         "json",
     ];
     args.extend_from_slice(extra);
-    let assert = Command::cargo_bin("pgbelow")
-        .unwrap()
-        .args(&args)
-        .arg("--out")
-        .arg(out)
-        .timeout(Duration::from_secs(600))
-        .assert();
-    let o = assert.get_output();
-    assert!(
-        o.status.success(),
-        "pgbelow {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).expect("JSON report on stdout")
-}
-
-fn setitimer_per_statement(r: &Value) -> f64 {
-    let top = r["syscalls"]["by_role"]["backend"]["top"]
-        .as_array()
-        .expect("backend syscalls");
-    top.iter()
-        .find(|row| row["syscall"] == "setitimer")
-        .and_then(|row| row["per_statement"].as_f64())
-        .unwrap_or(0.0)
-}
-
-fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
-    r["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["id"] == id)
-}
-
-/// Everything the lab started is gone: the postmaster and its data directory.
-fn assert_torn_down(out: &Path) {
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
-    let pid = m["postgres"]["postmaster_pid"].as_u64().unwrap();
-    assert!(pid > 0);
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists(),
-        "postmaster {pid} still running"
-    );
-    let data = m["postgres"]["data_dir"].as_str().unwrap();
-    assert!(!Path::new(data).exists(), "{data} left behind");
+    common::lab_json(&args, out)
 }
 
 #[test]
@@ -115,7 +73,7 @@ fn pg13_without_a_timeout_raises_nothing() {
     let out = d.path().join("rec");
     let r = lab_run(&["--pg", "13"], &out);
     assert!(finding(&r, ID).is_none(), "{r:#}");
-    assert!(setitimer_per_statement(&r) < 0.05);
+    assert!(per_statement(&r, "setitimer") < 0.05);
     // The backends were counted: recvfrom ≈ 1 per statement.
     let total = r["syscalls"]["by_role"]["backend"]["total"]
         .as_u64()
@@ -132,9 +90,9 @@ fn pg15_with_statement_timeout_raises_nothing() {
     assert_eq!(r["postgres"]["major"], 15);
     assert!(finding(&r, ID).is_none(), "{r:#}");
     assert!(
-        setitimer_per_statement(&r) < 0.05,
+        per_statement(&r, "setitimer") < 0.05,
         "{}",
-        setitimer_per_statement(&r)
+        per_statement(&r, "setitimer")
     );
     assert_torn_down(&out);
 }

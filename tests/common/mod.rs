@@ -1,0 +1,64 @@
+//! Helpers shared by the end-to-end lab tests.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::Path;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+/// Run `pgbelow ARGS --out OUT` (ARGS ending in `--format json`), assert it
+/// succeeded, and parse the JSON report it printed.
+pub fn run_json(mut cmd: Command, args: &[&str], out: &Path) -> Value {
+    let assert = cmd
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .timeout(Duration::from_secs(900))
+        .assert();
+    let o = assert.get_output();
+    assert!(
+        o.status.success(),
+        "pgbelow {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("JSON report on stdout")
+}
+
+/// `run_json` with the plain binary.
+pub fn lab_json(args: &[&str], out: &Path) -> Value {
+    run_json(Command::cargo_bin("pgbelow").unwrap(), args, out)
+}
+
+pub fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
+    r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+}
+
+/// Calls of `syscall` per statement made by the backends (0 if absent).
+pub fn per_statement(r: &Value, syscall: &str) -> f64 {
+    r["syscalls"]["by_role"]["backend"]["top"]
+        .as_array()
+        .expect("backend syscalls")
+        .iter()
+        .find(|row| row["syscall"] == syscall)
+        .and_then(|row| row["per_statement"].as_f64())
+        .unwrap_or(0.0)
+}
+
+/// Everything the lab started is gone: the postmaster and its data directory.
+pub fn assert_torn_down(out: &Path) {
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let pid = m["postgres"]["postmaster_pid"].as_u64().unwrap();
+    assert!(pid > 0);
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "postmaster {pid} still running"
+    );
+    let data = m["postgres"]["data_dir"].as_str().unwrap();
+    assert!(!Path::new(data).exists(), "{data} left behind");
+}
