@@ -105,9 +105,10 @@ pub struct LabRunArgs {
     /// A server setting for the lab cluster, repeatable.
     #[arg(long = "set", value_name = "GUC=VALUE", value_parser = parse_guc)]
     pub set: Vec<(String, String)>,
-    /// Seconds of workload.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=86400))]
-    pub duration: u32,
+    /// Seconds of workload (default 20; checkpoint-stall: 60, so that a timed
+    /// checkpoint runs under load).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=86400))]
+    pub duration: Option<u32>,
     /// pgbench clients (default 1; syncrep-commit: 8).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub clients: Option<u32>,
@@ -138,6 +139,12 @@ pub struct LabRunArgs {
     /// drop-many: drop all tables in one transaction instead of one per transaction.
     #[arg(long)]
     pub one_transaction: bool,
+    /// checkpoint-stall: write bandwidth of the data device, MB/s (default 4).
+    #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u32).range(1..=100000))]
+    pub write_limit: Option<u32>,
+    /// checkpoint-stall: dirty page cap of the data device, MB (default 128).
+    #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u32).range(1..=1000000))]
+    pub dirty_cap: Option<u32>,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]

@@ -170,6 +170,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         replication: Default::default(),
         sweep: false,
         drop_many: Default::default(),
+        stall: Default::default(),
     };
     let res = lab::run(&probe)?;
     let r = &res.report;
@@ -219,6 +220,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         },
         sweep: false,
         drop_many: Default::default(),
+        stall: Default::default(),
     };
     let mut findings = r.findings.clone();
     match lab::run(&syncrep) {

@@ -47,6 +47,8 @@ pub struct LabOptions {
     pub sweep: bool,
     /// `drop-many`'s parameters.
     pub drop_many: crate::scenarios::drop_many::Options,
+    /// `checkpoint-stall`'s device limits.
+    pub stall: crate::scenarios::checkpoint_stall::Options,
 }
 
 /// `--standbys N --sync MODE --standby-set GUC=VALUE…`
@@ -206,8 +208,9 @@ pub fn run(opts: &LabOptions) -> Result<LabResult> {
             &status,
         )
     });
+    let unlimited = stall.as_mut().map_or(Ok(()), |d| d.unlimit());
     let stopped = topo.stop();
-    let removed = stall.take().map_or(Ok(()), |mut d| d.teardown());
+    let removed = unlimited.and(stall.take().map_or(Ok(()), |mut d| d.teardown()));
     let res = result?;
     stopped.context("stopping the lab cluster(s)")?;
     removed?;
@@ -265,7 +268,7 @@ fn run_on(
             &|db: &str, sql: &str| cluster.psql(db, sql),
             &dev.tablespace_dir(),
         )?;
-        dev.limit(status)?;
+        dev.limit(&opts.stall, status)?;
     } else {
         crate::scenarios::prepare(opts, &cluster.conninfo("bench"), status)?;
     }

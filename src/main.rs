@@ -117,7 +117,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     (None, None) => PgChoice::System,
                 },
                 set: a.set,
-                duration_s: a.duration,
+                duration_s: a.duration.unwrap_or(match a.scenario {
+                    ScenarioArg::CheckpointStall => {
+                        pgbelow::scenarios::checkpoint_stall::DEFAULT_DURATION_S
+                    }
+                    _ => 20,
+                }),
                 clients: a.clients.unwrap_or(match a.scenario {
                     ScenarioArg::SyncrepCommit => 8,
                     ScenarioArg::CheckpointStall => {
@@ -144,6 +149,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     tables: a.tables,
                     empty: a.empty_tables,
                     one_transaction: a.one_transaction,
+                },
+                stall: pgbelow::scenarios::checkpoint_stall::Options {
+                    write_mbps: a.write_limit,
+                    dirty_cap_mb: a.dirty_cap,
                 },
             };
             let res = lab::run(&opts)?;

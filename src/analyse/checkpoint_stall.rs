@@ -170,6 +170,9 @@ impl Rule for CheckpointStall {
                      (sync_file_range) instead of one fsync-time flood; raise checkpoint_completion_target (0.9) and \
                      checkpoint_timeout/max_wal_size so each checkpoint writes less, more slowly; cap the page \
                      cache's backlog with vm.dirty_background_bytes (e.g. 64–256 MB) so the flusher starts early. \
+                     When the device drains more slowly than the checkpoint writes (buffers written ÷ write \
+                     phase), flush control shrinks the page-cache backlog but the writers are still throttled: \
+                     spread the checkpoint over more time or give the data files more write bandwidth. \
                      Prove it with a second `pgbelow lab run --scenario checkpoint-stall --set \
                      checkpoint_flush_after=256kB` and `pgbelow compare`."
                 .into(),

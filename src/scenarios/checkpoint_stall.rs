@@ -19,20 +19,39 @@ use crate::lab::LabOptions;
 
 /// Tablespace holding the hot table (on the loop device).
 pub const TABLESPACE: &str = "pgbelow_stall";
-/// Hot-table key range: inserts keep growing the table for the whole run.
-pub const KEY_RANGE: u64 = 3_600_000;
+/// Hot-table key range: most upserts insert, so backends keep extending the
+/// table's file, the one the checkpointer writes (and is throttled on) while
+/// it holds the inode lock. With a range close to the preload (updates in
+/// place) the backends rarely write and the stall did not reproduce.
+pub const KEY_RANGE: u64 = 100_000_000;
 /// Rows loaded before the run (before the limits apply).
 pub const PRELOAD_ROWS: u64 = 3_000_000;
 
 /// The seed's upsert: random key, insert or update in place.
-pub const SCRIPT: &str = "\\set id random(1, 3600000)\n\
+pub const SCRIPT: &str = "\\set id random(1, 100000000)\n\
 insert into stall_hot (id, info, crt_time) values (:id, md5(random()::text), now()) \
 on conflict (id) do update set info = excluded.info, crt_time = excluded.crt_time;\n";
 
-/// Write bandwidth allowed on the device, bytes/s.
-pub const WRITE_BPS: u64 = 8 * 1024 * 1024;
-/// The bdi's dirty cap, bytes.
-pub const BDI_MAX_BYTES: u64 = 128 * 1024 * 1024;
+/// Write bandwidth allowed on the device, MB/s (`--write-limit`).
+pub const DEFAULT_WRITE_MBPS: u32 = 4;
+/// The bdi's dirty cap, MB (`--dirty-cap`).
+pub const DEFAULT_DIRTY_CAP_MB: u32 = 128;
+
+/// `--write-limit MB/s --dirty-cap MB`: the device's limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    pub write_mbps: Option<u32>,
+    pub dirty_cap_mb: Option<u32>,
+}
+
+impl Options {
+    pub fn write_bps(&self) -> u64 {
+        u64::from(self.write_mbps.unwrap_or(DEFAULT_WRITE_MBPS).max(1)) << 20
+    }
+    pub fn dirty_cap_bytes(&self) -> u64 {
+        u64::from(self.dirty_cap_mb.unwrap_or(DEFAULT_DIRTY_CAP_MB).max(1)) << 20
+    }
+}
 /// Size of the (sparse) backing file.
 const DEVICE_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 
@@ -50,6 +69,8 @@ pub const DEFAULT_SETTINGS: &[(&str, &str)] = &[
 ];
 
 pub const DEFAULT_CLIENTS: u32 = 8;
+/// The first timed checkpoint starts ≈ 30 s in; its writes need the rest.
+pub const DEFAULT_DURATION_S: u32 = 60;
 
 /// The lab options with the scenario's settings added where `--set` left them out.
 pub fn with_defaults(opts: &LabOptions) -> LabOptions {
@@ -204,14 +225,14 @@ impl StallDevice {
     }
 
     /// Apply the write limit and the bdi dirty cap (after the table is loaded).
-    pub fn limit(&mut self, status: &dyn Fn(&str)) -> Result<()> {
+    pub fn limit(&mut self, o: &Options, status: &dyn Fn(&str)) -> Result<()> {
         let mm = self.maj_min.clone().context("no device")?;
-        self.set_limit(&mm)?;
+        self.set_limit(&mm, o.write_bps())?;
         let bdi = PathBuf::from(format!("/sys/class/bdi/{mm}"));
         // max_bytes is kept as a ratio: restoring means writing max_ratio back.
         for (file, restore, value) in [
             ("strict_limit", "strict_limit", "1".to_string()),
-            ("max_bytes", "max_ratio", BDI_MAX_BYTES.to_string()),
+            ("max_bytes", "max_ratio", o.dirty_cap_bytes().to_string()),
         ] {
             let r = bdi.join(restore);
             let old = std::fs::read_to_string(&r)
@@ -222,16 +243,16 @@ impl StallDevice {
         }
         status(&format!(
             "{mm}: writes limited to {} MB/s, bdi dirty cap {} MB",
-            WRITE_BPS >> 20,
-            BDI_MAX_BYTES >> 20
+            o.write_bps() >> 20,
+            o.dirty_cap_bytes() >> 20
         ));
         Ok(())
     }
 
-    fn set_limit(&mut self, mm: &str) -> Result<()> {
+    fn set_limit(&mut self, mm: &str, bps: u64) -> Result<()> {
         let v1 = Path::new("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device");
         if v1.exists() {
-            std::fs::write(v1, format!("{mm} {WRITE_BPS}"))
+            std::fs::write(v1, format!("{mm} {bps}"))
                 .with_context(|| format!("writing {}", v1.display()))?;
             self.limit = Some(Limit::V1(vec![v1.to_path_buf()]));
             return Ok(());
@@ -252,7 +273,7 @@ impl StallDevice {
                 cgroup: cg.clone(),
                 parent: root.to_path_buf(),
             });
-            std::fs::write(cg.join("io.max"), format!("{mm} wbps={WRITE_BPS}"))
+            std::fs::write(cg.join("io.max"), format!("{mm} wbps={bps}"))
                 .with_context(|| format!("writing {}/io.max", cg.display()))?;
             return Ok(());
         }
@@ -279,9 +300,23 @@ impl StallDevice {
         Ok(())
     }
 
-    /// Undo everything; the problems found, if any.
-    pub fn teardown(&mut self) -> Result<()> {
+    /// Lift the write limit and the dirty cap, first thing after the
+    /// workload: a shutdown checkpoint draining through them takes minutes,
+    /// and processes waiting on a throttled inode cannot even be killed.
+    pub fn unlimit(&mut self) -> Result<()> {
         let mut problems = Vec::new();
+        self.unlimit_into(&mut problems);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            bail!(
+                "lifting the checkpoint-stall limits: {}",
+                problems.join("; ")
+            )
+        }
+    }
+
+    fn unlimit_into(&mut self, problems: &mut Vec<String>) {
         for (p, old) in self.bdi_old.drain(..).rev() {
             if let Err(e) = std::fs::write(&p, &old) {
                 problems.push(format!("restoring {}: {e}", p.display()));
@@ -309,6 +344,12 @@ impl StallDevice {
             }
             None => {}
         }
+    }
+
+    /// Undo everything; the problems found, if any.
+    pub fn teardown(&mut self) -> Result<()> {
+        let mut problems = Vec::new();
+        self.unlimit_into(&mut problems);
         if self.mounted {
             let ok = run(Command::new("umount").arg(&self.mount)).is_ok()
                 || run(Command::new("umount").arg("-l").arg(&self.mount)).is_ok();
@@ -365,6 +406,7 @@ mod tests {
             replication: Default::default(),
             sweep: false,
             drop_many: Default::default(),
+            stall: Default::default(),
         };
         o.set
             .push(("checkpoint_flush_after".into(), "256kB".into()));

@@ -436,6 +436,7 @@ mod tests {
             replication: Default::default(),
             sweep: false,
             drop_many: Default::default(),
+            stall: Default::default(),
         };
         o.replication.standby_set = vec![("shared_buffers".into(), "128MB".into())];
         let d = with_defaults(&o);

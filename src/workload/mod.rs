@@ -75,7 +75,7 @@ impl Scenario {
             }
             Scenario::CheckpointStall => {
                 "pgbench -f upsert over a growing hot table (8 clients) whose files sit on an ext4 \
-                 loop device limited to 8 MB/s of writes with a 128 MB bdi dirty cap (root only; \
+                 loop device limited to 4 MB/s of writes with a 128 MB bdi dirty cap (root only; \
                  all removed afterwards); shared_buffers=2GB, checkpoint_timeout=30s, \
                  *_flush_after=0: checkpoints drain a large dirty backlog and tps dips (seed 001). \
                  Override with --set (e.g. checkpoint_flush_after=256kB)"
