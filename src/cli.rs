@@ -31,6 +31,8 @@ pub enum Command {
     Doctor(DoctorArgs),
 }
 
+// Parsed once per process: the size of `Run` does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum LabCommand {
     /// Run a scenario.
@@ -39,7 +41,7 @@ pub enum LabCommand {
     List,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ScenarioArg {
     SelectOnly,
     Tpcb,
@@ -127,9 +129,18 @@ pub struct LabRunArgs {
     #[arg(long = "standby-set", value_name = "GUC=VALUE", value_parser = parse_guc)]
     pub standby_set: Vec<(String, String)>,
     /// After the recorded run, the scenario's sweep: syncrep-commit runs the
-    /// workload at each synchronous_commit level and reports tps per level.
+    /// workload at each synchronous_commit level and reports tps per level;
+    /// drop-many drops N tables for each N and standby shared_buffers of
+    /// --sweep-tables × --sweep-standby-shared-buffers (a fresh primary and
+    /// standby per shared_buffers) and fits the growth on log-log.
     #[arg(long)]
     pub sweep: bool,
+    /// drop-many --sweep: table counts (default 50,100,200).
+    #[arg(long, value_name = "LIST", requires = "sweep", value_parser = parse_table_list)]
+    pub sweep_tables: Option<TableList>,
+    /// drop-many --sweep: standby shared_buffers values (default 128MB,1GB,4GB).
+    #[arg(long, value_name = "LIST", requires = "sweep", value_parser = parse_size_list)]
+    pub sweep_standby_shared_buffers: Option<SizeList>,
     /// drop-many: tables to create and drop (default 300).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000000))]
     pub tables: Option<u32>,
@@ -139,6 +150,10 @@ pub struct LabRunArgs {
     /// drop-many: drop all tables in one transaction instead of one per transaction.
     #[arg(long)]
     pub one_transaction: bool,
+    /// Issue CHECKPOINT this many seconds into a pgbench workload (select-only,
+    /// tpcb, checkpoint-stall) to see what a checkpoint does under load.
+    #[arg(long, value_name = "S", value_parser = clap::value_parser!(u32).range(0..=86400))]
+    pub checkpoint_at: Option<u32>,
     /// checkpoint-stall: write bandwidth of the data device, MB/s (default 4).
     #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u32).range(1..=100000))]
     pub write_limit: Option<u32>,
@@ -213,6 +228,74 @@ pub struct DoctorArgs {
     pub fail_on: Option<SeverityArg>,
 }
 
+impl LabRunArgs {
+    /// A flag given for a scenario that would silently ignore it: the flag
+    /// and the scenarios it belongs to.
+    pub fn misplaced_flag(&self) -> Option<(&'static str, &'static str)> {
+        use ScenarioArg::*;
+        let s = self.scenario;
+        let drop_many = s == DropMany;
+        let checks: [(bool, &str, &str); 8] = [
+            (self.tables.is_some() && !drop_many, "--tables", "drop-many"),
+            (
+                self.empty_tables && !drop_many,
+                "--empty-tables",
+                "drop-many",
+            ),
+            (
+                self.one_transaction && !drop_many,
+                "--one-transaction",
+                "drop-many",
+            ),
+            (
+                self.sweep_tables.is_some() && !drop_many,
+                "--sweep-tables",
+                "drop-many",
+            ),
+            (
+                self.sweep_standby_shared_buffers.is_some() && !drop_many,
+                "--sweep-standby-shared-buffers",
+                "drop-many",
+            ),
+            (
+                self.sweep && !matches!(s, DropMany | SyncrepCommit),
+                "--sweep",
+                "syncrep-commit and drop-many",
+            ),
+            (
+                (self.write_limit.is_some() || self.dirty_cap.is_some()) && s != CheckpointStall,
+                "--write-limit/--dirty-cap",
+                "checkpoint-stall",
+            ),
+            (
+                self.checkpoint_at.is_some() && !matches!(s, SelectOnly | Tpcb | CheckpointStall),
+                "--checkpoint-at",
+                "select-only, tpcb and checkpoint-stall (the pgbench workloads)",
+            ),
+        ];
+        checks
+            .into_iter()
+            .find(|c| c.0)
+            .map(|(_, flag, owners)| (flag, owners))
+    }
+}
+
+/// `--sweep-tables 50,100,200`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableList(pub Vec<u32>);
+
+/// `--sweep-standby-shared-buffers 128MB,1GB`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SizeList(pub Vec<String>);
+
+fn parse_table_list(s: &str) -> Result<TableList, String> {
+    pgbelow::scenarios::drop_sweep::parse_tables(s).map(TableList)
+}
+
+fn parse_size_list(s: &str) -> Result<SizeList, String> {
+    pgbelow::scenarios::drop_sweep::parse_sizes(s).map(SizeList)
+}
+
 fn parse_guc(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -241,6 +324,76 @@ mod tests {
         assert_eq!(parse_guc("a.b=x=y").unwrap(), ("a.b".into(), "x=y".into()));
         assert!(parse_guc("novalue").is_err());
         assert!(parse_guc("bad name=1").is_err());
+    }
+
+    fn run_args(args: &[&str]) -> LabRunArgs {
+        let cli = Cli::try_parse_from(["pgbelow", "lab", "run"].iter().chain(args)).unwrap();
+        let Command::Lab(LabCommand::Run(a)) = cli.command else {
+            panic!("not lab run");
+        };
+        a
+    }
+
+    #[test]
+    fn flags_of_another_scenario_are_refused() {
+        let a = run_args(&["--scenario", "tpcb", "--tables", "5"]);
+        assert_eq!(a.misplaced_flag(), Some(("--tables", "drop-many")));
+        let a = run_args(&["--scenario", "explain-timing", "--sweep"]);
+        assert_eq!(a.misplaced_flag().unwrap().0, "--sweep");
+        let a = run_args(&["--scenario", "tpcb", "--write-limit", "8"]);
+        assert_eq!(a.misplaced_flag().unwrap().0, "--write-limit/--dirty-cap");
+        let a = run_args(&["--scenario", "drop-many", "--checkpoint-at", "3"]);
+        assert_eq!(a.misplaced_flag().unwrap().0, "--checkpoint-at");
+        for ok in [
+            &["--scenario", "drop-many", "--tables", "5", "--sweep"][..],
+            &["--scenario", "syncrep-commit", "--sweep"],
+            &[
+                "--scenario",
+                "checkpoint-stall",
+                "--dirty-cap",
+                "64",
+                "--checkpoint-at",
+                "10",
+            ],
+            &["--scenario", "tpcb", "--checkpoint-at", "5"],
+        ] {
+            assert_eq!(run_args(ok).misplaced_flag(), None, "{ok:?}");
+        }
+    }
+
+    #[test]
+    fn sweep_lists() {
+        let cli = Cli::try_parse_from([
+            "pgbelow",
+            "lab",
+            "run",
+            "--scenario",
+            "drop-many",
+            "--sweep",
+            "--sweep-tables",
+            "60,20",
+            "--sweep-standby-shared-buffers",
+            "2GB,128MB",
+        ])
+        .unwrap();
+        let Command::Lab(LabCommand::Run(a)) = cli.command else {
+            panic!("not lab run");
+        };
+        assert_eq!(a.sweep_tables, Some(TableList(vec![20, 60])));
+        assert_eq!(
+            a.sweep_standby_shared_buffers,
+            Some(SizeList(vec!["128MB".into(), "2GB".into()]))
+        );
+        // The lists need --sweep; a bad size is a usage error.
+        let base = ["pgbelow", "lab", "run", "--scenario", "drop-many"];
+        let without = [&base[..], &["--sweep-tables", "20"]].concat();
+        assert!(Cli::try_parse_from(without).is_err());
+        let bad = [
+            &base[..],
+            &["--sweep", "--sweep-standby-shared-buffers", "2XB"],
+        ]
+        .concat();
+        assert!(Cli::try_parse_from(bad).is_err());
     }
 
     #[test]

@@ -23,6 +23,49 @@ pub struct Comparison {
     /// Backend syscalls per statement, A vs B, largest change first.
     pub syscalls_per_statement: Vec<SyscallChange>,
     pub findings: FindingChanges,
+    /// Findings raised in both: severity and the numbers of their evidence,
+    /// A vs B (did the change soften it?).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub persisting_evidence: Vec<EvidenceChange>,
+    /// Machine-wide Dirty+Writeback peak, MB, A vs B.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writeback_peak_mb: Option<[f64; 2]>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EvidenceChange {
+    pub id: String,
+    pub severity: [String; 2],
+    /// Top-level numeric evidence present on both sides, by name.
+    pub numbers: BTreeMap<String, [f64; 2]>,
+}
+
+/// Side-by-side evidence of the findings both reports raised.
+fn persisting_evidence(a: &Report, b: &Report) -> Vec<EvidenceChange> {
+    let mut out = Vec::new();
+    for fa in &a.findings {
+        let Some(fb) = b.findings.iter().find(|f| f.id == fa.id) else {
+            continue;
+        };
+        let mut numbers = BTreeMap::new();
+        if let (Some(ea), Some(eb)) = (fa.evidence.as_object(), fb.evidence.as_object()) {
+            for (k, va) in ea {
+                if let (Some(x), Some(y)) = (va.as_f64(), eb.get(k).and_then(|v| v.as_f64())) {
+                    numbers.insert(k.clone(), [x, y]);
+                }
+            }
+        }
+        out.push(EvidenceChange {
+            id: fa.id.clone(),
+            severity: [
+                fa.severity.as_str().to_string(),
+                fb.severity.as_str().to_string(),
+            ],
+            numbers,
+        });
+    }
+    out.sort_by(|x, y| x.id.cmp(&y.id));
+    out
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -218,6 +261,14 @@ pub fn compare(a_name: &str, a: &Report, b_name: &str, b: &Report) -> Comparison
             new: idb.difference(&ida).map(|s| s.to_string()).collect(),
             persisting: ida.intersection(&idb).map(|s| s.to_string()).collect(),
         },
+        persisting_evidence: persisting_evidence(a, b),
+        writeback_peak_mb: match (&a.system, &b.system) {
+            (Some(x), Some(y)) => Some([
+                crate::round3(x.dirty_writeback_peak.kb as f64 / 1024.0),
+                crate::round3(y.dirty_writeback_peak.kb as f64 / 1024.0),
+            ]),
+            _ => None,
+        },
     }
 }
 
@@ -260,6 +311,12 @@ pub fn render(c: &Comparison) -> String {
             );
         }
     }
+    if let Some([x, y]) = c.writeback_peak_mb {
+        let _ = writeln!(
+            o,
+            "\nDirty+Writeback peak (machine-wide): {x:.1} MB → {y:.1} MB"
+        );
+    }
     let f = &c.findings;
     let list = |v: &Vec<String>| {
         if v.is_empty() {
@@ -275,7 +332,27 @@ pub fn render(c: &Comparison) -> String {
         list(&f.new),
         list(&f.persisting)
     );
+    for e in &c.persisting_evidence {
+        let _ = writeln!(o, "  {} [{} → {}]", e.id, e.severity[0], e.severity[1]);
+        let nums: Vec<String> = e
+            .numbers
+            .iter()
+            .map(|(k, [x, y])| format!("{k} {} → {}", num(*x), num(*y)))
+            .collect();
+        if !nums.is_empty() {
+            let _ = writeln!(o, "    {}", nums.join("; "));
+        }
+    }
     o
+}
+
+/// Shortest faithful form: integers without decimals, others to 3 places.
+fn num(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{x:.0}")
+    } else {
+        format!("{:.3}", crate::round3(x))
+    }
 }
 
 #[cfg(test)]
@@ -308,6 +385,32 @@ mod tests {
         assert_eq!((s.a, s.b), (1.0, 0.0));
         assert!(c.tps.is_some());
         assert!(render(&c).contains("resolved in B: timer-syscalls-per-statement"));
+    }
+
+    // Two real drop-many runs on 13, standby shared_buffers 128MB vs 1GB:
+    // the finding persists, and its evidence shows how much worse it got.
+    #[test]
+    fn a_persisting_finding_shows_its_evidence_side_by_side() {
+        let c = compare(
+            "128MB",
+            &report("pg13-drop-many-1row-128m"),
+            "1GB",
+            &report("pg13-drop-many-1row-1g"),
+        );
+        assert_eq!(c.findings.persisting, vec!["standby-replay-drop-cost"]);
+        let e = &c.persisting_evidence[0];
+        assert_eq!(e.id, "standby-replay-drop-cost");
+        assert_eq!(e.severity, ["warning".to_string(), "warning".to_string()]);
+        assert_eq!(e.numbers["startup_cpu_ms_per_drop"], [0.525, 1.792]);
+        assert_eq!(e.numbers["tables"], [200.0, 200.0]);
+        // Booleans are not numbers.
+        assert!(!e.numbers.contains_key("empty_tables"));
+        let text = render(&c);
+        assert!(
+            text.contains("startup_cpu_ms_per_drop 0.525 → 1.792"),
+            "{text}"
+        );
+        assert!(text.contains("tables 200 → 200"), "{text}");
     }
 
     #[test]

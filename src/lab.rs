@@ -43,12 +43,43 @@ pub struct LabOptions {
     /// Standbys beside the primary (none by default).
     pub replication: Replication,
     /// After the recorded run, the scenario's sweep (syncrep-commit: tps per
-    /// synchronous_commit level).
+    /// synchronous_commit level; drop-many: cost per drop over N × standby
+    /// shared_buffers).
     pub sweep: bool,
     /// `drop-many`'s parameters.
     pub drop_many: crate::scenarios::drop_many::Options,
     /// `checkpoint-stall`'s device limits.
     pub stall: crate::scenarios::checkpoint_stall::Options,
+    /// `--checkpoint-at S`: issue CHECKPOINT this many seconds into a
+    /// pgbench workload, to see what one does under load.
+    pub checkpoint_at: Option<u32>,
+}
+
+impl LabOptions {
+    /// The scenario on `pg` with the CLI's defaults: 20 s, one client,
+    /// scale 1, the default collectors, no standbys, nothing else set.
+    pub fn new(scenario: Scenario, pg: PgChoice) -> LabOptions {
+        LabOptions {
+            scenario,
+            pg,
+            set: Vec::new(),
+            duration_s: 20,
+            clients: 1,
+            scale: 1,
+            collectors: crate::collect::DEFAULT
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            syscall_mechanism: None,
+            out: None,
+            show_progress: false,
+            replication: Default::default(),
+            sweep: false,
+            drop_many: Default::default(),
+            stall: Default::default(),
+            checkpoint_at: None,
+        }
+    }
 }
 
 /// `--standbys N --sync MODE --standby-set GUC=VALUE…`
@@ -248,7 +279,7 @@ fn run_on(
     pgbench: &Pgbench,
     out: &Path,
     opts: &LabOptions,
-    stall: Option<&mut crate::scenarios::checkpoint_stall::StallDevice>,
+    mut stall: Option<&mut crate::scenarios::checkpoint_stall::StallDevice>,
     status: &dyn Fn(&str),
 ) -> Result<LabResult> {
     check_interrupt()?;
@@ -262,7 +293,7 @@ fn run_on(
     if opts.scenario.pgbench_init() {
         status(&format!("pgbench -i -s {}", opts.scale));
         pgbench.init(&target, opts.scale)?;
-    } else if let Some(dev) = stall {
+    } else if let Some(dev) = stall.as_deref_mut() {
         status("creating the hot table on the limited device");
         crate::scenarios::checkpoint_stall::prepare(
             &|db: &str, sql: &str| cluster.psql(db, sql),
@@ -289,6 +320,11 @@ fn run_on(
     manifest.postgres.postmaster_pid = cluster.postmaster_pid();
     manifest.postgres.data_dir = Some(cluster.data_dir().display().to_string());
     manifest.postgres.settings = settings;
+    if let Some(dev) = stall.as_deref() {
+        manifest
+            .facts
+            .insert("stall_device".into(), dev.fact(&opts.stall));
+    }
     if !topo.standbys().is_empty() {
         let nodes = std::iter::once(("primary", cluster)).chain(
             topo.standbys()
@@ -370,6 +406,9 @@ fn run_on(
             .map(|s| s.trim().to_string());
         crate::scenarios::syncrep_commit::sweep(opts, pgbench, &target, &dir, sync, status)?;
     }
+    if opts.sweep && opts.scenario == Scenario::DropMany && !interrupt::requested() {
+        crate::scenarios::drop_sweep::sweep(opts, install, &dir, status)?;
+    }
     let loaded = Loaded::open(&dir)?;
     let rep = report::build(&loaded);
     report::write_files(&dir, &rep)?;
@@ -416,7 +455,19 @@ fn drive(
     let mut run = pgbench.start(target, opts.scenario, opts.clients, opts.duration_s)?;
     let mut interrupted = false;
     let mut seen = Vec::new();
+    let mut checkpoint: Option<std::thread::JoinHandle<Result<()>>> = None;
     tick_while(session, t_start + 1.0, |session| {
+        if let Some(at) = opts.checkpoint_at {
+            if checkpoint.is_none() && session.t() - t_start >= f64::from(at) {
+                // CHECKPOINT returns when it is done: off the tick loop.
+                let dsn = target.conninfo();
+                checkpoint = Some(std::thread::spawn(move || {
+                    crate::scenarios::connect(&dsn)?
+                        .batch_execute("CHECKPOINT")
+                        .context("CHECKPOINT (--checkpoint-at)")
+                }));
+            }
+        }
         for p in run.progress() {
             bar.set_position(p.t as u64);
             bar.set_message(format!("{:.0} tps, lat {:.3} ms", p.tps, p.lat_ms));
@@ -447,6 +498,10 @@ fn drive(
         session.writer().append(files::PROGRESS, &p)?;
     }
     bar.finish_and_clear();
+    if let Some(h) = checkpoint {
+        h.join()
+            .map_err(|_| anyhow::anyhow!("the CHECKPOINT thread panicked"))??;
+    }
     let mut source = format!(
         "pgbench transactions × {} statement(s) per {} transaction",
         opts.scenario.statements_per_transaction(),

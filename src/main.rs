@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
 use cli::{Cli, Command, Format, LabCommand, MechanismArg, ScenarioArg, SeverityArg, SyncArg};
 use pgbelow::analyse::Severity;
@@ -90,6 +90,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Lab(LabCommand::Run(a)) => {
+            if let Some((flag, owners)) = a.misplaced_flag() {
+                return Err(pgbelow::error::fixable(
+                    format!(
+                        "{flag} does nothing for --scenario {}",
+                        a.scenario
+                            .to_possible_value()
+                            .map_or("?".into(), |v| v.get_name().to_string())
+                    ),
+                    format!("drop {flag}, or run it with {owners}"),
+                ));
+            }
             // syncrep-commit needs commits that wait: 2 standbys unless told otherwise.
             let standbys = a.standbys.unwrap_or(match a.scenario {
                 ScenarioArg::SyncrepCommit => 2,
@@ -149,11 +160,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     tables: a.tables,
                     empty: a.empty_tables,
                     one_transaction: a.one_transaction,
+                    sweep_tables: a.sweep_tables.map(|l| l.0),
+                    sweep_shared_buffers: a.sweep_standby_shared_buffers.map(|l| l.0),
                 },
                 stall: pgbelow::scenarios::checkpoint_stall::Options {
                     write_mbps: a.write_limit,
                     dirty_cap_mb: a.dirty_cap,
                 },
+                checkpoint_at: a.checkpoint_at,
             };
             let res = lab::run(&opts)?;
             print(&render(&res.report, a.output.format)?)?;

@@ -185,8 +185,15 @@ pub fn descendants(root: u32) -> Vec<u32> {
 }
 
 /// Describe a live process of the cluster whose postmaster is `postmaster`.
+///
+/// None when the process is gone, and also when it has exited but is not
+/// reaped yet: the kernel drops an exiting process's memory, and with it the
+/// title, so its /proc/PID/cmdline reads empty (every PostgreSQL process,
+/// and any program it runs, has a non-empty one). Named from that empty title
+/// it would be filed as "other" for good, and a backend that lived less than
+/// one sampling interval would lose its syscalls to that role.
 pub fn describe(pid: u32, postmaster: u32) -> Option<ProcessInfo> {
-    let title = read_title(pid)?;
+    let title = read_title(pid).filter(|t| !t.is_empty())?;
     let ppid = read_ppid(pid)?;
     let role = if pid == postmaster {
         Role::Postmaster
@@ -287,6 +294,43 @@ mod tests {
             parse_cmdline(b"/usr/bin/postgres\0-D\0/tmp/x\0"),
             "/usr/bin/postgres -D /tmp/x"
         );
+    }
+
+    /// The state letter of /proc/PID/stat.
+    fn state(pid: u32) -> Option<char> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+    }
+
+    #[test]
+    fn an_exited_unreaped_child_is_not_described() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        let me = std::process::id();
+        let t0 = std::time::Instant::now();
+        // Until it has exec'ed, the child shows this test's command line.
+        while read_title(pid).as_deref() != Some("sleep 30") {
+            assert!(t0.elapsed().as_secs() < 10, "{pid} did not exec");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let live = describe(pid, me).expect("a live child is described");
+        assert_eq!((live.role, live.title.as_str()), (Role::Other, "sleep 30"));
+        // SAFETY: kill has no memory preconditions; the child is ours and
+        // not reaped, so its pid cannot have been reused.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        while state(pid) != Some('Z') {
+            assert!(t0.elapsed().as_secs() < 10, "{pid} is not a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let zombie = describe(pid, me);
+        let title = read_title(pid);
+        child.wait().unwrap();
+        // /proc still lists it, with an empty title.
+        assert_eq!(title.as_deref(), Some(""));
+        assert_eq!(zombie, None);
     }
 
     #[test]

@@ -30,6 +30,14 @@ fn doctor_checks_the_machine_and_probes_the_system_postgres() {
     // The system PostgreSQL here is 15: measured, not exposed.
     assert!(stdout.contains("not exposed"), "{stdout}");
     assert!(stdout.contains("Probe: synchronous commit"), "{stdout}");
+    // The checkpoint probe saw its CHECKPOINT under load and measured it.
+    assert!(stdout.contains("Probe: checkpoint under load"), "{stdout}");
+    assert!(stdout.contains("checkpoint at t="), "{stdout}");
+    assert!(stdout.contains("Dirty+Writeback peak"), "{stdout}");
+    assert!(
+        out.join("probe-checkpoint/report.json").exists(),
+        "{stdout}"
+    );
     assert!(out.join("report.txt").exists());
     assert!(out.join("probe-syncrep/report.json").exists(), "{stdout}");
     assert!(out.join("report.json").exists());

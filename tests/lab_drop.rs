@@ -3,7 +3,10 @@
 //! transaction). On 13 the standby's startup process scans its whole buffer
 //! pool per dropped relation and `standby-replay-drop-cost` fires; on 15 a
 //! table with a row has its size cached on the standby, the scan is skipped,
-//! and the rule stays silent.
+//! and the rule stays silent. Replay lag is sampled on the primary during
+//! the drops; `--sweep` fits the cost's growth over N and shared_buffers.
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -61,6 +64,24 @@ fn drop_many_fires_on_13_not_on_15() {
     let cpu = ev["startup_cpu_ms_per_drop"].as_f64().unwrap();
     assert!((0.5..50.0).contains(&cpu), "startup CPU per drop {cpu} ms");
     assert!(ev["ms_per_drop"].as_f64().unwrap() > ev["baseline_ms_per_drop"].as_f64().unwrap());
+    // The standby replays each drop for milliseconds: pg_stat_replication
+    // shows a replay lag while the drops run.
+    let lag = ev["replay_lag_ms_max"]
+        .as_f64()
+        .expect("replay lag in the evidence");
+    assert!(lag > 0.0, "replay lag max {lag} ms");
+    assert!(ev["replay_lag_ms_mean"].as_f64().unwrap() > 0.0);
+    assert!(ev["replay_lag_samples"].as_u64().unwrap() >= 3);
+    assert!(ev["replay_lag_bytes_max"].is_u64(), "{ev:#}");
+    assert_eq!(
+        r13["drop_many"]["replay_lag"]["replay_lag_ms_max"],
+        ev["replay_lag_ms_max"]
+    );
+    let samples = std::fs::read_to_string(tmp.path().join("pg13/drop_lag.jsonl")).unwrap();
+    assert_eq!(
+        samples.lines().count() as u64,
+        ev["replay_lag_samples"].as_u64().unwrap()
+    );
     let drops = std::fs::read_to_string(tmp.path().join("pg13/drop.jsonl")).unwrap();
     assert_eq!(
         drops.lines().count(),
@@ -79,4 +100,101 @@ fn drop_many_fires_on_13_not_on_15() {
     )
     .unwrap();
     assert_eq!(w["statements"], 110);
+    // Sampled on 15 as well, though the drops replay quickly there.
+    let lag = &r15["drop_many"]["replay_lag"];
+    assert!(lag["samples"].as_u64().unwrap() >= 1, "{lag:#}");
+    assert!(lag["lag_bytes_max"].is_u64(), "{lag:#}");
+}
+
+/// A small sweep on 13 (one-row tables): each drop scans the standby's
+/// buffer pool, so the replay CPU per drop grows with shared_buffers and the
+/// total with N. Measured here: shared_buffers exponent 0.60 (0.49 → 2.7 ms
+/// per drop from 128MB to 2GB; a fixed ~0.35 ms per drop for unlinking the
+/// files keeps it below 1), N exponent 1.07.
+#[test]
+fn drop_sweep_on_13_grows_with_shared_buffers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sweep");
+    let started = std::time::Instant::now();
+    let r = common::lab_json(
+        &[
+            "lab",
+            "run",
+            "--scenario",
+            "drop-many",
+            "--pg",
+            "13",
+            "--tables",
+            "20",
+            "--collectors",
+            "none",
+            "--sweep",
+            "--sweep-tables",
+            "60,20",
+            "--sweep-standby-shared-buffers",
+            "2GB,128MB",
+            "--format",
+            "json",
+        ],
+        &out,
+    );
+    let s = &r["drop_sweep"];
+    let points = s["points"].as_array().expect("sweep points");
+    let got: Vec<(u64, &str)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["tables"].as_u64().unwrap(),
+                p["standby_shared_buffers"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [(20, "128MB"), (60, "128MB"), (20, "2GB"), (60, "2GB")],
+        "{s:#}"
+    );
+    for p in points {
+        assert_eq!(p["drops"], p["tables"], "{p:#}");
+        assert!(p["ms_per_drop"].as_f64().unwrap() > 0.0, "{p:#}");
+        assert!(
+            p["startup_cpu_ms_per_drop"].as_f64().unwrap() > 0.0,
+            "{p:#}"
+        );
+        assert!(p["replay_lag"]["samples"].as_u64().unwrap() >= 1, "{p:#}");
+    }
+    let sb = s["vs_shared_buffers"].as_array().unwrap();
+    assert_eq!(sb.len(), 2, "one fit per N: {s:#}");
+    for f in sb {
+        assert_eq!(f["y"], "startup CPU ms per drop");
+        let e = f["exponent"].as_f64().unwrap();
+        assert!(
+            e > 0.4,
+            "per-drop cost vs shared_buffers should grow: {f:#}"
+        );
+    }
+    let n = s["vs_tables"].as_array().unwrap();
+    assert_eq!(n.len(), 2, "one fit per shared_buffers: {s:#}");
+    for f in n {
+        let e = f["exponent"].as_f64().unwrap();
+        assert!((0.6..1.5).contains(&e), "total replay vs N: {f:#}");
+    }
+    assert_eq!(s["synchronous_commit"], "remote_apply");
+    assert!(
+        s["exponent_shared_buffers"].as_f64().unwrap() > 0.4,
+        "{s:#}"
+    );
+    let summary = s["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("replay cost per drop is") && summary.contains("shared_buffers"),
+        "{summary}"
+    );
+    common::assert_torn_down(&out);
+    let text = std::fs::read_to_string(out.join("report.txt")).unwrap();
+    assert!(text.contains("drop-many sweep"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(180),
+        "the sweep test took {:?}",
+        started.elapsed()
+    );
 }

@@ -130,6 +130,28 @@ impl Rule for CheckpointStall {
             ))
         })
         .collect();
+        let has =
+            |role: Role, frame: &str| blocked.iter().any(|r| r.role == role && r.frame == frame);
+        // ext4 holds the inode lock across generic_perform_write, which is
+        // where balance_dirty_pages throttles: a checkpointer paused there
+        // keeps backends that write the same file out.
+        let mechanism = if has(Role::Checkpointer, "balance_dirty_pages")
+            && has(Role::Backend, "ext4_buffered_write_iter")
+        {
+            " Backends waited in ext4_buffered_write_iter for the inode lock of a file the checkpointer was \
+             writing while the kernel paused it in balance_dirty_pages (ext4 holds that lock across the \
+             throttled write)."
+        } else {
+            ""
+        };
+        let device = rec.manifest.facts.get("stall_device").and_then(|d| {
+            Some(format!(
+                " The data files were on {} limited to {} MB/s of writes with a {} MB dirty cap.",
+                d["device"].as_str()?,
+                d["write_mb_per_s"].as_u64()?,
+                d["bdi_dirty_cap_mb"].as_u64()?
+            ))
+        });
         let r1 = |x: f64| (x * 10.0).round() / 10.0;
         let dip_secs: Vec<f64> = dips.iter().map(|d| r1(d.0)).collect();
         Some(Finding {
@@ -140,7 +162,7 @@ impl Rule for CheckpointStall {
                 "During the {} checkpoint from t={:.0} s{}, tps fell below {:.0}% of the median ({:.0}) in {} second(s), \
                  down to {:.0} tps; Dirty+Writeback peaked at {} while {}. The checkpoint's writes and the \
                  writers' own writes are throttled by the kernel's dirty limits on a device that drains slowly, and \
-                 a backend held in writeback throttling stalls every transaction that needs what it holds.",
+                 a backend held in writeback throttling stalls every transaction that needs what it holds.{}{}",
                 ckpt.flags.as_deref().unwrap_or("recorded"),
                 start,
                 ckpt.end_t.map_or(" (still running at the end of the recording)".to_string(), |e| format!(" to t={e:.0} s")),
@@ -150,6 +172,8 @@ impl Rule for CheckpointStall {
                 min_tps,
                 peak.map_or("an unrecorded level".into(), |(t, mb)| format!("{mb:.0} MB (t={t:.0} s)")),
                 if blocked_text.is_empty() { "no process states were recorded".to_string() } else { blocked_text.join(", ") },
+                mechanism,
+                device.unwrap_or_default(),
             ),
             evidence: json!({
                 "median_tps": r1(med),
@@ -164,6 +188,7 @@ impl Rule for CheckpointStall {
                 "blocked_process_s": r1(blocked_s),
                 "blocked": top_blocked,
                 "settings": settings,
+                "device_limits": rec.manifest.facts.get("stall_device"),
             }),
             remedy: "Spread and bound the writeback: turn on checkpoint_flush_after (256kB default on Linux) and \
                      bgwriter_flush_after/backend_flush_after so dirty data is handed to the kernel in small steps \

@@ -172,6 +172,13 @@ impl Rule for ReplayDropCost {
                  buffers (standby shared_buffers {sb_txt})"
             ),
         };
+        let lag_txt = match d.replay_lag.as_ref().and_then(|l| l.replay_lag_ms_max) {
+            Some(max) => format!(
+                " Replay lag on the primary (pg_stat_replication) during the drops: max {max:.1} ms, mean {:.1} ms.",
+                d.replay_lag.as_ref().and_then(|l| l.replay_lag_ms_mean).unwrap_or(0.0)
+            ),
+            None => String::new(),
+        };
         let profile_txt = match share {
             Some(s) => format!(
                 "; {:.0}% of the startup process's {samples} profile samples are in {}",
@@ -202,7 +209,7 @@ impl Rule for ReplayDropCost {
                 d.synchronous_commit,
                 d.baseline_ms_per_drop,
                 cpu_ms_per_drop,
-            ),
+            ) + &lag_txt,
             evidence: json!({
                 "drops": d.drops,
                 "baseline_drops": d.baseline_drops,
@@ -225,6 +232,11 @@ impl Rule for ReplayDropCost {
                 "standby_shared_buffers": sb,
                 "window_s": [d.t_start, d.t_end],
                 "postgres_version": version,
+                "replay_lag_ms_max": d.replay_lag.as_ref().and_then(|l| l.replay_lag_ms_max),
+                "replay_lag_ms_mean": d.replay_lag.as_ref().and_then(|l| l.replay_lag_ms_mean),
+                "replay_lag_bytes_max": d.replay_lag.as_ref().and_then(|l| l.lag_bytes_max),
+                "replay_lag_bytes_mean": d.replay_lag.as_ref().and_then(|l| l.lag_bytes_mean),
+                "replay_lag_samples": d.replay_lag.as_ref().map(|l| l.samples),
             }),
             remedy: format!(
                 "{upgrade} Until then: give the standby a smaller shared_buffers (the scan is \

@@ -47,6 +47,13 @@ pub struct Report {
     /// `syncrep-commit --sweep`: tps per synchronous_commit level.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub syncrep_sweep: Option<crate::scenarios::syncrep_commit::Sweep>,
+    /// `drop-many`: ms per DROP, its baseline and the replication lag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_many: Option<crate::scenarios::drop_many::DropSummary>,
+    /// `drop-many --sweep`: cost per drop over N × standby shared_buffers,
+    /// with the fitted growth exponents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_sweep: Option<crate::scenarios::drop_sweep::DropSweep>,
     /// Writeback and checkpoints around the worst second of tps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst_second: Option<WorstSecond>,
@@ -267,6 +274,8 @@ pub fn build(rec: &Loaded) -> Report {
         clock: sections::clock::build(rec),
         explain: sections::explain::build(rec),
         syncrep_sweep: crate::scenarios::syncrep_commit::load(rec),
+        drop_many: crate::scenarios::drop_many::load(rec),
+        drop_sweep: crate::scenarios::drop_sweep::load(rec),
         worst_second: worst_second(rec),
         findings,
     }

@@ -171,6 +171,12 @@ pub fn render(r: &Report) -> String {
     if let Some(s) = &r.syncrep_sweep {
         crate::scenarios::syncrep_commit::render(s, &mut o);
     }
+    if let Some(d) = &r.drop_many {
+        crate::scenarios::drop_many::render(d, &mut o);
+    }
+    if let Some(s) = &r.drop_sweep {
+        crate::scenarios::drop_sweep::render(s, &mut o);
+    }
     if let Some(w) = &r.worst_second {
         if !w.system.is_empty() || !w.checkpoints.is_empty() {
             let _ = writeln!(

@@ -283,6 +283,24 @@ impl StallDevice {
         ))
     }
 
+    /// The manifest fact `stall_device`: what the recording ran against.
+    pub fn fact(&self, o: &Options) -> serde_json::Value {
+        serde_json::json!({
+            "device": self.loop_dev,
+            "maj_min": self.maj_min,
+            "fs": "ext4",
+            "mount": self.mount.display().to_string(),
+            "write_mb_per_s": o.write_bps() >> 20,
+            "bdi_dirty_cap_mb": o.dirty_cap_bytes() >> 20,
+            "bdi_strict_limit": true,
+            "limit": match &self.limit {
+                Some(Limit::V1(_)) => "blkio.throttle.write_bps_device (cgroup v1, root)",
+                Some(Limit::V2 { .. }) => "io.max wbps (cgroup v2)",
+                None => "none",
+            },
+        })
+    }
+
     /// Where the tablespace goes (owned by the server account).
     pub fn tablespace_dir(&self) -> PathBuf {
         self.mount.join("ts")
@@ -392,22 +410,10 @@ mod tests {
 
     #[test]
     fn defaults_do_not_override_set() {
-        let mut o = LabOptions {
-            scenario: crate::workload::Scenario::CheckpointStall,
-            pg: crate::lab::PgChoice::System,
-            set: Vec::new(),
-            duration_s: 1,
-            clients: 1,
-            scale: 1,
-            collectors: Vec::new(),
-            syscall_mechanism: None,
-            out: None,
-            show_progress: false,
-            replication: Default::default(),
-            sweep: false,
-            drop_many: Default::default(),
-            stall: Default::default(),
-        };
+        let mut o = LabOptions::new(
+            crate::workload::Scenario::CheckpointStall,
+            crate::lab::PgChoice::System,
+        );
         o.set
             .push(("checkpoint_flush_after".into(), "256kB".into()));
         let o = with_defaults(&o);

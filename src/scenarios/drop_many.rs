@@ -11,8 +11,15 @@
 //! Before the measured drops, a few baseline drops run with
 //! `synchronous_commit = local` (the primary-only cost of a DROP).
 //!
-//! Writes `drop.jsonl` (one [`DropRun`] per commit), `drop.json`
-//! ([`DropSummary`]) and `workload.json` (statements = DROPs).
+//! During the measured drops, the scenario samples `pg_stat_replication` on
+//! the primary at [`LAG_HZ`] over a second client connection (the pgstat
+//! collector's 1 Hz samples are too coarse for a run that lasts a second or
+//! two): `replay_lag` and `write_lsn − replay_lsn` in bytes.
+//!
+//! Writes `drop.jsonl` (one [`DropRun`] per commit), `drop_lag.jsonl` (one
+//! [`LagSample`] per sample), `drop.json` ([`DropSummary`]) and
+//! `workload.json` (statements = DROPs). `--sweep` ([`super::drop_sweep`])
+//! repeats the drops over several N and standby shared_buffers.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
@@ -33,6 +40,10 @@ use crate::workload::WorkloadSummary;
 
 /// Per-commit stream.
 pub const STREAM: &str = "drop.jsonl";
+/// Replication-lag samples taken during the measured drops.
+pub const LAG_STREAM: &str = "drop_lag.jsonl";
+/// How often `pg_stat_replication` is sampled during the measured drops.
+pub const LAG_HZ: f64 = 10.0;
 /// Summary file.
 pub const SUMMARY: &str = "drop.json";
 /// Tables are `pgbelow_drop_<i>`; baseline tables `pgbelow_dropb_<i>`.
@@ -47,12 +58,18 @@ pub const DEFAULT_STANDBY_SHARED_BUFFERS: &str = "2GB";
 /// Tables created per transaction while preparing.
 const CREATE_BATCH: u32 = 100;
 
-/// `--tables N --empty-tables --one-transaction`.
+/// `--tables N --empty-tables --one-transaction
+/// --sweep-tables LIST --sweep-standby-shared-buffers LIST`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Options {
     pub tables: Option<u32>,
     pub empty: bool,
     pub one_transaction: bool,
+    /// `--sweep`: table counts (default [`super::drop_sweep::DEFAULT_TABLES`]).
+    pub sweep_tables: Option<Vec<u32>>,
+    /// `--sweep`: standby shared_buffers values (default
+    /// [`super::drop_sweep::DEFAULT_SHARED_BUFFERS`]).
+    pub sweep_shared_buffers: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -66,12 +83,21 @@ pub struct Params {
 impl Params {
     pub fn for_lab(opts: &LabOptions) -> Params {
         let o = &opts.drop_many;
-        let tables = o.tables.unwrap_or(DEFAULT_TABLES).max(1);
+        Params::new(
+            o.tables.unwrap_or(DEFAULT_TABLES),
+            o.empty,
+            o.one_transaction,
+        )
+    }
+
+    /// N tables (at least 1) with the baseline that goes with it.
+    pub fn new(tables: u32, empty: bool, one_transaction: bool) -> Params {
+        let tables = tables.max(1);
         Params {
             tables,
             baseline: (tables / 10).clamp(5, 50),
-            empty: o.empty,
-            one_transaction: o.one_transaction,
+            empty,
+            one_transaction,
         }
     }
 }
@@ -146,6 +172,111 @@ pub struct DropSummary {
     pub total_ms: f64,
     pub t_start: f64,
     pub t_end: f64,
+    /// Replication lag seen on the primary during the measured drops (absent
+    /// in recordings made before it was sampled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_lag: Option<ReplayLag>,
+}
+
+/// One sample of `pg_stat_replication` on the primary (`drop_lag.jsonl`),
+/// the worst standby of that instant.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LagSample {
+    /// Recording time (s).
+    pub t: f64,
+    /// `replay_lag` in ms (null when the standby is idle and caught up).
+    pub replay_lag_ms: Option<f64>,
+    /// `write_lsn − replay_lsn`: WAL received by the standby, not yet replayed.
+    pub lag_bytes: Option<u64>,
+}
+
+/// Max and mean of the [`LagSample`]s of the measured drops.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplayLag {
+    pub samples: u64,
+    pub hz: f64,
+    /// Over the samples where `replay_lag` was not null.
+    pub replay_lag_ms_max: Option<f64>,
+    pub replay_lag_ms_mean: Option<f64>,
+    /// `write_lsn − replay_lsn`, bytes, over the samples that had both.
+    pub lag_bytes_max: Option<u64>,
+    pub lag_bytes_mean: Option<f64>,
+    pub source: String,
+}
+
+/// Max and mean lag of `samples`; `None` without samples.
+pub fn summarise_lag(samples: &[LagSample]) -> Option<ReplayLag> {
+    if samples.is_empty() {
+        return None;
+    }
+    let lags: Vec<f64> = samples.iter().filter_map(|s| s.replay_lag_ms).collect();
+    let bytes: Vec<u64> = samples.iter().filter_map(|s| s.lag_bytes).collect();
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| round3(v.iter().sum::<f64>() / v.len() as f64));
+    Some(ReplayLag {
+        samples: samples.len() as u64,
+        hz: LAG_HZ,
+        replay_lag_ms_max: lags.iter().copied().reduce(f64::max).map(round3),
+        replay_lag_ms_mean: mean(&lags),
+        lag_bytes_max: bytes.iter().copied().max(),
+        lag_bytes_mean: mean(&bytes.iter().map(|&b| b as f64).collect::<Vec<_>>()),
+        source: format!(
+            "pg_stat_replication on the primary at {LAG_HZ} Hz during the measured drops \
+             (replay_lag; write_lsn - replay_lsn)"
+        ),
+    })
+}
+
+/// SQL for one [`LagSample`]: the worst standby's replay_lag (ms) and
+/// write_lsn − replay_lsn (bytes); no row without standbys.
+const LAG_SQL: &str = "select (max(extract(epoch from replay_lag)) * 1000)::float8, \
+     max(pg_wal_lsn_diff(write_lsn, replay_lsn))::int8 \
+     from pg_stat_replication having count(*) > 0";
+
+/// Samples `pg_stat_replication` at [`LAG_HZ`] over its own connection.
+pub struct LagSampler {
+    c: Client,
+    next: Instant,
+    pub samples: Vec<LagSample>,
+}
+
+impl LagSampler {
+    /// Connects as application `pgbelow-drop-lag` (told apart from the
+    /// driver in pg_stat_activity).
+    pub fn connect(dsn: &str) -> Result<LagSampler> {
+        let mut cfg: postgres::Config = dsn.parse().with_context(|| format!("parsing {dsn}"))?;
+        cfg.application_name("pgbelow-drop-lag");
+        let c = cfg
+            .connect(postgres::NoTls)
+            .with_context(|| format!("connecting to {dsn}"))?;
+        Ok(LagSampler {
+            c,
+            next: Instant::now(),
+            samples: Vec::new(),
+        })
+    }
+
+    /// Take a sample if one is due; return it.
+    pub fn poll(&mut self, t: f64) -> Result<Option<LagSample>> {
+        let now = Instant::now();
+        if now < self.next {
+            return Ok(None);
+        }
+        self.next = now + Duration::from_secs_f64(1.0 / LAG_HZ);
+        let Some(row) = self
+            .c
+            .query_opt(LAG_SQL, &[])
+            .context("sampling pg_stat_replication")?
+        else {
+            return Ok(None);
+        };
+        let s = LagSample {
+            t,
+            replay_lag_ms: row.get::<_, Option<f64>>(0).map(round3),
+            lag_bytes: row.get::<_, Option<i64>>(1).map(|b| b.max(0) as u64),
+        };
+        self.samples.push(s.clone());
+        Ok(Some(s))
+    }
 }
 
 /// The summary of a recording made by this scenario.
@@ -205,6 +336,8 @@ type Sent = (Instant, Phase, u32, u32, f64);
 struct Driver {
     rx: Receiver<Sent>,
     stop: Arc<AtomicBool>,
+    /// True while the measured drops run.
+    measuring: Arc<AtomicBool>,
     handle: std::thread::JoinHandle<Result<String>>,
 }
 
@@ -220,6 +353,8 @@ fn start(dsn: &str, p: &Params) -> Result<Driver> {
     let (tx, rx) = channel();
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
+    let measuring = Arc::new(AtomicBool::new(false));
+    let measuring2 = measuring.clone();
     let p = p.clone();
     let handle = std::thread::spawn(move || -> Result<String> {
         c.batch_execute("set synchronous_commit = local")?;
@@ -233,6 +368,7 @@ fn start(dsn: &str, p: &Params) -> Result<Driver> {
         wait_replayed(&mut c)?;
         c.batch_execute("reset synchronous_commit")?;
         let level: String = c.query_one("show synchronous_commit", &[])?.get(0);
+        measuring2.store(true, Ordering::SeqCst);
         if p.one_transaction {
             let mut sql = String::from("begin;\n");
             for i in 1..=p.tables {
@@ -255,9 +391,15 @@ fn start(dsn: &str, p: &Params) -> Result<Driver> {
                 }
             }
         }
+        measuring2.store(false, Ordering::SeqCst);
         Ok(level)
     });
-    Ok(Driver { rx, stop, handle })
+    Ok(Driver {
+        rx,
+        stop,
+        measuring,
+        handle,
+    })
 }
 
 /// Run the drops, ticking the session each second; write the stream, the
@@ -268,11 +410,17 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
     session.tick()?;
     let t_start = session.t();
     let anchor = Instant::now();
+    let mut lag = LagSampler::connect(dsn)?;
     let driver = start(dsn, p)?;
     let mut runs: Vec<DropRun> = Vec::new();
     crate::lab::tick_while(session, t_start + 1.0, |session| {
         if interrupt::requested() {
             driver.stop.store(true, Ordering::Relaxed);
+        }
+        if driver.measuring.load(Ordering::SeqCst) {
+            if let Some(s) = lag.poll(session.t())? {
+                session.writer().append(LAG_STREAM, &s)?;
+            }
         }
         while let Ok((at, phase, first, tables, ms)) = driver.rx.try_recv() {
             let r = DropRun {
@@ -295,7 +443,8 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
         .map_err(|_| anyhow!("the drop-many driver panicked"))?;
     let t_end = session.t();
     let level = res?;
-    let summary = summarise(p, &level, &runs, t_start, t_end);
+    let mut summary = summarise(p, &level, &runs, t_start, t_end);
+    summary.replay_lag = summarise_lag(&lag.samples);
     session.writer().put(SUMMARY, &summary)?;
     let n = summary.drops + summary.baseline_drops;
     let commits = runs.len() as u64;
@@ -319,6 +468,95 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
     };
     session.writer().put(files::WORKLOAD_SUMMARY, &w)?;
     Ok(())
+}
+
+/// What [`run_blocking`] measured.
+pub struct Ran {
+    /// synchronous_commit of the measured drops.
+    pub level: String,
+    pub runs: Vec<DropRun>,
+    pub lag: Vec<LagSample>,
+    /// Seconds from the start to the last commit.
+    pub elapsed_s: f64,
+}
+
+/// Run the baseline and measured drops without a recording session (the
+/// sweep), sampling the replication lag during the measured drops.
+pub fn run_blocking(dsn: &str, p: &Params) -> Result<Ran> {
+    let anchor = Instant::now();
+    let secs = |at: Instant| round_ms(at.duration_since(anchor).as_secs_f64());
+    let mut lag = LagSampler::connect(dsn)?;
+    let driver = start(dsn, p)?;
+    let mut runs = Vec::new();
+    loop {
+        if interrupt::requested() {
+            driver.stop.store(true, Ordering::Relaxed);
+        }
+        if driver.measuring.load(Ordering::SeqCst) {
+            lag.poll(secs(Instant::now()))?;
+        }
+        let finished = driver.handle.is_finished();
+        while let Ok((at, phase, first, tables, ms)) = driver.rx.try_recv() {
+            runs.push(DropRun {
+                t: secs(at),
+                phase,
+                first,
+                tables,
+                ms: round3(ms),
+            });
+        }
+        if finished {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let level = driver
+        .handle
+        .join()
+        .map_err(|_| anyhow!("the drop-many driver panicked"))??;
+    Ok(Ran {
+        level,
+        elapsed_s: secs(Instant::now()),
+        runs,
+        lag: lag.samples,
+    })
+}
+
+/// The drop-many result as text: ms per DROP, the baseline, the lag.
+pub fn render(d: &DropSummary, o: &mut String) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        o,
+        "\ndrop-many ({} DROPs of {} tables, {}, synchronous_commit={})",
+        d.drops,
+        if d.empty { "empty" } else { "one-row" },
+        if d.one_transaction {
+            "one transaction"
+        } else {
+            "one per transaction"
+        },
+        d.synchronous_commit
+    );
+    let _ = writeln!(
+        o,
+        "  ms per DROP: mean {:.3}, median {:.3}, p90 {:.3}; primary-only (local) median {:.3} ({} drops)",
+        d.ms_per_drop, d.ms_per_drop_median, d.ms_per_drop_p90, d.baseline_ms_per_drop, d.baseline_drops
+    );
+    if let Some(l) = &d.replay_lag {
+        let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ms"));
+        let bytes = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.0} B"));
+        let _ = writeln!(
+            o,
+            "  replay lag (pg_stat_replication, {} samples at {} Hz): replay_lag max {}, mean {}; \
+             write-replay max {}, mean {}",
+            l.samples,
+            l.hz,
+            ms(l.replay_lag_ms_max),
+            ms(l.replay_lag_ms_mean),
+            bytes(l.lag_bytes_max.map(|b| b as f64)),
+            bytes(l.lag_bytes_mean),
+        );
+    }
 }
 
 fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
@@ -371,6 +609,7 @@ pub fn summarise(
         total_ms: round3(total_ms),
         t_start,
         t_end,
+        replay_lag: None,
     }
 }
 
@@ -421,23 +660,39 @@ mod tests {
     }
 
     #[test]
-    fn defaults_fill_only_what_is_missing() {
-        let mut o = LabOptions {
-            scenario: crate::workload::Scenario::DropMany,
-            pg: crate::lab::PgChoice::System,
-            set: Vec::new(),
-            duration_s: 1,
-            clients: 1,
-            scale: 1,
-            collectors: Vec::new(),
-            syscall_mechanism: None,
-            out: None,
-            show_progress: false,
-            replication: Default::default(),
-            sweep: false,
-            drop_many: Default::default(),
-            stall: Default::default(),
+    fn lag_max_and_mean() {
+        assert_eq!(summarise_lag(&[]), None);
+        let s = |lag: Option<f64>, bytes: Option<u64>| LagSample {
+            t: 1.0,
+            replay_lag_ms: lag,
+            lag_bytes: bytes,
         };
+        let l = summarise_lag(&[
+            s(Some(2.0), Some(0)),
+            s(None, Some(300)),
+            s(Some(7.0), Some(100)),
+            s(Some(3.0), None),
+        ])
+        .unwrap();
+        assert_eq!(l.samples, 4);
+        assert_eq!(l.replay_lag_ms_max, Some(7.0));
+        assert_eq!(l.replay_lag_ms_mean, Some(4.0));
+        assert_eq!(l.lag_bytes_max, Some(300));
+        assert_eq!(l.lag_bytes_mean, Some(133.333));
+        // All null: no replay_lag, bytes still counted.
+        let idle = summarise_lag(&[s(None, Some(0))]).unwrap();
+        assert_eq!(
+            (idle.replay_lag_ms_max, idle.lag_bytes_max),
+            (None, Some(0))
+        );
+    }
+
+    #[test]
+    fn defaults_fill_only_what_is_missing() {
+        let mut o = LabOptions::new(
+            crate::workload::Scenario::DropMany,
+            crate::lab::PgChoice::System,
+        );
         o.replication.standby_set = vec![("shared_buffers".into(), "128MB".into())];
         let d = with_defaults(&o);
         assert_eq!(d.replication.standbys, 1);

@@ -2,6 +2,7 @@
 //! under the lab's once-a-second collector tick ([`crate::lab::tick_while`]).
 pub mod checkpoint_stall;
 pub mod drop_many;
+pub mod drop_sweep;
 pub mod explain_timing;
 pub mod syncrep_commit;
 
@@ -35,7 +36,7 @@ pub fn drive(session: &mut Session, dsn: &str, opts: &LabOptions) -> Result<()> 
 }
 
 /// A scenario's client connection to the lab server.
-fn connect(dsn: &str) -> anyhow::Result<postgres::Client> {
+pub(crate) fn connect(dsn: &str) -> anyhow::Result<postgres::Client> {
     use anyhow::Context;
     postgres::Client::connect(dsn, postgres::NoTls).with_context(|| format!("connecting to {dsn}"))
 }

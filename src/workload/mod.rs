@@ -70,8 +70,9 @@ impl Scenario {
                 "primary + 1 synchronous standby (synchronous_commit=remote_apply): create --tables N \
                  one-row tables (--empty-tables: empty), drop them one per transaction \
                  (--one-transaction: all in one); ms per DROP = the standby's replay cost, startup \
-                 process profiled (seed 004). Standby shared_buffers: --standby-set shared_buffers=… \
-                 (default 2GB)"
+                 process profiled, replay lag sampled (seed 004). Standby shared_buffers: \
+                 --standby-set shared_buffers=… (default 2GB). --sweep: then ms and startup CPU per \
+                 drop over --sweep-tables × --sweep-standby-shared-buffers, with the growth exponents"
             }
             Scenario::CheckpointStall => {
                 "pgbench -f upsert over a growing hot table (8 clients) whose files sit on an ext4 \

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
+pub mod checkpoint_probe;
+
 use crate::analyse::Severity;
 use crate::collect::syscalls::Mechanism;
 use crate::error::fixable;
@@ -153,24 +155,16 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         PathBuf::from("pgbelow-runs").join(format!("doctor-{stamp}"))
     });
     // Timer probe (seed 000): select-only with statement_timeout armed.
+    let base = |scenario| LabOptions {
+        syscall_mechanism: opts.syscall_mechanism,
+        show_progress: opts.show_progress,
+        ..LabOptions::new(scenario, PgChoice::Dir(install.bin_dir.clone()))
+    };
     let probe = LabOptions {
-        scenario: Scenario::SelectOnly,
-        pg: PgChoice::Dir(install.bin_dir.clone()),
         set: vec![("statement_timeout".into(), "10s".into())],
         duration_s: opts.duration_s,
-        clients: 1,
-        scale: 1,
-        collectors: crate::collect::DEFAULT
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        syscall_mechanism: opts.syscall_mechanism,
         out: Some(out),
-        show_progress: opts.show_progress,
-        replication: Default::default(),
-        sweep: false,
-        drop_many: Default::default(),
-        stall: Default::default(),
+        ..base(Scenario::SelectOnly)
     };
     let res = lab::run(&probe)?;
     let r = &res.report;
@@ -203,24 +197,16 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
     // waiting for it, syscalls counted; short and cheap (syscalls only).
     let sync_out = res.dir.join("probe-syncrep");
     let syncrep = LabOptions {
-        scenario: Scenario::SyncrepCommit,
-        pg: PgChoice::Dir(install.bin_dir.clone()),
-        set: Vec::new(),
         duration_s: opts.duration_s.min(5),
         clients: 4,
-        scale: 1,
         collectors: vec!["syscalls".into()],
-        syscall_mechanism: opts.syscall_mechanism,
         out: Some(sync_out),
-        show_progress: opts.show_progress,
         replication: lab::Replication {
             standbys: 1,
             sync: crate::provision::SyncMode::First,
             standby_set: Vec::new(),
         },
-        sweep: false,
-        drop_many: Default::default(),
-        stall: Default::default(),
+        ..base(Scenario::SyncrepCommit)
     };
     let mut findings = r.findings.clone();
     match lab::run(&syncrep) {
@@ -249,6 +235,45 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         }
         Err(e) => {
             let _ = writeln!(text, "\nProbe: synchronous commit — skipped: {e:#}");
+        }
+    }
+    // Checkpoint probe (seed 001): a CHECKPOINT under a short tpcb load on
+    // the data directory's own disk, writeback and process states watched.
+    let ckpt = LabOptions {
+        duration_s: checkpoint_probe::DURATION_S,
+        clients: 4,
+        scale: 5,
+        collectors: vec!["procfs".into(), "system".into(), "pgstat".into()],
+        out: Some(res.dir.join("probe-checkpoint")),
+        checkpoint_at: Some(checkpoint_probe::CHECKPOINT_AT_S),
+        ..base(Scenario::Tpcb)
+    };
+    let _ = writeln!(
+        text,
+        "\nProbe: checkpoint under load (tpcb, 4 clients, CHECKPOINT at t={} s of {} s)",
+        checkpoint_probe::CHECKPOINT_AT_S,
+        checkpoint_probe::DURATION_S
+    );
+    match lab::run(&ckpt).and_then(|cr| Ok((crate::recording::Loaded::open(&cr.dir)?, cr))) {
+        Ok((rec, cr)) => {
+            let exposed = cr
+                .report
+                .findings
+                .iter()
+                .any(|f| f.id == crate::analyse::checkpoint_stall::ID);
+            match checkpoint_probe::summarize(&rec, &cr.report) {
+                Some(s) => {
+                    let _ = writeln!(text, "{}", checkpoint_probe::render(&s, exposed));
+                }
+                None => {
+                    let _ = writeln!(text, "  no checkpoint was recorded");
+                }
+            }
+            let _ = writeln!(text, "  recording: {}", cr.dir.display());
+            findings.extend(cr.report.findings.iter().cloned());
+        }
+        Err(e) => {
+            let _ = writeln!(text, "  skipped: {e:#}");
         }
     }
     if let Some(c) = &r.clock {

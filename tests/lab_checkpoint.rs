@@ -1,0 +1,140 @@
+//! Case S1 (seed 001) end to end on real PostgreSQL (root only): the
+//! `checkpoint-stall` scenario puts the hot table on an ext4 loop device with
+//! a write limit and a bdi dirty cap. Throttled to 4 MB/s, the timed
+//! checkpoint's writes pause the checkpointer in balance_dirty_pages while it
+//! holds the table file's inode lock, tps collapses and
+//! `checkpoint-writeback-stall` fires; with bandwidth to spare the same
+//! workload and checkpoint pass without a finding. Both runs must remove
+//! every device, mount and limit they made.
+mod common;
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+const ID: &str = "checkpoint-writeback-stall";
+
+/// The two runs share the 2 CPUs badly: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn run(out: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "lab",
+        "run",
+        "--scenario",
+        "checkpoint-stall",
+        "--collectors",
+        "syscalls,procfs,system,pgstat",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--format", "json"]);
+    common::lab_json(&args, out)
+}
+
+/// The device, its mount and its limits are gone.
+fn assert_device_removed(out: &Path) {
+    common::assert_torn_down(out);
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let dev = &m["facts"]["stall_device"];
+    let mount = dev["mount"].as_str().expect("stall_device fact");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(mount), "{mount} still mounted");
+    let image = Path::new(mount).parent().unwrap();
+    assert!(!image.exists(), "{} left behind", image.display());
+    let loops = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .unwrap();
+    let loops = String::from_utf8_lossy(&loops.stdout);
+    assert!(
+        !loops.contains(image.to_str().unwrap()),
+        "loop device still attached: {loops}"
+    );
+    let mm = dev["maj_min"].as_str().unwrap();
+    let v1 = Path::new("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device");
+    if v1.exists() {
+        let limits = std::fs::read_to_string(v1).unwrap();
+        assert!(
+            !limits.lines().any(|l| l.starts_with(&format!("{mm} "))),
+            "write limit on {mm} left: {limits}"
+        );
+    }
+}
+
+#[test]
+fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
+    if !is_root() {
+        eprintln!("skipped: checkpoint-stall needs root (loop device, cgroup limits)");
+        return;
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("stall");
+    let r = run(&out, &[]);
+    let f = common::finding(&r, ID).unwrap_or_else(|| {
+        panic!(
+            "no {ID} finding; tps {} findings {}",
+            r["workload"], r["findings"]
+        )
+    });
+    let ev = &f["evidence"];
+    let median = ev["median_tps"].as_f64().unwrap();
+    let min = ev["min_tps"].as_f64().unwrap();
+    assert!(median > 1000.0, "median {median} tps");
+    assert!(min < 0.3 * median, "min {min} vs median {median}");
+    assert_eq!(ev["checkpoint"]["flags"], "time", "{ev}");
+    let start = ev["checkpoint"]["start_t"].as_f64().unwrap();
+    for t in ev["dip_seconds"].as_array().unwrap() {
+        assert!(t.as_f64().unwrap() >= start, "dip at {t} before {start}");
+    }
+    assert!(ev["blocked_process_s"].as_f64().unwrap() >= 2.0, "{ev}");
+    let blocked = ev["blocked"].as_array().unwrap();
+    assert!(
+        blocked
+            .iter()
+            .any(|b| b["role"] == "checkpointer" && b["frame"] == "balance_dirty_pages"),
+        "checkpointer not throttled: {ev}"
+    );
+    assert!(ev["backlog_mb_peak"].as_f64().unwrap() > 20.0, "{ev}");
+    assert_eq!(ev["device_limits"]["write_mb_per_s"], 4);
+    assert_eq!(ev["device_limits"]["bdi_dirty_cap_mb"], 128);
+    assert_eq!(ev["settings"]["checkpoint_flush_after"], "0");
+    assert_device_removed(&out);
+}
+
+#[test]
+fn with_bandwidth_to_spare_the_same_checkpoint_passes() {
+    if !is_root() {
+        eprintln!("skipped: checkpoint-stall needs root (loop device, cgroup limits)");
+        return;
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("healthy");
+    let r = run(
+        &out,
+        &[
+            "--write-limit",
+            "2000",
+            "--dirty-cap",
+            "4096",
+            "--duration",
+            "45",
+        ],
+    );
+    assert!(common::finding(&r, ID).is_none(), "{}", r["findings"]);
+    // The checkpoint did run under load: the silence is not for want of one.
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["facts"]["stall_device"]["write_mb_per_s"], 2000);
+    let log = std::fs::read_to_string(out.join("checkpoints.jsonl")).unwrap();
+    assert!(log.contains("\"time\""), "no timed checkpoint: {log}");
+    assert_device_removed(&out);
+}
