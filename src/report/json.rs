@@ -153,6 +153,15 @@ pub struct RoleTable {
     pub per_second: f64,
     /// The most frequent syscalls, then (backends) the watched ones not among them.
     pub top: Vec<SyscallRow>,
+    /// With standbys: the role's processes and calls per node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_node: BTreeMap<String, NodeShare>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeShare {
+    pub processes: usize,
+    pub total: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -165,6 +174,24 @@ pub struct SyscallRow {
     pub per_statement: Option<f64>,
 }
 
+/// Processes and calls per node of `pids` (empty for a one-server recording).
+fn by_node(
+    rec: &Loaded,
+    totals: &BTreeMap<u32, BTreeMap<String, u64>>,
+    pids: &[u32],
+) -> BTreeMap<String, NodeShare> {
+    let mut out: BTreeMap<String, NodeShare> = BTreeMap::new();
+    for pid in pids {
+        let Some(node) = rec.processes.get(pid).and_then(|p| p.node.clone()) else {
+            continue;
+        };
+        let e = out.entry(node).or_default();
+        e.processes += 1;
+        e.total += totals.get(pid).map_or(0, |c| c.values().sum());
+    }
+    out
+}
+
 /// Analyse a loaded recording and build its report.
 pub fn build(rec: &Loaded) -> Report {
     let m = &rec.manifest;
@@ -173,6 +200,12 @@ pub fn build(rec: &Loaded) -> Report {
     let span = rec.syscall_span();
     let secs = span.map(|(a, b)| (b - a).max(1e-9)).unwrap_or(1.0);
     let mut by_role = BTreeMap::new();
+    // Per pid, for the per-node split of a multi-server recording.
+    let node_totals = if m.postgres.nodes.is_empty() {
+        BTreeMap::new()
+    } else {
+        rec.syscall_totals(None)
+    };
     for (role, calls) in rec.syscalls_by_role(None) {
         let mut rows: Vec<SyscallRow> = calls
             .calls
@@ -218,6 +251,7 @@ pub fn build(rec: &Loaded) -> Report {
                 total: calls.total(),
                 per_second: round3(calls.total() as f64 / secs),
                 top: rows,
+                by_node: by_node(rec, &node_totals, &calls.pids),
             },
         );
     }
@@ -278,5 +312,38 @@ pub fn build(rec: &Loaded) -> Report {
         drop_sweep: crate::scenarios::drop_sweep::load(rec),
         worst_second: worst_second(rec),
         findings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A real primary + 2 standbys recording (syncrep-commit on 13): roles
+    // present on every node are split per node, and the split adds up.
+    #[test]
+    fn roles_are_split_per_node_when_there_are_standbys() {
+        let r = build(&crate::analyse::fixture("pg13-syncrep-commit"));
+        let startup = &r.syscalls.by_role[&Role::Startup];
+        let nodes: Vec<(&str, usize)> = startup
+            .by_node
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.processes))
+            .collect();
+        assert_eq!(nodes, [("standby1", 1), ("standby2", 1)], "{startup:?}");
+        for t in r.syscalls.by_role.values() {
+            if !t.by_node.is_empty() {
+                let sum: u64 = t.by_node.values().map(|s| s.total).sum();
+                assert_eq!(sum, t.total, "{t:?}");
+            }
+        }
+        let ws = &r.syscalls.by_role[&Role::Walsender];
+        assert_eq!(ws.by_node.keys().collect::<Vec<_>>(), ["primary"]);
+
+        let text = crate::report::text::render(&r);
+        assert!(text.contains("standby1 1 ("), "{text}");
+        // One server: no split.
+        let one = build(&crate::analyse::fixture("pg15-select-only-timeout"));
+        assert!(one.syscalls.by_role.values().all(|t| t.by_node.is_empty()));
     }
 }

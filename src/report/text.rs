@@ -123,9 +123,19 @@ pub fn render(r: &Report) -> String {
         );
         for role in roles {
             let t = &r.syscalls.by_role[role];
+            let nodes = if t.by_node.is_empty() {
+                String::new()
+            } else {
+                let parts: Vec<String> = t
+                    .by_node
+                    .iter()
+                    .map(|(n, s)| format!("{n} {} ({} calls)", s.processes, s.total))
+                    .collect();
+                format!(": {}", parts.join(" · "))
+            };
             let _ = writeln!(
                 o,
-                "  {role} ({} process{}): {} calls, {:.0}/s",
+                "  {role} ({} process{}{nodes}): {} calls, {:.0}/s",
                 t.processes,
                 if t.processes == 1 { "" } else { "es" },
                 t.total,
