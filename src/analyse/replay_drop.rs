@@ -172,6 +172,11 @@ impl Rule for ReplayDropCost {
                  buffers (standby shared_buffers {sb_txt})"
             ),
         };
+        // With --sweep: how the cost grew, measured.
+        let sweep = crate::scenarios::drop_sweep::load(rec);
+        let sweep_txt = sweep
+            .as_ref()
+            .map_or(String::new(), |s| format!(" Sweep: {}", s.summary));
         let lag_txt = match d.replay_lag.as_ref().and_then(|l| l.replay_lag_ms_max) {
             Some(max) => format!(
                 " Replay lag on the primary (pg_stat_replication) during the drops: max {max:.1} ms, mean {:.1} ms.",
@@ -209,7 +214,8 @@ impl Rule for ReplayDropCost {
                 d.synchronous_commit,
                 d.baseline_ms_per_drop,
                 cpu_ms_per_drop,
-            ) + &lag_txt,
+            ) + &lag_txt
+                + &sweep_txt,
             evidence: json!({
                 "drops": d.drops,
                 "baseline_drops": d.baseline_drops,
@@ -237,6 +243,8 @@ impl Rule for ReplayDropCost {
                 "replay_lag_bytes_max": d.replay_lag.as_ref().and_then(|l| l.lag_bytes_max),
                 "replay_lag_bytes_mean": d.replay_lag.as_ref().and_then(|l| l.lag_bytes_mean),
                 "replay_lag_samples": d.replay_lag.as_ref().map(|l| l.samples),
+                "sweep_exponent_tables": sweep.as_ref().and_then(|s| s.exponent_tables),
+                "sweep_exponent_shared_buffers": sweep.as_ref().and_then(|s| s.exponent_shared_buffers),
             }),
             remedy: format!(
                 "{upgrade} Until then: give the standby a smaller shared_buffers (the scan is \
@@ -281,6 +289,36 @@ mod tests {
             f.summary
         );
         assert!(f.remedy.contains("Upgrade to 14+") && f.remedy.contains("one transaction"));
+    }
+
+    // `pgbelow lab run --scenario drop-many --pg 13 --sweep` (300 tables,
+    // standby shared_buffers 2GB; sweep 50,100,200 × 128MB,1GB,4GB): the
+    // replay lag and the fitted growth are part of the evidence.
+    #[test]
+    fn a_sweep_puts_its_growth_and_the_replay_lag_into_the_evidence() {
+        let f = ReplayDropCost
+            .evaluate(&fixture("pg13-drop-many-sweep"))
+            .expect("finding");
+        assert_eq!(f.evidence["sweep_exponent_shared_buffers"], 0.668);
+        assert_eq!(f.evidence["sweep_exponent_tables"], 1.034);
+        assert!(f.evidence["replay_lag_ms_max"].as_f64().unwrap() > 0.0);
+        assert!(f.evidence["replay_lag_samples"].as_u64().unwrap() > 10);
+        assert!(
+            f.summary
+                .contains("Sweep: replay cost per drop is sub-linear"),
+            "{}",
+            f.summary
+        );
+        assert!(
+            f.summary.contains("Replay lag on the primary"),
+            "{}",
+            f.summary
+        );
+        // Without a sweep the exponents are absent, not zero.
+        let plain = ReplayDropCost
+            .evaluate(&fixture("pg13-drop-many-1row-1g"))
+            .unwrap();
+        assert!(plain.evidence["sweep_exponent_tables"].is_null());
     }
 
     #[test]

@@ -91,8 +91,48 @@ pub struct DropSweep {
     /// Median exponent of `vs_tables` / `vs_shared_buffers`.
     pub exponent_tables: Option<f64>,
     pub exponent_shared_buffers: Option<f64>,
+    /// Least squares of the per-drop cost on standby shared_buffers (GB)
+    /// over all points: a buffer-pool scan per drop shows as a slope on top
+    /// of a fixed cost, which also pulls the log-log exponent below 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_drop_vs_gb: Option<LinearFit>,
     /// Both growths in words.
     pub summary: String,
+}
+
+/// `y = intercept + slope · x`, with its r².
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinearFit {
+    pub slope: f64,
+    pub intercept: f64,
+    pub r2: f64,
+}
+
+/// Ordinary least squares; `None` with fewer than two distinct x.
+pub fn linear_fit(points: &[(f64, f64)]) -> Option<LinearFit> {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return None;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    if sxx <= 0.0 {
+        return None;
+    }
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let syy: f64 = points.iter().map(|p| (p.1 - my).powi(2)).sum();
+    let slope = sxy / sxx;
+    let r2 = if syy > 0.0 {
+        sxy * sxy / (sxx * syy)
+    } else {
+        1.0
+    };
+    Some(LinearFit {
+        slope: round3(slope) + 0.0,
+        intercept: round3(my - slope * mx) + 0.0,
+        r2: round3(r2),
+    })
 }
 
 /// Median of the fits' exponents.
@@ -134,6 +174,28 @@ pub fn conclude(s: &mut DropSweep) {
             "replay cost per drop is {} in the standby's shared_buffers (median exponent {e:.2}; {})",
             growth(e),
             range(&b)
+        ));
+    }
+    let by_cpu = s.points.iter().all(|p| p.startup_cpu_ms_per_drop > 0.0);
+    let gb: Vec<(f64, f64)> = s
+        .points
+        .iter()
+        .map(|p| {
+            (
+                p.standby_shared_buffers_bytes as f64 / (1u64 << 30) as f64,
+                if by_cpu {
+                    p.startup_cpu_ms_per_drop
+                } else {
+                    p.replay_ms_per_drop
+                },
+            )
+        })
+        .collect();
+    s.per_drop_vs_gb = linear_fit(&gb);
+    if let Some(l) = &s.per_drop_vs_gb {
+        parts.push(format!(
+            "per drop ≈ {:.2} ms + {:.2} ms per GB of standby shared_buffers (r² {:.2})",
+            l.intercept, l.slope, l.r2
         ));
     }
     if let Some(e) = s.exponent_tables {
@@ -546,6 +608,18 @@ pub fn render(s: &DropSweep, o: &mut String) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn linear_fit_finds_slope_and_fixed_cost() {
+        let l = linear_fit(&[(0.125, 0.5), (1.0, 1.6), (4.0, 5.5)]).unwrap();
+        assert!((l.slope - 1.29).abs() < 0.02, "{l:?}");
+        assert!((l.intercept - 0.33).abs() < 0.05, "{l:?}");
+        assert!(l.r2 > 0.99, "{l:?}");
+        let flat = linear_fit(&[(0.125, 0.3), (1.0, 0.3), (4.0, 0.3)]).unwrap();
+        assert_eq!((flat.slope, flat.intercept), (0.0, 0.3));
+        assert_eq!(linear_fit(&[(1.0, 2.0), (1.0, 3.0)]), None);
+        assert_eq!(linear_fit(&[(1.0, 2.0)]), None);
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
     }
@@ -665,9 +739,12 @@ mod tests {
         assert_eq!(
             s.summary,
             "replay cost per drop is linear in the standby's shared_buffers (median exponent 1.00; \
-             exponents 1.00 to 1.00); total replay cost is linear in the number of dropped tables \
+             exponents 1.00 to 1.00); per drop ≈ 0.00 ms + 4.00 ms per GB of standby shared_buffers \
+             (r² 1.00); total replay cost is linear in the number of dropped tables \
              (median exponent 1.00; exponents 1.00 to 1.00)"
         );
+        let l = s.per_drop_vs_gb.as_ref().unwrap();
+        assert_eq!((l.slope, l.intercept, l.r2), (4.0, 0.0, 1.0));
         assert_eq!(s.vs_shared_buffers.len(), 2);
         for f in &s.vs_shared_buffers {
             assert_eq!((f.exponent, f.growth.as_str()), (1.0, "linear"), "{f:?}");
