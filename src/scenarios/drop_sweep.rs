@@ -194,8 +194,11 @@ pub fn conclude(s: &mut DropSweep) {
     s.per_drop_vs_gb = linear_fit(&gb);
     if let Some(l) = &s.per_drop_vs_gb {
         parts.push(format!(
-            "per drop ≈ {:.2} ms + {:.2} ms per GB of standby shared_buffers (r² {:.2})",
-            l.intercept, l.slope, l.r2
+            "per drop ≈ {:.2} ms {} {:.2} ms per GB of standby shared_buffers (r² {:.2})",
+            l.intercept,
+            if l.slope < 0.0 { "−" } else { "+" },
+            l.slope.abs(),
+            l.r2
         ));
     }
     if let Some(e) = s.exponent_tables {
