@@ -232,6 +232,43 @@ mod tests {
         assert_eq!(f.evidence["checkpoint"]["flags"], "time");
     }
 
+    // Same device limits (4 MB/s, 128 MB cap), PostgreSQL 15.18, 60 s:
+    // `--set checkpoint_flush_after=256kB --set bgwriter_flush_after=512kB`
+    // cut the Dirty backlog (78 MB) but not the stall; adding
+    // `checkpoint_completion_target=0.9` softened it to a warning.
+    #[test]
+    fn flush_control_shrinks_the_backlog_but_only_spreading_softens_the_stall() {
+        let flush = CheckpointStall
+            .evaluate(&fixture("pg15-checkpoint-stall-flush"))
+            .expect("finding with flush control");
+        assert_eq!(flush.severity, Severity::Critical);
+        assert_eq!(
+            flush.evidence["settings"]["checkpoint_flush_after"],
+            "256kB"
+        );
+        assert!(flush.evidence["min_tps"].as_f64().unwrap() < 500.0);
+        assert!(flush.summary.contains("inode lock"), "{}", flush.summary);
+        let spread = CheckpointStall
+            .evaluate(&fixture("pg15-checkpoint-stall-flush-spread"))
+            .expect("finding with flush control and a spread checkpoint");
+        assert_eq!(spread.severity, Severity::Warning);
+        assert_eq!(
+            spread.evidence["settings"]["checkpoint_completion_target"],
+            "0.9"
+        );
+        let dips = |f: &Finding| f.evidence["dip_seconds"].as_array().unwrap().len();
+        assert!(
+            dips(&spread) < dips(&flush),
+            "{} vs {}",
+            dips(&spread),
+            dips(&flush)
+        );
+        assert!(
+            spread.evidence["min_tps"].as_f64().unwrap()
+                > flush.evidence["min_tps"].as_f64().unwrap()
+        );
+    }
+
     #[test]
     fn silent_on_a_healthy_run_with_every_collector() {
         assert!(CheckpointStall
