@@ -75,6 +75,62 @@ pub struct RoleProcfs {
     pub blocked_stacks: Vec<StackRow>,
     /// Wait channels (any sleeping state), most time first.
     pub wchans: Vec<WchanRow>,
+    /// With standbys: this role's processes and CPU per node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_node: BTreeMap<String, NodeProcfs>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeProcfs {
+    pub pids: usize,
+    pub cpu_s: f64,
+}
+
+/// Per role, per node: distinct pids and CPU seconds (multi-server recordings).
+fn split_by_node(
+    samples: &[ProcfsSample],
+    rec: &Loaded,
+) -> BTreeMap<Role, BTreeMap<String, NodeProcfs>> {
+    let mut acc: BTreeMap<Role, BTreeMap<String, (BTreeSet<u32>, f64)>> = BTreeMap::new();
+    let mut add = |pid: u32, cpu_s: f64| {
+        if let Some(node) = rec.processes.get(&pid).and_then(|p| p.node.clone()) {
+            let e = acc
+                .entry(rec.role_of(pid))
+                .or_default()
+                .entry(node)
+                .or_default();
+            e.0.insert(pid);
+            e.1 += cpu_s;
+        }
+    };
+    for smp in samples {
+        // Idle processes show only in the state rows, busy ones in the deltas.
+        for row in &smp.rows {
+            for pid in &row.pids {
+                add(*pid, 0.0);
+            }
+        }
+        for (pid, d) in &smp.procs {
+            add(*pid, d.cpu_s);
+        }
+    }
+    acc.into_iter()
+        .map(|(role, nodes)| {
+            let nodes = nodes
+                .into_iter()
+                .map(|(n, (pids, cpu))| {
+                    (
+                        n,
+                        NodeProcfs {
+                            pids: pids.len(),
+                            cpu_s: round_ms(cpu),
+                        },
+                    )
+                })
+                .collect();
+            (role, nodes)
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -145,6 +201,13 @@ pub fn build(rec: &Loaded) -> Option<ProcfsSection> {
         }),
         Ok((samples, truncated)) => {
             let mut s = summarize(&samples, |pid| rec.role_of(pid));
+            if !rec.manifest.postgres.nodes.is_empty() {
+                for (role, nodes) in split_by_node(&samples, rec) {
+                    if let Some(r) = s.roles.get_mut(&role) {
+                        r.by_node = nodes;
+                    }
+                }
+            }
             s.note = note;
             s.truncated_lines = truncated;
             Some(s)
@@ -339,6 +402,32 @@ pub fn render(s: &ProcfsSection, out: &mut String) {
             r.read_bytes as f64 / 1e6,
             r.write_bytes as f64 / 1e6,
         );
+    }
+    let split: Vec<String> = s
+        .roles
+        .iter()
+        .filter(|(_, r)| r.by_node.len() > 1)
+        .map(|(role, r)| {
+            let nodes: Vec<String> = r
+                .by_node
+                .iter()
+                .map(|(n, x)| {
+                    format!(
+                        "{n} {} pid{} {:.3} s",
+                        x.pids,
+                        if x.pids == 1 { "" } else { "s" },
+                        x.cpu_s
+                    )
+                })
+                .collect();
+            format!("    {:<26} {}", role.as_str(), nodes.join(" · "))
+        })
+        .collect();
+    if !split.is_empty() {
+        let _ = writeln!(out, "  CPU by node (roles on more than one server):");
+        for l in split {
+            let _ = writeln!(out, "{l}");
+        }
     }
     if !s.blocked.is_empty() {
         let _ = writeln!(out, "  Blocked in D (uninterruptible):");
@@ -566,5 +655,33 @@ mod tests {
         let mut text = String::new();
         render(&s, &mut text);
         assert!(text.contains("no process samples"));
+    }
+
+    // A real primary + standby recording (drop-many on 13): roles on both
+    // servers are split per node, and the split adds up to the role's CPU.
+    #[test]
+    fn roles_on_several_servers_are_split_per_node() {
+        let rec = crate::analyse::fixture("pg13-drop-many-sweep");
+        let s = build(&rec).unwrap();
+        let ckpt = &s.roles[&Role::Checkpointer];
+        assert_eq!(
+            ckpt.by_node.keys().collect::<Vec<_>>(),
+            ["primary", "standby1"],
+            "{ckpt:?}"
+        );
+        assert!(ckpt.by_node.values().all(|n| n.pids == 1));
+        for r in s.roles.values().filter(|r| !r.by_node.is_empty()) {
+            let sum: f64 = r.by_node.values().map(|n| n.cpu_s).sum();
+            assert!((sum - r.cpu_s).abs() < 0.01, "{sum} vs {}", r.cpu_s);
+        }
+        let startup = &s.roles[&Role::Startup];
+        assert_eq!(startup.by_node.keys().collect::<Vec<_>>(), ["standby1"]);
+        let mut text = String::new();
+        render(&s, &mut text);
+        assert!(text.contains("CPU by node"), "{text}");
+        assert!(text.contains("primary 1 pid"), "{text}");
+        // One server: no split.
+        let one = build(&crate::analyse::fixture("pg15-checkpoint-stall")).unwrap();
+        assert!(one.roles.values().all(|r| r.by_node.is_empty()));
     }
 }
