@@ -38,6 +38,24 @@ fn doctor_checks_the_machine_and_probes_the_system_postgres() {
         out.join("probe-checkpoint/report.json").exists(),
         "{stdout}"
     );
+    // One verdict per case of the design, in order.
+    let cases: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Exposure by case"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let seeds: Vec<&str> = cases.iter().map(|l| &l.trim()[..8]).collect();
+    assert_eq!(
+        seeds,
+        ["seed 000", "seed 001", "seed 002", "seed 003", "seed 004"],
+        "{stdout}"
+    );
+    // System 15 on this machine's healthy clock: nothing probed is exposed.
+    assert!(
+        cases[..4].iter().all(|l| l.contains("not exposed")),
+        "{stdout}"
+    );
     assert!(out.join("report.txt").exists());
     assert!(out.join("probe-syncrep/report.json").exists(), "{stdout}");
     assert!(out.join("report.json").exists());
