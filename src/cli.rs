@@ -55,6 +55,8 @@ pub enum ScenarioArg {
 pub enum Format {
     Text,
     Json,
+    /// One page: findings, tps with checkpoints, flame graphs, the text report.
+    Html,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

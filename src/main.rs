@@ -53,10 +53,12 @@ fn severity(s: SeverityArg) -> Severity {
     }
 }
 
-fn render(r: &Report, format: Format) -> Result<String> {
+/// `dir` is the recording (the HTML page inlines its flame graphs).
+fn render(r: &Report, format: Format, dir: &std::path::Path) -> Result<String> {
     Ok(match format {
         Format::Text => report::text::render(r),
         Format::Json => serde_json::to_string_pretty(r)? + "\n",
+        Format::Html => report::html::render(r, dir),
     })
 }
 
@@ -170,7 +172,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 checkpoint_at: a.checkpoint_at,
             };
             let res = lab::run(&opts)?;
-            print(&render(&res.report, a.output.format)?)?;
+            print(&render(&res.report, a.output.format, &res.dir)?)?;
             if a.output.format == Format::Text {
                 print(&format!("\nRecording: {}\n", res.dir.display()))?;
             }
@@ -187,7 +189,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 show_progress: show,
             };
             let (dir, rep) = attach::run(&opts)?;
-            print(&render(&rep, a.output.format)?)?;
+            print(&render(&rep, a.output.format, &dir)?)?;
             if a.output.format == Format::Text {
                 print(&format!("\nRecording: {}\n", dir.display()))?;
             }
@@ -196,7 +198,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Report(a) => {
             let loaded = Loaded::open(&a.dir)?;
             let rep = report::build(&loaded);
-            let body = render(&rep, a.out.format)?;
+            let body = render(&rep, a.out.format, &a.dir)?;
             match &a.output {
                 Some(path) => {
                     pgbelow::recording::writer::write_text_atomic(path, &body).map_err(|e| {
@@ -222,6 +224,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             print(&match a.format {
                 Format::Text => pgbelow::compare::render(&c),
                 Format::Json => serde_json::to_string_pretty(&c)? + "\n",
+                Format::Html => report::html::page(
+                    &format!(
+                        "pgbelow compare: {} vs {}",
+                        a.dir_a.display(),
+                        a.dir_b.display()
+                    ),
+                    &pgbelow::compare::render(&c),
+                ),
             })?;
             Ok(ExitCode::SUCCESS)
         }

@@ -272,3 +272,61 @@ fn without_privileges_the_run_goes_on_and_says_what_degraded() {
     assert_eq!(status("pgstat").0, "ok", "{collectors:?}");
     assert!(r["workload"]["transactions"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn report_and_compare_as_html_pages() {
+    let fx = |n: &str| {
+        format!(
+            "{}/tests/fixtures/recordings/{n}",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    };
+    let d = tempfile::tempdir().unwrap();
+    let page = d.path().join("stall.html");
+    pgbelow()
+        .args([
+            "report",
+            &fx("pg15-checkpoint-stall"),
+            "--format",
+            "html",
+            "--output",
+        ])
+        .arg(&page)
+        .assert()
+        .success();
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"), "{}", &html[..80]);
+    assert!(html.contains("checkpoint-writeback-stall"));
+    let o = pgbelow()
+        .args([
+            "compare",
+            &fx("pg15-checkpoint-stall-flush"),
+            &fx("pg15-checkpoint-stall-flush-spread"),
+            "--format",
+            "html",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let html = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        html.contains("checkpoint-writeback-stall [critical → warning]"),
+        "{html}"
+    );
+}
+
+#[test]
+fn a_flag_of_another_scenario_is_refused() {
+    let o = pgbelow()
+        .args(["lab", "run", "--scenario", "tpcb", "--tables", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--tables does nothing for --scenario tpcb"),
+        "{err}"
+    );
+    assert!(err.contains("fix:"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -1,6 +1,7 @@
 //! Reports of a recording: a JSON document (the contract in DESIGN.md) and
 //! a text rendering of the same document.
 
+pub mod html;
 pub mod json;
 pub mod sections;
 pub mod text;

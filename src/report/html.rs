@@ -1,0 +1,212 @@
+//! `--format html`: one self-contained page — findings first (evidence and
+//! remedy), the per-second tps with the recorded checkpoints shaded, the
+//! flame graphs of the recording (inferno's SVGs, inlined so they stay
+//! interactive and the page can be moved), then the whole text report.
+use std::fmt::Write;
+use std::path::Path;
+
+use super::Report;
+
+const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0 1em;color:#222}\
+h1{font-size:1.4em}h2{font-size:1.15em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}\
+pre{background:#f6f6f6;padding:.8em;overflow-x:auto;font-size:12px}\
+.finding{border-left:5px solid #999;padding:.3em 1em;margin:1em 0;background:#fafafa}\
+.critical{border-color:#c0392b}.warning{border-color:#e67e22}.info{border-color:#2980b9}\
+.sev{font-weight:bold;text-transform:uppercase;font-size:.8em}\
+iframe{width:100%;height:520px;border:1px solid #ddd}";
+
+/// Escape text for HTML element content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// The per-second tps as an SVG line, checkpoint windows shaded.
+fn tps_chart(r: &Report) -> Option<String> {
+    let w = r.workload.as_ref()?;
+    let n = w.tps_series.len();
+    if n < 2 {
+        return None;
+    }
+    let (width, height, pad) = (1000.0, 220.0, 30.0);
+    let max = w.tps_series.iter().copied().fold(1.0, f64::max);
+    let x = |i: f64| pad + i * (width - 2.0 * pad) / (n - 1) as f64;
+    let y = |v: f64| height - pad - v / max * (height - 2.0 * pad);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {width} {height}\" width=\"100%\">"
+    );
+    // Progress second i (0-based) ends ≈ i + 1 s into the recording.
+    for c in r.pgstat.iter().flat_map(|p| &p.checkpoints) {
+        let Some(start) = c.start_t else { continue };
+        let end = c.end_t.unwrap_or(n as f64);
+        let (a, b) = (
+            x((start - 1.0).max(0.0)),
+            x((end - 1.0).min((n - 1) as f64)),
+        );
+        if b > a {
+            let _ = write!(
+                svg,
+                "<rect x=\"{a:.1}\" y=\"{pad}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#f5d5a0\">\
+                 <title>{} {}</title></rect>",
+                b - a,
+                height - 2.0 * pad,
+                escape(&c.kind),
+                escape(c.flags.as_deref().unwrap_or(""))
+            );
+        }
+    }
+    let points: Vec<String> = w
+        .tps_series
+        .iter()
+        .enumerate()
+        .map(|(i, v)| format!("{:.1},{:.1}", x(i as f64), y(*v)))
+        .collect();
+    let _ = write!(
+        svg,
+        "<polyline fill=\"none\" stroke=\"#2c3e50\" stroke-width=\"1.5\" points=\"{}\"/>\
+         <text x=\"{pad}\" y=\"18\" font-size=\"12\">tps per second (max {max:.0}); shaded: checkpoints</text>\
+         <text x=\"{pad}\" y=\"{}\" font-size=\"11\">0 s</text>\
+         <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{n} s</text></svg>",
+        points.join(" "),
+        height - 8.0,
+        width - pad,
+        height - 8.0
+    );
+    Some(svg)
+}
+
+/// The page. `dir` is the recording, where the flame graph SVGs are.
+pub fn render(r: &Report, dir: &Path) -> String {
+    let mut o = String::new();
+    let title = format!(
+        "pgbelow — {} recording of PostgreSQL {}",
+        r.recording.mode,
+        r.postgres.version.as_deref().unwrap_or("?")
+    );
+    let _ = write!(
+        o,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\
+         <style>{STYLE}</style></head><body>\n<h1>{}</h1>\n",
+        escape(&title),
+        escape(&title)
+    );
+    if let Some(w) = &r.workload {
+        let _ = writeln!(
+            o,
+            "<p>{} · {:.1} tps · {} transactions · {} client(s) · {:.1} s</p>",
+            escape(&w.scenario),
+            w.tps,
+            w.transactions,
+            w.clients,
+            w.duration_s
+        );
+    }
+    let _ = writeln!(o, "<h2>Findings</h2>");
+    if r.findings.is_empty() {
+        let _ = writeln!(o, "<p>None: no rule's evidence threshold was met.</p>");
+    }
+    for f in &r.findings {
+        let sev = f.severity.as_str();
+        let _ = writeln!(
+            o,
+            "<div class=\"finding {sev}\"><p><span class=\"sev\">{sev}</span> <code>{}</code> — <b>{}</b></p>\
+             <p>{}</p><details><summary>evidence</summary><pre>{}</pre></details><p><b>Remedy.</b> {}</p></div>",
+            escape(&f.id),
+            escape(&f.title),
+            escape(&f.summary),
+            escape(&serde_json::to_string_pretty(&f.evidence).unwrap_or_default()),
+            escape(&f.remedy)
+        );
+    }
+    if let Some(svg) = tps_chart(r) {
+        let _ = writeln!(o, "<h2>Throughput</h2>\n{svg}");
+    }
+    let graphs: Vec<(String, String)> = r
+        .profile
+        .iter()
+        .flat_map(|p| &p.roles)
+        .filter_map(|role| {
+            let file = role.flamegraph.as_ref()?;
+            let svg = std::fs::read_to_string(dir.join(file)).ok()?;
+            Some((role.role.clone(), svg))
+        })
+        .collect();
+    if !graphs.is_empty() {
+        let _ = writeln!(o, "<h2>Flame graphs (on-CPU, per role)</h2>");
+        for (role, svg) in graphs {
+            let _ = writeln!(
+                o,
+                "<h3>{}</h3><iframe title=\"flame graph {}\" srcdoc=\"{}\"></iframe>",
+                escape(&role),
+                escape(&role),
+                escape(&svg)
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "<h2>Full report</h2><pre>{}</pre>\n</body></html>",
+        escape(&super::text::render(r))
+    );
+    o
+}
+
+/// `compare --format html`: the comparison's text in a page.
+pub fn page(title: &str, text: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
+         <style>{STYLE}</style></head><body>\n<h1>{t}</h1>\n<pre>{}</pre>\n</body></html>\n",
+        escape(text),
+        t = escape(title)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            escape("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    // The real stall recording: its critical finding, the tps line with the
+    // checkpoint shaded, and the text report, all escaped.
+    #[test]
+    fn the_stall_recording_as_a_page() {
+        let rec = crate::analyse::fixture("pg15-checkpoint-stall");
+        let r = crate::report::build(&rec);
+        let page = render(&r, &rec.dir);
+        assert!(page.starts_with("<!DOCTYPE html>"));
+        assert!(page.ends_with("</body></html>\n"));
+        assert!(page.contains("<code>checkpoint-writeback-stall</code>"));
+        assert!(page.contains("class=\"finding critical\""));
+        assert!(page.contains("<polyline"), "no tps line");
+        assert!(page.contains("<rect"), "no checkpoint shading");
+        // The text report went in escaped: its arrows and quotes intact, no raw tags.
+        assert!(page.contains("Process states (procfs"));
+        let body = &page[page.find("<pre>").unwrap()..];
+        assert!(!body.contains("<script"));
+        // Deterministic.
+        assert_eq!(page, render(&r, &rec.dir));
+    }
+
+    #[test]
+    fn a_page_of_text() {
+        let p = page("A vs B", "tps: 1 → 2 <ok>");
+        assert!(p.contains("<pre>tps: 1 → 2 &lt;ok&gt;</pre>"), "{p}");
+    }
+}
