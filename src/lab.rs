@@ -241,7 +241,11 @@ pub fn run(opts: &LabOptions) -> Result<LabResult> {
     });
     let unlimited = stall.as_mut().map_or(Ok(()), |d| d.unlimit());
     let stopped = topo.stop();
-    let removed = unlimited.and(stall.take().map_or(Ok(()), |mut d| d.teardown()));
+    let torn = stall.take().map_or(Ok(()), |mut d| d.teardown());
+    let removed = match (unlimited, torn) {
+        (Ok(()), r) | (r, Ok(())) => r,
+        (Err(a), Err(b)) => Err(a.context(format!("{b:#}"))),
+    };
     let res = result?;
     stopped.context("stopping the lab cluster(s)")?;
     removed?;
@@ -259,7 +263,7 @@ fn start_stall_device(
     let primary = topo.primary();
     let meta = std::fs::metadata(primary.data_dir())
         .with_context(|| format!("reading {}", primary.data_dir().display()))?;
-    let dev =
+    let mut dev =
         crate::scenarios::checkpoint_stall::StallDevice::create(meta.uid(), meta.gid(), status)?;
     let pids: Vec<u32> = topo.nodes().into_iter().map(|(_, p)| p).collect();
     let mut all = pids.clone();
@@ -406,12 +410,20 @@ fn run_on(
             .map(|s| s.trim().to_string());
         crate::scenarios::syncrep_commit::sweep(opts, pgbench, &target, &dir, sync, status)?;
     }
+    // A failed sweep must not cost the recorded run its report.
+    let mut swept: Result<()> = Ok(());
     if opts.sweep && opts.scenario == Scenario::DropMany && !interrupt::requested() {
-        crate::scenarios::drop_sweep::sweep(opts, install, &dir, status)?;
+        swept = crate::scenarios::drop_sweep::sweep(opts, install, &dir, status).map(|_| ());
     }
     let loaded = Loaded::open(&dir)?;
     let rep = report::build(&loaded);
     report::write_files(&dir, &rep)?;
+    swept.with_context(|| {
+        format!(
+            "drop-many --sweep (the recorded run's report is in {})",
+            dir.display()
+        )
+    })?;
     status(&format!("recording written to {}", dir.display()));
     Ok(LabResult { dir, report: rep })
 }
@@ -498,9 +510,16 @@ fn drive(
         session.writer().append(files::PROGRESS, &p)?;
     }
     bar.finish_and_clear();
-    if let Some(h) = checkpoint {
-        h.join()
-            .map_err(|_| anyhow::anyhow!("the CHECKPOINT thread panicked"))??;
+    // A CHECKPOINT still running when the workload ends is not waited for
+    // (behind a write limit it can take minutes); stopping the server ends
+    // it and its connection. One that failed is said, not fatal: the
+    // workload's recording stands.
+    if let Some(h) = checkpoint.filter(|h| h.is_finished()) {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("pgbelow: warning: {e:#}"),
+            Err(_) => eprintln!("pgbelow: warning: the --checkpoint-at thread panicked"),
+        }
     }
     let mut source = format!(
         "pgbench transactions × {} statement(s) per {} transaction",

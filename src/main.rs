@@ -92,6 +92,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Lab(LabCommand::Run(a)) => {
+            let duration = a.duration.unwrap_or(match a.scenario {
+                ScenarioArg::CheckpointStall => {
+                    pgbelow::scenarios::checkpoint_stall::DEFAULT_DURATION_S
+                }
+                _ => 20,
+            });
+            if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
+                return Err(pgbelow::error::fixable(
+                    format!("--checkpoint-at {at} is not inside the {duration} s workload"),
+                    format!("pass --checkpoint-at below {duration}, or a longer --duration"),
+                ));
+            }
             if let Some((flag, owners)) = a.misplaced_flag() {
                 return Err(pgbelow::error::fixable(
                     format!(
@@ -130,12 +142,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     (None, None) => PgChoice::System,
                 },
                 set: a.set,
-                duration_s: a.duration.unwrap_or(match a.scenario {
-                    ScenarioArg::CheckpointStall => {
-                        pgbelow::scenarios::checkpoint_stall::DEFAULT_DURATION_S
-                    }
-                    _ => 20,
-                }),
+                duration_s: duration,
                 clients: a.clients.unwrap_or(match a.scenario {
                     ScenarioArg::SyncrepCommit => 8,
                     ScenarioArg::CheckpointStall => {

@@ -330,3 +330,27 @@ fn a_flag_of_another_scenario_is_refused() {
     assert!(err.contains("fix:"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn a_checkpoint_after_the_workload_is_refused() {
+    let o = pgbelow()
+        .args([
+            "lab",
+            "run",
+            "--scenario",
+            "tpcb",
+            "--duration",
+            "5",
+            "--checkpoint-at",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--checkpoint-at 5 is not inside the 5 s workload"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

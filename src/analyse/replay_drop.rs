@@ -293,19 +293,20 @@ mod tests {
 
     // `pgbelow lab run --scenario drop-many --pg 13 --sweep` (300 tables,
     // standby shared_buffers 2GB; sweep 50,100,200 × 128MB,1GB,4GB): the
-    // replay lag and the fitted growth are part of the evidence.
+    // replay lag, the fitted growth and the per-GB cost are in the finding.
     #[test]
     fn a_sweep_puts_its_growth_and_the_replay_lag_into_the_evidence() {
         let f = ReplayDropCost
             .evaluate(&fixture("pg13-drop-many-sweep"))
             .expect("finding");
-        assert_eq!(f.evidence["sweep_exponent_shared_buffers"], 0.668);
-        assert_eq!(f.evidence["sweep_exponent_tables"], 1.034);
+        assert_eq!(f.evidence["sweep_exponent_shared_buffers"], 0.788);
+        assert_eq!(f.evidence["sweep_exponent_tables"], 1.078);
         assert!(f.evidence["replay_lag_ms_max"].as_f64().unwrap() > 0.0);
         assert!(f.evidence["replay_lag_samples"].as_u64().unwrap() > 10);
         assert!(
-            f.summary
-                .contains("Sweep: replay cost per drop is sub-linear"),
+            f.summary.contains("Sweep: replay cost per drop is linear")
+                && f.summary
+                    .contains("+ 1.28 ms per GB of standby shared_buffers"),
             "{}",
             f.summary
         );

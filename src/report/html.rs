@@ -137,6 +137,10 @@ pub fn render(r: &Report, dir: &Path) -> String {
         .flat_map(|p| &p.roles)
         .filter_map(|role| {
             let file = role.flamegraph.as_ref()?;
+            // A bare file name of the recording's own, nothing else.
+            if file.contains('/') || file.starts_with('.') || !file.ends_with(".svg") {
+                return None;
+            }
             let svg = std::fs::read_to_string(dir.join(file)).ok()?;
             Some((role.role.clone(), svg))
         })
@@ -146,7 +150,7 @@ pub fn render(r: &Report, dir: &Path) -> String {
         for (role, svg) in graphs {
             let _ = writeln!(
                 o,
-                "<h3>{}</h3><iframe title=\"flame graph {}\" srcdoc=\"{}\"></iframe>",
+                "<h3>{}</h3><iframe sandbox=\"allow-scripts\" title=\"flame graph {}\" srcdoc=\"{}\"></iframe>",
                 escape(&role),
                 escape(&role),
                 escape(&svg)
@@ -202,6 +206,26 @@ mod tests {
         assert!(!body.contains("<script"));
         // Deterministic.
         assert_eq!(page, render(&r, &rec.dir));
+    }
+
+    // A real drop-many recording that kept its startup flame graph: the SVG
+    // goes in escaped, in a sandboxed frame; roles without a file are left out.
+    #[test]
+    fn flame_graphs_are_inlined_in_sandboxed_frames() {
+        let rec = crate::analyse::fixture("pg13-drop-many-sweep");
+        let r = crate::report::build(&rec);
+        let page = render(&r, &rec.dir);
+        assert_eq!(
+            page.matches("<iframe ").count(),
+            1,
+            "one SVG in the fixture"
+        );
+        assert!(page.contains("<h3>startup</h3><iframe sandbox=\"allow-scripts\""));
+        let frame = &page[page.find("srcdoc=\"").unwrap()..];
+        let frame = &frame[..frame.find("</iframe>").unwrap()];
+        assert!(frame.contains("&lt;svg"), "SVG not escaped");
+        assert!(!frame.contains("<svg"), "raw SVG inside the attribute");
+        assert!(frame.contains("DropRelFileNodesAllBuffers"));
     }
 
     #[test]

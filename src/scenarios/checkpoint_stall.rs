@@ -127,6 +127,8 @@ pub struct StallDevice {
     maj_min: Option<String>,
     limit: Option<Limit>,
     bdi_old: Vec<(PathBuf, String)>,
+    /// The cluster's processes, moved into the v2 cgroup once it exists.
+    adopted: Vec<u32>,
 }
 
 fn run(cmd: &mut Command) -> Result<String> {
@@ -188,6 +190,7 @@ impl StallDevice {
             maj_min: None,
             limit: None,
             bdi_old: Vec::new(),
+            adopted: Vec::new(),
         };
         d.setup(uid, gid, status)?;
         Ok(d)
@@ -275,6 +278,10 @@ impl StallDevice {
             });
             std::fs::write(cg.join("io.max"), format!("{mm} wbps={bps}"))
                 .with_context(|| format!("writing {}/io.max", cg.display()))?;
+            // The postmasters (their later children follow them) and the
+            // processes already running, recorded by `adopt` before the
+            // cgroup existed.
+            self.move_into_cgroup()?;
             return Ok(());
         }
         Err(fixable(
@@ -308,9 +315,18 @@ impl StallDevice {
 
     /// On cgroup v2, move these processes into the limited cgroup (v1's
     /// root-level limit already covers them).
-    pub fn adopt(&self, pids: &[u32]) -> Result<()> {
+    pub fn adopt(&mut self, pids: &[u32]) -> Result<()> {
+        self.adopted.extend_from_slice(pids);
+        self.move_into_cgroup()
+    }
+
+    fn move_into_cgroup(&self) -> Result<()> {
         if let Some(Limit::V2 { cgroup, .. }) = &self.limit {
-            for p in pids {
+            for p in &self.adopted {
+                // A process that has exited since is no longer limited anyway.
+                if !Path::new(&format!("/proc/{p}")).exists() {
+                    continue;
+                }
                 std::fs::write(cgroup.join("cgroup.procs"), p.to_string())
                     .with_context(|| format!("moving pid {p} into {}", cgroup.display()))?;
             }
@@ -340,27 +356,42 @@ impl StallDevice {
                 problems.push(format!("restoring {}: {e}", p.display()));
             }
         }
-        match self.limit.take() {
+        match &self.limit {
             Some(Limit::V1(files)) => {
                 if let Some(mm) = &self.maj_min {
                     for f in files {
-                        if let Err(e) = std::fs::write(&f, format!("{mm} 0")) {
+                        if let Err(e) = std::fs::write(f, format!("{mm} 0")) {
                             problems.push(format!("clearing {}: {e}", f.display()));
                         }
                     }
                 }
+                self.limit = None;
             }
-            Some(Limit::V2 { cgroup, parent }) => {
-                if let Ok(procs) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
-                    for p in procs.lines() {
-                        let _ = std::fs::write(parent.join("cgroup.procs"), p);
+            // The server may still run (and fork) inside the cgroup: lift
+            // its limit now, remove it in `teardown` once the server is gone.
+            Some(Limit::V2 { cgroup, .. }) => {
+                if let Some(mm) = &self.maj_min {
+                    let f = cgroup.join("io.max");
+                    if let Err(e) = std::fs::write(&f, format!("{mm} wbps=max")) {
+                        problems.push(format!("lifting {}: {e}", f.display()));
                     }
-                }
-                if let Err(e) = std::fs::remove_dir(&cgroup) {
-                    problems.push(format!("removing {}: {e}", cgroup.display()));
                 }
             }
             None => {}
+        }
+    }
+
+    /// Move whatever is left in the v2 cgroup out and remove it.
+    fn remove_cgroup_into(&mut self, problems: &mut Vec<String>) {
+        if let Some(Limit::V2 { cgroup, parent }) = self.limit.take() {
+            if let Ok(procs) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
+                for p in procs.lines() {
+                    let _ = std::fs::write(parent.join("cgroup.procs"), p);
+                }
+            }
+            if let Err(e) = std::fs::remove_dir(&cgroup) {
+                problems.push(format!("removing {}: {e}", cgroup.display()));
+            }
         }
     }
 
@@ -368,6 +399,7 @@ impl StallDevice {
     pub fn teardown(&mut self) -> Result<()> {
         let mut problems = Vec::new();
         self.unlimit_into(&mut problems);
+        self.remove_cgroup_into(&mut problems);
         if self.mounted {
             let ok = run(Command::new("umount").arg(&self.mount)).is_ok()
                 || run(Command::new("umount").arg("-l").arg(&self.mount)).is_ok();

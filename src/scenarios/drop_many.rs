@@ -413,7 +413,7 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
     let mut lag = LagSampler::connect(dsn)?;
     let driver = start(dsn, p)?;
     let mut runs: Vec<DropRun> = Vec::new();
-    crate::lab::tick_while(session, t_start + 1.0, |session| {
+    let looped = crate::lab::tick_while(session, t_start + 1.0, |session| {
         if interrupt::requested() {
             driver.stop.store(true, Ordering::Relaxed);
         }
@@ -434,7 +434,13 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
             runs.push(r);
         }
         Ok(!(driver.handle.is_finished() && driver.rx.try_recv().is_err()))
-    })?;
+    });
+    if let Err(e) = looped {
+        // Stop the DROPs before the cluster goes away under them.
+        driver.stop.store(true, Ordering::Relaxed);
+        let _ = driver.handle.join();
+        return Err(e);
+    }
     // Let the collectors see the last replay (one more tick).
     session.tick()?;
     let res = driver
@@ -493,7 +499,12 @@ pub fn run_blocking(dsn: &str, p: &Params) -> Result<Ran> {
             driver.stop.store(true, Ordering::Relaxed);
         }
         if driver.measuring.load(Ordering::SeqCst) {
-            lag.poll(secs(Instant::now()))?;
+            if let Err(e) = lag.poll(secs(Instant::now())) {
+                // Stop the DROPs before the cluster goes away under them.
+                driver.stop.store(true, Ordering::Relaxed);
+                let _ = driver.handle.join();
+                return Err(e);
+            }
         }
         let finished = driver.handle.is_finished();
         while let Ok((at, phase, first, tables, ms)) = driver.rx.try_recv() {
