@@ -16,6 +16,7 @@ pub mod provision;
 pub mod recording;
 pub mod report;
 pub mod scenarios;
+pub mod stats;
 pub mod workload;
 
 /// Round to three decimals (milliseconds of seconds, ratios) so reports and

@@ -118,14 +118,5 @@ fn clock_reads_as_syscalls_raise_the_finding() {
     assert_torn_down(&out);
 
     // The saved recording re-analyses offline to the same findings.
-    let again = Command::cargo_bin("pgbelow")
-        .unwrap()
-        .arg("report")
-        .arg(&out)
-        .args(["--format", "json"])
-        .output()
-        .unwrap();
-    assert!(again.status.success());
-    let r2: Value = serde_json::from_slice(&again.stdout).unwrap();
-    assert_eq!(r2["findings"], r["findings"]);
+    common::assert_reanalysis_matches(&out, &r);
 }

@@ -55,16 +55,7 @@ fn pg13_with_statement_timeout_raises_the_finding() {
     assert_torn_down(&out);
 
     // The saved recording re-analyses offline to the same findings.
-    let again = Command::cargo_bin("pgbelow")
-        .unwrap()
-        .arg("report")
-        .arg(&out)
-        .args(["--format", "json"])
-        .output()
-        .unwrap();
-    assert!(again.status.success());
-    let r2: Value = serde_json::from_slice(&again.stdout).unwrap();
-    assert_eq!(r2["findings"], r["findings"]);
+    common::assert_reanalysis_matches(&out, &r);
 }
 
 #[test]
@@ -122,14 +113,7 @@ fn ctrl_c_stops_cleanly_with_a_valid_recording() {
         .spawn()
         .unwrap();
     // Wait until the workload is running (progress lines appear), then interrupt.
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !out.join("progress.jsonl").exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "workload never started"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    common::wait_for(&out.join("progress.jsonl"), "workload");
     std::thread::sleep(Duration::from_secs(2));
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
@@ -164,14 +148,7 @@ fn sigkill_leaves_a_readable_recording_and_no_server() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !out.join("syscalls.jsonl").exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "recording never started"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    common::wait_for(&out.join("syscalls.jsonl"), "recording");
     std::thread::sleep(Duration::from_secs(2));
     child.kill().unwrap(); // SIGKILL: no handler runs
     child.wait().unwrap();

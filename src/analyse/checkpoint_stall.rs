@@ -24,11 +24,6 @@ const MIN_BLOCKED_S: f64 = 1.0;
 
 pub struct CheckpointStall;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 impl Rule for CheckpointStall {
     fn id(&self) -> &'static str {
         ID
@@ -38,7 +33,7 @@ impl Rule for CheckpointStall {
         if rec.progress.len() < MIN_SECONDS {
             return None;
         }
-        let med = median(rec.progress.iter().map(|p| p.tps).collect());
+        let med = crate::stats::quantile(rec.progress.iter().map(|p| p.tps).collect(), 0.5);
         if med <= 0.0 {
             return None;
         }

@@ -30,14 +30,6 @@ pub struct Summary {
     pub writers_in_d_s: f64,
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
-}
-
 /// What the probe's recording (and its report) shows; None without a
 /// checkpoint in it.
 pub fn summarize(rec: &Loaded, r: &Report) -> Option<Summary> {
@@ -72,7 +64,8 @@ pub fn summarize(rec: &Loaded, r: &Report) -> Option<Summary> {
         write_s: c.write_s,
         sync_s: c.sync_s,
         buffers: c.buffers,
-        median_tps_outside: median(outside).unwrap_or(0.0),
+        // The rule's median (upper middle), so the two agree.
+        median_tps_outside: crate::stats::quantile(outside, 0.5),
         min_tps_inside: inside.into_iter().reduce(f64::min),
         backlog_peak_mb: r
             .system
@@ -107,7 +100,7 @@ pub fn render(s: &Summary, exposed: bool) -> String {
         s.backlog_peak_mb
             .map_or("?".into(), |m| format!("{m:.0} MB")),
         s.writers_in_d_s,
-        if exposed { "EXPOSED" } else { "not exposed" }
+        super::verdict(exposed)
     );
     t
 }

@@ -7,6 +7,15 @@ use anyhow::Result;
 
 pub mod checkpoint_probe;
 
+/// A probe's word on whether this machine/version shows the case.
+pub fn verdict(exposed: bool) -> &'static str {
+    if exposed {
+        "EXPOSED"
+    } else {
+        "not exposed"
+    }
+}
+
 use crate::analyse::Severity;
 use crate::collect::syscalls::Mechanism;
 use crate::error::fixable;
@@ -186,15 +195,17 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         .any(|f| f.id == crate::analyse::timer_syscalls::ID);
     // Per case (DESIGN's five): probed and exposed, probed and not, or why not.
     let mut cases: Vec<(&str, String)> = Vec::new();
-    let verdict = |e: bool| if e { "EXPOSED" } else { "not exposed" }.to_string();
-    cases.push(("seed 000  timer syscalls per statement", verdict(exposed)));
+    cases.push((
+        "seed 000  timer syscalls per statement",
+        verdict(exposed).into(),
+    ));
     if let Some(w) = &r.workload {
         let _ = writeln!(
             text,
             "  {:.0} tps · {} statements · setitimer {per_stmt:.3} per statement → {}",
             w.tps,
             w.statements,
-            if exposed { "EXPOSED" } else { "not exposed" }
+            verdict(exposed)
         );
     }
     // Sync-replication probe (seed 003): one synchronous standby, commits
@@ -232,11 +243,14 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
                 text,
                 "\nProbe: synchronous commit (1 standby, FIRST 1, 4 clients)\n  {:.0} tps · epoll_create1 {per_commit:.3} per commit → {}\n  recording: {}",
                 sr.report.workload.as_ref().map_or(0.0, |w| w.tps),
-                if exposed { "EXPOSED" } else { "not exposed" },
+                verdict(exposed),
                 sr.dir.display()
             );
             findings.extend(sr.report.findings.iter().cloned());
-            cases.push(("seed 003  sync-rep commit wait syscalls", verdict(exposed)));
+            cases.push((
+                "seed 003  sync-rep commit wait syscalls",
+                verdict(exposed).into(),
+            ));
         }
         Err(e) => {
             let _ = writeln!(text, "\nProbe: synchronous commit — skipped: {e:#}");
@@ -306,7 +320,8 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
                 r.findings
                     .iter()
                     .any(|f| f.id == crate::analyse::clock_reads::ID),
-            ),
+            )
+            .into(),
             None => "not probed (clock collector off)".into(),
         },
     ));

@@ -147,15 +147,29 @@ impl Loaded {
 
     /// Syscall counts per role (over all pids of that role).
     pub fn syscalls_by_role(&self, window: Option<(f64, f64)>) -> BTreeMap<Role, RoleSyscalls> {
+        self.by_role(&self.syscall_totals(window))
+    }
+
+    /// Per-pid totals (from [`Self::syscall_totals`]) summed per role.
+    pub fn by_role(
+        &self,
+        totals: &BTreeMap<u32, BTreeMap<String, u64>>,
+    ) -> BTreeMap<Role, RoleSyscalls> {
         let mut out: BTreeMap<Role, RoleSyscalls> = BTreeMap::new();
-        for (pid, calls) in self.syscall_totals(window) {
-            let r = out.entry(self.role_of(pid)).or_default();
-            r.pids.push(pid);
+        for (pid, calls) in totals {
+            let r = out.entry(self.role_of(*pid)).or_default();
+            r.pids.push(*pid);
             for (name, n) in calls {
-                *r.calls.entry(name).or_default() += n;
+                *r.calls.entry(name.clone()).or_default() += n;
             }
         }
         out
+    }
+
+    /// The server ("primary", "standby1", …) a pid belonged to, in a
+    /// multi-server recording.
+    pub fn node_of(&self, pid: u32) -> Option<&str> {
+        self.processes.get(&pid)?.node.as_deref()
     }
 
     /// Recording time covered by syscall samples.

@@ -15,6 +15,15 @@ pre{background:#f6f6f6;padding:.8em;overflow-x:auto;font-size:12px}\
 .sev{font-weight:bold;text-transform:uppercase;font-size:.8em}\
 iframe{width:100%;height:520px;border:1px solid #ddd}";
 
+/// Doctype, head and the page's heading.
+fn head(title: &str) -> String {
+    let t = escape(title);
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
+         <style>{STYLE}</style></head><body>\n<h1>{t}</h1>\n"
+    )
+}
+
 /// Escape text for HTML element content and attribute values.
 pub fn escape(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -87,19 +96,11 @@ fn tps_chart(r: &Report) -> Option<String> {
 
 /// The page. `dir` is the recording, where the flame graph SVGs are.
 pub fn render(r: &Report, dir: &Path) -> String {
-    let mut o = String::new();
-    let title = format!(
+    let mut o = head(&format!(
         "pgbelow — {} recording of PostgreSQL {}",
         r.recording.mode,
         r.postgres.version.as_deref().unwrap_or("?")
-    );
-    let _ = write!(
-        o,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\
-         <style>{STYLE}</style></head><body>\n<h1>{}</h1>\n",
-        escape(&title),
-        escape(&title)
-    );
+    ));
     if let Some(w) = &r.workload {
         let _ = writeln!(
             o,
@@ -168,10 +169,9 @@ pub fn render(r: &Report, dir: &Path) -> String {
 /// `compare --format html`: the comparison's text in a page.
 pub fn page(title: &str, text: &str) -> String {
     format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
-         <style>{STYLE}</style></head><body>\n<h1>{t}</h1>\n<pre>{}</pre>\n</body></html>\n",
-        escape(text),
-        t = escape(title)
+        "{}<pre>{}</pre>\n</body></html>\n",
+        head(title),
+        escape(text)
     )
 }
 

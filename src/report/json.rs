@@ -182,10 +182,10 @@ fn by_node(
 ) -> BTreeMap<String, NodeShare> {
     let mut out: BTreeMap<String, NodeShare> = BTreeMap::new();
     for pid in pids {
-        let Some(node) = rec.processes.get(pid).and_then(|p| p.node.clone()) else {
+        let Some(node) = rec.node_of(*pid) else {
             continue;
         };
-        let e = out.entry(node).or_default();
+        let e = out.entry(node.to_string()).or_default();
         e.processes += 1;
         e.total += totals.get(pid).map_or(0, |c| c.values().sum());
     }
@@ -200,13 +200,9 @@ pub fn build(rec: &Loaded) -> Report {
     let span = rec.syscall_span();
     let secs = span.map(|(a, b)| (b - a).max(1e-9)).unwrap_or(1.0);
     let mut by_role = BTreeMap::new();
-    // Per pid, for the per-node split of a multi-server recording.
-    let node_totals = if m.postgres.nodes.is_empty() {
-        BTreeMap::new()
-    } else {
-        rec.syscall_totals(None)
-    };
-    for (role, calls) in rec.syscalls_by_role(None) {
+    // One pass over the samples: per pid (for the per-node split), then per role.
+    let totals = rec.syscall_totals(None);
+    for (role, calls) in rec.by_role(&totals) {
         let mut rows: Vec<SyscallRow> = calls
             .calls
             .iter()
@@ -251,7 +247,7 @@ pub fn build(rec: &Loaded) -> Report {
                 total: calls.total(),
                 per_second: round3(calls.total() as f64 / secs),
                 top: rows,
-                by_node: by_node(rec, &node_totals, &calls.pids),
+                by_node: by_node(rec, &totals, &calls.pids),
             },
         );
     }

@@ -570,15 +570,6 @@ pub fn render(d: &DropSummary, o: &mut String) {
     }
 }
 
-fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let i = ((v.len() - 1) as f64 * q).round() as usize;
-    v[i.min(v.len() - 1)]
-}
-
 /// Per-drop statistics of the measured and baseline phases.
 pub fn summarise(
     p: &Params,
@@ -614,9 +605,9 @@ pub fn summarise(
         drops,
         baseline_drops: count(Phase::Baseline),
         ms_per_drop: round3(total_ms / (drops.max(1)) as f64),
-        ms_per_drop_median: round3(quantile(measured.clone(), 0.5)),
-        ms_per_drop_p90: round3(quantile(measured, 0.9)),
-        baseline_ms_per_drop: round3(quantile(per(Phase::Baseline), 0.5)),
+        ms_per_drop_median: round3(crate::stats::quantile(measured.clone(), 0.5)),
+        ms_per_drop_p90: round3(crate::stats::quantile(measured, 0.9)),
+        baseline_ms_per_drop: round3(crate::stats::quantile(per(Phase::Baseline), 0.5)),
         total_ms: round3(total_ms),
         t_start,
         t_end,

@@ -137,17 +137,7 @@ pub fn linear_fit(points: &[(f64, f64)]) -> Option<LinearFit> {
 
 /// Median of the fits' exponents.
 fn median_exponent(fits: &[Fit]) -> Option<f64> {
-    let mut v: Vec<f64> = fits.iter().map(|f| f.exponent).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    let med = if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    };
+    let med = crate::stats::median(fits.iter().map(|f| f.exponent).collect())?;
     Some(round3(med) + 0.0)
 }
 

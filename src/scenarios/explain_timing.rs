@@ -342,17 +342,8 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
+fn median(v: Vec<f64>) -> f64 {
+    crate::stats::median(v).unwrap_or(0.0)
 }
 
 /// Medians per query and mode, ratios, and ns of timing per plan-node call.

@@ -62,3 +62,27 @@ pub fn assert_torn_down(out: &Path) {
     let data = m["postgres"]["data_dir"].as_str().unwrap();
     assert!(!Path::new(data).exists(), "{data} left behind");
 }
+
+/// The saved recording re-analyses offline (`pgbelow report`) to the same
+/// findings as the run printed.
+pub fn assert_reanalysis_matches(out: &Path, r: &Value) {
+    let again = Command::cargo_bin("pgbelow")
+        .unwrap()
+        .arg("report")
+        .arg(out)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    let r2: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(r2["findings"], r["findings"]);
+}
+
+/// Wait up to two minutes for `path` to appear (`what` names it on failure).
+pub fn wait_for(path: &Path, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !path.exists() {
+        assert!(std::time::Instant::now() < deadline, "{what} never started");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

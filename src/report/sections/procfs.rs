@@ -93,11 +93,11 @@ fn split_by_node(
 ) -> BTreeMap<Role, BTreeMap<String, NodeProcfs>> {
     let mut acc: BTreeMap<Role, BTreeMap<String, (BTreeSet<u32>, f64)>> = BTreeMap::new();
     let mut add = |pid: u32, cpu_s: f64| {
-        if let Some(node) = rec.processes.get(&pid).and_then(|p| p.node.clone()) {
+        if let Some(node) = rec.node_of(pid) {
             let e = acc
                 .entry(rec.role_of(pid))
                 .or_default()
-                .entry(node)
+                .entry(node.to_string())
                 .or_default();
             e.0.insert(pid);
             e.1 += cpu_s;
