@@ -265,11 +265,12 @@ fn start_stall_device(
         .with_context(|| format!("reading {}", primary.data_dir().display()))?;
     let mut dev =
         crate::scenarios::checkpoint_stall::StallDevice::create(meta.uid(), meta.gid(), status)?;
-    let pids: Vec<u32> = topo.nodes().into_iter().map(|(_, p)| p).collect();
-    let mut all = pids.clone();
-    for p in pids {
-        all.extend(crate::procinfo::descendants(p));
-    }
+    let parents = crate::procinfo::all_parents();
+    let all: Vec<u32> = topo
+        .nodes()
+        .into_iter()
+        .flat_map(|(_, p)| crate::procinfo::descendants_in(&parents, p))
+        .collect();
     dev.adopt(&all)?;
     Ok(dev)
 }

@@ -171,7 +171,12 @@ pub fn all_parents() -> BTreeMap<u32, u32> {
 
 /// `root` and all its live descendants, sorted.
 pub fn descendants(root: u32) -> Vec<u32> {
-    let parents = all_parents();
+    descendants_in(&all_parents(), root)
+}
+
+/// `root` and its descendants in one scan of /proc ([`all_parents`]): for
+/// callers that look under several roots, one scan serves them all.
+pub fn descendants_in(parents: &BTreeMap<u32, u32>, root: u32) -> Vec<u32> {
     let mut found = vec![root];
     let mut i = 0;
     while i < found.len() {

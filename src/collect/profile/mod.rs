@@ -451,9 +451,10 @@ impl ProfileCollector {
             frames: Vec::new(),
             user: Vec::new(),
         };
+        let parents = procinfo::all_parents();
         for root in ctx.roots() {
-            for pid in procinfo::descendants(root) {
-                let ppid = procinfo::read_ppid(pid).unwrap_or(0);
+            for pid in procinfo::descendants_in(&parents, root) {
+                let ppid = parents.get(&pid).copied().unwrap_or(0);
                 tracker.add(pid, ppid);
             }
         }
