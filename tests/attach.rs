@@ -118,7 +118,12 @@ fn record_attaches_to_a_pg13_server_and_finds_the_timer_syscalls() {
         "{:#}",
         r["syscalls"]
     );
-    assert_eq!(r["syscalls"]["by_role"]["backend"]["processes"], 1);
+    // The client's backend, and pgbench's short setup connection (scale
+    // check) when a tick happened to see it.
+    let backends = r["syscalls"]["by_role"]["backend"]["processes"]
+        .as_u64()
+        .unwrap();
+    assert!((1..=2).contains(&backends), "{:#}", r["syscalls"]);
 
     // Read-only: the observer never wrote; the server's settings are unchanged.
     assert_eq!(

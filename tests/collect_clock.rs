@@ -23,7 +23,8 @@ fn vdso_reads_are_far_cheaper_than_syscall_reads() {
     let t = Instant::now();
     let c = ClockCollector::start().unwrap();
     let took = t.elapsed();
-    assert!(took.as_millis() <= 250, "measuring took {took:?}");
+    // About 120 ms of loops; slack for a loaded machine.
+    assert!(took.as_millis() <= 500, "measuring took {took:?}");
     let f = c.facts_measured();
     eprintln!(
         "clocksource {:?} of {:?}: vDSO {} ns/read ({} reads, {}% < 1 µs), syscall {} ns/read ({} reads), ratio {}",

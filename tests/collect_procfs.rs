@@ -235,8 +235,16 @@ fn the_collectors_write_a_recording_and_the_report_sections_read_it() {
     let lines: Vec<ProcfsSample> = read_stream(&rec_dir, STREAM);
     assert_eq!(lines.len(), 3);
     let last = &lines[2];
-    // About 50 rounds per second, each seeing both children.
-    assert!((35..=55).contains(&last.ticks), "ticks {}", last.ticks);
+    // Up to 50 rounds per second, each seeing both children. A loaded
+    // machine skips rounds (the CI saw 34 in a second while the spawn-loop
+    // test ran next to it), so the floor is half the rate over `dt`.
+    let expected = 50.0 * last.dt;
+    assert!(
+        (expected * 0.5..=expected * 1.1 + 1.0).contains(&(last.ticks as f64)),
+        "ticks {} in {} s",
+        last.ticks,
+        last.dt
+    );
     let row = |role: Role| {
         last.rows
             .iter()
@@ -246,7 +254,13 @@ fn the_collectors_write_a_recording_and_the_report_sections_read_it() {
     let ck = row(Role::Checkpointer);
     assert!(ck.frame.contains("nanosleep"), "{ck:?}");
     assert_eq!(ck.pids, [sleep_kid.pid()]);
-    assert!((0.9..=1.1).contains(&ck.s), "{ck:?}");
+    // Process-seconds are samples × dt / ticks: the interval, however many
+    // rounds it had.
+    assert!(
+        (ck.s - last.dt).abs() <= 0.1 * last.dt,
+        "{ck:?} dt {}",
+        last.dt
+    );
     assert_eq!(
         ck.syscalls.keys().next().map(String::as_str),
         Some("clock_nanosleep")
@@ -275,7 +289,8 @@ fn the_collectors_write_a_recording_and_the_report_sections_read_it() {
     assert_eq!(sec.hz, 50.0);
     assert_eq!(sec.roles[&Role::Backend].pids, 1);
     let s_time = sec.roles[&Role::Checkpointer].state_s["S"];
-    assert!((2.5..=3.3).contains(&s_time), "{s_time}");
+    let span: f64 = lines.iter().map(|l| l.dt).sum();
+    assert!((s_time - span).abs() <= 0.1 * span, "{s_time} of {span} s");
     assert!(sec.roles[&Role::Backend].wchans[0]
         .wchan
         .ends_with("pipe_read"));

@@ -7,17 +7,17 @@
 //! the drops; `--sweep` fits the cost's growth over N and shared_buffers.
 mod common;
 
-use std::path::Path;
-use std::time::Duration;
-
-use assert_cmd::Command;
 use serde_json::Value;
+use std::path::Path;
 
 const ID: &str = "standby-replay-drop-cost";
 
 fn lab_run(out: &Path, pg: &str) -> Value {
-    let mut cmd = Command::cargo_bin("pgbelow").unwrap();
-    cmd.args([
+    lab_run_with(out, pg, &[])
+}
+
+fn lab_run_with(out: &Path, pg: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
         "lab",
         "run",
         "--scenario",
@@ -28,18 +28,9 @@ fn lab_run(out: &Path, pg: &str) -> Value {
         "100",
         "--format",
         "json",
-        "--out",
-    ])
-    .arg(out)
-    .timeout(Duration::from_secs(900));
-    let assert = cmd.assert();
-    let o = assert.get_output();
-    assert!(
-        o.status.success(),
-        "pgbelow lab run failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).expect("JSON report on stdout")
+    ];
+    args.extend_from_slice(extra);
+    common::lab_json(&args, out)
 }
 
 fn finding(report: &Value) -> Option<&Value> {
@@ -63,7 +54,9 @@ fn drop_many_fires_on_13_not_on_15() {
     assert_eq!(ev["top_function"], "DropRelFileNodesAllBuffers");
     let cpu = ev["startup_cpu_ms_per_drop"].as_f64().unwrap();
     assert!((0.5..50.0).contains(&cpu), "startup CPU per drop {cpu} ms");
-    assert!(ev["ms_per_drop"].as_f64().unwrap() > ev["baseline_ms_per_drop"].as_f64().unwrap());
+    // remote_apply: each commit waits for the standby's replay, so the
+    // client pays at least the startup process's CPU per drop.
+    assert!(ev["ms_per_drop"].as_f64().unwrap() >= cpu, "{ev:#}");
     // The standby replays each drop for milliseconds: pg_stat_replication
     // shows a replay lag while the drops run.
     let lag = ev["replay_lag_ms_max"]
@@ -106,6 +99,36 @@ fn drop_many_fires_on_13_not_on_15() {
     assert!(lag["lag_bytes_max"].is_u64(), "{lag:#}");
 }
 
+/// 14's fast path needs the relation's size cached in the startup process:
+/// with one-row tables 14 replays drops quickly (silent), with empty tables
+/// 15 still scans the standby's whole buffer pool per drop (fires). The
+/// evidence decides, not the version.
+#[test]
+fn drop_many_on_14_is_fast_with_rows_and_15_slow_when_empty() {
+    let tmp = tempfile::tempdir().unwrap();
+
+    let r14 = lab_run(&tmp.path().join("pg14"), "14");
+    assert!(
+        finding(&r14).is_none(),
+        "{ID} on 14 with one-row tables: {:#}",
+        r14["findings"]
+    );
+
+    let r15 = lab_run_with(&tmp.path().join("pg15e"), "15", &["--empty-tables"]);
+    let f = finding(&r15)
+        .unwrap_or_else(|| panic!("no {ID} on 15 with empty tables: {:#}", r15["findings"]));
+    let ev = &f["evidence"];
+    assert_eq!(ev["empty_tables"], true);
+    assert_eq!(ev["drops"], 100);
+    let cpu = ev["startup_cpu_ms_per_drop"].as_f64().unwrap();
+    assert!((0.5..50.0).contains(&cpu), "startup CPU per drop {cpu} ms");
+    assert!(
+        f["remedy"].as_str().unwrap().contains("not empty ones"),
+        "{}",
+        f["remedy"]
+    );
+}
+
 /// A small sweep on 13 (one-row tables): each drop scans the standby's
 /// buffer pool, so the replay CPU per drop grows with shared_buffers and the
 /// total with N. Measured here: shared_buffers exponent 0.60 (0.49 → 2.7 ms
@@ -115,7 +138,6 @@ fn drop_many_fires_on_13_not_on_15() {
 fn drop_sweep_on_13_grows_with_shared_buffers() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("sweep");
-    let started = std::time::Instant::now();
     let r = common::lab_json(
         &[
             "lab",
@@ -192,9 +214,4 @@ fn drop_sweep_on_13_grows_with_shared_buffers() {
     common::assert_torn_down(&out);
     let text = std::fs::read_to_string(out.join("report.txt")).unwrap();
     assert!(text.contains("drop-many sweep"), "{text}");
-    assert!(
-        started.elapsed() < Duration::from_secs(180),
-        "the sweep test took {:?}",
-        started.elapsed()
-    );
 }

@@ -43,7 +43,7 @@ fn pg13_sync_standbys_raise_the_finding_and_sweep() {
     );
     assert!((1.6..=3.0).contains(&ctl), "epoll_ctl/commit {ctl}");
     assert!(e["close_per_commit"].as_f64().unwrap() >= 0.8);
-    assert!(e["commits"].as_u64().unwrap() > 1000);
+    assert!(e["commits"].as_u64().unwrap() >= 200, "{e:#}");
     assert!(f["remedy"].as_str().unwrap().contains("14"));
     assert_eq!(r["workload"]["scenario"], "syncrep-commit");
     assert_eq!(r["workload"]["clients"], 8);

@@ -90,6 +90,7 @@ fn pg15_with_statement_timeout_raises_nothing() {
 
 #[test]
 fn ctrl_c_stops_cleanly_with_a_valid_recording() {
+    let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
     let bin = assert_cmd::cargo::cargo_bin("pgbelow");
@@ -128,6 +129,7 @@ fn ctrl_c_stops_cleanly_with_a_valid_recording() {
 
 #[test]
 fn sigkill_leaves_a_readable_recording_and_no_server() {
+    let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
     let bin = assert_cmd::cargo::cargo_bin("pgbelow");

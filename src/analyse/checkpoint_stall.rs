@@ -58,10 +58,17 @@ impl Rule for CheckpointStall {
         let start = ckpt.start_t.unwrap_or(0.0);
         let end = ckpt.end_t.unwrap_or(run_end);
 
-        // Writers blocked in D, with the frame they waited in.
-        let blocked: Vec<procfs::FrameRow> = procfs::build(rec)
-            .map(|s| s.blocked)
+        // Writers blocked in D during the checkpoint, with the frame they
+        // waited in. Only the window counts: WAL fsyncs elsewhere in a long
+        // run add up to seconds of D that say nothing about this checkpoint.
+        let window: Vec<_> = procfs::load(rec)
+            .map(|(samples, _)| samples)
             .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s.t > start && s.t - s.dt <= end + 1.0)
+            .collect();
+        let blocked: Vec<procfs::FrameRow> = procfs::summarize(&window, |pid| rec.role_of(pid))
+            .blocked
             .into_iter()
             .filter(|r| matches!(r.role, Role::Backend | Role::Checkpointer))
             .collect();

@@ -2,14 +2,27 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use assert_cmd::Command;
 use serde_json::Value;
 
+/// One lab run at a time per test binary. The tests in a binary run on
+/// parallel threads, and two clusters under load on this 2-core machine skew
+/// each other's timings: the CI run that failed had a drop-many run's
+/// primary-only baseline slower than its synchronous drops because a sweep
+/// ran next to it.
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    static LAB: Mutex<()> = Mutex::new(());
+    // A failed test poisons the lock; the next one may still run alone.
+    LAB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Run `pgbelow ARGS --out OUT` (ARGS ending in `--format json`), assert it
-/// succeeded, and parse the JSON report it printed.
+/// succeeded, and parse the JSON report it printed. Holds [`exclusive`].
 pub fn run_json(mut cmd: Command, args: &[&str], out: &Path) -> Value {
+    let _alone = exclusive();
     let assert = cmd
         .args(args)
         .arg("--out")
