@@ -40,32 +40,32 @@ pub struct EvidenceChange {
     pub numbers: BTreeMap<String, [f64; 2]>,
 }
 
-/// Side-by-side evidence of the findings both reports raised.
-fn persisting_evidence(a: &Report, b: &Report) -> Vec<EvidenceChange> {
-    let mut out = Vec::new();
-    for fa in &a.findings {
-        let Some(fb) = b.findings.iter().find(|f| f.id == fa.id) else {
-            continue;
-        };
-        let mut numbers = BTreeMap::new();
-        if let (Some(ea), Some(eb)) = (fa.evidence.as_object(), fb.evidence.as_object()) {
-            for (k, va) in ea {
-                if let (Some(x), Some(y)) = (va.as_f64(), eb.get(k).and_then(|v| v.as_f64())) {
-                    numbers.insert(k.clone(), [x, y]);
+/// Side-by-side evidence of the findings both reports raised (`persisting`,
+/// in id order).
+fn persisting_evidence(a: &Report, b: &Report, persisting: &[String]) -> Vec<EvidenceChange> {
+    persisting
+        .iter()
+        .filter_map(|id| {
+            let fa = a.findings.iter().find(|f| &f.id == id)?;
+            let fb = b.findings.iter().find(|f| &f.id == id)?;
+            let mut numbers = BTreeMap::new();
+            if let (Some(ea), Some(eb)) = (fa.evidence.as_object(), fb.evidence.as_object()) {
+                for (k, va) in ea {
+                    if let (Some(x), Some(y)) = (va.as_f64(), eb.get(k).and_then(|v| v.as_f64())) {
+                        numbers.insert(k.clone(), [x, y]);
+                    }
                 }
             }
-        }
-        out.push(EvidenceChange {
-            id: fa.id.clone(),
-            severity: [
-                fa.severity.as_str().to_string(),
-                fb.severity.as_str().to_string(),
-            ],
-            numbers,
-        });
-    }
-    out.sort_by(|x, y| x.id.cmp(&y.id));
-    out
+            Some(EvidenceChange {
+                id: id.clone(),
+                severity: [
+                    fa.severity.as_str().to_string(),
+                    fb.severity.as_str().to_string(),
+                ],
+                numbers,
+            })
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -249,6 +249,7 @@ pub fn compare(a_name: &str, a: &Report, b_name: &str, b: &Report) -> Comparison
     });
     let ida: BTreeSet<&String> = a.findings.iter().map(|f| &f.id).collect();
     let idb: BTreeSet<&String> = b.findings.iter().map(|f| &f.id).collect();
+    let persisting: Vec<String> = ida.intersection(&idb).map(|s| s.to_string()).collect();
     Comparison {
         schema_version: COMPARE_SCHEMA_VERSION,
         a: side(a_name, a),
@@ -259,13 +260,13 @@ pub fn compare(a_name: &str, a: &Report, b_name: &str, b: &Report) -> Comparison
         findings: FindingChanges {
             resolved: ida.difference(&idb).map(|s| s.to_string()).collect(),
             new: idb.difference(&ida).map(|s| s.to_string()).collect(),
-            persisting: ida.intersection(&idb).map(|s| s.to_string()).collect(),
+            persisting: persisting.clone(),
         },
-        persisting_evidence: persisting_evidence(a, b),
+        persisting_evidence: persisting_evidence(a, b, &persisting),
         writeback_peak_mb: match (&a.system, &b.system) {
             (Some(x), Some(y)) => Some([
-                crate::round3(x.dirty_writeback_peak.kb as f64 / 1024.0),
-                crate::round3(y.dirty_writeback_peak.kb as f64 / 1024.0),
+                crate::round3(x.dirty_writeback_peak.mb()),
+                crate::round3(y.dirty_writeback_peak.mb()),
             ]),
             _ => None,
         },

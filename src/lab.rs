@@ -93,6 +93,8 @@ pub struct Replication {
 pub struct LabResult {
     pub dir: PathBuf,
     pub report: report::Report,
+    /// The recording the report was built from.
+    pub loaded: Loaded,
 }
 
 /// Settings whose values go into every manifest (the rules explain with them).
@@ -392,10 +394,11 @@ fn run_on(
         &opts.collectors,
         Vec::new(),
     )?;
+    let dsn = cluster.conninfo("bench");
     let outcome = if opts.scenario.uses_pgbench() {
-        drive(&mut session, pgbench, &target, opts)
+        drive(&mut session, pgbench, &target, &dsn, opts)
     } else {
-        crate::scenarios::drive(&mut session, &cluster.conninfo("bench"), opts)
+        crate::scenarios::drive(&mut session, &dsn, opts)
     };
     let (st, err) = match &outcome {
         Ok(_) if interrupt::requested() => (Status::Interrupted, None),
@@ -426,7 +429,11 @@ fn run_on(
         )
     })?;
     status(&format!("recording written to {}", dir.display()));
-    Ok(LabResult { dir, report: rep })
+    Ok(LabResult {
+        dir,
+        report: rep,
+        loaded,
+    })
 }
 
 /// Call `poll` every 20 ms while it returns true, ticking the collectors
@@ -447,11 +454,13 @@ pub(crate) fn tick_while(
     Ok(())
 }
 
-/// Run pgbench, ticking the collectors each second and streaming progress.
+/// Run pgbench, ticking the collectors each second and streaming progress;
+/// `dsn` is the same database, for `--checkpoint-at`.
 fn drive(
     session: &mut Session,
     pgbench: &Pgbench,
     target: &PgbenchTarget,
+    dsn: &str,
     opts: &LabOptions,
 ) -> Result<()> {
     let bar = if opts.show_progress {
@@ -473,7 +482,7 @@ fn drive(
         if let Some(at) = opts.checkpoint_at {
             if checkpoint.is_none() && session.t() - t_start >= f64::from(at) {
                 // CHECKPOINT returns when it is done: off the tick loop.
-                let dsn = target.conninfo();
+                let dsn = dsn.to_string();
                 checkpoint = Some(std::thread::spawn(move || {
                     crate::scenarios::connect(&dsn)?
                         .batch_execute("CHECKPOINT")

@@ -303,8 +303,9 @@ mod tests {
 
     /// The state letter of /proc/PID/stat.
     fn state(pid: u32) -> Option<char> {
-        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+        crate::collect::procfs::parse::parse_stat_state(
+            &fs::read_to_string(format!("/proc/{pid}/stat")).ok()?,
+        )
     }
 
     #[test]

@@ -18,8 +18,9 @@ use pgbelow::recording::{this_host_manifest, Loaded, Status};
 
 /// The state letter of /proc/PID/stat; None once the process is reaped.
 fn state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+    pgbelow::collect::procfs::parse::parse_stat_state(
+        &std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?,
+    )
 }
 
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {

@@ -9,18 +9,20 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Mutex;
 
 use serde_json::Value;
 
 const ID: &str = "checkpoint-writeback-stall";
 
-/// The two runs share the 2 CPUs badly: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn is_root() -> bool {
+/// Root, or say the test is skipped. (The two runs go one at a time:
+/// `common::run_json` holds `common::exclusive()`.)
+fn root_or_skip() -> bool {
     // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    let root = unsafe { libc::geteuid() == 0 };
+    if !root {
+        eprintln!("skipped: checkpoint-stall needs root (loop device, cgroup limits)");
+    }
+    root
 }
 
 fn run(out: &Path, extra: &[&str]) -> Value {
@@ -49,8 +51,7 @@ fn run_in(out: &Path, extra: &[&str], backing: Option<&Path>) -> Value {
 /// The device, its mount and its limits are gone.
 fn assert_device_removed(out: &Path) {
     common::assert_torn_down(out);
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let m = common::manifest(out);
     let dev = &m["facts"]["stall_device"];
     let mount = dev["mount"].as_str().expect("stall_device fact");
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
@@ -79,11 +80,9 @@ fn assert_device_removed(out: &Path) {
 
 #[test]
 fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
-    if !is_root() {
-        eprintln!("skipped: checkpoint-stall needs root (loop device, cgroup limits)");
+    if !root_or_skip() {
         return;
     }
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("stall");
     let r = run(&out, &[]);
@@ -120,11 +119,9 @@ fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
 
 #[test]
 fn with_bandwidth_to_spare_the_same_checkpoint_passes() {
-    if !is_root() {
-        eprintln!("skipped: checkpoint-stall needs root (loop device, cgroup limits)");
+    if !root_or_skip() {
         return;
     }
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("healthy");
     // The backing file in RAM: with it on the machine's shared disk, a
@@ -145,8 +142,7 @@ fn with_bandwidth_to_spare_the_same_checkpoint_passes() {
     );
     assert!(common::finding(&r, ID).is_none(), "{}", r["findings"]);
     // The checkpoint did run under load: the silence is not for want of one.
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let m = common::manifest(&out);
     assert_eq!(m["facts"]["stall_device"]["write_mb_per_s"], 2000);
     let log = std::fs::read_to_string(out.join("checkpoints.jsonl")).unwrap();
     assert!(log.contains("\"time\""), "no timed checkpoint: {log}");

@@ -154,8 +154,7 @@ fn sigkill_leaves_a_readable_recording_and_no_server() {
     std::thread::sleep(Duration::from_secs(2));
     child.kill().unwrap(); // SIGKILL: no handler runs
     child.wait().unwrap();
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let m = common::manifest(&out);
     assert_eq!(m["status"], "recording");
     let pid = m["postgres"]["postmaster_pid"].as_u64().unwrap();
     // The postmaster follows its parent down (PR_SET_PDEATHSIG → immediate shutdown).

@@ -126,7 +126,7 @@ impl Rule for ReplayDropCost {
             .unwrap_or_default();
         let (samples, hot, scan, top_fn) = startup_profile(&profile::parse_folded(&folded));
         let share = (samples >= MIN_STARTUP_SAMPLES).then(|| hot as f64 / samples as f64);
-        let replay_ms = (d.ms_per_drop_median - d.baseline_ms_per_drop).max(0.0);
+        let replay_ms = d.replay_ms_per_drop();
         let by_cpu = cpu_ms_per_drop >= WARN_STARTUP_MS_PER_DROP;
         let by_profile = share.is_some_and(|s| s >= WARN_PROFILE_SHARE);
         // The startup process's CPU per drop is the replay cost; the profile
@@ -177,10 +177,11 @@ impl Rule for ReplayDropCost {
         let sweep_txt = sweep
             .as_ref()
             .map_or(String::new(), |s| format!(" Sweep: {}", s.summary));
-        let lag_txt = match d.replay_lag.as_ref().and_then(|l| l.replay_lag_ms_max) {
+        let lag = d.replay_lag.as_ref();
+        let lag_txt = match lag.and_then(|l| l.replay_lag_ms_max) {
             Some(max) => format!(
                 " Replay lag on the primary (pg_stat_replication) during the drops: max {max:.1} ms, mean {:.1} ms.",
-                d.replay_lag.as_ref().and_then(|l| l.replay_lag_ms_mean).unwrap_or(0.0)
+                lag.and_then(|l| l.replay_lag_ms_mean).unwrap_or(0.0)
             ),
             None => String::new(),
         };
@@ -238,11 +239,11 @@ impl Rule for ReplayDropCost {
                 "standby_shared_buffers": sb,
                 "window_s": [d.t_start, d.t_end],
                 "postgres_version": version,
-                "replay_lag_ms_max": d.replay_lag.as_ref().and_then(|l| l.replay_lag_ms_max),
-                "replay_lag_ms_mean": d.replay_lag.as_ref().and_then(|l| l.replay_lag_ms_mean),
-                "replay_lag_bytes_max": d.replay_lag.as_ref().and_then(|l| l.lag_bytes_max),
-                "replay_lag_bytes_mean": d.replay_lag.as_ref().and_then(|l| l.lag_bytes_mean),
-                "replay_lag_samples": d.replay_lag.as_ref().map(|l| l.samples),
+                "replay_lag_ms_max": lag.and_then(|l| l.replay_lag_ms_max),
+                "replay_lag_ms_mean": lag.and_then(|l| l.replay_lag_ms_mean),
+                "replay_lag_bytes_max": lag.and_then(|l| l.lag_bytes_max),
+                "replay_lag_bytes_mean": lag.and_then(|l| l.lag_bytes_mean),
+                "replay_lag_samples": lag.map(|l| l.samples),
                 "sweep_exponent_tables": sweep.as_ref().and_then(|s| s.exponent_tables),
                 "sweep_exponent_shared_buffers": sweep.as_ref().and_then(|s| s.exponent_shared_buffers),
             }),

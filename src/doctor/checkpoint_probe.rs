@@ -67,10 +67,7 @@ pub fn summarize(rec: &Loaded, r: &Report) -> Option<Summary> {
         // The rule's median (upper middle), so the two agree.
         median_tps_outside: crate::stats::quantile(outside, 0.5),
         min_tps_inside: inside.into_iter().reduce(f64::min),
-        backlog_peak_mb: r
-            .system
-            .as_ref()
-            .map(|s| s.dirty_writeback_peak.kb as f64 / 1024.0),
+        backlog_peak_mb: r.system.as_ref().map(|s| s.dirty_writeback_peak.mb()),
         writers_in_d_s: crate::round3(writers_in_d_s),
     })
 }

@@ -23,6 +23,24 @@ use crate::lab::{self, LabOptions, PgChoice};
 use crate::report::{self, Report};
 use crate::workload::{find_pgbench, Scenario};
 
+/// The case verdict of a probe that could not run (its error is printed above).
+const NOT_PROBED: &str = "not probed (see above)";
+
+/// Whether the report raised finding `id`.
+fn raised(r: &Report, id: &str) -> bool {
+    r.findings.iter().any(|f| f.id == id)
+}
+
+/// Backend calls of `syscall` per statement (0 when not counted).
+fn backend_per_statement(r: &Report, syscall: &str) -> f64 {
+    r.syscalls
+        .by_role
+        .get(&crate::procinfo::Role::Backend)
+        .and_then(|t| t.top.iter().find(|row| row.syscall == syscall))
+        .and_then(|row| row.per_statement)
+        .unwrap_or(0.0)
+}
+
 #[derive(Clone, Debug)]
 pub struct Check {
     pub level: &'static str, // "ok", "warn", "fail", "info"
@@ -182,17 +200,8 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         "\nProbe: timer syscalls (select-only, statement_timeout=10s, {} s)",
         opts.duration_s
     );
-    let per_stmt = r
-        .syscalls
-        .by_role
-        .get(&crate::procinfo::Role::Backend)
-        .and_then(|t| t.top.iter().find(|row| row.syscall == "setitimer"))
-        .and_then(|row| row.per_statement)
-        .unwrap_or(0.0);
-    let exposed = r
-        .findings
-        .iter()
-        .any(|f| f.id == crate::analyse::timer_syscalls::ID);
+    let per_stmt = backend_per_statement(r, "setitimer");
+    let exposed = raised(r, crate::analyse::timer_syscalls::ID);
     // Per case (DESIGN's five): probed and exposed, probed and not, or why not.
     let mut cases: Vec<(&str, String)> = Vec::new();
     cases.push((
@@ -224,21 +233,10 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         ..base(Scenario::SyncrepCommit)
     };
     let mut findings = r.findings.clone();
-    match lab::run(&syncrep) {
+    let v = match lab::run(&syncrep) {
         Ok(sr) => {
-            let per_commit = sr
-                .report
-                .syscalls
-                .by_role
-                .get(&crate::procinfo::Role::Backend)
-                .and_then(|t| t.top.iter().find(|row| row.syscall == "epoll_create1"))
-                .and_then(|row| row.per_statement)
-                .unwrap_or(0.0);
-            let exposed = sr
-                .report
-                .findings
-                .iter()
-                .any(|f| f.id == "syncrep-wait-syscalls");
+            let per_commit = backend_per_statement(&sr.report, "epoll_create1");
+            let exposed = raised(&sr.report, crate::analyse::syncrep_wait::ID);
             let _ = writeln!(
                 text,
                 "\nProbe: synchronous commit (1 standby, FIRST 1, 4 clients)\n  {:.0} tps · epoll_create1 {per_commit:.3} per commit → {}\n  recording: {}",
@@ -247,19 +245,14 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
                 sr.dir.display()
             );
             findings.extend(sr.report.findings.iter().cloned());
-            cases.push((
-                "seed 003  sync-rep commit wait syscalls",
-                verdict(exposed).into(),
-            ));
+            verdict(exposed).to_string()
         }
         Err(e) => {
             let _ = writeln!(text, "\nProbe: synchronous commit — skipped: {e:#}");
-            cases.push((
-                "seed 003  sync-rep commit wait syscalls",
-                "not probed (see above)".into(),
-            ));
+            NOT_PROBED.into()
         }
-    }
+    };
+    cases.push(("seed 003  sync-rep commit wait syscalls", v));
     // Checkpoint probe (seed 001): a CHECKPOINT under a short tpcb load on
     // the data directory's own disk, writeback and process states watched.
     let ckpt = LabOptions {
@@ -277,14 +270,10 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         checkpoint_probe::CHECKPOINT_AT_S,
         checkpoint_probe::DURATION_S
     );
-    match lab::run(&ckpt).and_then(|cr| Ok((crate::recording::Loaded::open(&cr.dir)?, cr))) {
-        Ok((rec, cr)) => {
-            let exposed = cr
-                .report
-                .findings
-                .iter()
-                .any(|f| f.id == crate::analyse::checkpoint_stall::ID);
-            match checkpoint_probe::summarize(&rec, &cr.report) {
+    let v = match lab::run(&ckpt) {
+        Ok(cr) => {
+            let exposed = raised(&cr.report, crate::analyse::checkpoint_stall::ID);
+            match checkpoint_probe::summarize(&cr.loaded, &cr.report) {
                 Some(s) => {
                     let _ = writeln!(text, "{}", checkpoint_probe::render(&s, exposed));
                 }
@@ -294,34 +283,24 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
             }
             let _ = writeln!(text, "  recording: {}", cr.dir.display());
             findings.extend(cr.report.findings.iter().cloned());
-            cases.push((
-                "seed 001  checkpoint writeback stall",
-                format!(
-                    "{} on this disk and settings (the stall on a limited device: `sudo pgbelow lab run --scenario checkpoint-stall`)",
-                    verdict(exposed)
-                ),
-            ));
+            format!(
+                "{} on this disk and settings (the stall on a limited device: `sudo pgbelow lab run --scenario checkpoint-stall`)",
+                verdict(exposed)
+            )
         }
         Err(e) => {
             let _ = writeln!(text, "  skipped: {e:#}");
-            cases.push((
-                "seed 001  checkpoint writeback stall",
-                "not probed (see above)".into(),
-            ));
+            NOT_PROBED.into()
         }
-    }
+    };
+    cases.push(("seed 001  checkpoint writeback stall", v));
     if let Some(c) = &r.clock {
         let _ = writeln!(text, "\nProbe: clock reads\n  {}", c.verdict);
     }
     cases.push((
         "seed 002  clock reads (EXPLAIN ANALYZE timing)",
         match &r.clock {
-            Some(_) => verdict(
-                r.findings
-                    .iter()
-                    .any(|f| f.id == crate::analyse::clock_reads::ID),
-            )
-            .into(),
+            Some(_) => verdict(raised(r, crate::analyse::clock_reads::ID)).into(),
             None => "not probed (clock collector off)".into(),
         },
     ));
@@ -351,14 +330,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         let _ = writeln!(text, "  none");
     }
     for f in &findings {
-        let _ = writeln!(
-            text,
-            "  [{}] {} — {}\n    {}",
-            f.severity.as_str(),
-            f.id,
-            f.title,
-            f.summary
-        );
+        crate::report::text::finding_head(f, &mut text);
     }
     let _ = writeln!(
         text,

@@ -77,9 +77,7 @@ const WORST_WINDOW_S: f64 = 5.0;
 
 fn worst_second(rec: &Loaded) -> Option<WorstSecond> {
     let worst = rec.progress.iter().min_by(|a, b| a.tps.total_cmp(&b.tps))?;
-    let mut tps: Vec<f64> = rec.progress.iter().map(|p| p.tps).collect();
-    tps.sort_by(f64::total_cmp);
-    let median_tps = tps[tps.len() / 2];
+    let median_tps = crate::stats::quantile(rec.progress.iter().map(|p| p.tps).collect(), 0.5);
     let (a, b) = (worst.t - WORST_WINDOW_S, worst.t + WORST_WINDOW_S);
     let checkpoints = sections::pgstat::checkpoints(rec)
         .into_iter()

@@ -219,8 +219,7 @@ pub fn render(r: &Report) -> String {
     } else {
         let _ = writeln!(o, "\nFindings");
         for f in &r.findings {
-            let _ = writeln!(o, "  [{}] {} — {}", f.severity.as_str(), f.id, f.title);
-            let _ = writeln!(o, "    {}", f.summary);
+            finding_head(f, &mut o);
             if let Some(map) = f.evidence.as_object() {
                 let parts: Vec<String> = map
                     .iter()
@@ -233,4 +232,10 @@ pub fn render(r: &Report) -> String {
         }
     }
     o
+}
+
+/// A finding's severity, id and title, then its summary: two indented lines.
+pub(crate) fn finding_head(f: &crate::analyse::Finding, o: &mut String) {
+    let _ = writeln!(o, "  [{}] {} — {}", f.severity.as_str(), f.id, f.title);
+    let _ = writeln!(o, "    {}", f.summary);
 }

@@ -113,7 +113,13 @@ enum Limit {
     V1(Vec<PathBuf>),
     /// v2: `io.max` in a cgroup pgbelow made (removed again); the cluster's
     /// processes are moved into it by [`StallDevice::adopt`].
-    V2 { cgroup: PathBuf, parent: PathBuf },
+    /// `lifted` once `io.max` is back to `max` (the cgroup stays until
+    /// teardown).
+    V2 {
+        cgroup: PathBuf,
+        parent: PathBuf,
+        lifted: bool,
+    },
 }
 
 /// The loop device, its mount, the I/O limit and the bdi cap. Drop undoes all.
@@ -275,6 +281,7 @@ impl StallDevice {
             self.limit = Some(Limit::V2 {
                 cgroup: cg.clone(),
                 parent: root.to_path_buf(),
+                lifted: false,
             });
             std::fs::write(cg.join("io.max"), format!("{mm} wbps={bps}"))
                 .with_context(|| format!("writing {}/io.max", cg.display()))?;
@@ -356,10 +363,10 @@ impl StallDevice {
                 problems.push(format!("restoring {}: {e}", p.display()));
             }
         }
-        match &self.limit {
+        match &mut self.limit {
             Some(Limit::V1(files)) => {
                 if let Some(mm) = &self.maj_min {
-                    for f in files {
+                    for f in files.iter() {
                         if let Err(e) = std::fs::write(f, format!("{mm} 0")) {
                             problems.push(format!("clearing {}: {e}", f.display()));
                         }
@@ -369,21 +376,22 @@ impl StallDevice {
             }
             // The server may still run (and fork) inside the cgroup: lift
             // its limit now, remove it in `teardown` once the server is gone.
-            Some(Limit::V2 { cgroup, .. }) => {
+            Some(Limit::V2 { cgroup, lifted, .. }) if !*lifted => {
                 if let Some(mm) = &self.maj_min {
                     let f = cgroup.join("io.max");
-                    if let Err(e) = std::fs::write(&f, format!("{mm} wbps=max")) {
-                        problems.push(format!("lifting {}: {e}", f.display()));
+                    match std::fs::write(&f, format!("{mm} wbps=max")) {
+                        Ok(()) => *lifted = true,
+                        Err(e) => problems.push(format!("lifting {}: {e}", f.display())),
                     }
                 }
             }
-            None => {}
+            _ => {}
         }
     }
 
     /// Move whatever is left in the v2 cgroup out and remove it.
     fn remove_cgroup_into(&mut self, problems: &mut Vec<String>) {
-        if let Some(Limit::V2 { cgroup, parent }) = self.limit.take() {
+        if let Some(Limit::V2 { cgroup, parent, .. }) = self.limit.take() {
             if let Ok(procs) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
                 for p in procs.lines() {
                     let _ = std::fs::write(parent.join("cgroup.procs"), p);

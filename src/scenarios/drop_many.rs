@@ -178,6 +178,14 @@ pub struct DropSummary {
     pub replay_lag: Option<ReplayLag>,
 }
 
+impl DropSummary {
+    /// Client-side ms a drop waits for the standby: the median measured
+    /// drop less the primary-only baseline.
+    pub fn replay_ms_per_drop(&self) -> f64 {
+        (self.ms_per_drop_median - self.baseline_ms_per_drop).max(0.0)
+    }
+}
+
 /// One sample of `pg_stat_replication` on the primary (`drop_lag.jsonl`),
 /// the worst standby of that instant.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -422,6 +430,8 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
                 session.writer().append(LAG_STREAM, &s)?;
             }
         }
+        // Finished before the drain: everything it sent is drained below.
+        let finished = driver.handle.is_finished();
         while let Ok((at, phase, first, tables, ms)) = driver.rx.try_recv() {
             let r = DropRun {
                 t: round_ms(t_start + at.duration_since(anchor).as_secs_f64()),
@@ -433,7 +443,7 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
             session.writer().append(STREAM, &r)?;
             runs.push(r);
         }
-        Ok(!(driver.handle.is_finished() && driver.rx.try_recv().is_err()))
+        Ok(!finished)
     });
     if let Err(e) = looped {
         // Stop the DROPs before the cluster goes away under them.

@@ -17,7 +17,8 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::drop_many::{self, Params};
-use crate::collect::procfs::parse::{parse_schedstat, parse_stat};
+use crate::collect::procfs::aggregate::Counters;
+use crate::collect::procfs::clock_ticks_per_s;
 use crate::interrupt;
 use crate::lab::LabOptions;
 use crate::procinfo::{self, Role};
@@ -108,16 +109,17 @@ pub struct LinearFit {
     pub r2: f64,
 }
 
-/// Ordinary least squares; `None` with fewer than two distinct x.
-pub fn linear_fit(points: &[(f64, f64)]) -> Option<LinearFit> {
-    let n = points.len() as f64;
+/// Ordinary least squares: (slope, intercept, r²), unrounded; `None` with
+/// fewer than two distinct x.
+fn ols(points: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
     if points.len() < 2 {
         return None;
     }
+    let n = points.len() as f64;
     let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
     let my = points.iter().map(|p| p.1).sum::<f64>() / n;
     let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    if sxx <= 0.0 {
+    if sxx < 1e-12 {
         return None;
     }
     let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
@@ -128,9 +130,15 @@ pub fn linear_fit(points: &[(f64, f64)]) -> Option<LinearFit> {
     } else {
         1.0
     };
+    Some((slope, my - slope * mx, r2))
+}
+
+/// [`ols`] rounded for the report.
+pub fn linear_fit(points: &[(f64, f64)]) -> Option<LinearFit> {
+    let (slope, intercept, r2) = ols(points)?;
     Some(LinearFit {
         slope: round3(slope) + 0.0,
-        intercept: round3(my - slope * mx) + 0.0,
+        intercept: round3(intercept) + 0.0,
         r2: round3(r2),
     })
 }
@@ -166,18 +174,14 @@ pub fn conclude(s: &mut DropSweep) {
             range(&b)
         ));
     }
-    let by_cpu = s.points.iter().all(|p| p.startup_cpu_ms_per_drop > 0.0);
+    let (_, per) = per_drop(&s.points);
     let gb: Vec<(f64, f64)> = s
         .points
         .iter()
         .map(|p| {
             (
                 p.standby_shared_buffers_bytes as f64 / (1u64 << 30) as f64,
-                if by_cpu {
-                    p.startup_cpu_ms_per_drop
-                } else {
-                    p.replay_ms_per_drop
-                },
+                per(p),
             )
         })
         .collect();
@@ -210,24 +214,14 @@ pub fn conclude(s: &mut DropSweep) {
 /// Least-squares slope of ln y on ln x: the exponent k of y ∝ x^k. `None`
 /// with fewer than two distinct x, or any x or y not > 0.
 pub fn loglog_slope(points: &[(f64, f64)]) -> Option<f64> {
-    if points.len() < 2
-        || points
-            .iter()
-            .any(|&(x, y)| !(x > 0.0 && y > 0.0 && x.is_finite() && y.is_finite()))
+    if points
+        .iter()
+        .any(|&(x, y)| !(x > 0.0 && y > 0.0 && x.is_finite() && y.is_finite()))
     {
         return None;
     }
-    let n = points.len() as f64;
-    let lx: Vec<f64> = points.iter().map(|p| p.0.ln()).collect();
-    let ly: Vec<f64> = points.iter().map(|p| p.1.ln()).collect();
-    let mx = lx.iter().sum::<f64>() / n;
-    let my = ly.iter().sum::<f64>() / n;
-    let sxx: f64 = lx.iter().map(|x| (x - mx).powi(2)).sum();
-    if sxx < 1e-12 {
-        return None;
-    }
-    let sxy: f64 = lx.iter().zip(&ly).map(|(x, y)| (x - mx) * (y - my)).sum();
-    Some(sxy / sxx)
+    let logs: Vec<(f64, f64)> = points.iter().map(|p| (p.0.ln(), p.1.ln())).collect();
+    ols(&logs).map(|(slope, _, _)| slope)
 }
 
 /// An exponent in words: ≈ 0 constant, ≈ 1 linear, ≈ 2 quadratic (±0.25),
@@ -303,21 +297,23 @@ pub fn parse_sizes(s: &str) -> Result<Vec<String>, String> {
     Ok(v.into_iter().map(|(_, s)| s).collect())
 }
 
-/// Fit both growths over `points` (startup CPU when every point has some,
-/// else the client-side replay ms).
+/// The per-drop cost the fits use: startup CPU when every point has some,
+/// else the client-side replay ms. True when it is startup CPU.
+fn per_drop(points: &[Point]) -> (bool, fn(&Point) -> f64) {
+    if points.iter().all(|p| p.startup_cpu_ms_per_drop > 0.0) {
+        (true, |p| p.startup_cpu_ms_per_drop)
+    } else {
+        (false, |p| p.replay_ms_per_drop)
+    }
+}
+
+/// Fit both growths over `points` (see [`per_drop`]).
 pub fn fits(points: &[Point]) -> (Vec<Fit>, Vec<Fit>) {
-    let by_cpu = points.iter().all(|p| p.startup_cpu_ms_per_drop > 0.0);
+    let (by_cpu, per) = per_drop(points);
     let (y_total, y_per) = if by_cpu {
         ("startup CPU ms (total)", "startup CPU ms per drop")
     } else {
         ("client replay ms (total)", "client replay ms per drop")
-    };
-    let per = |p: &Point| {
-        if by_cpu {
-            p.startup_cpu_ms_per_drop
-        } else {
-            p.replay_ms_per_drop
-        }
     };
     let fit = |fixed: String, x: &str, y: &str, xy: Vec<(f64, f64)>| {
         loglog_slope(&xy).map(|e| Fit {
@@ -379,18 +375,10 @@ pub fn fits(points: &[Point]) -> (Vec<Fit>, Vec<Fit>) {
     (vs_tables, vs_sb)
 }
 
-/// CPU time of a process so far, ms: schedstat's ns, else stat's ticks.
+/// CPU time of a process so far, ms (the procfs collector's counters:
+/// schedstat's ns, else stat's ticks).
 fn cpu_ms(pid: u32) -> Option<f64> {
-    if let Some(s) = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-        .ok()
-        .and_then(|s| parse_schedstat(&s))
-    {
-        return Some(s.run_ns as f64 / 1e6);
-    }
-    let st = parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some((st.utime + st.stime) as f64 * 1e3 / hz)
+    Counters::read(pid, clock_ticks_per_s()).map(|c| c.cpu_ns as f64 / 1e6)
 }
 
 /// The startup process among a standby postmaster's children.
@@ -485,6 +473,10 @@ fn sweep_on(
 ) -> Result<()> {
     let dsn = topo.primary().conninfo("postgres");
     let standby = &topo.standbys()[0].cluster;
+    // The same startup process replays every N of this topology.
+    let Some(pid) = startup_pid(standby.postmaster_pid()) else {
+        bail!("no startup process under the standby's postmaster");
+    };
     for &n in tables {
         if interrupt::requested() {
             break;
@@ -492,9 +484,6 @@ fn sweep_on(
         let p = Params::new(n, o.empty, o.one_transaction);
         drop_many::prepare(&dsn, &p, &|_| {})?;
         topo.wait_caught_up()?;
-        let Some(pid) = startup_pid(standby.postmaster_pid()) else {
-            bail!("no startup process under the standby's postmaster");
-        };
         status(&format!("sweep: {n} tables, standby shared_buffers={sb}"));
         let cpu0 = cpu_ms(pid);
         let ran = drop_many::run_blocking(&dsn, &p)?;
@@ -515,7 +504,7 @@ fn sweep_on(
             ms_per_drop: s.ms_per_drop,
             ms_per_drop_median: s.ms_per_drop_median,
             baseline_ms_per_drop: s.baseline_ms_per_drop,
-            replay_ms_per_drop: round3((s.ms_per_drop_median - s.baseline_ms_per_drop).max(0.0)),
+            replay_ms_per_drop: round3(s.replay_ms_per_drop()),
             startup_cpu_ms_per_drop: round3(cpu_per),
             startup_cpu_ms_total: round3(cpu_per * f64::from(n)),
             replay_lag: drop_many::summarise_lag(&ran.lag),

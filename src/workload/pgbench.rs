@@ -23,14 +23,6 @@ pub struct PgbenchTarget {
 }
 
 impl PgbenchTarget {
-    /// The same target as a libpq connection string.
-    pub fn conninfo(&self) -> String {
-        format!(
-            "host={} port={} user={} dbname={}",
-            self.host, self.port, self.user, self.dbname
-        )
-    }
-
     fn args(&self) -> Vec<String> {
         vec![
             "-h".into(),

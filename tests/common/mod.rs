@@ -62,10 +62,14 @@ pub fn per_statement(r: &Value, syscall: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The recording's `manifest.json`.
+pub fn manifest(out: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap()
+}
+
 /// Everything the lab started is gone: the postmaster and its data directory.
 pub fn assert_torn_down(out: &Path) {
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let m = manifest(out);
     let pid = m["postgres"]["postmaster_pid"].as_u64().unwrap();
     assert!(pid > 0);
     assert!(

@@ -21,6 +21,12 @@ pub struct Peak {
     pub t: f64,
 }
 
+impl Peak {
+    pub fn mb(&self) -> f64 {
+        self.kb as f64 / 1024.0
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SystemSection {
     pub samples: usize,
