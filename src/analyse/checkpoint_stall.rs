@@ -24,6 +24,15 @@ const MIN_BLOCKED_S: f64 = 1.0;
 
 pub struct CheckpointStall;
 
+/// A checkpoint with its dip seconds (t, tps), its blocked writers and
+/// their process-seconds.
+type Candidate = (
+    pgstat::CheckpointEvent,
+    Vec<(f64, f64)>,
+    Vec<procfs::FrameRow>,
+    f64,
+);
+
 impl Rule for CheckpointStall {
     fn id(&self) -> &'static str {
         ID
@@ -38,41 +47,56 @@ impl Rule for CheckpointStall {
             return None;
         }
         let run_end = rec.progress.last().map_or(0.0, |p| p.t);
+        // Writers (backends, checkpointer) blocked in D during a window, with
+        // the frame they waited in. Only the window counts: WAL fsyncs
+        // elsewhere in a long run add up to seconds of D that say nothing
+        // about this checkpoint.
+        let samples = procfs::load(rec).map(|(s, _)| s).unwrap_or_default();
+        let blocked_in = |start: f64, until: f64| -> Vec<procfs::FrameRow> {
+            let window: Vec<_> = samples
+                .iter()
+                .filter(|s| s.t > start && s.t - s.dt <= until)
+                .cloned()
+                .collect();
+            procfs::summarize(&window, |pid| rec.role_of(pid))
+                .blocked
+                .into_iter()
+                .filter(|r| matches!(r.role, Role::Backend | Role::Checkpointer))
+                .collect()
+        };
         // The checkpoint whose window (start .. end, or the run's end while it
-        // was still running) holds the most dip seconds.
-        let mut best: Option<(pgstat::CheckpointEvent, Vec<(f64, f64)>)> = None;
+        // was still running, plus a second) holds the most blocked writer
+        // time, then the most dip seconds: a small checkpoint that happens to
+        // meet a warm-up dip must not hide the one that stalled the writers.
+        let mut best: Option<Candidate> = None;
         for c in pgstat::checkpoints(rec) {
             let Some(start) = c.start_t else { continue };
-            let end = c.end_t.unwrap_or(run_end) + 1.0;
+            let until = c.end_t.unwrap_or(run_end) + 1.0;
             let dips: Vec<(f64, f64)> = rec
                 .progress
                 .iter()
-                .filter(|p| p.t >= start && p.t <= end && p.tps < DIP_SHARE * med)
+                .filter(|p| p.t >= start && p.t <= until && p.tps < DIP_SHARE * med)
                 .map(|p| (p.t, p.tps))
                 .collect();
-            if !dips.is_empty() && best.as_ref().is_none_or(|(_, d)| dips.len() > d.len()) {
-                best = Some((c, dips));
+            if dips.is_empty() {
+                continue;
+            }
+            let blocked = blocked_in(start, until);
+            let blocked_s: f64 = blocked.iter().map(|r| r.s).sum();
+            let better = best.as_ref().is_none_or(|(_, d, _, s)| {
+                blocked_s
+                    .total_cmp(s)
+                    .then(dips.len().cmp(&d.len()))
+                    .is_gt()
+            });
+            if better {
+                best = Some((c, dips, blocked, blocked_s));
             }
         }
-        let (ckpt, dips) = best?;
+        let (ckpt, dips, blocked, blocked_s) = best?;
         let start = ckpt.start_t.unwrap_or(0.0);
         let end = ckpt.end_t.unwrap_or(run_end);
-
-        // Writers blocked in D during the checkpoint, with the frame they
-        // waited in. Only the window counts: WAL fsyncs elsewhere in a long
-        // run add up to seconds of D that say nothing about this checkpoint.
-        let window: Vec<_> = procfs::load(rec)
-            .map(|(samples, _)| samples)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|s| s.t > start && s.t - s.dt <= end + 1.0)
-            .collect();
-        let blocked: Vec<procfs::FrameRow> = procfs::summarize(&window, |pid| rec.role_of(pid))
-            .blocked
-            .into_iter()
-            .filter(|r| matches!(r.role, Role::Backend | Role::Checkpointer))
-            .collect();
-        let blocked_s: f64 = blocked.iter().map(|r| r.s).sum();
+        let until = end + 1.0;
         let procfs_recorded = rec
             .manifest
             .collectors
@@ -86,7 +110,7 @@ impl Rule for CheckpointStall {
         let sys = system::load(rec).unwrap_or_default();
         let in_window: Vec<&crate::collect::system::SystemSample> = sys
             .iter()
-            .filter(|s| s.t >= start && s.t <= end + 1.0)
+            .filter(|s| s.t >= start && s.t <= until)
             .collect();
         let backlog = |s: &crate::collect::system::SystemSample| {
             (s.dirty_kb + s.writeback_kb) as f64 / 1024.0
