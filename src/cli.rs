@@ -156,10 +156,13 @@ pub struct LabRunArgs {
     /// tpcb, checkpoint-stall) to see what a checkpoint does under load.
     #[arg(long, value_name = "S", value_parser = clap::value_parser!(u32).range(0..=86400))]
     pub checkpoint_at: Option<u32>,
-    /// checkpoint-stall: write bandwidth of the data device, MB/s (default 4).
+    /// checkpoint-stall: write bandwidth of the data device, MB/s (default:
+    /// calibrated, a quarter of the rate the workload dirties checkpoint
+    /// buffers on this machine, measured in an unthrottled warm-up).
     #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u32).range(1..=100000))]
     pub write_limit: Option<u32>,
-    /// checkpoint-stall: dirty page cap of the data device, MB (default 128).
+    /// checkpoint-stall: dirty page cap of the data device, MB (default:
+    /// calibrated, 4 s of the workload's dirtying, 16–256 MB).
     #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u32).range(1..=1000000))]
     pub dirty_cap: Option<u32>,
     #[command(flatten)]

@@ -291,6 +291,7 @@ fn run_on(
 ) -> Result<LabResult> {
     check_interrupt()?;
     cluster.psql("postgres", "CREATE DATABASE bench")?;
+    let mut limits = None;
     let target = PgbenchTarget {
         host: cluster.socket_dir().display().to_string(),
         port: cluster.port(),
@@ -306,7 +307,13 @@ fn run_on(
             &|db: &str, sql: &str| cluster.psql(db, sql),
             &dev.tablespace_dir(),
         )?;
-        dev.limit(&opts.stall, status)?;
+        let cal = if opts.stall.needs_calibration() {
+            calibrate_stall(cluster, pgbench, &target, opts, status)?
+        } else {
+            None
+        };
+        limits = Some(opts.stall.limits(cal));
+        dev.limit(limits.as_ref().expect("set above"), status)?;
     } else {
         crate::scenarios::prepare(opts, &cluster.conninfo("bench"), status)?;
     }
@@ -327,10 +334,8 @@ fn run_on(
     manifest.postgres.postmaster_pid = cluster.postmaster_pid();
     manifest.postgres.data_dir = Some(cluster.data_dir().display().to_string());
     manifest.postgres.settings = settings;
-    if let Some(dev) = stall.as_deref() {
-        manifest
-            .facts
-            .insert("stall_device".into(), dev.fact(&opts.stall));
+    if let (Some(dev), Some(l)) = (stall.as_deref(), &limits) {
+        manifest.facts.insert("stall_device".into(), dev.fact(l));
     }
     if !topo.standbys().is_empty() {
         let nodes = std::iter::once(("primary", cluster)).chain(
@@ -434,6 +439,51 @@ fn run_on(
         report: rep,
         loaded,
     })
+}
+
+/// checkpoint-stall: run the workload unthrottled for a few seconds and
+/// measure how fast it dirties what a checkpoint must write, so the limits
+/// stall the checkpoint on this machine, fast or slow. None (the fallback
+/// limits apply) when the measurement did not work.
+fn calibrate_stall(
+    cluster: &Cluster,
+    pgbench: &Pgbench,
+    target: &PgbenchTarget,
+    opts: &LabOptions,
+    status: &dyn Fn(&str),
+) -> Result<Option<crate::scenarios::checkpoint_stall::Calibration>> {
+    use crate::scenarios::checkpoint_stall as cs;
+    let num = |sql: &str| -> Result<u64> {
+        let out = cluster.psql("bench", sql)?;
+        out.trim()
+            .parse()
+            .with_context(|| format!("`{sql}` returned {out:?}"))
+    };
+    let version = num("select current_setting('server_version_num')::int")?;
+    let block = num("select current_setting('block_size')::int")?;
+    let buffers_sql = cs::checkpoint_buffers_sql(version as u32);
+    status(&format!(
+        "calibrating the device limits: {} s of the workload, unthrottled",
+        cs::CALIBRATE_S
+    ));
+    let bytes0 = num(cs::TABLESPACE_SIZE_SQL)?;
+    let buffers0 = num(buffers_sql)?;
+    let started = std::time::Instant::now();
+    let run = pgbench.start(target, opts.scenario, opts.clients, cs::CALIBRATE_S)?;
+    let (summary, _) = run.wait()?;
+    let secs = started.elapsed().as_secs_f64();
+    check_interrupt()?;
+    let bytes1 = num(cs::TABLESPACE_SIZE_SQL)?;
+    cluster.psql("bench", "CHECKPOINT")?;
+    let buffers1 = num(buffers_sql)?;
+    let cal = cs::calibration_from(
+        secs,
+        summary.tps.unwrap_or(0.0),
+        (bytes0, bytes1),
+        (buffers0, buffers1),
+        block,
+    );
+    Ok((cal.dirtied_mb_per_s > 0.0 || cal.growth_mb_per_s > 0.0).then_some(cal))
 }
 
 /// Call `poll` every 20 ms while it returns true, ticking the collectors

@@ -95,8 +95,13 @@ fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
     let ev = &f["evidence"];
     let median = ev["median_tps"].as_f64().unwrap();
     let min = ev["min_tps"].as_f64().unwrap();
+    let limits = &ev["device_limits"];
+    eprintln!(
+        "severity {} median {median} min {min} dips {} stall seconds {} limits {limits}",
+        f["severity"], ev["dip_seconds"], ev["stall_seconds"]
+    );
     assert!(median > 1000.0, "median {median} tps");
-    assert!(min < 0.3 * median, "min {min} vs median {median}");
+    assert!(min < 0.5 * median, "min {min} vs median {median}");
     assert_eq!(ev["checkpoint"]["flags"], "time", "{ev}");
     let start = ev["checkpoint"]["start_t"].as_f64().unwrap();
     for t in ev["dip_seconds"].as_array().unwrap() {
@@ -111,8 +116,21 @@ fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
         "checkpointer not throttled: {ev}"
     );
     assert!(ev["backlog_mb_peak"].as_f64().unwrap() > 20.0, "{ev}");
-    assert_eq!(ev["device_limits"]["write_mb_per_s"], 4);
-    assert_eq!(ev["device_limits"]["bdi_dirty_cap_mb"], 128);
+    // The limits were calibrated to this machine: a quarter of the rate the
+    // workload dirtied checkpoint buffers, a cap of 4 s of it (with bounds).
+    let cal = &limits["calibration"];
+    let dirtied = cal["dirtied_mb_per_s"].as_f64().unwrap();
+    let growth = cal["growth_mb_per_s"].as_f64().unwrap();
+    assert!(dirtied > 0.0 && growth > 0.0, "{cal}");
+    assert!(cal["tps"].as_f64().unwrap() > 1000.0, "{cal}");
+    let write = limits["write_mb_per_s"].as_f64().unwrap();
+    let expect = (0.25 * dirtied.max(growth)).clamp(0.5, 256.0);
+    assert!(
+        (write - expect).abs() <= 0.07,
+        "write limit {write} MB/s, expected ≈ {expect} from {cal}"
+    );
+    let cap = limits["bdi_dirty_cap_mb"].as_f64().unwrap();
+    assert!((16.0..=256.0).contains(&cap), "{limits}");
     assert_eq!(ev["settings"]["checkpoint_flush_after"], "0");
     assert_device_removed(&out);
 }
@@ -143,7 +161,11 @@ fn with_bandwidth_to_spare_the_same_checkpoint_passes() {
     assert!(common::finding(&r, ID).is_none(), "{}", r["findings"]);
     // The checkpoint did run under load: the silence is not for want of one.
     let m = common::manifest(&out);
-    assert_eq!(m["facts"]["stall_device"]["write_mb_per_s"], 2000);
+    assert_eq!(
+        m["facts"]["stall_device"]["write_mb_per_s"].as_f64(),
+        Some(2000.0)
+    );
+    assert!(m["facts"]["stall_device"]["calibration"].is_null());
     let log = std::fs::read_to_string(out.join("checkpoints.jsonl")).unwrap();
     assert!(log.contains("\"time\""), "no timed checkpoint: {log}");
     assert_device_removed(&out);

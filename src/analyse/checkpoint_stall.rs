@@ -1,9 +1,12 @@
-//! `checkpoint-writeback-stall` (seed 001): tps falls towards zero while a
+//! `checkpoint-writeback-stall` (seed 001): throughput drops while a
 //! checkpoint's writes drain a dirty backlog through a slow device, and the
 //! writers (backends, checkpointer) sit in D in the kernel's writeback
-//! throttling. Raised only when per-second tps dips line up with a
-//! checkpoint recorded in the server log, with the Dirty+Writeback backlog
-//! and the blocked kernel stacks as evidence.
+//! throttling. Raised only when throughput stays below half of its level
+//! outside checkpoints for several seconds inside a recorded checkpoint,
+//! with writers in D; graded by depth: a halving is a warning, a fall
+//! towards zero (below 15 % for 2 s or more, or below 5 % in any second)
+//! is critical. The
+//! Dirty+Writeback backlog and the blocked kernel stacks are evidence.
 use serde_json::json;
 
 use super::{Finding, Rule, Severity};
@@ -13,12 +16,22 @@ use crate::report::sections::{pgstat, procfs, system};
 
 pub const ID: &str = "checkpoint-writeback-stall";
 
-/// A second counts as a dip below this share of the run's median tps.
-const DIP_SHARE: f64 = 0.3;
-/// Below this share it is a stall (critical).
-const STALL_SHARE: f64 = 0.05;
+/// A second counts as a dip below this share of the throughput outside
+/// checkpoints: throughput halved.
+const DIP_SHARE: f64 = 0.5;
+/// Dip seconds inside one checkpoint that make the drop sustained.
+const MIN_DIP_SECONDS: usize = 3;
+/// Below this share throughput has fallen towards zero (critical) ...
+const STALL_SHARE: f64 = 0.15;
+/// ... for at least this many seconds,
+const MIN_STALL_SECONDS: usize = 2;
+/// ... or stopped in one second (below this share).
+const STOP_SHARE: f64 = 0.05;
 /// Fewer progress seconds say nothing about a median.
 const MIN_SECONDS: usize = 10;
+/// Seconds outside checkpoints needed for their own median; with fewer the
+/// whole run's median is the baseline.
+const MIN_OUTSIDE_SECONDS: usize = 5;
 /// Process-seconds in D among backends and checkpointer that corroborate it.
 const MIN_BLOCKED_S: f64 = 1.0;
 
@@ -42,11 +55,33 @@ impl Rule for CheckpointStall {
         if rec.progress.len() < MIN_SECONDS {
             return None;
         }
-        let med = crate::stats::quantile(rec.progress.iter().map(|p| p.tps).collect(), 0.5);
+        let run_end = rec.progress.last().map_or(0.0, |p| p.t);
+        let checkpoints = pgstat::checkpoints(rec);
+        // A progress second (t-1, t] overlapping a checkpoint's window is
+        // inside it; the baseline is the throughput outside every window.
+        let windows: Vec<(f64, f64)> = checkpoints
+            .iter()
+            .filter_map(|c| Some((c.start_t?, c.end_t.unwrap_or(run_end) + 1.0)))
+            .collect();
+        let outside: Vec<f64> = rec
+            .progress
+            .iter()
+            .filter(|p| !windows.iter().any(|(a, b)| p.t >= *a && p.t - 1.0 <= *b))
+            .map(|p| p.tps)
+            .collect();
+        let baseline_source = if outside.len() >= MIN_OUTSIDE_SECONDS {
+            "outside checkpoints"
+        } else {
+            "whole run"
+        };
+        let med = if outside.len() >= MIN_OUTSIDE_SECONDS {
+            crate::stats::quantile(outside, 0.5)
+        } else {
+            crate::stats::quantile(rec.progress.iter().map(|p| p.tps).collect(), 0.5)
+        };
         if med <= 0.0 {
             return None;
         }
-        let run_end = rec.progress.last().map_or(0.0, |p| p.t);
         // Writers (backends, checkpointer) blocked in D during a window, with
         // the frame they waited in. Only the window counts: WAL fsyncs
         // elsewhere in a long run add up to seconds of D that say nothing
@@ -69,7 +104,7 @@ impl Rule for CheckpointStall {
         // time, then the most dip seconds: a small checkpoint that happens to
         // meet a warm-up dip must not hide the one that stalled the writers.
         let mut best: Option<Candidate> = None;
-        for c in pgstat::checkpoints(rec) {
+        for c in checkpoints {
             let Some(start) = c.start_t else { continue };
             let until = c.end_t.unwrap_or(run_end) + 1.0;
             let dips: Vec<(f64, f64)> = rec
@@ -78,7 +113,7 @@ impl Rule for CheckpointStall {
                 .filter(|p| p.t >= start && p.t <= until && p.tps < DIP_SHARE * med)
                 .map(|p| (p.t, p.tps))
                 .collect();
-            if dips.is_empty() {
+            if dips.len() < MIN_DIP_SECONDS {
                 continue;
             }
             let blocked = blocked_in(start, until);
@@ -122,7 +157,8 @@ impl Rule for CheckpointStall {
         let at_start = in_window.first().map(|s| backlog(s));
 
         let min_tps = dips.iter().map(|d| d.1).fold(f64::MAX, f64::min);
-        let severity = if min_tps < STALL_SHARE * med || dips.len() >= 3 {
+        let stalled = dips.iter().filter(|d| d.1 < STALL_SHARE * med).count();
+        let severity = if stalled >= MIN_STALL_SECONDS || min_tps < STOP_SHARE * med {
             Severity::Critical
         } else {
             Severity::Warning
@@ -171,10 +207,15 @@ impl Rule for CheckpointStall {
             ""
         };
         let device = rec.manifest.facts.get("stall_device").and_then(|d| {
+            let calibrated = d["calibration"]["dirtied_mb_per_s"]
+                .as_f64()
+                .map_or(String::new(), |r| {
+                    format!(" (calibrated to this machine: the workload dirtied {r:.2} MB/s of checkpoint buffers unthrottled)")
+                });
             Some(format!(
-                " The data files were on {} limited to {} MB/s of writes with a {} MB dirty cap.",
+                " The data files were on {} limited to {} MB/s of writes with a {} MB dirty cap{calibrated}.",
                 d["device"].as_str()?,
-                d["write_mb_per_s"].as_u64()?,
+                d["write_mb_per_s"].as_f64()?,
                 d["bdi_dirty_cap_mb"].as_u64()?
             ))
         });
@@ -185,16 +226,19 @@ impl Rule for CheckpointStall {
             severity,
             title: "Throughput collapses while a checkpoint drains the dirty backlog".into(),
             summary: format!(
-                "During the {} checkpoint from t={:.0} s{}, tps fell below {:.0}% of the median ({:.0}) in {} second(s), \
-                 down to {:.0} tps; Dirty+Writeback peaked at {} while {}. The checkpoint's writes and the \
+                "During the {} checkpoint from t={:.0} s{}, tps fell below {:.0}% of the median {} ({:.0}) in {} second(s), \
+                 {} of them below {:.0}%, down to {:.0} tps; Dirty+Writeback peaked at {} while {}. The checkpoint's writes and the \
                  writers' own writes are throttled by the kernel's dirty limits on a device that drains slowly, and \
                  a backend held in writeback throttling stalls every transaction that needs what it holds.{}{}",
                 ckpt.flags.as_deref().unwrap_or("recorded"),
                 start,
                 ckpt.end_t.map_or(" (still running at the end of the recording)".to_string(), |e| format!(" to t={e:.0} s")),
                 DIP_SHARE * 100.0,
+                baseline_source,
                 med,
                 dips.len(),
+                stalled,
+                STALL_SHARE * 100.0,
                 min_tps,
                 peak.map_or("an unrecorded level".into(), |(t, mb)| format!("{mb:.0} MB (t={t:.0} s)")),
                 if blocked_text.is_empty() { "no process states were recorded".to_string() } else { blocked_text.join(", ") },
@@ -203,6 +247,8 @@ impl Rule for CheckpointStall {
             ),
             evidence: json!({
                 "median_tps": r1(med),
+                "median_source": baseline_source,
+                "stall_seconds": stalled,
                 "min_tps": r1(min_tps),
                 "dip_seconds": dip_secs,
                 "checkpoint": {
