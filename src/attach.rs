@@ -15,7 +15,7 @@ use crate::error::fixable;
 use crate::interrupt;
 use crate::lab::RELEVANT_SETTINGS;
 use crate::procinfo;
-use crate::recording::{files, this_host_manifest, Loaded, Status};
+use crate::recording::{files, this_host_manifest, Status};
 use crate::report;
 
 #[derive(Clone, Debug)]
@@ -145,8 +145,8 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
         Err(e) => (Status::Failed, Some(format!("{e:#}"))),
     };
     let dir = session.finish(st, err)?;
-    let loaded = Loaded::open(&dir)?;
-    let rep = report::build(&loaded);
+    let evidence = crate::evidence::Evidence::load(&dir)?;
+    let rep = report::build(&evidence);
     report::write_files(&dir, &rep)?;
     outcome?;
     Ok((dir, rep))

@@ -19,17 +19,41 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Provision a PostgreSQL, run a scenario under the collectors, diagnose, tear down.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = LAB_EXAMPLES)]
     Lab(LabCommand),
     /// Record a running PostgreSQL (read-only) for a while, then diagnose.
+    #[command(after_help = RECORD_EXAMPLES)]
     Record(RecordArgs),
     /// Re-analyse a saved recording.
+    #[command(after_help = REPORT_EXAMPLES)]
     Report(ReportArgs),
     /// Compare two recordings (before/after a setting, a patch, a version).
+    #[command(after_help = COMPARE_EXAMPLES)]
     Compare(CompareArgs),
     /// Check this machine and probe a lab PostgreSQL; the main job, no arguments needed.
+    #[command(after_help = DOCTOR_EXAMPLES)]
     Doctor(DoctorArgs),
 }
+
+const LAB_EXAMPLES: &str = "Examples:
+  pgbelow lab list
+  pgbelow lab run --scenario select-only --pg 13 --set statement_timeout=10s
+  pgbelow lab run --scenario checkpoint-stall --out before
+  pgbelow lab run --scenario checkpoint-stall --set checkpoint_flush_after=256kB --out after
+  pgbelow lab run --scenario drop-many --pg 13 --standby-set shared_buffers=8GB";
+const RECORD_EXAMPLES: &str = "Examples:
+  pgbelow record --pid $(head -1 $PGDATA/postmaster.pid) --dsn 'host=/var/run/postgresql dbname=postgres' --duration 30
+  pgbelow record --pid 4242 --duration 60 --collectors syscalls,procfs --format json";
+const REPORT_EXAMPLES: &str = "Examples:
+  pgbelow report pgbelow-runs/checkpoint-stall-15-20261122-101500
+  pgbelow report DIR --format html --output report.html
+  pgbelow report DIR --format json --fail-on warning";
+const COMPARE_EXAMPLES: &str = "Examples:
+  pgbelow compare before after
+  pgbelow compare before after --format html > compare.html";
+const DOCTOR_EXAMPLES: &str = "Examples:
+  sudo pgbelow doctor
+  sudo pgbelow doctor --pg 13 --out doctor-run";
 
 // Parsed once per process: the size of `Run` does not matter.
 #[allow(clippy::large_enum_variant)]

@@ -359,13 +359,12 @@ fn num(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::Loaded;
 
     fn report(name: &str) -> Report {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/recordings")
             .join(name);
-        crate::report::build(&Loaded::open(&dir).unwrap())
+        crate::report::build(&crate::evidence::Evidence::load(&dir).unwrap())
     }
 
     #[test]

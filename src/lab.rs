@@ -14,7 +14,7 @@ use crate::error::fixable;
 use crate::interrupt;
 use crate::provision::{Cluster, ClusterOptions, PgInstall, SyncMode, Topology, TopologyOptions};
 use crate::recording::{
-    files, this_host_manifest, Loaded, NodeInfo, ReplicationInfo, ScenarioInfo, Status,
+    files, this_host_manifest, NodeInfo, ReplicationInfo, ScenarioInfo, Status,
 };
 use crate::report;
 use crate::workload::{Pgbench, PgbenchTarget, Scenario, WorkloadSummary};
@@ -94,7 +94,7 @@ pub struct LabResult {
     pub dir: PathBuf,
     pub report: report::Report,
     /// The recording the report was built from.
-    pub loaded: Loaded,
+    pub evidence: crate::evidence::Evidence,
 }
 
 /// Settings whose values go into every manifest (the rules explain with them).
@@ -424,8 +424,8 @@ fn run_on(
     if opts.sweep && opts.scenario == Scenario::DropMany && !interrupt::requested() {
         swept = crate::scenarios::drop_sweep::sweep(opts, install, &dir, status).map(|_| ());
     }
-    let loaded = Loaded::open(&dir)?;
-    let rep = report::build(&loaded);
+    let evidence = crate::evidence::Evidence::load(&dir)?;
+    let rep = report::build(&evidence);
     report::write_files(&dir, &rep)?;
     swept.with_context(|| {
         format!(
@@ -437,7 +437,7 @@ fn run_on(
     Ok(LabResult {
         dir,
         report: rep,
-        loaded,
+        evidence,
     })
 }
 

@@ -9,6 +9,7 @@ pub mod collect;
 pub mod compare;
 pub mod doctor;
 pub mod error;
+pub mod evidence;
 pub mod interrupt;
 pub mod lab;
 pub mod procinfo;

@@ -9,9 +9,9 @@ use clap::{Parser, ValueEnum};
 use cli::{Cli, Command, Format, LabCommand, MechanismArg, ScenarioArg, SeverityArg, SyncArg};
 use pgbelow::analyse::Severity;
 use pgbelow::collect::syscalls::Mechanism;
+use pgbelow::evidence::Evidence;
 use pgbelow::lab::{LabOptions, PgChoice, Replication};
 use pgbelow::provision::SyncMode;
-use pgbelow::recording::Loaded;
 use pgbelow::report::{self, Report};
 use pgbelow::workload::Scenario;
 use pgbelow::{attach, collect, doctor, error, interrupt, lab};
@@ -203,7 +203,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(exit_for(&rep, a.output.fail_on))
         }
         Command::Report(a) => {
-            let loaded = Loaded::open(&a.dir)?;
+            let loaded = Evidence::load(&a.dir)?;
             let rep = report::build(&loaded);
             let body = render(&rep, a.out.format, &a.dir)?;
             match &a.output {
@@ -220,8 +220,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(exit_for(&rep, a.out.fail_on))
         }
         Command::Compare(a) => {
-            let ra = report::build(&Loaded::open(&a.dir_a)?);
-            let rb = report::build(&Loaded::open(&a.dir_b)?);
+            let ra = report::build(&Evidence::load(&a.dir_a)?);
+            let rb = report::build(&Evidence::load(&a.dir_b)?);
             let c = pgbelow::compare::compare(
                 &a.dir_a.display().to_string(),
                 &ra,

@@ -354,3 +354,23 @@ fn a_checkpoint_after_the_workload_is_refused() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn every_subcommand_help_ends_with_examples() {
+    for sub in [
+        &["lab"][..],
+        &["record"],
+        &["report"],
+        &["compare"],
+        &["doctor"],
+    ] {
+        let o = pgbelow().args(sub).arg("--help").output().unwrap();
+        assert!(o.status.success(), "{sub:?}");
+        let text = String::from_utf8_lossy(&o.stdout);
+        let tail = text.rsplit("Examples:").next().unwrap_or("");
+        assert!(
+            text.contains("Examples:") && tail.contains(&format!("pgbelow {}", sub[0])),
+            "{sub:?} --help has no examples at its end:\n{text}"
+        );
+    }
+}

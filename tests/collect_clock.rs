@@ -10,7 +10,7 @@ use pgbelow::collect::session::Session;
 use pgbelow::collect::{Collector, Context};
 use pgbelow::procinfo::Role;
 use pgbelow::provision::{Cluster, ClusterOptions, PgInstall};
-use pgbelow::recording::{this_host_manifest, Loaded, Status};
+use pgbelow::recording::{this_host_manifest, Status};
 use pgbelow::report::sections::clock as section;
 
 /// The clock-cost loop of one test would load the CPU the other's server
@@ -99,7 +99,7 @@ fn a_backend_under_explain_analyze_makes_no_clock_syscalls() {
     assert!(plan.contains("actual time"), "{plan}");
     s.tick().unwrap();
     let dir = s.finish(Status::Complete, None).unwrap();
-    let rec = Loaded::open(&dir).unwrap();
+    let rec = pgbelow::evidence::Evidence::load(&dir).unwrap();
     assert!(dir.join(FILE).exists());
     assert!(rec.manifest.facts.contains_key(FACT));
     let sec = section::build(&rec).unwrap();

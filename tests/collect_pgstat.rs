@@ -15,7 +15,7 @@ use pgbelow::collect::Context;
 use pgbelow::procinfo::Role;
 use pgbelow::provision::{Cluster, ClusterOptions, PgInstall};
 use pgbelow::recording::reader::parse_jsonl;
-use pgbelow::recording::{this_host_manifest, Loaded, Status};
+use pgbelow::recording::{this_host_manifest, Status};
 use pgbelow::report::sections::pgstat as section;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/serverlog");
@@ -286,7 +286,7 @@ fn record_one(major: u32) {
         let _ = w.wait();
     }
 
-    let rec = Loaded::open(&dir).unwrap();
+    let rec = pgbelow::evidence::Evidence::load(&dir).unwrap();
     let pg = rec
         .manifest
         .collectors
@@ -401,7 +401,7 @@ fn record_one(major: u32) {
     section::render(&sec, &mut text);
     assert!(text.contains("checkpoints (server log)"), "{text}");
     assert!(text.contains("WAL:"), "{text}");
-    assert!(section::checkpoints(&rec).len() == cps.len());
+    assert!(rec.checkpoints.len() == cps.len());
     eprintln!("PostgreSQL {major}:\n{text}");
 }
 
@@ -439,7 +439,7 @@ fn without_a_connection_the_collector_fails_and_the_run_goes_on() {
     )
     .unwrap();
     let dir = s.finish(Status::Complete, None).unwrap();
-    let rec = Loaded::open(&dir).unwrap();
+    let rec = pgbelow::evidence::Evidence::load(&dir).unwrap();
     let pg = rec
         .manifest
         .collectors

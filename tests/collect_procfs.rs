@@ -12,7 +12,7 @@ use pgbelow::collect::system::{SystemCollector, SystemSample};
 use pgbelow::collect::{Collector, Context};
 use pgbelow::procinfo::{ProcessInfo, Role};
 use pgbelow::recording::reader::parse_jsonl;
-use pgbelow::recording::{files, this_host_manifest, Loaded, Writer};
+use pgbelow::recording::{files, this_host_manifest, Writer};
 use pgbelow::report::sections;
 
 fn is_root() -> bool {
@@ -284,7 +284,7 @@ fn the_collectors_write_a_recording_and_the_report_sections_read_it() {
         .iter()
         .all(|s| s.cached_kb > 0 && s.dirty_threshold_kb.is_some()));
 
-    let rec = Loaded::open(&rec_dir).unwrap();
+    let rec = pgbelow::evidence::Evidence::load(&rec_dir).unwrap();
     let sec = sections::procfs::build(&rec).unwrap();
     assert_eq!(sec.hz, 50.0);
     assert_eq!(sec.roles[&Role::Backend].pids, 1);
@@ -301,7 +301,7 @@ fn the_collectors_write_a_recording_and_the_report_sections_read_it() {
     assert_eq!(sys_sec.samples, 3);
     assert!(sys_sec.sysctls.contains_key("vm.dirty_ratio"));
     assert!(sys_sec.data_dir_mount.is_some());
-    let near = sections::system::around(&rec, sys[1].t, 0.5);
+    let near = sections::system::around_in(&rec.system, sys[1].t, 0.5);
     assert_eq!(near.len(), 1);
     let j = serde_json::to_string(&(&sec, &sys_sec)).unwrap();
     assert!(j.contains("\"blocked\""));
@@ -315,7 +315,7 @@ fn a_recording_cut_mid_line_still_reports() {
     drop(w);
     let line = r#"{"t":1.0,"dt":1.0,"hz":10.0,"ticks":10,"rows":[{"role":"backend","state":"D","frame":"folio_wait_writeback","samples":10,"s":1.0,"wall_s":1.0,"pids":[7]}],"procs":{}}"#;
     std::fs::write(rec_dir.join(STREAM), format!("{line}\n{}", &line[..40])).unwrap();
-    let rec = Loaded::open(&rec_dir).unwrap();
+    let rec = pgbelow::evidence::Evidence::load(&rec_dir).unwrap();
     let sec = sections::procfs::build(&rec).unwrap();
     assert_eq!(sec.truncated_lines, 1);
     assert_eq!(sec.blocked[0].frame, "folio_wait_writeback");
@@ -486,7 +486,7 @@ fn render_a_recording() {
     let Some(dir) = std::env::var_os("PGBELOW_RENDER_DIR") else {
         return;
     };
-    let rec = Loaded::open(std::path::Path::new(&dir)).unwrap();
+    let rec = pgbelow::evidence::Evidence::load(std::path::Path::new(&dir)).unwrap();
     let mut text = String::new();
     if let Some(s) = sections::procfs::build(&rec) {
         sections::procfs::render(&s, &mut text);
@@ -494,7 +494,10 @@ fn render_a_recording() {
     if let Some(s) = sections::system::build(&rec) {
         sections::system::render(&s, &mut text);
         let peak = s.dirty_writeback_peak.t;
-        sections::system::render_rows(&sections::system::around(&rec, peak, 2.0), &mut text);
+        sections::system::render_rows(
+            &sections::system::around_in(&rec.system, peak, 2.0),
+            &mut text,
+        );
     }
     println!("{text}");
 }

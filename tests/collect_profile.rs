@@ -223,7 +223,7 @@ fn pg13_backend_under_pgbench() {
     assert!(s.unresolved_share < 0.05, "{:?}", s.modules);
     assert!(dir.join(files::svg_for("backend")).is_file());
     // The report section reads it back.
-    let rec = pgbelow::recording::Loaded::open(&dir).unwrap_or_else(|e| panic!("{e:#}"));
+    let rec = pgbelow::evidence::Evidence::load(&dir).unwrap_or_else(|e| panic!("{e:#}"));
     let sec = section::build(&rec).expect("profile section");
     let b = sec.roles.iter().find(|r| r.role == "backend").unwrap();
     assert!(

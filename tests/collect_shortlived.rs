@@ -14,7 +14,7 @@ use pgbelow::collect::session::Session;
 use pgbelow::collect::Context;
 use pgbelow::procinfo::Role;
 use pgbelow::provision::{Cluster, ClusterOptions, PgInstall};
-use pgbelow::recording::{this_host_manifest, Loaded, Status};
+use pgbelow::recording::{this_host_manifest, Status};
 
 /// The state letter of /proc/PID/stat; None once the process is reaped.
 fn state(pid: u32) -> Option<char> {
@@ -95,7 +95,7 @@ fn a_backend_named_while_a_zombie_keeps_its_syscalls_under_a_client_role() {
     });
     let dir = s.finish(Status::Complete, None).unwrap();
 
-    let rec = Loaded::open(&dir).unwrap();
+    let rec = pgbelow::evidence::Evidence::load(&dir).unwrap();
     let named = rec.processes.get(&backend);
     eprintln!("backend {backend} named {named:?}");
     let role = rec.role_of(backend);

@@ -4,8 +4,7 @@
 //! clock (vDSO) `clock-reads-slow` stays silent; with the server preloading a
 //! library that turns clock_gettime/gettimeofday into real system calls (what
 //! a clocksource without vDSO support does), it fires from the counts.
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use assert_cmd::Command;
 use serde_json::Value;
@@ -14,40 +13,6 @@ mod common;
 use common::{assert_torn_down, finding};
 
 const ID: &str = "clock-reads-slow";
-
-const CLOCK_SYSCALL_C: &str = r#"
-#define _GNU_SOURCE
-#include <sys/syscall.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
-
-/* Every clock read becomes a system call, bypassing the vDSO. */
-int clock_gettime(clockid_t clk, struct timespec *ts) {
-    return (int)syscall(SYS_clock_gettime, clk, ts);
-}
-
-int gettimeofday(struct timeval *restrict tv, void *restrict tz) {
-    return (int)syscall(SYS_gettimeofday, tv, tz);
-}
-"#;
-
-/// Build the preload library under /tmp, readable by the server account.
-fn build_clock_syscall_lib(dir: &Path) -> PathBuf {
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let src = dir.join("clock_syscall.c");
-    let lib = dir.join("libclocksyscall.so");
-    std::fs::write(&src, CLOCK_SYSCALL_C).unwrap();
-    let st = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .expect("cc (a C compiler) is needed to build the preload library");
-    assert!(st.success(), "cc failed");
-    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
-    lib
-}
 
 fn lab_run(out: &Path, preload: Option<&Path>) -> Value {
     let mut cmd = Command::cargo_bin("pgbelow").unwrap();
@@ -99,7 +64,7 @@ fn clock_reads_as_syscalls_raise_the_finding() {
         .prefix("pgbelow-clocklib-")
         .tempdir_in("/tmp")
         .unwrap();
-    let lib = build_clock_syscall_lib(lib_dir.path());
+    let lib = common::build_clock_syscall_lib(lib_dir.path());
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
     let r = lab_run(&out, Some(&lib));

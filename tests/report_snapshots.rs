@@ -2,14 +2,13 @@
 //! change to a report's text or JSON shows up in review.
 use std::path::Path;
 
-use pgbelow::recording::Loaded;
 use pgbelow::report;
 
 fn build(name: &str) -> report::Report {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/recordings")
         .join(name);
-    report::build(&Loaded::open(&dir).unwrap())
+    report::build(&pgbelow::evidence::Evidence::load(&dir).unwrap())
 }
 
 #[test]

@@ -4,21 +4,32 @@
 //! (two reads per row per plan node), `track_io_timing` and
 //! `auto_explain.log_timing` pay it each time.
 //!
-//! Raised from measured evidence only: the backends' clock syscalls (per
-//! timed plan-node row under the `explain-timing` scenario, else per
-//! statement), or the clock collector's cost of a vDSO read.
+//! Raised from measured evidence only, any of: the server processes' clock
+//! syscalls at a sustained rate (with a working vDSO they make none, so a
+//! rate is evidence on its own, attached to any server under any
+//! workload); per timed plan-node row (the lab's `explain-timing` summary
+//! sharpens it) or per statement; or the clock collector's cost of a vDSO
+//! read.
 use serde_json::json;
 
 use super::statements::statements;
 use super::{Finding, Rule, Severity};
+use crate::evidence::clock::CLOCK_SYSCALLS;
+use crate::evidence::Evidence;
 use crate::procinfo::Role;
-use crate::recording::Loaded;
-use crate::report::sections::clock::facts;
 use crate::round3;
-use crate::scenarios::explain_timing;
 
 pub const ID: &str = "clock-reads-slow";
 
+/// Clock syscalls per second from server processes that count towards a
+/// sustained rate: with a working vDSO a server makes none; a backend
+/// timing rows through the syscall makes 10⁵–10⁶ per second (seed 002).
+const WARN_RATE_PER_S: f64 = 200.0;
+/// Seconds at that rate that make it sustained (not a one-off burst).
+const MIN_SUSTAINED_S: usize = 3;
+/// A sustained rate this high is critical: at 1–7 µs per syscall read, a
+/// tenth of a CPU or more goes to reading the clock.
+const CRITICAL_RATE_PER_S: f64 = 100_000.0;
 /// Clock syscalls below this count say nothing (a handful come from
 /// backend start-up even with a working vDSO).
 const MIN_CLOCK_SYSCALLS: u64 = 1000;
@@ -51,10 +62,40 @@ impl Rule for ClockReads {
         ID
     }
 
-    fn evaluate(&self, rec: &Loaded) -> Option<Finding> {
-        let clock = facts(rec);
-        let explain = explain_timing::load(rec);
+    fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
+        let clock = rec.clock.clone();
+        let explain = rec.lab.explain.clone();
         let by_role = rec.syscalls_by_role(None);
+        // Every server process but pgbelow's own connection, per interval.
+        let rates: Vec<f64> = rec
+            .syscalls
+            .iter()
+            .filter(|s| s.dt > 0.0)
+            .map(|s| {
+                let n: u64 = s
+                    .counts
+                    .iter()
+                    .filter(|(pid, _)| rec.role_of(**pid) != Role::Observer)
+                    .flat_map(|(_, calls)| {
+                        CLOCK_SYSCALLS
+                            .iter()
+                            .map(|c| calls.get(*c).copied().unwrap_or(0))
+                    })
+                    .sum();
+                n as f64 / s.dt
+            })
+            .collect();
+        let sustained_s = rates.iter().filter(|r| **r >= WARN_RATE_PER_S).count();
+        let sustained_rate = {
+            let mut hot: Vec<f64> = rates
+                .iter()
+                .copied()
+                .filter(|r| *r >= WARN_RATE_PER_S)
+                .collect();
+            hot.sort_by(f64::total_cmp);
+            hot.get(hot.len() / 2).copied()
+        };
+        let by_rate = sustained_s >= MIN_SUSTAINED_S;
         let backends = by_role.get(&Role::Backend);
         let cg = backends.map_or(0, |b| b.get("clock_gettime"));
         let gtod = backends.map_or(0, |b| b.get("gettimeofday"));
@@ -69,12 +110,13 @@ impl Rule for ClockReads {
             .as_ref()
             .filter(|s| s.count >= MIN_STATEMENTS)
             .map(|s| clock_syscalls as f64 / s.count as f64);
-        let by_syscalls = !rec.syscalls.is_empty()
-            && clock_syscalls >= MIN_CLOCK_SYSCALLS
-            && match per_row {
-                Some(r) => r >= WARN_PER_ROW,
-                None => per_statement.is_some_and(|r| r >= WARN_PER_STATEMENT),
-            };
+        let by_syscalls = by_rate
+            || (!rec.syscalls.is_empty()
+                && clock_syscalls >= MIN_CLOCK_SYSCALLS
+                && match per_row {
+                    Some(r) => r >= WARN_PER_ROW,
+                    None => per_statement.is_some_and(|r| r >= WARN_PER_STATEMENT),
+                });
         let by_read_cost = clock.as_ref().is_some_and(|c| {
             c.vdso.reads > 0
                 && (c.vdso_to_syscall >= WARN_VDSO_TO_SYSCALL || c.vdso.ns_per_read >= WARN_VDSO_NS)
@@ -83,12 +125,14 @@ impl Rule for ClockReads {
             return None;
         }
         let ratio = explain.as_ref().and_then(|e| e.max_analyze_to_timing_off());
-        let severity =
-            if ratio.is_some_and(|r| r >= CRITICAL_RATIO) || per_row.is_some_and(|r| r >= 1.0) {
-                Severity::Critical
-            } else {
-                Severity::Warning
-            };
+        let severity = if ratio.is_some_and(|r| r >= CRITICAL_RATIO)
+            || per_row.is_some_and(|r| r >= 1.0)
+            || (by_rate && sustained_rate.is_some_and(|r| r >= CRITICAL_RATE_PER_S))
+        {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
         let src = clock
             .as_ref()
             .and_then(|c| c.clocksource.clone())
@@ -107,7 +151,10 @@ impl Rule for ClockReads {
                     format!("{r:.2} per row timed by EXPLAIN ANALYZE ({timed_rows} plan-node rows)")
                 }
                 (None, Some(s)) => format!("{s:.2} per statement"),
-                _ => String::new(),
+                _ => format!(
+                    "{sustained_s} second(s) at ≥ {WARN_RATE_PER_S:.0}/s from server processes (median of those {:.0}/s)",
+                    sustained_rate.unwrap_or(0.0)
+                ),
             };
             parts.push(format!(
                 "backends made {clock_syscalls} clock system calls (clock_gettime {cg}, gettimeofday {gtod}): \
@@ -193,6 +240,9 @@ impl Rule for ClockReads {
                 "clock_syscalls_per_statement": per_statement.map(round3),
                 "statements": stmts.as_ref().map(|s| s.count),
                 "by_syscalls": by_syscalls,
+                "by_rate": by_rate,
+                "sustained_seconds": sustained_s,
+                "sustained_rate_per_s": sustained_rate.map(round3),
                 "by_read_cost": by_read_cost,
                 "vdso_ns_per_read": clock.as_ref().map(|c| c.vdso.ns_per_read),
                 "syscall_ns_per_read": clock.as_ref().map(|c| c.syscall.ns_per_read),
@@ -259,16 +309,13 @@ mod tests {
         // The healthy run with its clock measurements replaced by a fallback
         // clocksource's (seed 002: 6853 ns per read): the read cost decides.
         let mut rec = fixture("pg15-explain-timing-healthy");
-        let mut c = facts(&rec).unwrap();
+        let mut c = rec.clock.clone().unwrap();
         c.clocksource = Some("hpet".into());
         c.available_clocksources = vec!["tsc".into(), "hpet".into(), "acpi_pm".into()];
         c.vdso.ns_per_read = 6853.0;
         c.syscall.ns_per_read = 6900.0;
         c.vdso_to_syscall = 0.993;
-        rec.manifest.facts.insert(
-            crate::collect::clock::FACT.into(),
-            serde_json::to_value(&c).unwrap(),
-        );
+        rec.clock = Some(c);
         let f = ClockReads
             .evaluate(&rec)
             .expect("finding from the read cost");
@@ -281,8 +328,8 @@ mod tests {
     #[test]
     fn decided_by_measurements_not_the_version() {
         let mut rec = fixture("pg15-explain-timing-healthy");
-        rec.manifest.postgres.major = Some(10);
-        rec.manifest.postgres.version = Some("10.23".into());
+        rec.rec.manifest.postgres.major = Some(10);
+        rec.rec.manifest.postgres.version = Some("10.23".into());
         assert!(ClockReads.evaluate(&rec).is_none());
     }
 

@@ -1,5 +1,7 @@
-//! Rules: each reads a loaded recording and raises a [`Finding`] only from
-//! what the recording measured. Versions and settings go into the text.
+//! Rules: each reads the [`Evidence`] of a recording and raises a
+//! [`Finding`] only from what it measured. Versions and settings go into
+//! the text. Rules see the evidence model only: never the lab, its
+//! scenarios, the workload runner or the reports.
 
 pub mod checkpoint_stall;
 pub mod clock_reads;
@@ -11,12 +13,12 @@ pub mod timer_syscalls;
 
 pub use finding::{Finding, Severity};
 
-use crate::recording::Loaded;
+use crate::evidence::Evidence;
 
 pub trait Rule {
     /// The finding id it raises (stable; part of the contract).
     fn id(&self) -> &'static str;
-    fn evaluate(&self, rec: &Loaded) -> Option<Finding>;
+    fn evaluate(&self, ev: &Evidence) -> Option<Finding>;
 }
 
 pub fn rules() -> Vec<Box<dyn Rule>> {
@@ -30,17 +32,11 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
 }
 
 /// Every rule's findings, most severe first, then by id.
-pub fn analyse(rec: &Loaded) -> Vec<Finding> {
-    let mut out: Vec<Finding> = rules().iter().filter_map(|r| r.evaluate(rec)).collect();
+pub fn analyse(ev: &Evidence) -> Vec<Finding> {
+    let mut out: Vec<Finding> = rules().iter().filter_map(|r| r.evaluate(ev)).collect();
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then_with(|| a.id.cmp(&b.id)));
     out
 }
 
-/// A recording from tests/fixtures/recordings, for the rules' tests.
 #[cfg(test)]
-pub(crate) fn fixture(name: &str) -> Loaded {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/recordings")
-        .join(name);
-    Loaded::open(&dir).expect("fixture recording")
-}
+pub(crate) use crate::evidence::fixture;

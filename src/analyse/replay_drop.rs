@@ -14,11 +14,10 @@
 use serde_json::json;
 
 use super::{Finding, Rule, Severity};
+use crate::evidence::Evidence;
+use crate::evidence::{procfs, profile};
 use crate::procinfo::Role;
-use crate::recording::Loaded;
-use crate::report::sections::{procfs, profile};
 use crate::round3;
-use crate::scenarios::drop_many;
 
 pub const ID: &str = "standby-replay-drop-cost";
 
@@ -36,6 +35,16 @@ pub const DROP_BUFFER_FUNCTIONS: &[&str] = &[
 const SCAN_FUNCTIONS: &[&str] = &["DropRelFileNodesAllBuffers", "DropRelationsAllBuffers"];
 /// Drops needed for a rate.
 const MIN_DROPS: u64 = 20;
+/// unlink/unlinkat calls the startup process makes per dropped relation
+/// while replaying its commit record (md.c, ≤ 15): one per fork (main,
+/// fsm, vm, init, most of them absent) and, for the existing main fork, a
+/// probe for a second segment.
+const UNLINKS_PER_RELATION: u64 = 5;
+/// Startup CPU seconds below which a profile share says nothing about a cost.
+const MIN_STARTUP_CPU_S: f64 = 0.2;
+/// Without a countable number of drops, this share of the startup
+/// process's samples in the buffer-pool drop makes it critical.
+const CRITICAL_PROFILE_SHARE: f64 = 0.8;
 /// Replay CPU per dropped relation in the startup process (ms) that makes
 /// it a finding, with the profile showing it in the buffer-drop functions.
 /// Measured here (procfs, 200 tables, one DROP per transaction, a busy
@@ -86,9 +95,16 @@ pub fn startup_profile(stacks: &[profile::FoldedStack]) -> (u64, u64, u64, Optio
     (total, hot, scan, top)
 }
 
+/// unlink/unlinkat syscalls of the startup process(es).
+fn startup_unlinks(rec: &Evidence) -> u64 {
+    rec.syscalls_by_role(None)
+        .get(&Role::Startup)
+        .map_or(0, |r| r.get("unlink") + r.get("unlinkat"))
+}
+
 /// The standby's shared_buffers as recorded: `--standby-set`, else the
 /// primary's setting (standbys inherit it).
-fn standby_shared_buffers(rec: &Loaded) -> Option<String> {
+fn standby_shared_buffers(rec: &Evidence) -> Option<String> {
     rec.manifest
         .postgres
         .replication
@@ -112,37 +128,49 @@ impl Rule for ReplayDropCost {
         ID
     }
 
-    fn evaluate(&self, rec: &Loaded) -> Option<Finding> {
-        let d = drop_many::load(rec)?;
-        let drops_all = d.drops + d.baseline_drops;
-        if d.drops < MIN_DROPS {
-            return None;
-        }
-        let startup_cpu_s = procfs::build(rec)
+    fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
+        // The lab's drop-many summary only sharpens the finding (client ms
+        // per DROP, the exact count); the standby's own processes decide.
+        let d = rec.lab.drop.as_ref();
+        let procfs = procfs::build(rec);
+        let startup_cpu_s = procfs
+            .as_ref()
             .and_then(|p| p.roles.get(&Role::Startup).map(|r| r.cpu_s))
             .unwrap_or(0.0);
-        let cpu_ms_per_drop = startup_cpu_s * 1e3 / drops_all.max(1) as f64;
-        let folded = std::fs::read_to_string(rec.dir.join(crate::collect::profile::files::FOLDED))
-            .unwrap_or_default();
-        let (samples, hot, scan, top_fn) = startup_profile(&profile::parse_folded(&folded));
+        let (samples, hot, scan, top_fn) = startup_profile(rec.stacks());
         let share = (samples >= MIN_STARTUP_SAMPLES).then(|| hot as f64 / samples as f64);
-        let replay_ms = d.replay_ms_per_drop();
-        let by_cpu = cpu_ms_per_drop >= WARN_STARTUP_MS_PER_DROP;
+        // Dropped relations: the scenario's count, else what the startup
+        // process did — every replayed drop unlinks the relation's forks.
+        let unlinks = startup_unlinks(rec);
+        let (drops_all, drops_source) = match d {
+            Some(d) => (d.drops + d.baseline_drops, "drop-many scenario".to_string()),
+            None => (
+                unlinks / UNLINKS_PER_RELATION,
+                format!(
+                    "≈ startup process unlink/unlinkat syscalls ({unlinks}) ÷ {UNLINKS_PER_RELATION} (one per fork and a probe for a second segment)"
+                ),
+            ),
+        };
+        let countable = drops_all >= MIN_DROPS;
+        let cpu_ms_per_drop = countable.then(|| startup_cpu_s * 1e3 / drops_all.max(1) as f64);
+        let by_cpu = cpu_ms_per_drop.is_some_and(|c| c >= WARN_STARTUP_MS_PER_DROP);
         let by_profile = share.is_some_and(|s| s >= WARN_PROFILE_SHARE);
-        // The startup process's CPU per drop is the replay cost; the profile
-        // says where it goes. Without a CPU measurement, the profile decides.
-        let fires = if startup_cpu_s > 0.0 {
-            match share {
-                Some(_) => by_cpu && by_profile,
-                None => cpu_ms_per_drop >= WARN_STARTUP_MS_PER_DROP_NO_PROFILE,
-            }
-        } else {
-            by_profile
+        // The profile says where the startup process's time goes; the CPU
+        // per dropped relation, when countable, that it is a cost per drop.
+        let fires = match (share, cpu_ms_per_drop) {
+            (Some(_), Some(_)) => by_cpu && by_profile,
+            // Uncounted drops: the profile, on enough CPU to be a cost.
+            (Some(_), None) => by_profile && startup_cpu_s >= MIN_STARTUP_CPU_S,
+            (None, Some(c)) => c >= WARN_STARTUP_MS_PER_DROP_NO_PROFILE,
+            (None, None) => false,
         };
         if !fires {
             return None;
         }
-        let severity = if cpu_ms_per_drop >= CRITICAL_STARTUP_MS_PER_DROP {
+        let cpu_ms_per_drop_v = cpu_ms_per_drop.unwrap_or(0.0);
+        let severity = if cpu_ms_per_drop_v >= CRITICAL_STARTUP_MS_PER_DROP
+            || (cpu_ms_per_drop.is_none() && share.is_some_and(|s| s >= CRITICAL_PROFILE_SHARE))
+        {
             Severity::Critical
         } else {
             Severity::Warning
@@ -156,13 +184,18 @@ impl Rule for ReplayDropCost {
             .clone()
             .unwrap_or_else(|| "unknown".into());
         let major = rec.manifest.postgres.major;
-        let kind = if d.empty { "empty" } else { "one-row" };
-        let why = match (major, d.empty) {
+        let empty = d.map(|d| d.empty);
+        let kind = match empty {
+            Some(true) => "empty ",
+            Some(false) => "one-row ",
+            None => "",
+        };
+        let why = match (major, empty) {
             (Some(m), _) if m <= 13 => format!(
                 "PostgreSQL {version} scans the standby's whole buffer pool ({sb_txt}) once per commit \
                  record that drops relations (DropRelFileNodesAllBuffers)"
             ),
-            (_, true) => format!(
+            (_, Some(true)) | (Some(_), None) => format!(
                 "PostgreSQL {version} can skip the buffer-pool scan only when the dropped relation's size \
                  is cached in the startup process (bea449c635, 14+); an empty table created during replay \
                  has none, so every drop still scans the whole pool ({sb_txt})"
@@ -173,17 +206,31 @@ impl Rule for ReplayDropCost {
             ),
         };
         // With --sweep: how the cost grew, measured.
-        let sweep = crate::scenarios::drop_sweep::load(rec);
-        let sweep_txt = sweep
-            .as_ref()
-            .map_or(String::new(), |s| format!(" Sweep: {}", s.summary));
-        let lag = d.replay_lag.as_ref();
-        let lag_txt = match lag.and_then(|l| l.replay_lag_ms_max) {
-            Some(max) => format!(
+        let sweep = rec.lab.drop_sweep.as_ref();
+        let sweep_txt = sweep.map_or(String::new(), |s| format!(" Sweep: {}", s.summary));
+        let lag = d.and_then(|d| d.replay_lag.as_ref());
+        // What the standby itself says: how far replay trailed.
+        let standby_rows: Vec<_> = rec.server.iter().filter(|s| s.in_recovery).collect();
+        let replay_age_max = standby_rows
+            .iter()
+            .filter_map(|s| s.replay_age_s)
+            .reduce(f64::max);
+        let standby_lag_bytes_max = standby_rows
+            .iter()
+            .filter_map(|s| Some(s.receive_lsn?.saturating_sub(s.replay_lsn?)))
+            .max();
+        let lag_txt = match (lag.and_then(|l| l.replay_lag_ms_max), standby_lag_bytes_max) {
+            (Some(max), _) => format!(
                 " Replay lag on the primary (pg_stat_replication) during the drops: max {max:.1} ms, mean {:.1} ms.",
                 lag.and_then(|l| l.replay_lag_ms_mean).unwrap_or(0.0)
             ),
-            None => String::new(),
+            (None, Some(b)) => format!(
+                " On the standby, WAL received but not yet replayed peaked at {b} bytes{}.",
+                replay_age_max.map_or(String::new(), |a| format!(
+                    " (last replayed commit up to {a:.1} s old)"
+                ))
+            ),
+            _ => String::new(),
         };
         let profile_txt = match share {
             Some(s) => format!(
@@ -205,47 +252,63 @@ impl Rule for ReplayDropCost {
             id: ID.into(),
             severity,
             title: "Standby replay pays a buffer-pool scan per dropped relation".into(),
-            summary: format!(
-                "{} DROP TABLEs of {kind} tables took {:.2} ms each (median {:.2}) with synchronous_commit \
-                 = {}, vs {:.2} ms primary-only (synchronous_commit = local); the standby's startup \
-                 process used {:.2} ms of CPU per dropped relation{profile_txt}. {why}.",
-                d.drops,
-                d.ms_per_drop,
-                d.ms_per_drop_median,
-                d.synchronous_commit,
-                d.baseline_ms_per_drop,
-                cpu_ms_per_drop,
-            ) + &lag_txt
+            summary: match d {
+                Some(d) => format!(
+                    "{} DROP TABLEs of {kind}tables took {:.2} ms each (median {:.2}) with synchronous_commit \
+                     = {}, vs {:.2} ms primary-only (synchronous_commit = local); the standby's startup \
+                     process used {:.2} ms of CPU per dropped relation{profile_txt}. {why}.",
+                    d.drops,
+                    d.ms_per_drop,
+                    d.ms_per_drop_median,
+                    d.synchronous_commit,
+                    d.baseline_ms_per_drop,
+                    cpu_ms_per_drop_v,
+                ),
+                None => format!(
+                    "The standby's startup process was on CPU for {startup_cpu_s:.2} s{}{profile_txt}. {why}.",
+                    match cpu_ms_per_drop {
+                        Some(c) => format!(
+                            ", {c:.2} ms per dropped relation ({drops_all} relations, {drops_source})"
+                        ),
+                        None => String::new(),
+                    }
+                ),
+            } + &lag_txt
                 + &sweep_txt,
             evidence: json!({
-                "drops": d.drops,
-                "baseline_drops": d.baseline_drops,
-                "tables": d.tables,
-                "empty_tables": d.empty,
-                "one_transaction": d.one_transaction,
-                "synchronous_commit": d.synchronous_commit,
-                "ms_per_drop": d.ms_per_drop,
-                "ms_per_drop_median": d.ms_per_drop_median,
-                "ms_per_drop_p90": d.ms_per_drop_p90,
-                "baseline_ms_per_drop": d.baseline_ms_per_drop,
-                "replay_ms_per_drop": round3(replay_ms),
+                "drops": d.map(|d| d.drops),
+                "baseline_drops": d.map(|d| d.baseline_drops),
+                "dropped_relations": drops_all,
+                "dropped_relations_source": drops_source,
+                "startup_unlinks": unlinks,
+                "tables": d.map(|d| d.tables),
+                "empty_tables": empty,
+                "one_transaction": d.map(|d| d.one_transaction),
+                "synchronous_commit": d.map(|d| d.synchronous_commit.clone()),
+                "ms_per_drop": d.map(|d| d.ms_per_drop),
+                "ms_per_drop_median": d.map(|d| d.ms_per_drop_median),
+                "ms_per_drop_p90": d.map(|d| d.ms_per_drop_p90),
+                "baseline_ms_per_drop": d.map(|d| d.baseline_ms_per_drop),
+                "replay_ms_per_drop": d.map(|d| round3(d.replay_ms_per_drop())),
                 "startup_cpu_s": startup_cpu_s,
-                "startup_cpu_ms_per_drop": round3(cpu_ms_per_drop),
+                "startup_cpu_ms_per_drop": cpu_ms_per_drop.map(round3),
+                "standby_replay_age_s_max": replay_age_max.map(round3),
+                "standby_unreplayed_bytes_max": standby_lag_bytes_max,
                 "startup_samples": samples,
                 "startup_drop_buffer_samples": hot,
                 "startup_scan_samples": scan,
                 "startup_drop_buffer_share": share.map(round3),
                 "top_function": top_fn,
                 "standby_shared_buffers": sb,
-                "window_s": [d.t_start, d.t_end],
+                "window_s": d.map(|d| [d.t_start, d.t_end]),
                 "postgres_version": version,
                 "replay_lag_ms_max": lag.and_then(|l| l.replay_lag_ms_max),
                 "replay_lag_ms_mean": lag.and_then(|l| l.replay_lag_ms_mean),
                 "replay_lag_bytes_max": lag.and_then(|l| l.lag_bytes_max),
                 "replay_lag_bytes_mean": lag.and_then(|l| l.lag_bytes_mean),
                 "replay_lag_samples": lag.map(|l| l.samples),
-                "sweep_exponent_tables": sweep.as_ref().and_then(|s| s.exponent_tables),
-                "sweep_exponent_shared_buffers": sweep.as_ref().and_then(|s| s.exponent_shared_buffers),
+                "sweep_exponent_tables": sweep.and_then(|s| s.exponent_tables),
+                "sweep_exponent_shared_buffers": sweep.and_then(|s| s.exponent_shared_buffers),
             }),
             remedy: format!(
                 "{upgrade} Until then: give the standby a smaller shared_buffers (the scan is \
@@ -344,7 +407,7 @@ mod tests {
     #[test]
     fn smaller_shared_buffers_cost_less() {
         let cpu = |name| {
-            let d = drop_many::load(&fixture(name)).unwrap();
+            let d = fixture(name).lab.drop.clone().unwrap();
             let p = procfs::build(&fixture(name)).unwrap();
             p.roles[&Role::Startup].cpu_s / (d.drops + d.baseline_drops) as f64
         };

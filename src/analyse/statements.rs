@@ -1,6 +1,6 @@
 //! How many statements the server ran in a window: pgbench's count in the
 //! lab, the server's own counters when attached.
-use crate::recording::Loaded;
+use crate::evidence::Evidence;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Statements {
@@ -11,7 +11,7 @@ pub struct Statements {
     pub window: (f64, f64),
 }
 
-pub fn statements(rec: &Loaded) -> Option<Statements> {
+pub fn statements(rec: &Evidence) -> Option<Statements> {
     if let Some(w) = &rec.workload {
         if w.statements > 0 {
             return Some(Statements {

@@ -10,9 +10,9 @@ use serde_json::json;
 
 use super::{Finding, Rule, Severity};
 use crate::collect::profile::KERNEL_SUFFIX;
+use crate::evidence::profile::FoldedStack;
+use crate::evidence::Evidence;
 use crate::procinfo::Role;
-use crate::recording::Loaded;
-use crate::report::sections::profile::{parse_folded, FoldedStack};
 use crate::round3;
 
 pub const ID: &str = "syncrep-wait-syscalls";
@@ -31,7 +31,7 @@ const CRITICAL_EPOLL_SHARE: f64 = 0.2;
 pub struct SyncrepWait;
 
 /// Committed transactions in the recording and where the number came from.
-fn commits(rec: &Loaded) -> Option<(u64, String, (f64, f64))> {
+fn commits(rec: &Evidence) -> Option<(u64, String, (f64, f64))> {
     if let Some(w) = &rec.workload {
         if w.transactions > 0 {
             return Some((
@@ -45,8 +45,10 @@ fn commits(rec: &Loaded) -> Option<(u64, String, (f64, f64))> {
     let last = rec.pgstat.last()?;
     (last.t > first.t).then(|| {
         (
-            last.transactions.saturating_sub(first.transactions),
-            "pg_stat_database xact_commit+xact_rollback".to_string(),
+            last.transactions
+                .saturating_sub(first.transactions)
+                .saturating_sub(last.own_statements.saturating_sub(first.own_statements)),
+            "pg_stat_database xact_commit+xact_rollback (pgbelow's own subtracted)".to_string(),
             (first.t, last.t),
         )
     })
@@ -91,10 +93,8 @@ impl ProfileShares {
     }
 }
 
-fn profile_shares(rec: &Loaded) -> Option<ProfileShares> {
-    let text =
-        std::fs::read_to_string(rec.dir.join(crate::collect::profile::files::FOLDED)).ok()?;
-    let s = ProfileShares::from_stacks(&parse_folded(&text));
+fn profile_shares(rec: &Evidence) -> Option<ProfileShares> {
+    let s = ProfileShares::from_stacks(rec.stacks());
     (s.samples > 0).then_some(s)
 }
 
@@ -103,7 +103,7 @@ impl Rule for SyncrepWait {
         ID
     }
 
-    fn evaluate(&self, rec: &Loaded) -> Option<Finding> {
+    fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
         let (n, source, window) = commits(rec)?;
         if n < MIN_COMMITS {
             return None;
@@ -125,7 +125,13 @@ impl Rule for SyncrepWait {
         let repl = rec.manifest.postgres.replication.as_ref();
         let sync_topology = repl.is_some_and(|r| r.sync != "async");
         let sync_in_profile = prof.as_ref().is_some_and(|p| p.syncrep > 0);
-        if !sync_topology && !sync_in_profile {
+        // Attached: the primary's pg_stat_replication names synchronous standbys.
+        let sync_in_server = rec.server.iter().any(|s| {
+            s.replication
+                .iter()
+                .any(|r| matches!(r.sync_state.as_deref(), Some("sync" | "quorum")))
+        });
+        if !sync_topology && !sync_in_profile && !sync_in_server {
             return None;
         }
         let level = rec
@@ -238,6 +244,7 @@ impl Rule for SyncrepWait {
 mod tests {
     use super::*;
     use crate::analyse::fixture;
+    use crate::evidence::profile::parse_folded;
 
     #[test]
     fn profile_shares_count_backend_samples() {
@@ -307,14 +314,20 @@ mod tests {
 
     #[test]
     fn the_sweep_is_read_back() {
-        let s =
-            crate::scenarios::syncrep_commit::load(&fixture("pg13-syncrep-commit")).expect("sweep");
+        let s = fixture("pg13-syncrep-commit")
+            .lab
+            .syncrep_sweep
+            .clone()
+            .expect("sweep");
         let names: Vec<&str> = s
             .levels
             .iter()
             .map(|l| l.synchronous_commit.as_str())
             .collect();
-        assert_eq!(names, crate::scenarios::syncrep_commit::LEVELS);
+        assert_eq!(
+            names,
+            ["off", "local", "remote_write", "on", "remote_apply"]
+        );
         assert!(s.levels[0].tps > s.levels[4].tps);
     }
 

@@ -6,8 +6,8 @@ use serde_json::json;
 
 use super::statements::statements;
 use super::{Finding, Rule, Severity};
+use crate::evidence::Evidence;
 use crate::procinfo::Role;
-use crate::recording::Loaded;
 use crate::round3;
 
 pub const ID: &str = "timer-syscalls-per-statement";
@@ -37,7 +37,7 @@ impl Rule for TimerSyscalls {
         ID
     }
 
-    fn evaluate(&self, rec: &Loaded) -> Option<Finding> {
+    fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
         let stmts = statements(rec)?;
         if stmts.count < MIN_STATEMENTS {
             return None;

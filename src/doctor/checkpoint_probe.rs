@@ -5,8 +5,8 @@
 //! process-seconds writers spent in D.
 use std::fmt::Write;
 
+use crate::evidence::Evidence;
 use crate::procinfo::Role;
-use crate::recording::Loaded;
 use crate::report::Report;
 
 /// Seconds of load, and when the CHECKPOINT goes in.
@@ -32,7 +32,7 @@ pub struct Summary {
 
 /// What the probe's recording (and its report) shows; None without a
 /// checkpoint in it.
-pub fn summarize(rec: &Loaded, r: &Report) -> Option<Summary> {
+pub fn summarize(rec: &Evidence, r: &Report) -> Option<Summary> {
     let c = r
         .pgstat
         .as_ref()?

@@ -273,7 +273,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
     let v = match lab::run(&ckpt) {
         Ok(cr) => {
             let exposed = raised(&cr.report, crate::analyse::checkpoint_stall::ID);
-            match checkpoint_probe::summarize(&cr.loaded, &cr.report) {
+            match checkpoint_probe::summarize(&cr.evidence, &cr.report) {
                 Some(s) => {
                     let _ = writeln!(text, "{}", checkpoint_probe::render(&s, exposed));
                 }

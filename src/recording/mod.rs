@@ -3,6 +3,7 @@
 
 pub mod manifest;
 pub mod reader;
+pub mod summaries;
 pub mod writer;
 
 pub use manifest::{
@@ -20,4 +21,9 @@ pub mod files {
     pub const PROCESSES: &str = "processes.jsonl";
     pub const SYSCALLS: &str = "syscalls.jsonl";
     pub const PGSTAT: &str = "pgstat.jsonl";
+    /// Lab scenarios' summaries ([`super::summaries`]).
+    pub const EXPLAIN_SUMMARY: &str = "explain.json";
+    pub const DROP_SUMMARY: &str = "drop.json";
+    pub const DROP_SWEEP: &str = "drop_sweep.json";
+    pub const SYNCREP_SWEEP: &str = "syncrep_sweep.json";
 }

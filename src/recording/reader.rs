@@ -1,5 +1,7 @@
-//! Reads a recording back for offline analysis. A last line cut short by a
-//! killed run is tolerated; damage anywhere else is an error naming the line.
+//! Reads a recording back for offline analysis. One policy for damage: a
+//! last line cut short by a killed run is counted as truncated; a damaged
+//! line anywhere else is skipped and named in `unreadable`; the rest is kept.
+//! Only a missing or unreadable manifest is an error.
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -11,9 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use super::files;
 use super::manifest::{Manifest, SCHEMA_VERSION};
+use super::summaries::{Progress, WorkloadSummary};
 use crate::error::fixable;
 use crate::procinfo::{ProcessInfo, Role};
-use crate::workload::{Progress, WorkloadSummary};
 
 /// One interval of syscall counts: per pid, per syscall name, the calls made
 /// in `(t - dt, t]`.
@@ -57,6 +59,9 @@ pub struct Loaded {
     pub pgstat: Vec<PgstatSample>,
     /// Lines dropped because the run was killed while writing them.
     pub truncated_lines: usize,
+    /// What could not be read, one line per file: the file, how many lines,
+    /// the first damaged line and why.
+    pub unreadable: Vec<String>,
 }
 
 impl Loaded {
@@ -91,17 +96,25 @@ impl Loaded {
         let manifest: Manifest = serde_json::from_value(version)
             .map_err(|e| not_a_recording(format!("manifest.json: {e}")))?;
         let mut truncated = 0;
+        let mut unreadable = Vec::new();
         let workload = match std::fs::read_to_string(dir.join(files::WORKLOAD_SUMMARY)) {
-            Ok(t) => Some(
-                serde_json::from_str(&t)
-                    .map_err(|e| not_a_recording(format!("workload.json: {e}")))?,
-            ),
+            Ok(t) => match serde_json::from_str(&t) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    unreadable.push(format!(
+                        "{}: damaged ({e}); left out",
+                        files::WORKLOAD_SUMMARY
+                    ));
+                    None
+                }
+            },
             Err(_) => None,
         };
-        let progress = read_jsonl(dir, files::PROGRESS, &mut truncated)?;
-        let processes: Vec<ProcessInfo> = read_jsonl(dir, files::PROCESSES, &mut truncated)?;
-        let syscalls = read_jsonl(dir, files::SYSCALLS, &mut truncated)?;
-        let pgstat = read_jsonl(dir, files::PGSTAT, &mut truncated)?;
+        let progress = read_stream(dir, files::PROGRESS, &mut truncated, &mut unreadable);
+        let processes: Vec<ProcessInfo> =
+            read_stream(dir, files::PROCESSES, &mut truncated, &mut unreadable);
+        let syscalls = read_stream(dir, files::SYSCALLS, &mut truncated, &mut unreadable);
+        let pgstat = read_stream(dir, files::PGSTAT, &mut truncated, &mut unreadable);
         Ok(Loaded {
             dir: dir.to_path_buf(),
             manifest,
@@ -111,6 +124,7 @@ impl Loaded {
             syscalls,
             pgstat,
             truncated_lines: truncated,
+            unreadable,
         })
     }
 
@@ -203,16 +217,80 @@ impl RoleSyscalls {
     }
 }
 
-fn read_jsonl<T: DeserializeOwned>(
+/// A JSON-lines stream of a recording: what is readable, the damage noted
+/// in `unreadable` (a missing file is no damage: its collector was off).
+pub fn read_stream<T: DeserializeOwned>(
     dir: &Path,
     name: &str,
     truncated: &mut usize,
-) -> Result<Vec<T>> {
+    unreadable: &mut Vec<String>,
+) -> Vec<T> {
     let path = dir.join(name);
-    let Ok(f) = File::open(&path) else {
-        return Ok(Vec::new());
+    let f = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            unreadable.push(format!("{name}: {e}"));
+            return Vec::new();
+        }
     };
-    parse_jsonl(BufReader::new(f), &path.display().to_string(), truncated)
+    let (v, damage) = parse_jsonl_lenient(BufReader::new(f), truncated);
+    if let Some(d) = damage {
+        unreadable.push(format!("{name}: {d}"));
+    }
+    v
+}
+
+/// Parse JSON lines, keeping every readable one: a bad *last* line counts
+/// as truncated; other bad lines are skipped and described in the second
+/// value (how many, the first one and why).
+pub fn parse_jsonl_lenient<T: DeserializeOwned>(
+    input: impl BufRead,
+    truncated: &mut usize,
+) -> (Vec<T>, Option<String>) {
+    let mut out = Vec::new();
+    let mut bad = 0usize;
+    let mut first: Option<String> = None;
+    // Lines are parsed one behind, so that the last one is known as last.
+    let mut pending: Option<(usize, Result<T, String>)> = None;
+    let mut read_error = None;
+    for (i, line) in input.split(b'\n').enumerate() {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                read_error = Some(format!("read error after line {i}: {e}"));
+                break;
+            }
+        };
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let parsed = serde_json::from_slice::<T>(&line).map_err(|e| e.to_string());
+        if let Some((n, r)) = pending.replace((i + 1, parsed)) {
+            match r {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    bad += 1;
+                    first.get_or_insert(format!("line {n}: {e}"));
+                }
+            }
+        }
+    }
+    match pending {
+        Some((_, Ok(v))) => out.push(v),
+        Some((_, Err(_))) => *truncated += 1,
+        None => {}
+    }
+    let damage = match (bad, first, read_error) {
+        (0, _, None) => None,
+        (0, _, Some(r)) => Some(r),
+        (n, f, r) => Some(format!(
+            "{n} damaged line(s) skipped (first at {}){}",
+            f.unwrap_or_default(),
+            r.map_or(String::new(), |r| format!("; {r}"))
+        )),
+    };
+    (out, damage)
 }
 
 /// Parse JSON lines; a bad *last* line counts as truncated, any other is an error.

@@ -5,8 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use super::sections;
 use crate::analyse::{self, statements::statements, Finding};
+use crate::evidence::Evidence;
 use crate::procinfo::Role;
-use crate::recording::{CollectorInfo, Host, Loaded, Status};
+use crate::recording::{CollectorInfo, Host, Status};
 use crate::round3;
 
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
@@ -46,14 +47,14 @@ pub struct Report {
     pub explain: Option<sections::explain::ExplainSection>,
     /// `syncrep-commit --sweep`: tps per synchronous_commit level.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub syncrep_sweep: Option<crate::scenarios::syncrep_commit::Sweep>,
+    pub syncrep_sweep: Option<crate::recording::summaries::Sweep>,
     /// `drop-many`: ms per DROP, its baseline and the replication lag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drop_many: Option<crate::scenarios::drop_many::DropSummary>,
+    pub drop_many: Option<crate::recording::summaries::DropSummary>,
     /// `drop-many --sweep`: cost per drop over N × standby shared_buffers,
     /// with the fitted growth exponents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drop_sweep: Option<crate::scenarios::drop_sweep::DropSweep>,
+    pub drop_sweep: Option<crate::recording::summaries::DropSweep>,
     /// Writeback and checkpoints around the worst second of tps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst_second: Option<WorstSecond>,
@@ -75,19 +76,21 @@ pub struct WorstSecond {
 
 const WORST_WINDOW_S: f64 = 5.0;
 
-fn worst_second(rec: &Loaded) -> Option<WorstSecond> {
+fn worst_second(rec: &Evidence) -> Option<WorstSecond> {
     let worst = rec.progress.iter().min_by(|a, b| a.tps.total_cmp(&b.tps))?;
     let median_tps = crate::stats::quantile(rec.progress.iter().map(|p| p.tps).collect(), 0.5);
     let (a, b) = (worst.t - WORST_WINDOW_S, worst.t + WORST_WINDOW_S);
-    let checkpoints = sections::pgstat::checkpoints(rec)
-        .into_iter()
+    let checkpoints = rec
+        .checkpoints
+        .iter()
         .filter(|c| c.start_t.unwrap_or(f64::MIN) <= b && c.end_t.unwrap_or(f64::MAX) >= a)
+        .cloned()
         .collect();
     Some(WorstSecond {
         t: worst.t,
         tps: worst.tps,
         median_tps,
-        system: sections::system::around(rec, worst.t, WORST_WINDOW_S),
+        system: sections::system::around_in(&rec.system, worst.t, WORST_WINDOW_S),
         checkpoints,
     })
 }
@@ -104,6 +107,10 @@ pub struct RecordingMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgbelow_peak_rss_kb: Option<u64>,
     pub truncated_lines: usize,
+    /// Parts of the recording that could not be read (file and why); the
+    /// report shows what the rest measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scenario: Option<crate::recording::ScenarioInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -174,7 +181,7 @@ pub struct SyscallRow {
 
 /// Processes and calls per node of `pids` (empty for a one-server recording).
 fn by_node(
-    rec: &Loaded,
+    rec: &Evidence,
     totals: &BTreeMap<u32, BTreeMap<String, u64>>,
     pids: &[u32],
 ) -> BTreeMap<String, NodeShare> {
@@ -191,7 +198,7 @@ fn by_node(
 }
 
 /// Analyse a loaded recording and build its report.
-pub fn build(rec: &Loaded) -> Report {
+pub fn build(rec: &Evidence) -> Report {
     let m = &rec.manifest;
     let findings = analyse::analyse(rec);
     let stmts = statements(rec);
@@ -277,6 +284,7 @@ pub fn build(rec: &Loaded) -> Report {
             pgbelow_cpu_share: cpu_share,
             pgbelow_peak_rss_kb: m.pgbelow_peak_rss_kb,
             truncated_lines: rec.truncated_lines,
+            unreadable: rec.unreadable.clone(),
             scenario: m.scenario.clone(),
             error: m.error.clone(),
         },
@@ -301,9 +309,9 @@ pub fn build(rec: &Loaded) -> Report {
         system: sections::system::build(rec),
         clock: sections::clock::build(rec),
         explain: sections::explain::build(rec),
-        syncrep_sweep: crate::scenarios::syncrep_commit::load(rec),
-        drop_many: crate::scenarios::drop_many::load(rec),
-        drop_sweep: crate::scenarios::drop_sweep::load(rec),
+        syncrep_sweep: rec.lab.syncrep_sweep.clone(),
+        drop_many: rec.lab.drop.clone(),
+        drop_sweep: rec.lab.drop_sweep.clone(),
         worst_second: worst_second(rec),
         findings,
     }

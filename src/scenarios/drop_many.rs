@@ -34,7 +34,8 @@ use crate::collect::session::{round_ms, Session};
 use crate::interrupt;
 use crate::lab::LabOptions;
 use crate::provision::SyncMode;
-use crate::recording::{files, Loaded};
+use crate::recording::files;
+pub use crate::recording::summaries::{DropSummary, ReplayLag};
 use crate::round3;
 use crate::workload::WorkloadSummary;
 
@@ -45,7 +46,7 @@ pub const LAG_STREAM: &str = "drop_lag.jsonl";
 /// How often `pg_stat_replication` is sampled during the measured drops.
 pub const LAG_HZ: f64 = 10.0;
 /// Summary file.
-pub const SUMMARY: &str = "drop.json";
+pub const SUMMARY: &str = crate::recording::files::DROP_SUMMARY;
 /// Tables are `pgbelow_drop_<i>`; baseline tables `pgbelow_dropb_<i>`.
 pub const PREFIX: &str = "pgbelow_drop_";
 const BASELINE_PREFIX: &str = "pgbelow_dropb_";
@@ -152,40 +153,6 @@ pub struct DropRun {
     pub ms: f64,
 }
 
-/// `drop.json`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct DropSummary {
-    pub tables: u32,
-    pub empty: bool,
-    pub one_transaction: bool,
-    /// synchronous_commit of the measured drops.
-    pub synchronous_commit: String,
-    /// Measured DROPs (without the baseline).
-    pub drops: u64,
-    pub baseline_drops: u64,
-    /// Client-side ms per measured DROP: mean and median per commit / tables.
-    pub ms_per_drop: f64,
-    pub ms_per_drop_median: f64,
-    pub ms_per_drop_p90: f64,
-    /// Primary-only (synchronous_commit = local) ms per DROP, median.
-    pub baseline_ms_per_drop: f64,
-    pub total_ms: f64,
-    pub t_start: f64,
-    pub t_end: f64,
-    /// Replication lag seen on the primary during the measured drops (absent
-    /// in recordings made before it was sampled).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_lag: Option<ReplayLag>,
-}
-
-impl DropSummary {
-    /// Client-side ms a drop waits for the standby: the median measured
-    /// drop less the primary-only baseline.
-    pub fn replay_ms_per_drop(&self) -> f64 {
-        (self.ms_per_drop_median - self.baseline_ms_per_drop).max(0.0)
-    }
-}
-
 /// One sample of `pg_stat_replication` on the primary (`drop_lag.jsonl`),
 /// the worst standby of that instant.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -196,20 +163,6 @@ pub struct LagSample {
     pub replay_lag_ms: Option<f64>,
     /// `write_lsn − replay_lsn`: WAL received by the standby, not yet replayed.
     pub lag_bytes: Option<u64>,
-}
-
-/// Max and mean of the [`LagSample`]s of the measured drops.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ReplayLag {
-    pub samples: u64,
-    pub hz: f64,
-    /// Over the samples where `replay_lag` was not null.
-    pub replay_lag_ms_max: Option<f64>,
-    pub replay_lag_ms_mean: Option<f64>,
-    /// `write_lsn − replay_lsn`, bytes, over the samples that had both.
-    pub lag_bytes_max: Option<u64>,
-    pub lag_bytes_mean: Option<f64>,
-    pub source: String,
 }
 
 /// Max and mean lag of `samples`; `None` without samples.
@@ -285,11 +238,6 @@ impl LagSampler {
         self.samples.push(s.clone());
         Ok(Some(s))
     }
-}
-
-/// The summary of a recording made by this scenario.
-pub fn load(rec: &Loaded) -> Option<DropSummary> {
-    super::load_json(rec, SUMMARY)
 }
 
 /// Create the tables (one row each unless empty), in batches.

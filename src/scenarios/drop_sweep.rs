@@ -14,7 +14,6 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 
 use super::drop_many::{self, Params};
 use crate::collect::procfs::aggregate::Counters;
@@ -23,91 +22,16 @@ use crate::interrupt;
 use crate::lab::LabOptions;
 use crate::procinfo::{self, Role};
 use crate::provision::{ClusterOptions, PgInstall, Topology, TopologyOptions};
+pub use crate::recording::summaries::{DropSweep, Fit, LinearFit, Point};
 use crate::recording::writer::write_json_atomic;
-use crate::recording::Loaded;
 use crate::round3;
 
 /// Per-point results and fits of `--sweep`.
-pub const SWEEP: &str = "drop_sweep.json";
+pub const SWEEP: &str = crate::recording::files::DROP_SWEEP;
 /// `--sweep-tables` when not given.
 pub const DEFAULT_TABLES: &[u32] = &[50, 100, 200];
 /// `--sweep-standby-shared-buffers` when not given.
 pub const DEFAULT_SHARED_BUFFERS: &[&str] = &["128MB", "1GB", "4GB"];
-
-/// One (N, standby shared_buffers) point.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Point {
-    pub tables: u32,
-    pub standby_shared_buffers: String,
-    pub standby_shared_buffers_bytes: u64,
-    /// Measured DROPs (= tables).
-    pub drops: u64,
-    pub baseline_drops: u64,
-    /// Client ms per DROP with the session's synchronous_commit (mean, median).
-    pub ms_per_drop: f64,
-    pub ms_per_drop_median: f64,
-    /// Primary-only (synchronous_commit = local) ms per DROP, median.
-    pub baseline_ms_per_drop: f64,
-    /// Client-side replay wait per DROP: median − baseline (≥ 0).
-    pub replay_ms_per_drop: f64,
-    /// Startup-process CPU per dropped relation (baseline and measured
-    /// drops both replay), ms.
-    pub startup_cpu_ms_per_drop: f64,
-    /// `startup_cpu_ms_per_drop × tables`: the replay CPU of the N drops.
-    pub startup_cpu_ms_total: f64,
-    /// pg_stat_replication during the measured drops.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_lag: Option<drop_many::ReplayLag>,
-}
-
-/// A log-log least-squares fit over the points with one parameter fixed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Fit {
-    /// The parameter held fixed and its value ("standby_shared_buffers=1GB",
-    /// "tables=100").
-    pub fixed: String,
-    /// x and y of the fit.
-    pub x: String,
-    pub y: String,
-    pub points: usize,
-    /// The slope: y ∝ x^exponent.
-    pub exponent: f64,
-    /// [`growth`] of the exponent.
-    pub growth: String,
-}
-
-/// `drop_sweep.json`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct DropSweep {
-    pub empty: bool,
-    pub one_transaction: bool,
-    pub synchronous_commit: String,
-    pub tables: Vec<u32>,
-    pub standby_shared_buffers: Vec<String>,
-    pub points: Vec<Point>,
-    /// Total replay (startup CPU) ms vs N, one fit per shared_buffers.
-    pub vs_tables: Vec<Fit>,
-    /// Replay (startup CPU) ms per drop vs shared_buffers, one fit per N.
-    pub vs_shared_buffers: Vec<Fit>,
-    /// Median exponent of `vs_tables` / `vs_shared_buffers`.
-    pub exponent_tables: Option<f64>,
-    pub exponent_shared_buffers: Option<f64>,
-    /// Least squares of the per-drop cost on standby shared_buffers (GB)
-    /// over all points: a buffer-pool scan per drop shows as a slope on top
-    /// of a fixed cost, which also pulls the log-log exponent below 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub per_drop_vs_gb: Option<LinearFit>,
-    /// Both growths in words.
-    pub summary: String,
-}
-
-/// `y = intercept + slope · x`, with its r².
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LinearFit {
-    pub slope: f64,
-    pub intercept: f64,
-    pub r2: f64,
-}
 
 /// Ordinary least squares: (slope, intercept, r²), unrounded; `None` with
 /// fewer than two distinct x.
@@ -513,11 +437,6 @@ fn sweep_on(
         write_json_atomic(&dir.join(SWEEP), out)?;
     }
     Ok(())
-}
-
-/// The sweep of a recording, if it has one.
-pub fn load(rec: &Loaded) -> Option<DropSweep> {
-    super::load_json(rec, SWEEP)
 }
 
 /// The sweep as a text table, then the fits in words.

@@ -21,14 +21,15 @@ use super::connect;
 use crate::collect::session::{round_ms, Session};
 use crate::interrupt;
 use crate::lab::LabOptions;
-use crate::recording::{files, Loaded};
+use crate::recording::files;
+pub use crate::recording::summaries::{ExplainSummary, QuerySummary};
 use crate::round3;
 use crate::workload::WorkloadSummary;
 
 /// Per-query stream.
 pub const STREAM: &str = "explain.jsonl";
 /// Summary file.
-pub const SUMMARY: &str = "explain.json";
+pub const SUMMARY: &str = crate::recording::files::EXPLAIN_SUMMARY;
 /// The table the scenario creates (and scans) in the lab database.
 pub const TABLE: &str = "pgbelow_explain_scan";
 /// Rows per `--scale` unit: table rows; generate_series runs twice as many.
@@ -109,58 +110,6 @@ pub struct QueryRun {
     /// twice under EXPLAIN ANALYZE (None for the plain query).
     pub node_calls: Option<u64>,
     pub plan_nodes: Option<u32>,
-}
-
-/// Per query, medians over the rounds.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct QuerySummary {
-    pub query: String,
-    pub sql: String,
-    pub runs_per_mode: u32,
-    pub plan_nodes: u32,
-    /// Plan-node calls per execution (rows processed × nodes, ≈ clock-read pairs).
-    pub node_calls: u64,
-    pub plain_ms: f64,
-    pub timing_off_ms: f64,
-    pub analyze_ms: f64,
-    pub timing_off_server_ms: f64,
-    pub analyze_server_ms: f64,
-    /// EXPLAIN ANALYZE / EXPLAIN (ANALYZE, TIMING OFF), client-side.
-    pub analyze_to_timing_off: f64,
-    /// EXPLAIN ANALYZE / plain query, client-side.
-    pub analyze_to_plain: f64,
-    /// (ANALYZE − TIMING OFF) server time per plan-node call, ns: the cost of
-    /// two clock reads.
-    pub timing_ns_per_row: f64,
-}
-
-/// `explain.json`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ExplainSummary {
-    pub queries: Vec<QuerySummary>,
-    /// Queries run in all modes.
-    pub statements: u64,
-    /// Σ plan-node calls of the EXPLAIN ANALYZE (timing on) runs.
-    pub analyze_node_calls: u64,
-    /// Σ plan-node calls of the TIMING OFF runs (no clock reads per row).
-    pub timing_off_node_calls: u64,
-    pub t_start: f64,
-    pub t_end: f64,
-}
-
-impl ExplainSummary {
-    /// The largest ANALYZE/TIMING OFF ratio over the queries.
-    pub fn max_analyze_to_timing_off(&self) -> Option<f64> {
-        self.queries
-            .iter()
-            .map(|q| q.analyze_to_timing_off)
-            .max_by(f64::total_cmp)
-    }
-}
-
-/// The summary of a recording made by this scenario.
-pub fn load(rec: &Loaded) -> Option<ExplainSummary> {
-    super::load_json(rec, SUMMARY)
 }
 
 /// Create and fill the table, then warm both queries up (not recorded).

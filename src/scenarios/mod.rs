@@ -40,12 +40,3 @@ pub(crate) fn connect(dsn: &str) -> anyhow::Result<postgres::Client> {
     use anyhow::Context;
     postgres::Client::connect(dsn, postgres::NoTls).with_context(|| format!("connecting to {dsn}"))
 }
-
-/// A scenario's summary file from a recording, if it is there and readable.
-fn load_json<T: serde::de::DeserializeOwned>(
-    rec: &crate::recording::Loaded,
-    name: &str,
-) -> Option<T> {
-    let text = std::fs::read_to_string(rec.dir.join(name)).ok()?;
-    serde_json::from_str(&text).ok()
-}

@@ -15,12 +15,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use postgres::{Client, NoTls};
-use serde::{Deserialize, Serialize};
 
 use crate::interrupt;
 use crate::lab::LabOptions;
+pub use crate::recording::summaries::{Level, Sweep};
 use crate::recording::writer::write_json_atomic;
-use crate::recording::Loaded;
 use crate::workload::{Pgbench, PgbenchTarget, Scenario};
 
 /// The table the scenario creates and inserts into.
@@ -28,7 +27,7 @@ pub const TABLE: &str = "pgbelow_syncrep";
 /// One INSERT per transaction (autocommit: one commit each).
 pub const SCRIPT: &str = "insert into pgbelow_syncrep (info) values (md5(random()::text));\n";
 /// Per-level results of `--sweep`.
-pub const SWEEP: &str = "syncrep_sweep.json";
+pub const SWEEP: &str = crate::recording::files::SYNCREP_SWEEP;
 /// Levels of `synchronous_commit`, weakest first (the seed's table).
 pub const LEVELS: &[&str] = &["off", "local", "remote_write", "on", "remote_apply"];
 /// Seconds per sweep level at most (the sweep runs `--duration`, capped).
@@ -44,25 +43,6 @@ pub fn prepare(dsn: &str, status: &dyn Fn(&str)) -> Result<()> {
     ))
     .with_context(|| format!("creating {TABLE}"))?;
     Ok(())
-}
-
-/// One level of the sweep.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Level {
-    pub synchronous_commit: String,
-    pub tps: f64,
-    pub transactions: u64,
-    pub latency_avg_ms: Option<f64>,
-    pub duration_s: u32,
-}
-
-/// `syncrep_sweep.json`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Sweep {
-    pub clients: u32,
-    /// The recording's `--sync` and synchronous_standby_names, for context.
-    pub sync: Option<String>,
-    pub levels: Vec<Level>,
 }
 
 /// Seconds each sweep level runs.
@@ -117,11 +97,6 @@ pub fn sweep(
         write_json_atomic(&dir.join(SWEEP), &out)?;
     }
     Ok(out)
-}
-
-/// The sweep of a recording, if it has one.
-pub fn load(rec: &Loaded) -> Option<Sweep> {
-    serde_json::from_str(&std::fs::read_to_string(rec.dir.join(SWEEP)).ok()?).ok()
 }
 
 /// The sweep as a text table (the seed's layout).

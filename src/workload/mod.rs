@@ -130,25 +130,7 @@ impl Scenario {
     }
 }
 
-/// What the recording keeps about a workload run (`workload.json`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct WorkloadSummary {
-    pub tool: String,
-    pub scenario: String,
-    pub clients: u32,
-    pub scale: u32,
-    pub transactions: u64,
-    pub statements: u64,
-    /// How `statements` was counted.
-    pub statements_source: String,
-    pub failed: u64,
-    pub tps: f64,
-    pub duration_s: f64,
-    pub latency_avg_ms: Option<f64>,
-    /// Recording time (s) when the workload started and ended.
-    pub t_start: f64,
-    pub t_end: f64,
-}
+pub use crate::recording::summaries::WorkloadSummary;
 
 #[cfg(test)]
 mod tests {

@@ -2,19 +2,8 @@
 //! summary on stdout.
 use std::io::BufRead;
 
+pub use crate::recording::summaries::Progress;
 use serde::{Deserialize, Serialize};
-
-/// One `progress: 3.0 s, 37467.4 tps, lat 0.027 ms stddev 0.154, 0 failed` line.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Progress {
-    /// Seconds since pgbench started its run.
-    pub t: f64,
-    pub tps: f64,
-    pub lat_ms: f64,
-    pub lat_stddev_ms: Option<f64>,
-    /// Failed transactions in this interval (pgbench 15+ prints it).
-    pub failed: Option<u64>,
-}
 
 /// Parse one progress line; `None` for anything else.
 pub fn parse_progress_line(line: &str) -> Option<Progress> {

@@ -1,8 +1,11 @@
 //! Helpers shared by the end-to-end lab tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+
+pub mod userdb;
 use std::time::Duration;
 
 use assert_cmd::Command;
@@ -102,4 +105,41 @@ pub fn wait_for(path: &Path, what: &str) {
         assert!(std::time::Instant::now() < deadline, "{what} never started");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A library the server preloads (LD_PRELOAD) that turns clock_gettime and
+/// gettimeofday into real system calls: what a clocksource without vDSO
+/// support does to every clock read (seed 002).
+const CLOCK_SYSCALL_C: &str = r#"
+#define _GNU_SOURCE
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Every clock read becomes a system call, bypassing the vDSO. */
+int clock_gettime(clockid_t clk, struct timespec *ts) {
+    return (int)syscall(SYS_clock_gettime, clk, ts);
+}
+
+int gettimeofday(struct timeval *restrict tv, void *restrict tz) {
+    return (int)syscall(SYS_gettimeofday, tv, tz);
+}
+"#;
+
+/// Build the preload library under /tmp, readable by the server account.
+pub fn build_clock_syscall_lib(dir: &Path) -> PathBuf {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = dir.join("clock_syscall.c");
+    let lib = dir.join("libclocksyscall.so");
+    std::fs::write(&src, CLOCK_SYSCALL_C).unwrap();
+    let st = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .expect("cc (a C compiler) is needed to build the preload library");
+    assert!(st.success(), "cc failed");
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
+    lib
 }

@@ -1,0 +1,209 @@
+//! The evidence model between a recording and the rules and reports
+//! (readers → model → views, as in facebookincubator/below).
+//!
+//! [`Evidence::load`] reads every file of a recording once, with one policy
+//! for damage: what is readable is kept, what is not is named in
+//! [`Evidence::unreadable`], nothing is dropped silently. Rules take
+//! `&Evidence` and nothing else; reports take `&Evidence` and the findings.
+//! What any server yields (syscalls, process states, the server's own
+//! counters and log, profiles) is the evidence; the lab scenarios' summaries
+//! ([`LabSummaries`]) only sharpen a finding, never gate it.
+
+pub mod clock;
+pub mod explain;
+pub mod pgstat;
+pub mod procfs;
+pub mod profile;
+pub mod system;
+pub mod timeline;
+
+use std::ops::Deref;
+use std::path::Path;
+
+use anyhow::Result;
+use serde::de::DeserializeOwned;
+
+use crate::collect::clock::ClockFacts;
+use crate::collect::pgstat::{LogEvent, ServerSample, WaitSample};
+use crate::collect::procfs::ProcfsSample;
+use crate::collect::system::SystemSample;
+use crate::recording::summaries::{DropSummary, DropSweep, ExplainSummary, Sweep};
+use crate::recording::{files, Loaded};
+
+pub use timeline::{Series, Throughput};
+
+/// The lab scenarios' own summaries, when the recording has them.
+#[derive(Clone, Debug, Default)]
+pub struct LabSummaries {
+    pub explain: Option<ExplainSummary>,
+    pub drop: Option<DropSummary>,
+    pub drop_sweep: Option<DropSweep>,
+    pub syncrep_sweep: Option<Sweep>,
+}
+
+/// The on-CPU profile: the collector's summary and its folded stacks.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub summary: crate::collect::profile::Summary,
+    pub stacks: Vec<profile::FoldedStack>,
+}
+
+/// Everything a recording measured, read once.
+#[derive(Debug)]
+pub struct Evidence {
+    /// Manifest, processes, syscall counts, server counters, pgbench's
+    /// progress and summary.
+    pub rec: Loaded,
+    pub procfs: Vec<ProcfsSample>,
+    pub system: Vec<SystemSample>,
+    pub waits: Vec<WaitSample>,
+    pub server: Vec<ServerSample>,
+    /// Checkpoint lines of the server log, as recorded.
+    pub log_events: Vec<LogEvent>,
+    /// Checkpoints and restartpoints paired from `log_events`, in time order.
+    pub checkpoints: Vec<pgstat::CheckpointEvent>,
+    pub profile: Option<Profile>,
+    pub clock: Option<ClockFacts>,
+    pub lab: LabSummaries,
+    /// Files, or lines of them, that could not be read: one line each,
+    /// naming the file and what was wrong.
+    pub unreadable: Vec<String>,
+}
+
+impl Deref for Evidence {
+    type Target = Loaded;
+    fn deref(&self) -> &Loaded {
+        &self.rec
+    }
+}
+
+// Tests edit a real recording's evidence to ask "what if".
+impl std::ops::DerefMut for Evidence {
+    fn deref_mut(&mut self) -> &mut Loaded {
+        &mut self.rec
+    }
+}
+
+impl Evidence {
+    /// Read a recording. Only a missing or unreadable manifest is an error.
+    pub fn load(dir: &Path) -> Result<Evidence> {
+        Ok(Evidence::from_loaded(Loaded::open(dir)?))
+    }
+
+    /// The rest of a recording whose core streams are loaded.
+    pub fn from_loaded(rec: Loaded) -> Evidence {
+        let mut notes = rec.unreadable.clone();
+        let dir = rec.dir.clone();
+        let mut cut = 0;
+        use crate::recording::reader::read_stream;
+        let procfs = read_stream(&dir, crate::collect::procfs::STREAM, &mut cut, &mut notes);
+        let system = read_stream(&dir, crate::collect::system::STREAM, &mut cut, &mut notes);
+        let waits = read_stream(&dir, crate::collect::pgstat::WAITS, &mut cut, &mut notes);
+        let server = read_stream(&dir, crate::collect::pgstat::SERVER, &mut cut, &mut notes);
+        let log_events: Vec<LogEvent> = read_stream(
+            &dir,
+            crate::collect::pgstat::CHECKPOINTS,
+            &mut cut,
+            &mut notes,
+        );
+        let checkpoints = pgstat::pair_checkpoints(&log_events);
+        let profile = load_profile(&dir, &mut notes);
+        let clock = rec
+            .manifest
+            .facts
+            .get(crate::collect::clock::FACT)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .or_else(|| json_file(&dir, crate::collect::clock::FILE, &mut notes));
+        let lab = LabSummaries {
+            explain: json_file(&dir, files::EXPLAIN_SUMMARY, &mut notes),
+            drop: json_file(&dir, files::DROP_SUMMARY, &mut notes),
+            drop_sweep: json_file(&dir, files::DROP_SWEEP, &mut notes),
+            syncrep_sweep: json_file(&dir, files::SYNCREP_SWEEP, &mut notes),
+        };
+        let mut rec = rec;
+        rec.truncated_lines += cut;
+        Evidence {
+            rec,
+            procfs,
+            system,
+            waits,
+            server,
+            log_events,
+            checkpoints,
+            profile,
+            clock,
+            lab,
+            unreadable: notes,
+        }
+    }
+
+    /// Was this collector recorded (on and not failed)?
+    pub fn recorded(&self, collector: &str) -> bool {
+        self.manifest
+            .collectors
+            .iter()
+            .any(|c| c.name == collector && c.status != "failed" && c.status != "off")
+    }
+
+    /// Process states summarised over the procfs samples whose interval
+    /// overlaps `(start, until]` (all of them with `None`).
+    pub fn procfs_in(&self, window: Option<(f64, f64)>) -> procfs::ProcfsSection {
+        let samples: Vec<ProcfsSample> = match window {
+            None => self.procfs.clone(),
+            Some((start, until)) => self
+                .procfs
+                .iter()
+                .filter(|s| s.t > start && s.t - s.dt <= until)
+                .cloned()
+                .collect(),
+        };
+        procfs::summarize(&samples, |pid| self.role_of(pid))
+    }
+
+    /// The profile's folded stacks (empty without a profile).
+    pub fn stacks(&self) -> &[profile::FoldedStack] {
+        self.profile.as_ref().map_or(&[], |p| &p.stacks)
+    }
+}
+
+/// A whole-file JSON part: `None` when absent; a note when unreadable.
+fn json_file<T: DeserializeOwned>(dir: &Path, name: &str, notes: &mut Vec<String>) -> Option<T> {
+    let text = match std::fs::read_to_string(dir.join(name)) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            notes.push(format!("{name}: {e}"));
+            return None;
+        }
+    };
+    match serde_json::from_str(&text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            notes.push(format!("{name}: damaged ({e}); left out"));
+            None
+        }
+    }
+}
+
+fn load_profile(dir: &Path, notes: &mut Vec<String>) -> Option<Profile> {
+    let summary: crate::collect::profile::Summary =
+        json_file(dir, crate::collect::profile::files::SUMMARY, notes)?;
+    let stacks = match std::fs::read_to_string(dir.join(&summary.folded)) {
+        Ok(t) => profile::parse_folded(&t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            notes.push(format!("{}: {e}", summary.folded));
+            Vec::new()
+        }
+    };
+    Some(Profile { summary, stacks })
+}
+
+/// A recording from tests/fixtures/recordings, for the rules' tests.
+#[cfg(test)]
+pub(crate) fn fixture(name: &str) -> Evidence {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings")
+        .join(name);
+    Evidence::load(&dir).expect("fixture recording")
+}

@@ -1,0 +1,132 @@
+//! Report section from `system.jsonl`: the Dirty/Writeback time series
+//! (peaks and when), pgpgout, the dirty thresholds, the `vm.dirty_*`
+//! sysctls and the data directory's mount; and [`around`], the rows near
+//! one second (the report shows the writeback timeline around the worst
+//! tps second).
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::Evidence;
+use crate::collect::system::{DataDirMount, SystemSample, DATA_DIR_MOUNT};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Peak {
+    pub kb: u64,
+    /// Recording second of the peak (the first, if it repeats).
+    pub t: f64,
+}
+
+impl Peak {
+    pub fn mb(&self) -> f64 {
+        self.kb as f64 / 1024.0
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SystemSection {
+    pub samples: usize,
+    /// Recording seconds covered, [from, to].
+    pub window_s: [f64; 2],
+    pub dirty_peak: Peak,
+    pub writeback_peak: Peak,
+    /// Peak of Dirty + Writeback: memory not yet on storage.
+    pub dirty_writeback_peak: Peak,
+    pub dirty_mean_kb: u64,
+    /// kB written out over the recording (vmstat pgpgout).
+    pub pgpgout_kb: u64,
+    /// The busiest second of writeout, kB in that interval.
+    pub pgpgout_peak: Peak,
+    /// Throttling threshold at the Dirty + Writeback peak, kB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty_threshold_kb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty_background_threshold_kb: Option<u64>,
+    /// `vm.dirty_*` as recorded in the manifest.
+    pub sysctls: BTreeMap<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir_mount: Option<DataDirMount>,
+    /// What limits this section (a degraded collector, a damaged stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+pub fn around_in(rows: &[SystemSample], t: f64, window_s: f64) -> Vec<SystemSample> {
+    rows.iter()
+        .filter(|r| (r.t - t).abs() <= window_s + 1e-9)
+        .cloned()
+        .collect()
+}
+
+/// The section, or `None` when the recording has no system data.
+pub fn build(rec: &Evidence) -> Option<SystemSection> {
+    let note = rec
+        .manifest
+        .collectors
+        .iter()
+        .find(|c| c.name == "system" && c.status != "ok")
+        .map(|c| {
+            c.reason
+                .clone()
+                .unwrap_or_else(|| format!("system collector {}", c.status))
+        });
+    let rows = &rec.system;
+    let sysctls: BTreeMap<String, serde_json::Value> = rec
+        .manifest
+        .facts
+        .iter()
+        .filter(|(k, _)| k.starts_with("vm.dirty"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mount = rec
+        .manifest
+        .facts
+        .get(DATA_DIR_MOUNT)
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    if rows.is_empty() && note.is_none() && sysctls.is_empty() && mount.is_none() {
+        return None;
+    }
+    let mut s = summarize(rows);
+    s.sysctls = sysctls;
+    s.data_dir_mount = mount;
+    s.note = note;
+    Some(s)
+}
+
+/// Peaks and totals of a series.
+pub fn summarize(rows: &[SystemSample]) -> SystemSection {
+    let peak = |f: &dyn Fn(&SystemSample) -> u64| -> Peak {
+        rows.iter().fold(Peak::default(), |p, r| {
+            let v = f(r);
+            if v > p.kb {
+                Peak { kb: v, t: r.t }
+            } else {
+                p
+            }
+        })
+    };
+    let dw = peak(&|r| r.dirty_kb + r.writeback_kb);
+    let at_dw = rows.iter().find(|r| r.t == dw.t && dw.kb > 0);
+    SystemSection {
+        samples: rows.len(),
+        window_s: [
+            rows.first().map_or(0.0, |r| r.t),
+            rows.last().map_or(0.0, |r| r.t),
+        ],
+        dirty_peak: peak(&|r| r.dirty_kb),
+        writeback_peak: peak(&|r| r.writeback_kb),
+        dirty_mean_kb: if rows.is_empty() {
+            0
+        } else {
+            rows.iter().map(|r| r.dirty_kb).sum::<u64>() / rows.len() as u64
+        },
+        pgpgout_kb: rows.iter().map(|r| r.pgpgout_kb).sum(),
+        pgpgout_peak: peak(&|r| r.pgpgout_kb),
+        dirty_threshold_kb: at_dw.or(rows.last()).and_then(|r| r.dirty_threshold_kb),
+        dirty_background_threshold_kb: at_dw
+            .or(rows.last())
+            .and_then(|r| r.dirty_background_threshold_kb),
+        dirty_writeback_peak: dw,
+        ..SystemSection::default()
+    }
+}
