@@ -374,3 +374,59 @@ fn every_subcommand_help_ends_with_examples() {
         );
     }
 }
+
+#[test]
+fn a_damaged_stream_is_reported_around_and_named() {
+    let src = format!(
+        "{}/tests/fixtures/recordings/pg13-select-only-timeout-all",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let d = tempfile::tempdir().unwrap();
+    let rec = d.path().join("rec");
+    std::fs::create_dir(&rec).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, rec.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    // Garbage in the middle of the syscall stream; the procfs stream gone.
+    let sys = rec.join("syscalls.jsonl");
+    let text = std::fs::read_to_string(&sys).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() > 3, "{}", lines.len());
+    lines.insert(2, "{\"t\": oops");
+    std::fs::write(&sys, lines.join("\n") + "\n").unwrap();
+    let _ = std::fs::remove_file(rec.join("procfs.jsonl"));
+    let o = pgbelow()
+        .args(["report", "--format", "json"])
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let unreadable = r["recording"]["unreadable"].to_string();
+    assert!(
+        unreadable.contains("syscalls.jsonl") && unreadable.contains("line 3"),
+        "{unreadable}"
+    );
+    // What was readable is still there.
+    assert!(
+        r["syscalls"]["by_role"]["backend"]["total"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    // No manifest: one line, exit 2.
+    std::fs::remove_file(rec.join("manifest.json")).unwrap();
+    let o = pgbelow().arg("report").arg(&rec).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("manifest.json"), "{err}");
+}

@@ -345,4 +345,20 @@ mod tests {
             .clone();
         assert!(msg.contains("line 1"), "{msg}");
     }
+
+    #[test]
+    fn lenient_keeps_what_is_readable_and_names_the_damage() {
+        let mut t = 0;
+        let (ok, damage): (Vec<SyscallSample>, _) = parse_jsonl_lenient(
+            "{\"t\":1.0,\"dt\":1.0,\"counts\":{}}\n\u{1}garbage\n{\"t\":3.0,\"dt\":1.0,\"counts\":{}}\n{\"t\":4".as_bytes(),
+            &mut t,
+        );
+        assert_eq!(ok.iter().map(|s| s.t).collect::<Vec<_>>(), [1.0, 3.0]);
+        assert_eq!(t, 1, "the cut last line counts as truncated");
+        let d = damage.expect("the damaged middle line is named");
+        assert!(d.contains("1 damaged line") && d.contains("line 2"), "{d}");
+        let (all, none): (Vec<SyscallSample>, _) =
+            parse_jsonl_lenient("{\"t\":1.0,\"dt\":1.0,\"counts\":{}}\n".as_bytes(), &mut t);
+        assert_eq!((all.len(), none), (1, None));
+    }
 }
