@@ -20,7 +20,9 @@ use crate::report;
 
 #[derive(Clone, Debug)]
 pub struct RecordOptions {
-    pub pid: u32,
+    /// The postmaster; found from the connection when absent.
+    pub pid: Option<u32>,
+    /// libpq connection string; absent: the PG* environment, if it names a server.
     pub dsn: Option<String>,
     pub duration_s: u32,
     pub collectors: Vec<String>,
@@ -41,55 +43,160 @@ fn exe_version(pid: u32) -> Option<String> {
     s.split_whitespace().nth(2).map(String::from)
 }
 
+/// The environment names a server (PGHOST, PGPORT, …): `record` without
+/// `--dsn` then connects with it, as psql would.
+pub fn env_names_server() -> bool {
+    crate::connect::SERVER_ENV
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+}
+
+/// The postmaster of the server `conn` reached, when it runs on this host:
+/// the parent of the connection's backend, else the pid in
+/// `data_directory`'s `postmaster.pid`; each checked against what the
+/// server says (the backend's title names this session's user and
+/// database; the postmaster's working directory is `data_directory`), so a
+/// pid from another host or pid namespace is not taken for a local one.
+/// `Ok((pid, how it was found))`, or why neither way worked.
+pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, String), String> {
+    let backend = conn.backend_pid;
+    let ident = conn.text("select session_user::text || ' ' || current_database()::text");
+    let data_dir = conn.text("select current_setting('data_directory')");
+    // The postmaster's cwd is its data directory (unknown: not checked).
+    let same_dir = |pm: u32| -> bool {
+        let (Some(d), Ok(cwd)) = (&data_dir, std::fs::read_link(format!("/proc/{pm}/cwd"))) else {
+            return true;
+        };
+        std::fs::canonicalize(d).map_or(true, |d| d == cwd)
+    };
+    let mut why = Vec::new();
+    match procinfo::read_ppid(backend) {
+        None => why.push(format!(
+            "this connection's backend (pid {backend} on the server) is not a process here"
+        )),
+        Some(pm) => {
+            let title = procinfo::read_title(backend).unwrap_or_default();
+            let ours = ident
+                .as_ref()
+                .is_none_or(|id| title.contains(&format!(" {id} ")));
+            if ours && procinfo::looks_like_postmaster(pm) && same_dir(pm) {
+                return Ok((
+                    pm,
+                    format!("the parent of this connection's backend, pid {backend}"),
+                ));
+            }
+            why.push(format!(
+                "pid {backend} here is not this connection's backend under a postmaster"
+            ));
+        }
+    }
+    match &data_dir {
+        None => why.push(
+            "data_directory is not readable by this role (superuser or pg_read_all_settings)"
+                .into(),
+        ),
+        Some(d) => {
+            let file = std::path::Path::new(d).join("postmaster.pid");
+            match std::fs::read_to_string(&file) {
+                Err(e) => why.push(format!("cannot read {}: {e}", file.display())),
+                Ok(text) => match text
+                    .lines()
+                    .next()
+                    .and_then(|l| l.trim().parse::<u32>().ok())
+                {
+                    Some(pm) if procinfo::looks_like_postmaster(pm) && same_dir(pm) => {
+                        return Ok((pm, format!("from {}", file.display())));
+                    }
+                    Some(pm) => why.push(format!(
+                        "{} names pid {pm}, which is not that server's postmaster here",
+                        file.display()
+                    )),
+                    None => why.push(format!("{} has no pid on its first line", file.display())),
+                },
+            }
+        }
+    }
+    Err(why.join("; "))
+}
+
 pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
-    if !std::path::Path::new(&format!("/proc/{}", opts.pid)).exists() {
+    // "" is a connection from the environment alone, as libpq reads it.
+    let conninfo = opts
+        .dsn
+        .clone()
+        .or_else(|| env_names_server().then(String::new));
+    if opts.pid.is_none() && conninfo.is_none() {
         return Err(fixable(
-            format!("no process with pid {}", opts.pid),
-            "pass the postmaster's pid: head -1 $PGDATA/postmaster.pid",
+            "record needs the server to observe: no --dsn, no PGHOST/PGPORT/PGUSER/PGDATABASE in the environment, and no --pid",
+            "pass --dsn 'host=/var/run/postgresql port=5432 user=postgres dbname=postgres' (pgbelow finds the postmaster from it), or --pid $(head -1 $PGDATA/postmaster.pid)",
         ));
     }
+    if let Some(pid) = opts.pid {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(fixable(
+                format!("no process with pid {pid}"),
+                "pass the postmaster's pid: head -1 $PGDATA/postmaster.pid",
+            ));
+        }
+    }
     crate::collect::preflight(&opts.collectors)?;
-    if !procinfo::looks_like_postmaster(opts.pid) {
+    if let Some(pid) = opts.pid.filter(|p| !procinfo::looks_like_postmaster(*p)) {
         return Err(fixable(
-            format!("pid {} is not a PostgreSQL postmaster", opts.pid),
+            format!("pid {pid} is not a PostgreSQL postmaster"),
             "pass the postmaster's pid (the first line of $PGDATA/postmaster.pid), not a backend's",
         ));
     }
     let mut manifest = this_host_manifest("attach");
-    manifest.postgres.postmaster_pid = opts.pid;
-    if let Some(dsn) = &opts.dsn {
+    let pid = if let Some(dsn) = &conninfo {
         // This connection only fills the manifest; the pgstat collector
         // (when selected) opens its own and names its backend the observer.
-        let mut conn = ServerConn::connect(dsn)?;
-        if let Some(pm) = conn.postmaster_pid() {
-            if pm != opts.pid {
+        let spec = crate::connect::ConnSpec::resolve(Some(dsn))?;
+        let mut conn = ServerConn::connect_spec(&spec)?;
+        let found = find_postmaster(&mut conn);
+        let pid = match (opts.pid, found) {
+            (Some(pid), Ok((pm, _))) if pm != pid => {
                 return Err(fixable(
                     format!(
-                        "--dsn reaches the server with postmaster pid {pm}, but --pid is {}",
-                        opts.pid
+                        "the connection reaches the server with postmaster pid {pm}, but --pid is {pid}"
                     ),
-                    "make --pid and --dsn name the same server",
+                    "make --pid and --dsn (or PGHOST/PGPORT) name the same server, or drop --pid",
                 ));
             }
-        }
+            (Some(pid), _) => pid,
+            (None, Ok((pm, how))) => {
+                eprintln!("pgbelow: recording the postmaster pid {pm} ({how})");
+                pm
+            }
+            (None, Err(why)) => {
+                let at = conn.server.clone();
+                return Err(fixable(
+                    format!("cannot find the postmaster of the server at {at} among this host's processes ({why}): pgbelow must run on the database host"),
+                    "run pgbelow on the database server's host; for a server in a container (another pid namespace), pass --pid with its postmaster's pid as this host sees it",
+                ));
+            }
+        };
         manifest.postgres.settings = conn.settings(RELEVANT_SETTINGS)?;
         manifest.postgres.version = Some(conn.version.clone());
         manifest.postgres.major = Some(conn.major);
         drop(conn);
+        pid
     } else {
-        manifest.postgres.version = exe_version(opts.pid);
+        let pid = opts.pid.unwrap_or_default();
+        manifest.postgres.version = exe_version(pid);
         manifest.postgres.major = manifest
             .postgres
             .version
             .as_deref()
             .and_then(|v| v.split('.').next()?.parse().ok());
-    }
-    if let Ok(exe) = std::fs::read_link(format!("/proc/{}/exe", opts.pid)) {
+        pid
+    };
+    manifest.postgres.postmaster_pid = pid;
+    if let Ok(exe) = std::fs::read_link(format!("/proc/{}/exe", pid)) {
         manifest.postgres.bin_dir = exe.parent().map(|p| p.display().to_string());
     }
     let out = opts.out.clone().unwrap_or_else(|| {
         let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
-        PathBuf::from("pgbelow-runs").join(format!("record-{}-{stamp}", opts.pid))
+        PathBuf::from("pgbelow-runs").join(format!("record-{}-{stamp}", pid))
     });
     if out.join(files::MANIFEST).exists() {
         return Err(fixable(
@@ -97,8 +204,8 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
             "pass another --out DIR, or remove that one",
         ));
     }
-    let mut ctx = Context::new(opts.pid);
-    ctx.dsn = opts.dsn.clone();
+    let mut ctx = Context::new(pid);
+    ctx.dsn = conninfo;
     ctx.bin_dir = manifest.postgres.bin_dir.as_ref().map(PathBuf::from);
     ctx.major = manifest.postgres.major;
     ctx.syscall_mechanism = opts.syscall_mechanism;
@@ -111,7 +218,7 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        b.set_message(opts.pid.to_string());
+        b.set_message(pid.to_string());
         b
     } else {
         ProgressBar::hidden()
@@ -130,10 +237,10 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
             break;
         }
         bar.set_position(n);
-        if !std::path::Path::new(&format!("/proc/{}", opts.pid)).exists() {
+        if !std::path::Path::new(&format!("/proc/{}", pid)).exists() {
             outcome = Err(anyhow::anyhow!(
                 "the postmaster (pid {}) exited during the recording",
-                opts.pid
+                pid
             ));
             break;
         }

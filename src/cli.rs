@@ -204,10 +204,14 @@ pub enum SyncArg {
 
 #[derive(Args, Debug)]
 pub struct RecordArgs {
-    /// Pid of the postmaster to observe (first line of $PGDATA/postmaster.pid).
+    /// Pid of the postmaster to observe (first line of $PGDATA/postmaster.pid);
+    /// found from the connection when absent.
     #[arg(long)]
-    pub pid: u32,
-    /// libpq connection string for the server's counters (read-only session).
+    pub pid: Option<u32>,
+    /// libpq connection string (key=value pairs or a postgresql:// URI) for
+    /// the server's counters, over a read-only session. Absent: the PG*
+    /// environment variables (PGHOST, PGPORT, PGUSER, PGDATABASE, …) and
+    /// ~/.pgpass, as psql reads them.
     #[arg(long, value_name = "CONNSTR")]
     pub dsn: Option<String>,
     /// Seconds to record (Ctrl-C stops early with a valid recording).

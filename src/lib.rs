@@ -7,6 +7,7 @@ pub mod analyse;
 pub mod attach;
 pub mod collect;
 pub mod compare;
+pub mod connect;
 pub mod doctor;
 pub mod error;
 pub mod evidence;

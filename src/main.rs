@@ -79,6 +79,20 @@ fn print(s: &str) -> Result<()> {
     }
 }
 
+/// Where the recording is, as an absolute path: after a text report on
+/// stdout, else on stderr (stdout holds only the JSON or HTML).
+fn say_where(dir: &std::path::Path, format: Format) -> Result<()> {
+    let abs = std::fs::canonicalize(dir)
+        .or_else(|_| std::path::absolute(dir))
+        .unwrap_or_else(|_| dir.to_path_buf());
+    if format == Format::Text {
+        print(&format!("\nRecording: {}\n", abs.display()))
+    } else {
+        eprintln!("pgbelow: recording: {}", abs.display());
+        Ok(())
+    }
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     let show = std::io::IsTerminal::is_terminal(&std::io::stderr())
         || std::env::var_os("PGBELOW_PROGRESS").is_some();
@@ -180,9 +194,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let res = lab::run(&opts)?;
             print(&render(&res.report, a.output.format, &res.dir)?)?;
-            if a.output.format == Format::Text {
-                print(&format!("\nRecording: {}\n", res.dir.display()))?;
-            }
+            say_where(&res.dir, a.output.format)?;
             Ok(exit_for(&res.report, a.output.fail_on))
         }
         Command::Record(a) => {
@@ -197,9 +209,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let (dir, rep) = attach::run(&opts)?;
             print(&render(&rep, a.output.format, &dir)?)?;
-            if a.output.format == Format::Text {
-                print(&format!("\nRecording: {}\n", dir.display()))?;
-            }
+            say_where(&dir, a.output.format)?;
             Ok(exit_for(&rep, a.output.fail_on))
         }
         Command::Report(a) => {

@@ -12,14 +12,13 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result};
-use postgres::{Client, NoTls, Statement};
+use postgres::{Client, Statement};
 use serde::{Deserialize, Serialize};
 
 use super::{Collector, Context};
@@ -57,34 +56,24 @@ pub struct ServerConn {
     /// Superuser or member of pg_read_all_stats: sees every backend's waits.
     sees_all: bool,
     user: String,
+    /// The server reached: `host:port` or `socket /dir/.s.PGSQL.port`.
+    pub server: String,
 }
 
 impl ServerConn {
-    /// Connect read-only (`default_transaction_read_only=on`) as application "pgbelow".
+    /// Connect read-only (`default_transaction_read_only=on`) as application
+    /// "pgbelow", with `dsn` resolved as libpq would (its keys over the PG*
+    /// environment over the defaults; "" is the environment alone).
     pub fn connect(dsn: &str) -> Result<ServerConn> {
-        let mut cfg = postgres::Config::from_str(dsn).map_err(|e| {
-            fixable(
-                format!("bad connection string '{dsn}': {e}"),
-                "pass --dsn as libpq key=value pairs, e.g. 'host=/var/run/postgresql port=5432 user=postgres dbname=postgres'",
-            )
-        })?;
-        cfg.application_name("pgbelow");
-        cfg.options("-c default_transaction_read_only=on");
-        if cfg.get_hosts().is_empty() {
-            cfg.host_path("/var/run/postgresql");
-        }
-        if cfg.get_user().is_none() {
-            cfg.user(&whoami_user());
-        }
-        if cfg.get_connect_timeout().is_none() {
-            cfg.connect_timeout(Duration::from_secs(10));
-        }
-        let mut client = cfg.connect(NoTls).map_err(|e| {
-            fixable(
-                format!("cannot connect with --dsn '{dsn}': {e}"),
-                "check host, port, user and dbname in --dsn (psql with the same string must connect)",
-            )
-        })?;
+        let spec = crate::connect::ConnSpec::resolve(Some(dsn))?;
+        ServerConn::connect_spec(&spec)
+    }
+
+    /// Connect with resolved parameters (read-only, as [`ServerConn::connect`]).
+    pub fn connect_spec(spec: &crate::connect::ConnSpec) -> Result<ServerConn> {
+        let connected = crate::connect::connect(spec, "-c default_transaction_read_only=on")?;
+        let server = connected.target.describe();
+        let mut client = connected.client;
         let row = client.query_one(
             "select current_setting('server_version'), current_setting('server_version_num')::int, pg_backend_pid(), \
              exists(select 1 from pg_extension where extname = 'pg_stat_statements'), \
@@ -113,6 +102,7 @@ impl ServerConn {
             version_num: num,
             sees_all,
             user,
+            server,
             client,
         })
     }
@@ -128,23 +118,8 @@ impl ServerConn {
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
-    /// The server's data directory's postmaster pid, to check --pid against --dsn.
-    pub fn postmaster_pid(&mut self) -> Option<u32> {
-        self.own += 1;
-        // pg_postmaster_start_time exists everywhere; the pid needs pg_read_file (superuser), so try and tolerate failure.
-        let row = self
-            .client
-            .query_opt(
-                "select split_part(pg_read_file('postmaster.pid', 0, 16), E'\\n', 1)::int",
-                &[],
-            )
-            .ok()??;
-        let pid: i32 = row.get(0);
-        Some(pid as u32)
-    }
-
     /// One text value from a read-only query, `None` if it fails or is NULL.
-    fn text(&mut self, sql: &str) -> Option<String> {
+    pub(crate) fn text(&mut self, sql: &str) -> Option<String> {
         self.own += 1;
         self.client
             .query_opt(sql, &[])
@@ -245,12 +220,6 @@ impl ServerConn {
         };
         Ok((s, pg))
     }
-}
-
-fn whoami_user() -> String {
-    std::env::var("PGUSER")
-        .or_else(|_| std::env::var("USER"))
-        .unwrap_or_else(|_| "postgres".into())
 }
 
 struct Prepared {
@@ -1076,7 +1045,7 @@ impl PgstatCollector {
     pub fn start(ctx: &Context) -> Result<PgstatCollector> {
         let Some(dsn) = &ctx.dsn else {
             return Err(fixable(
-                "pgstat needs a connection: pass --dsn",
+                "pgstat needs a connection: pass --dsn (or set PGHOST/PGPORT/PGUSER/PGDATABASE)",
                 "pass --dsn 'host=… port=… user=… dbname=…' (read-only use), or leave pgstat out of --collectors",
             ));
         };

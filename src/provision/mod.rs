@@ -30,7 +30,7 @@
 //! torn down completely (no process left, directory deleted) by
 //! [`Cluster::stop`] or on drop.
 
-mod account;
+pub(crate) mod account;
 mod cluster;
 mod elf;
 mod install;

@@ -1,0 +1,878 @@
+//! `pgbelow record` connects and finds its server as a DBA expects: from
+//! `--dsn` alone or the PG* environment, with the password from
+//! `PGPASSFILE`, over TLS when the server requires it, and with psql's
+//! causes on one line when it cannot. Each test starts its own PostgreSQL
+//! with the system's initdb/pg_ctl (not pgbelow's lab), as the `postgres`
+//! account, and stops it when done (also on failure).
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// The PG* variables a test run must not inherit.
+const PG_ENV: [&str; 16] = [
+    "PGHOST",
+    "PGHOSTADDR",
+    "PGPORT",
+    "PGUSER",
+    "PGDATABASE",
+    "PGPASSWORD",
+    "PGPASSFILE",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCERT",
+    "PGSSLKEY",
+    "PGSERVICE",
+    "PGOPTIONS",
+    "PGCONNECT_TIMEOUT",
+    "PGCHANNELBINDING",
+    "PGAPPNAME",
+];
+
+fn id_of(flag: &str) -> u32 {
+    let out = Command::new("id")
+        .args([flag, "postgres"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no postgres account: {out:?}"))
+}
+
+/// The system's PostgreSQL binaries (Debian: /usr/lib/postgresql/N/bin), the newest.
+fn pg_bin() -> PathBuf {
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL installed under /usr/lib/postgresql")
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let major = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((major, bin))
+        })
+        .collect();
+    dirs.sort();
+    dirs.pop()
+        .expect("an initdb under /usr/lib/postgresql/*/bin")
+        .1
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A PostgreSQL cluster in a temp dir, stopped and removed on drop.
+struct Pg {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    /// `unshare` holding a server started in its own pid namespace.
+    ns: Option<std::process::Child>,
+}
+
+impl Pg {
+    /// initdb, then `conf` lines and `hba` as pg_hba.conf; `prepare` runs
+    /// on the data directory before the start (certificates).
+    fn start(conf: &str, hba: &str, prepare: impl FnOnce(&Path)) -> Pg {
+        let dir = tempfile::Builder::new()
+            .prefix("pgbelow-rc-")
+            .tempdir()
+            .unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(id_of("-u")), Some(id_of("-g"))).unwrap();
+        let mut pg = Pg::init(dir, conf, hba, prepare);
+        pg.as_postgres("pg_ctl")
+            .args(["-D"])
+            .arg(pg.data())
+            .args(["-l"])
+            .arg(pg.dir.path().join("server.log"))
+            .args(["-w", "-t", "30", "start"])
+            .run_ok("pg_ctl start");
+        pg.ns = None;
+        pg
+    }
+
+    /// A server in its own pid namespace, as in a container: its pids
+    /// (pg_backend_pid(), postmaster.pid) are not this host's.
+    fn start_in_pid_namespace(hba: &str) -> Pg {
+        let dir = tempfile::Builder::new()
+            .prefix("pgbelow-rc-")
+            .tempdir()
+            .unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(id_of("-u")), Some(id_of("-g"))).unwrap();
+        let mut pg = Pg::init(dir, "", hba, |_| {});
+        let log = std::fs::File::create(pg.dir.path().join("server.log")).unwrap();
+        let child = Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "runuser",
+                "-u",
+                "postgres",
+                "--",
+            ])
+            .arg(pg.bin.join("postgres"))
+            .arg("-D")
+            .arg(pg.data())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("unshare (util-linux)");
+        pg.ns = Some(child);
+        let t0 = std::time::Instant::now();
+        loop {
+            let ready = Command::new("psql")
+                .args(["-X", "-q", "-h"])
+                .arg(pg.sock())
+                .args([
+                    "-p",
+                    &pg.port.to_string(),
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "postgres",
+                ])
+                .args(["-c", "select 1"])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ready {
+                break;
+            }
+            assert!(
+                t0.elapsed().as_secs() < 30,
+                "the namespaced server did not start: {}",
+                pg.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        pg
+    }
+
+    /// The postmaster's pid as this host sees it: the postgres process
+    /// whose working directory is the data directory and whose parent is
+    /// not a postgres.
+    fn host_postmaster_pid(&self) -> Option<u32> {
+        let data = std::fs::canonicalize(self.data()).ok()?;
+        let is_postgres = |pid: &str| {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .is_ok_and(|e| e.file_name().is_some_and(|n| n == "postgres"))
+        };
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid = e.file_name().to_str()?.to_string();
+            pid.parse::<u32>().ok()?;
+            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .to_string();
+            (cwd == data && is_postgres(&pid) && !is_postgres(&ppid)).then(|| pid.parse().ok())?
+        })
+    }
+
+    fn init(dir: tempfile::TempDir, conf: &str, hba: &str, prepare: impl FnOnce(&Path)) -> Pg {
+        let pg = Pg {
+            dir,
+            bin: pg_bin(),
+            port: free_port(),
+            ns: None,
+        };
+        let data = pg.data();
+        pg.as_postgres("initdb")
+            .args(["-D"])
+            .arg(&data)
+            .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"])
+            .args(["--locale=C"])
+            .run_ok("initdb");
+        let conf = format!(
+            "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\n{conf}\n",
+            pg.port,
+            pg.sock().display()
+        );
+        append(&data.join("postgresql.conf"), &conf);
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+        prepare(&data);
+        pg
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn sock(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    fn postmaster_pid(&self) -> u32 {
+        let text = std::fs::read_to_string(self.data().join("postmaster.pid")).unwrap();
+        text.lines().next().unwrap().trim().parse().unwrap()
+    }
+
+    fn as_postgres(&self, tool: &str) -> Command {
+        let mut c = Command::new(self.bin.join(tool));
+        c.uid(id_of("-u")).gid(id_of("-g")).current_dir("/");
+        for v in PG_ENV {
+            c.env_remove(v);
+        }
+        c
+    }
+
+    /// SQL as the superuser over the socket.
+    fn psql(&self, sql: &str) {
+        let mut c = Command::new("psql");
+        for v in PG_ENV {
+            c.env_remove(v);
+        }
+        c.args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
+            .arg(self.sock())
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-c",
+                sql,
+            ])
+            .run_ok("psql");
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        if let Some(mut ns) = self.ns.take() {
+            // pg_ctl would signal the namespace's pid on this host: signal
+            // the postmaster by its host pid instead (SIGQUIT: immediate).
+            if let Some(pm) = self.host_postmaster_pid() {
+                let _ = Command::new("kill")
+                    .args(["-QUIT", &pm.to_string()])
+                    .status();
+            }
+            let t0 = std::time::Instant::now();
+            while ns.try_wait().ok().flatten().is_none() && t0.elapsed().as_secs() < 30 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let _ = ns.kill();
+            let _ = ns.wait();
+            return;
+        }
+        let _ = self
+            .as_postgres("pg_ctl")
+            .args(["-D"])
+            .arg(self.data())
+            .args(["-w", "-t", "30", "stop", "-m", "immediate"])
+            .output();
+    }
+}
+
+trait RunOk {
+    fn run_ok(&mut self, what: &str) -> Output;
+}
+
+impl RunOk for Command {
+    fn run_ok(&mut self, what: &str) -> Output {
+        let o = self.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            o.status.success(),
+            "{what} failed: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        o
+    }
+}
+
+fn append(path: &Path, text: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+/// `pgbelow record ARGS` with a clean PG* environment plus `env`, and HOME
+/// set to `home` (so root's own ~/.pgpass or ~/.postgresql cannot interfere).
+fn record(args: &[&str], env: &[(&str, &str)], home: &Path) -> Output {
+    let mut c = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"));
+    for v in PG_ENV {
+        c.env_remove(v);
+    }
+    c.env_remove("PGBELOW_PROGRESS");
+    c.env("HOME", home);
+    c.envs(env.iter().copied());
+    c.arg("record").args(args).output().unwrap()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A short recording succeeded, of `pg`'s postmaster, and said where it is
+/// (an absolute path, on stderr with --format json). Returns the report.
+fn assert_recorded(o: &Output, pg: &Pg, out: &Path) -> Value {
+    let (stdout, stderr) = text(o);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "record failed\nstderr: {stderr}\nstdout: {stdout}\nserver log: {}",
+        pg.log()
+    );
+    let r: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout}\nstderr: {stderr}"));
+    assert_eq!(r["recording"]["mode"], "attach", "{stdout}");
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        manifest["postgres"]["postmaster_pid"].as_u64(),
+        Some(u64::from(pg.postmaster_pid())),
+        "recorded the wrong postmaster; stderr: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("the postmaster pid {}", pg.postmaster_pid())),
+        "stderr does not say which postmaster: {stderr}"
+    );
+    let abs = std::fs::canonicalize(out).unwrap();
+    assert!(abs.is_absolute());
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l == format!("pgbelow: recording: {}", abs.display())),
+        "stderr does not name the recording {}: {stderr}",
+        abs.display()
+    );
+    // pgstat ran over the connection (it opens its own; "degraded" when
+    // the role cannot see other roles' waits).
+    let pgstat = manifest["collectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "pgstat")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        pgstat["status"] == "ok" || pgstat["status"] == "degraded",
+        "pgstat: {pgstat:#}"
+    );
+    r
+}
+
+/// A failure: exit 2 and exactly one line on stderr, which is returned.
+fn assert_one_line_failure(o: &Output) -> String {
+    let (stdout, stderr) = text(o);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "expected exit 2\nstderr: {stderr}\nstdout: {stdout}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "not one line: {stderr}");
+    assert!(stderr.contains("(fix: "), "no fix: {stderr}");
+    assert!(stdout.is_empty(), "stdout: {stdout}");
+    // Shown with --nocapture, to read the messages.
+    eprint!("{stderr}");
+    stderr
+}
+
+const SHORT: [&str; 6] = [
+    "--duration",
+    "3",
+    "--collectors",
+    "procfs,pgstat",
+    "--format",
+    "json",
+];
+
+fn out_args(out: &Path) -> [&str; 2] {
+    ["--out", out.to_str().unwrap()]
+}
+
+#[test]
+fn dsn_alone_finds_the_postmaster_and_records() {
+    let pg = Pg::start("", "local all all trust\n", |_| {});
+    let home = tempfile::tempdir().unwrap();
+    let out = home.path().join("rec");
+    let dsn = format!(
+        "host={} port={} user=postgres dbname=postgres",
+        pg.sock().display(),
+        pg.port
+    );
+    let o = record(
+        &[&["--dsn", &dsn][..], &SHORT, &out_args(&out)].concat(),
+        &[],
+        home.path(),
+    );
+    assert_recorded(&o, &pg, &out);
+
+    // --pid and --dsn naming the same server (checked against each other).
+    let pm = pg.postmaster_pid().to_string();
+    let out_pid = home.path().join("rec-pid");
+    let o = record(
+        &[
+            &["--dsn", &dsn, "--pid", &pm][..],
+            &["--duration", "1", "--collectors", "procfs"],
+            &out_args(&out_pid),
+        ]
+        .concat(),
+        &[],
+        home.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+
+    // The URI form, to a database that does not exist: psql's words.
+    let uri = format!(
+        "postgresql://postgres@{}:{}/no_such_db",
+        pg.sock().display().to_string().replace('/', "%2F"),
+        pg.port
+    );
+    let bad = home.path().join("bad");
+    let o = record(
+        &[&["--dsn", &uri][..], &SHORT, &out_args(&bad)].concat(),
+        &[],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(
+        err.contains("database \"no_such_db\" does not exist"),
+        "{err}"
+    );
+    assert!(!bad.exists(), "a recording was started: {err}");
+}
+
+#[test]
+fn the_pg_environment_alone_is_enough() {
+    let pg = Pg::start("", "local all all trust\n", |_| {});
+    let home = tempfile::tempdir().unwrap();
+    let out = home.path().join("rec");
+    let sock = pg.sock().display().to_string();
+    let port = pg.port.to_string();
+    let env = [
+        ("PGHOST", sock.as_str()),
+        ("PGPORT", port.as_str()),
+        ("PGUSER", "postgres"),
+        ("PGDATABASE", "postgres"),
+    ];
+    let o = record(&[&SHORT[..], &out_args(&out)].concat(), &env, home.path());
+    assert_recorded(&o, &pg, &out);
+
+    // --dsn keys override the environment: its wrong port loses to --dsn's.
+    let out2 = home.path().join("rec2");
+    let env = [
+        ("PGHOST", sock.as_str()),
+        ("PGPORT", "1"),
+        ("PGUSER", "postgres"),
+    ];
+    let dsn = format!("port={port} dbname=postgres");
+    let o = record(
+        &[&["--dsn", &dsn][..], &SHORT, &out_args(&out2)].concat(),
+        &env,
+        home.path(),
+    );
+    assert_recorded(&o, &pg, &out2);
+}
+
+#[test]
+fn password_from_pgpassfile_and_never_shown() {
+    let secret = format!("Pw-{}-xQ7z", std::process::id());
+    let pg = Pg::start(
+        "password_encryption = 'scram-sha-256'",
+        "local all postgres trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
+        |_| {},
+    );
+    pg.psql(&format!("CREATE ROLE watcher LOGIN PASSWORD '{secret}'"));
+    let home = tempfile::tempdir().unwrap();
+    let port = pg.port.to_string();
+    let pgpass = home.path().join("pgpass");
+    std::fs::write(
+        &pgpass,
+        format!("# pgbelow test\n127.0.0.1:{port}:postgres:watcher:{secret}\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let env = [
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", port.as_str()),
+        ("PGUSER", "watcher"),
+        ("PGDATABASE", "postgres"),
+        ("PGPASSFILE", pgpass.to_str().unwrap()),
+    ];
+    let out = home.path().join("rec");
+    let o = record(&[&SHORT[..], &out_args(&out)].concat(), &env, home.path());
+    assert_recorded(&o, &pg, &out);
+    assert_secret_absent(&secret, &[&o], &out);
+
+    // The password in --dsn itself (the riskiest place): never printed or stored.
+    let out_dsn = home.path().join("rec-dsn");
+    let dsn = format!("host=127.0.0.1 port={port} user=watcher dbname=postgres password={secret}");
+    let o = record(
+        &[&["--dsn", &dsn][..], &SHORT, &out_args(&out_dsn)].concat(),
+        &[],
+        home.path(),
+    );
+    assert_recorded(&o, &pg, &out_dsn);
+    assert_secret_absent(&secret, &[&o], &out_dsn);
+
+    // A wrong password: psql's cause, on one line, naming the file.
+    let wrong = format!("Wrong-{}-kV3", std::process::id());
+    let bad_pgpass = home.path().join("pgpass-wrong");
+    std::fs::write(&bad_pgpass, format!("*:*:*:watcher:{wrong}\n")).unwrap();
+    std::fs::set_permissions(&bad_pgpass, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let env_bad = [
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", port.as_str()),
+        ("PGUSER", "watcher"),
+        ("PGDATABASE", "postgres"),
+        ("PGPASSFILE", bad_pgpass.to_str().unwrap()),
+    ];
+    let bad = home.path().join("bad");
+    let o = record(
+        &[&SHORT[..], &out_args(&bad)].concat(),
+        &env_bad,
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(
+        err.contains("password authentication failed for user \"watcher\""),
+        "{err}"
+    );
+    assert!(err.contains(bad_pgpass.to_str().unwrap()), "{err}");
+    assert!(!bad.exists());
+    assert_secret_absent(&wrong, &[&o], home.path());
+    // And a wrong password= in --dsn.
+    let dsn = format!("host=127.0.0.1 port={port} user=watcher dbname=postgres password={wrong}");
+    let o = record(
+        &[&["--dsn", &dsn][..], &SHORT, &out_args(&bad)].concat(),
+        &[],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(err.contains("password authentication failed"), "{err}");
+    assert_secret_absent(&wrong, &[&o], home.path());
+
+    // A group-readable password file is ignored with libpq's warning, and
+    // the failure names the fix.
+    std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = record(&[&SHORT[..], &out_args(&bad)].concat(), &env, home.path());
+    let (_, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("has group or world access"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("chmod 600 {}", pgpass.display())),
+        "{stderr}"
+    );
+}
+
+/// `secret` is in none of the outputs and no file under `dir`.
+fn assert_secret_absent(secret: &str, outputs: &[&Output], dir: &Path) {
+    for o in outputs {
+        let (stdout, stderr) = text(o);
+        assert!(!stdout.contains(secret), "password on stdout");
+        assert!(!stderr.contains(secret), "password on stderr: {stderr}");
+    }
+    let mut files = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| {
+                // The test's own password files hold it by design.
+                !n.to_string_lossy().starts_with("pgpass")
+            }) {
+                files += 1;
+                let bytes = std::fs::read(&p).unwrap();
+                assert!(
+                    !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                    "password stored in {}",
+                    p.display()
+                );
+            }
+        }
+    }
+    // An empty directory would prove nothing (when one was recorded).
+    if dir.join("manifest.json").exists() {
+        assert!(files >= 3, "only {files} files under {}", dir.display());
+    }
+}
+
+#[test]
+fn tls_when_the_server_requires_it() {
+    let have_openssl = Command::new("openssl").arg("version").output().is_ok();
+    assert!(
+        have_openssl,
+        "the openssl CLI is needed to make the test certificate (apt-get install openssl)"
+    );
+    let pg = Pg::start(
+        "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'",
+        "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        |data| {
+            Command::new("openssl")
+                .args([
+                    "req",
+                    "-new",
+                    "-x509",
+                    "-days",
+                    "2",
+                    "-nodes",
+                    "-subj",
+                    "/CN=localhost",
+                    "-newkey",
+                    "rsa:2048",
+                    "-out",
+                    "server.crt",
+                    "-keyout",
+                    "server.key",
+                ])
+                .current_dir(data)
+                .run_ok("openssl req");
+            for f in ["server.crt", "server.key"] {
+                let p = data.join(f);
+                std::os::unix::fs::chown(&p, Some(id_of("-u")), Some(id_of("-g"))).unwrap();
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+            }
+        },
+    );
+    let home = tempfile::tempdir().unwrap();
+    let ca = home.path().join("ca.crt");
+    std::fs::copy(pg.data().join("server.crt"), &ca).unwrap();
+    let port = pg.port;
+    let base = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+
+    let out = home.path().join("rec");
+    let dsn = format!("{base} sslmode=require");
+    let o = record(
+        &[&["--dsn", &dsn][..], &SHORT, &out_args(&out)].concat(),
+        &[],
+        home.path(),
+    );
+    assert_recorded(&o, &pg, &out);
+
+    // Without TLS the server's pg_hba.conf has no line: one clear line.
+    let bad = home.path().join("bad");
+    let dsn = format!("{base} sslmode=disable");
+    let o = record(
+        &[&["--dsn", &dsn][..], &SHORT, &out_args(&bad)].concat(),
+        &[],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(err.contains("no encryption"), "{err}");
+    assert!(err.contains("sslmode=require"), "{err}");
+    assert!(!bad.exists());
+
+    // The default (prefer) takes TLS when offered; PGSSLMODE is read.
+    let quick = [
+        "--duration",
+        "1",
+        "--collectors",
+        "procfs",
+        "--format",
+        "json",
+    ];
+    let out_prefer = home.path().join("rec-prefer");
+    let o = record(
+        &[&["--dsn", &base][..], &quick, &out_args(&out_prefer)].concat(),
+        &[],
+        home.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    // allow: refused without TLS, so libpq's second try with it.
+    let out_allow = home.path().join("rec-allow");
+    let o = record(
+        &[&["--dsn", &base][..], &quick, &out_args(&out_allow)].concat(),
+        &[("PGSSLMODE", "allow")],
+        home.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    let o = record(
+        &[&["--dsn", &base][..], &quick, &out_args(&bad)].concat(),
+        &[("PGSSLMODE", "disable")],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(err.contains("sslmode=disable from PGSSLMODE"), "{err}");
+
+    // verify-full: the certificate names localhost, so localhost verifies
+    // and 127.0.0.1 does not; verify-ca checks only the signature.
+    let out_full = home.path().join("rec-full");
+    let ca_s = ca.display().to_string();
+    let dsn = format!(
+        "host=localhost hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres sslmode=verify-full sslrootcert={ca_s}"
+    );
+    let o = record(
+        &[&["--dsn", &dsn][..], &quick, &out_args(&out_full)].concat(),
+        &[],
+        home.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    let dsn = format!("{base} sslmode=verify-full sslrootcert={ca_s}");
+    let o = record(
+        &[&["--dsn", &dsn][..], &quick, &out_args(&bad)].concat(),
+        &[],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(
+        err.contains("failed verification") && err.contains("IP address mismatch"),
+        "{err}"
+    );
+    let out_ca = home.path().join("rec-ca");
+    let dsn = format!("{base} sslmode=verify-ca sslrootcert={ca_s}");
+    let o = record(
+        &[&["--dsn", &dsn][..], &quick, &out_args(&out_ca)].concat(),
+        &[],
+        home.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    // A root certificate that did not sign the server's: refused under require too.
+    let other = home.path().join("other.crt");
+    Command::new("openssl")
+        .args([
+            "req",
+            "-new",
+            "-x509",
+            "-days",
+            "2",
+            "-nodes",
+            "-subj",
+            "/CN=other",
+            "-newkey",
+            "rsa:2048",
+            "-keyout",
+        ])
+        .arg(home.path().join("other.key"))
+        .arg("-out")
+        .arg(&other)
+        .run_ok("openssl req (other)");
+    let dsn = format!("{base} sslmode=verify-ca sslrootcert={}", other.display());
+    let o = record(
+        &[&["--dsn", &dsn][..], &quick, &out_args(&bad)].concat(),
+        &[],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(
+        err.contains("failed verification") && err.contains("self-signed certificate"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unreachable_servers_are_named_on_one_line() {
+    let home = tempfile::tempdir().unwrap();
+    let out = home.path().join("rec");
+    let dir = format!("/nonexistent-pgbelow-{}", std::process::id());
+    let dsn = format!("host={dir} port=5432 user=postgres");
+    let o = record(
+        &[&["--dsn", &dsn][..], &SHORT, &out_args(&out)].concat(),
+        &[],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(
+        err.contains(&format!("no server socket at {dir}/.s.PGSQL.5432")),
+        "{err}"
+    );
+
+    let port = free_port();
+    let dsn = format!("host=127.0.0.1 port={port} user=postgres");
+    let o = record(
+        &[&["--dsn", &dsn][..], &SHORT, &out_args(&out)].concat(),
+        &[],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(
+        err.contains(&format!("connection refused at 127.0.0.1:{port}")),
+        "{err}"
+    );
+
+    // The same through the environment.
+    let p = port.to_string();
+    let o = record(
+        &[&SHORT[..], &out_args(&out)].concat(),
+        &[("PGHOST", "127.0.0.1"), ("PGPORT", &p)],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(err.contains("connection refused at 127.0.0.1"), "{err}");
+
+    // Neither a connection nor a pid: the fix is named.
+    let o = record(&[&SHORT[..], &out_args(&out)].concat(), &[], home.path());
+    let err = assert_one_line_failure(&o);
+    assert!(err.contains("--dsn") && err.contains("--pid"), "{err}");
+
+    // A malformed string never echoes what may be a password.
+    let o = record(
+        &[
+            &["--dsn", "host=x password=s3cr3t !tail"][..],
+            &SHORT,
+            &out_args(&out),
+        ]
+        .concat(),
+        &[],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(!err.contains("s3cr3t") && !err.contains("tail"), "{err}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_server_in_another_pid_namespace_is_refused_unless_pid_is_given() {
+    let pg = Pg::start_in_pid_namespace("local all all trust\n");
+    let home = tempfile::tempdir().unwrap();
+    let out = home.path().join("rec");
+    let dsn = format!(
+        "host={} port={} user=postgres dbname=postgres",
+        pg.sock().display(),
+        pg.port
+    );
+    let o = record(
+        &[&["--dsn", &dsn][..], &SHORT, &out_args(&out)].concat(),
+        &[],
+        home.path(),
+    );
+    let err = assert_one_line_failure(&o);
+    assert!(err.contains("must run on the database host"), "{err}");
+    assert!(err.contains("--pid"), "{err}");
+    assert!(!out.exists());
+
+    // With the postmaster's pid as this host sees it, it records.
+    let pm = pg
+        .host_postmaster_pid()
+        .unwrap_or_else(|| panic!("no host pid for the namespaced postmaster: {}", pg.log()));
+    let pm_s = pm.to_string();
+    let o = record(
+        &[
+            &["--dsn", &dsn, "--pid", &pm_s][..],
+            &SHORT,
+            &out_args(&out),
+        ]
+        .concat(),
+        &[],
+        home.path(),
+    );
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stderr}\n{stdout}");
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        manifest["postgres"]["postmaster_pid"].as_u64(),
+        Some(u64::from(pm))
+    );
+}
