@@ -42,8 +42,9 @@ const LAB_EXAMPLES: &str = "Examples:
   pgbelow lab run --scenario checkpoint-stall --set checkpoint_flush_after=256kB --out after
   pgbelow lab run --scenario drop-many --pg 13 --standby-set shared_buffers=8GB";
 const RECORD_EXAMPLES: &str = "Examples:
-  pgbelow record --pid $(head -1 $PGDATA/postmaster.pid) --dsn 'host=/var/run/postgresql dbname=postgres' --duration 30
-  pgbelow record --pid 4242 --duration 60 --collectors syscalls,procfs --format json";
+  pgbelow record --dsn 'host=/var/run/postgresql dbname=postgres' --duration 30
+  PGHOST=db1 PGUSER=monitor pgbelow record --duration 60 --format json > report.json
+  pgbelow record --pid $(head -1 $PGDATA/postmaster.pid) --collectors syscalls,procfs";
 const REPORT_EXAMPLES: &str = "Examples:
   pgbelow report pgbelow-runs/checkpoint-stall-15-20261122-101500
   pgbelow report DIR --format html --output report.html

@@ -11,18 +11,34 @@ use std::process::{Command, Stdio};
 use common::userdb::UserCluster;
 use serde_json::Value;
 
-/// `pgbelow record` of `c` for `secs`, while `load` runs; the JSON report.
+/// `pgbelow record` of `c` for `secs`; the JSON report.
 fn record(c: &UserCluster, out: &Path, secs: u32, collectors: &str) -> Value {
+    record_while(c, out, secs, collectors, || {})
+}
+
+/// `pgbelow record` of `c` for `secs`, running `during` 1.5 s in (after the
+/// collectors attached); the JSON report.
+fn record_while(
+    c: &UserCluster,
+    out: &Path,
+    secs: u32,
+    collectors: &str,
+    during: impl FnOnce(),
+) -> Value {
     let _one = common::exclusive();
-    let o = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+    let child = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
         .args(["record", "--pid", &c.postmaster_pid().to_string()])
         .args(["--dsn", &c.dsn("postgres")])
         .args(["--duration", &secs.to_string()])
         .args(["--collectors", collectors, "--format", "json", "--out"])
         .arg(out)
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .output()
+        .spawn()
         .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    during();
+    let o = child.wait_with_output().unwrap();
     assert!(
         o.status.success(),
         "record failed: {}",
@@ -92,4 +108,120 @@ fn clock_reads_found_attached_under_an_explain_loop() {
     assert!(ev["clock_syscalls_per_statement"].is_null(), "{ev}");
     let (_, healthy) = &seen[1];
     assert!(healthy.is_none(), "raised on a healthy clock: {healthy:?}");
+}
+
+/// Polls `f` every 100 ms for up to 60 s.
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        if t0.elapsed().as_secs() >= 60 {
+            let log = what
+                .split_once('(')
+                .and_then(|(_, p)| std::fs::read_to_string(p.trim_end_matches(')')).ok())
+                .unwrap_or_default();
+            panic!("timed out waiting for {what}\n{log}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Seed 004 attached to the standby alone: a primary with a synchronous
+/// (remote_apply) standby of 1 GB shared_buffers, a client dropping one-row
+/// tables one per transaction, and pgbelow recording only the standby.
+/// PostgreSQL 13's startup process scans the whole buffer pool per dropped
+/// relation and `standby-replay-drop-cost` fires; 15 drops the buffers of a
+/// relation whose size it knows by lookup, and stays silent.
+#[test]
+fn replay_drop_cost_found_attached_to_the_standby() {
+    const TABLES: usize = 300;
+    let pg13 = pgbelow::provision::PgInstall::for_major(13, &|_| {})
+        .expect("PostgreSQL 13 from npm")
+        .bin_dir;
+    let mut results = Vec::new();
+    for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
+        let p = UserCluster::start_in(&bin, &[], &[]);
+        let s = p.standby(&[("shared_buffers", "1GB")]);
+        let log = s.dir.path().join("server.log");
+        wait_until(
+            &format!("the standby streaming ({})", log.display()),
+            || {
+                p.psql(
+                    "postgres",
+                    "select count(*) from pg_stat_replication where state = 'streaming'",
+                )
+                .trim()
+                    == "1"
+            },
+        );
+        p.psql(
+            "postgres",
+            "alter system set synchronous_standby_names = '*'",
+        );
+        p.psql("postgres", "select pg_reload_conf()");
+        p.psql(
+            "postgres",
+            &format!(
+                "do $$ begin for i in 1..{TABLES} loop \
+                 execute format('create table drop_%s (i int); insert into drop_%s values (1)', i, i); \
+                 end loop; end $$"
+            ),
+        );
+        let lsn = p.psql("postgres", "select pg_current_wal_lsn()");
+        wait_until("the standby to replay the tables", || {
+            s.psql(
+                "postgres",
+                &format!("select pg_last_wal_replay_lsn() >= '{}'", lsn.trim()),
+            )
+            .trim()
+                == "t"
+        });
+        let mut script = String::from("set synchronous_commit = remote_apply;\n");
+        for i in 1..=TABLES {
+            script.push_str(&format!("drop table drop_{i};\n"));
+        }
+        let d = tempfile::tempdir().unwrap();
+        let started = std::time::Instant::now();
+        let mut drop_ms = 0.0;
+        let r = record_while(
+            &s,
+            &d.path().join("rec"),
+            8,
+            "syscalls,procfs,pgstat,profile",
+            || {
+                let t0 = std::time::Instant::now();
+                let st = p.psql_script("postgres", &script).wait().unwrap();
+                assert!(st.success());
+                drop_ms = t0.elapsed().as_secs_f64() * 1e3 / TABLES as f64;
+            },
+        );
+        let f = common::finding(&r, "standby-replay-drop-cost").cloned();
+        eprintln!(
+            "PostgreSQL {label}: {drop_ms:.2} ms per DROP (client), recorded in {:.1} s; finding: {}",
+            started.elapsed().as_secs_f64(),
+            f.as_ref()
+                .map_or("none".to_string(), |f| f["evidence"].to_string())
+        );
+        eprintln!(
+            "  startup syscalls: {}",
+            r["syscalls"]["by_role"]["startup"]
+        );
+        results.push((label, f));
+    }
+    let f13 = results[0]
+        .1
+        .as_ref()
+        .expect("standby-replay-drop-cost on 13");
+    let ev = &f13["evidence"];
+    // Raised from the standby alone: no lab summary.
+    assert!(ev["drops"].is_null(), "{ev}");
+    assert!(
+        ev["startup_drop_buffer_share"].as_f64().unwrap() >= 0.3,
+        "{ev}"
+    );
+    let n = ev["dropped_relations"].as_u64().unwrap();
+    assert!(
+        (TABLES as u64 / 2..=TABLES as u64 * 2).contains(&n),
+        "{n} dropped relations counted for {TABLES}: {ev}"
+    );
+    assert!(results[1].1.is_none(), "raised on 15: {:?}", results[1].1);
 }

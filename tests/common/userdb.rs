@@ -34,10 +34,73 @@ fn free_port() -> u16 {
 }
 
 impl UserCluster {
-    /// initdb and start, with `settings` (`-c name=value`) and `env` for the
-    /// server (e.g. LD_PRELOAD).
+    /// initdb and start the system's PostgreSQL, with `settings`
+    /// (`-c name=value`) and `env` for the server (e.g. LD_PRELOAD).
     pub fn start(settings: &[(&str, &str)], env: &[(&str, &Path)]) -> UserCluster {
-        let bin = system_bin();
+        UserCluster::start_in(&system_bin(), settings, env)
+    }
+
+    /// [`UserCluster::start`] with the binaries in `bin`.
+    pub fn start_in(bin: &Path, settings: &[(&str, &str)], env: &[(&str, &Path)]) -> UserCluster {
+        let c = UserCluster::new_dir(bin);
+        let out = as_postgres(bin, "initdb")
+            .args(["-A", "trust", "-U", "postgres", "-D"])
+            .arg(c.data())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        c.pg_ctl_start(settings, env);
+        c
+    }
+
+    /// A streaming standby of `self` (pg_basebackup -R), started with `settings`.
+    pub fn standby(&self, settings: &[(&str, &str)]) -> UserCluster {
+        let s = UserCluster::new_dir(&self.bin);
+        // The npm builds ship the server only; any newer pg_basebackup
+        // backs up an older server.
+        let tools = if self.bin.join("pg_basebackup").is_file() {
+            self.bin.clone()
+        } else {
+            system_bin()
+        };
+        let out = as_postgres(&tools, "pg_basebackup")
+            .args(["-X", "stream", "-c", "fast", "-U", "postgres", "-h"])
+            .arg(self.dir.path())
+            .args(["-p", &self.port.to_string(), "-D"])
+            .arg(s.data())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_basebackup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Written here rather than by -R: a newer pg_basebackup's
+        // primary_conninfo names options an older server's libpq refuses.
+        let auto = s.data().join("postgresql.auto.conf");
+        let mut conf = std::fs::read_to_string(&auto).unwrap_or_default();
+        conf.push_str(&format!(
+            "primary_conninfo = 'host={} port={} user=postgres application_name=standby1'\n",
+            self.dir.path().display(),
+            self.port
+        ));
+        std::fs::write(&auto, conf).unwrap();
+        std::fs::write(s.data().join("standby.signal"), "").unwrap();
+        let st = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(s.data())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        s.pg_ctl_start(settings, &[]);
+        s
+    }
+
+    fn new_dir(bin: &Path) -> UserCluster {
         let dir = tempfile::Builder::new()
             .prefix("pgbelow-usertest-")
             .tempdir()
@@ -48,56 +111,41 @@ impl UserCluster {
             .status()
             .unwrap();
         assert!(st.success());
-        let data = dir.path().join("data");
-        let out = as_postgres(&bin, "initdb")
-            .args(["-A", "trust", "-U", "postgres", "-D"])
-            .arg(&data)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let port = free_port();
+        UserCluster {
+            bin: bin.to_path_buf(),
+            dir,
+            port: free_port(),
+        }
+    }
+
+    fn pg_ctl_start(&self, settings: &[(&str, &str)], env: &[(&str, &Path)]) {
         let mut opts = format!(
-            "-k {} -p {port} -c listen_addresses='' -c log_checkpoints=on",
-            dir.path().display()
+            "-k {} -p {} -c listen_addresses='' -c log_checkpoints=on",
+            self.dir.path().display(),
+            self.port
         );
         for (k, v) in settings {
             opts.push_str(&format!(" -c {k}={v}"));
         }
-        let mut ctl = as_postgres(&bin, "pg_ctl");
-        ctl.args(["-w", "-t", "60", "-D"])
-            .arg(&data)
+        // runuser resets the environment; `env` passes these through.
+        let mut ctl = Command::new("runuser");
+        ctl.args(["-u", "postgres", "--", "env"]);
+        for (k, v) in env {
+            ctl.arg(format!("{k}={}", v.display()));
+        }
+        ctl.arg(self.bin.join("pg_ctl"))
+            .args(["-w", "-t", "60", "-D"])
+            .arg(self.data())
             .arg("-l")
-            .arg(dir.path().join("server.log"))
+            .arg(self.dir.path().join("server.log"))
             .args(["-o", &opts, "start"])
             .stdout(Stdio::null());
-        // runuser resets most of the environment; `env` passes these through.
-        if !env.is_empty() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", "env"]);
-            for (k, v) in env {
-                c.arg(format!("{k}={}", v.display()));
-            }
-            c.arg(bin.join("pg_ctl"))
-                .args(["-w", "-t", "60", "-D"])
-                .arg(&data)
-                .arg("-l")
-                .arg(dir.path().join("server.log"))
-                .args(["-o", &opts, "start"])
-                .stdout(Stdio::null());
-            ctl = c;
-        }
         let st = ctl.status().unwrap();
-        let c = UserCluster { bin, dir, port };
         assert!(
             st.success(),
             "pg_ctl start failed: {}",
-            std::fs::read_to_string(c.dir.path().join("server.log")).unwrap_or_default()
+            std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
         );
-        c
     }
 
     pub fn data(&self) -> PathBuf {
