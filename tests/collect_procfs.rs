@@ -317,12 +317,19 @@ fn a_recording_cut_mid_line_still_reports() {
     std::fs::write(rec_dir.join(STREAM), format!("{line}\n{}", &line[..40])).unwrap();
     let rec = pgbelow::evidence::Evidence::load(&rec_dir).unwrap();
     let sec = sections::procfs::build(&rec).unwrap();
-    assert_eq!(sec.truncated_lines, 1);
+    assert_eq!(rec.truncated_lines, 1);
+    assert!(rec.unreadable.is_empty(), "{:?}", rec.unreadable);
     assert_eq!(sec.blocked[0].frame, "folio_wait_writeback");
-    // A damaged line in the middle: the section says so instead of failing the report.
+    // A damaged line in the middle: named, and the rest still reported.
     std::fs::write(rec_dir.join(STREAM), format!("{}\n{line}\n", &line[..40])).unwrap();
+    let rec = pgbelow::evidence::Evidence::load(&rec_dir).unwrap();
+    let named = rec.unreadable.join("; ");
+    assert!(
+        named.contains(STREAM) && named.contains("line 1"),
+        "{named}"
+    );
     let sec = sections::procfs::build(&rec).unwrap();
-    assert!(sec.note.unwrap().contains("line 1 is damaged"));
+    assert_eq!(sec.blocked[0].frame, "folio_wait_writeback");
 }
 
 /// Without root, kernel stacks are unreadable: the collector says so in one
