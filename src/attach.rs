@@ -13,10 +13,9 @@ use crate::collect::syscalls::Mechanism;
 use crate::collect::Context;
 use crate::error::fixable;
 use crate::interrupt;
-use crate::lab::RELEVANT_SETTINGS;
 use crate::procinfo;
+use crate::recording::manifest::RELEVANT_SETTINGS;
 use crate::recording::{files, this_host_manifest, Status};
-use crate::report;
 
 #[derive(Clone, Debug)]
 pub struct RecordOptions {
@@ -119,7 +118,7 @@ pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, Strin
     Err(why.join("; "))
 }
 
-pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
+pub fn run(opts: &RecordOptions) -> Result<crate::recording::Recorded> {
     // "" is a connection from the environment alone, as libpq reads it.
     let conninfo = opts
         .dsn
@@ -252,9 +251,8 @@ pub fn run(opts: &RecordOptions) -> Result<(PathBuf, report::Report)> {
         Err(e) => (Status::Failed, Some(format!("{e:#}"))),
     };
     let dir = session.finish(st, err)?;
-    let evidence = crate::evidence::Evidence::load(&dir)?;
-    let rep = report::build(&evidence);
-    report::write_files(&dir, &rep)?;
-    outcome?;
-    Ok((dir, rep))
+    Ok(crate::recording::Recorded {
+        dir,
+        follow_up: outcome,
+    })
 }

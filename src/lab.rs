@@ -13,10 +13,10 @@ use crate::collect::{Context as CollectContext, Node};
 use crate::error::fixable;
 use crate::interrupt;
 use crate::provision::{Cluster, ClusterOptions, PgInstall, SyncMode, Topology, TopologyOptions};
+use crate::recording::manifest::RELEVANT_SETTINGS;
 use crate::recording::{
-    files, this_host_manifest, NodeInfo, ReplicationInfo, ScenarioInfo, Status,
+    files, this_host_manifest, NodeInfo, Recorded, ReplicationInfo, ScenarioInfo, Status,
 };
-use crate::report;
 use crate::workload::{Pgbench, PgbenchTarget, Scenario, WorkloadSummary};
 
 /// Which PostgreSQL to run.
@@ -90,34 +90,6 @@ pub struct Replication {
     pub standby_set: Vec<(String, String)>,
 }
 
-pub struct LabResult {
-    pub dir: PathBuf,
-    pub report: report::Report,
-    /// The recording the report was built from.
-    pub evidence: crate::evidence::Evidence,
-}
-
-/// Settings whose values go into every manifest (the rules explain with them).
-pub const RELEVANT_SETTINGS: &[&str] = &[
-    "statement_timeout",
-    "lock_timeout",
-    "idle_in_transaction_session_timeout",
-    "idle_session_timeout",
-    "transaction_timeout",
-    "deadlock_timeout",
-    "shared_buffers",
-    "synchronous_commit",
-    "max_connections",
-    "track_io_timing",
-    "checkpoint_timeout",
-    "checkpoint_completion_target",
-    "checkpoint_flush_after",
-    "bgwriter_flush_after",
-    "backend_flush_after",
-    "wal_sync_method",
-    "fsync",
-];
-
 /// SQL listing the relevant settings, for psql -A -t (name|value lines).
 pub fn settings_sql() -> String {
     let names: Vec<String> = RELEVANT_SETTINGS.iter().map(|n| format!("'{n}'")).collect();
@@ -160,7 +132,7 @@ pub(crate) fn check_interrupt() -> Result<()> {
     Ok(())
 }
 
-pub fn run(opts: &LabOptions) -> Result<LabResult> {
+pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let with_defaults;
     let opts = match opts.scenario {
         Scenario::DropMany => {
@@ -288,7 +260,7 @@ fn run_on(
     opts: &LabOptions,
     mut stall: Option<&mut crate::scenarios::checkpoint_stall::StallDevice>,
     status: &dyn Fn(&str),
-) -> Result<LabResult> {
+) -> Result<Recorded> {
     check_interrupt()?;
     cluster.psql("postgres", "CREATE DATABASE bench")?;
     let mut limits = None;
@@ -411,40 +383,34 @@ fn run_on(
         Err(e) => (Status::Failed, Some(format!("{e:#}"))),
     };
     let dir = session.finish(st, err)?;
-    outcome?;
+    if let Err(e) = outcome {
+        return Ok(Recorded {
+            dir,
+            follow_up: Err(e),
+        });
+    }
+    let mut follow_up: Result<()> = Ok(());
     if opts.sweep && opts.scenario == Scenario::SyncrepCommit {
         let sync = cluster
             .psql("bench", "show synchronous_standby_names")
             .ok()
             .map(|s| s.trim().to_string());
-        crate::scenarios::syncrep_commit::sweep(opts, pgbench, &target, &dir, sync, status)?;
+        follow_up =
+            crate::scenarios::syncrep_commit::sweep(opts, pgbench, &target, &dir, sync, status)
+                .map(|_| ())
+                .context("syncrep-commit --sweep");
     }
-    // A failed sweep must not cost the recorded run its report.
-    let mut swept: Result<()> = Ok(());
     if opts.sweep && opts.scenario == Scenario::DropMany && !interrupt::requested() {
-        swept = crate::scenarios::drop_sweep::sweep(opts, install, &dir, status).map(|_| ());
+        follow_up = crate::scenarios::drop_sweep::sweep(opts, install, &dir, status)
+            .map(|_| ())
+            .context("drop-many --sweep");
     }
-    let evidence = crate::evidence::Evidence::load(&dir)?;
-    let rep = report::build(&evidence);
-    report::write_files(&dir, &rep)?;
-    swept.with_context(|| {
-        format!(
-            "drop-many --sweep (the recorded run's report is in {})",
-            dir.display()
-        )
-    })?;
     status(&format!("recording written to {}", dir.display()));
-    Ok(LabResult {
-        dir,
-        report: rep,
-        evidence,
-    })
+    Ok(Recorded { dir, follow_up })
 }
 
-/// checkpoint-stall: run the workload unthrottled for a few seconds and
-/// measure how fast it dirties what a checkpoint must write, so the limits
-/// stall the checkpoint on this machine, fast or slow. None (the fallback
-/// limits apply) when the measurement did not work.
+/// checkpoint-stall: the calibration run (pgbench, unthrottled) on the
+/// lab cluster.
 fn calibrate_stall(
     cluster: &Cluster,
     pgbench: &Pgbench,
@@ -452,38 +418,17 @@ fn calibrate_stall(
     opts: &LabOptions,
     status: &dyn Fn(&str),
 ) -> Result<Option<crate::scenarios::checkpoint_stall::Calibration>> {
-    use crate::scenarios::checkpoint_stall as cs;
-    let num = |sql: &str| -> Result<u64> {
-        let out = cluster.psql("bench", sql)?;
-        out.trim()
-            .parse()
-            .with_context(|| format!("`{sql}` returned {out:?}"))
-    };
-    let version = num("select current_setting('server_version_num')::int")?;
-    let block = num("select current_setting('block_size')::int")?;
-    let buffers_sql = cs::checkpoint_buffers_sql(version as u32);
-    status(&format!(
-        "calibrating the device limits: {} s of the workload, unthrottled",
-        cs::CALIBRATE_S
-    ));
-    let bytes0 = num(cs::TABLESPACE_SIZE_SQL)?;
-    let buffers0 = num(buffers_sql)?;
-    let started = std::time::Instant::now();
-    let run = pgbench.start(target, opts.scenario, opts.clients, cs::CALIBRATE_S)?;
-    let (summary, _) = run.wait()?;
-    let secs = started.elapsed().as_secs_f64();
-    check_interrupt()?;
-    let bytes1 = num(cs::TABLESPACE_SIZE_SQL)?;
-    cluster.psql("bench", "CHECKPOINT")?;
-    let buffers1 = num(buffers_sql)?;
-    let cal = cs::calibration_from(
-        secs,
-        summary.tps.unwrap_or(0.0),
-        (bytes0, bytes1),
-        (buffers0, buffers1),
-        block,
-    );
-    Ok((cal.dirtied_mb_per_s > 0.0 || cal.growth_mb_per_s > 0.0).then_some(cal))
+    crate::scenarios::checkpoint_stall::calibrate(
+        &|sql: &str| cluster.psql("bench", sql),
+        &|secs: u32| {
+            let (summary, _) = pgbench
+                .start(target, opts.scenario, opts.clients, secs)?
+                .wait()?;
+            check_interrupt()?;
+            Ok(summary.tps.unwrap_or(0.0))
+        },
+        status,
+    )
 }
 
 /// Call `poll` every 20 ms while it returns true, ticking the collectors

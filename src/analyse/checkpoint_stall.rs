@@ -237,6 +237,7 @@ impl Rule for CheckpointStall {
             evidence: json!({
                 "median_tps": r1(med),
                 "median_source": baseline_source,
+                "throughput_source": tput.source,
                 "stall_seconds": stalled,
                 "min_tps": r1(min_tps),
                 "dip_seconds": dip_secs,

@@ -193,7 +193,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         out: Some(out),
         ..base(Scenario::SelectOnly)
     };
-    let res = lab::run(&probe)?;
+    let res = crate::app::lab(&probe)?;
     let r = &res.report;
     let _ = writeln!(
         text,
@@ -233,7 +233,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         ..base(Scenario::SyncrepCommit)
     };
     let mut findings = r.findings.clone();
-    let v = match lab::run(&syncrep) {
+    let v = match crate::app::lab(&syncrep) {
         Ok(sr) => {
             let per_commit = backend_per_statement(&sr.report, "epoll_create1");
             let exposed = raised(&sr.report, crate::analyse::syncrep_wait::ID);
@@ -270,7 +270,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         checkpoint_probe::CHECKPOINT_AT_S,
         checkpoint_probe::DURATION_S
     );
-    let v = match lab::run(&ckpt) {
+    let v = match crate::app::lab(&ckpt) {
         Ok(cr) => {
             let exposed = raised(&cr.report, crate::analyse::checkpoint_stall::ID);
             match checkpoint_probe::summarize(&cr.evidence, &cr.report) {

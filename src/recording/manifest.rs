@@ -128,6 +128,28 @@ pub struct CollectorInfo {
     pub cpu_s: f64,
 }
 
+/// Settings whose values go into every manifest (the rules explain with them).
+pub const RELEVANT_SETTINGS: &[&str] = &[
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "idle_session_timeout",
+    "transaction_timeout",
+    "deadlock_timeout",
+    "shared_buffers",
+    "synchronous_commit",
+    "synchronous_standby_names",
+    "max_connections",
+    "track_io_timing",
+    "checkpoint_timeout",
+    "checkpoint_completion_target",
+    "checkpoint_flush_after",
+    "bgwriter_flush_after",
+    "backend_flush_after",
+    "wal_sync_method",
+    "fsync",
+];
+
 /// Facts about this machine for the manifest.
 pub fn this_host() -> Host {
     let read = |p: &str| {

@@ -13,6 +13,14 @@ pub use manifest::{
 pub use reader::{Loaded, SyscallSample};
 pub use writer::Writer;
 
+/// What a lab run or an attached recording leaves: its recording, and how the work done after the
+/// recorded run (a sweep) went — a failed sweep must not cost the recorded
+/// run its report, so the caller reports first and fails after.
+pub struct Recorded {
+    pub dir: std::path::PathBuf,
+    pub follow_up: anyhow::Result<()>,
+}
+
 /// Stream names (`<name>.jsonl`) and files inside a recording.
 pub mod files {
     pub const MANIFEST: &str = "manifest.json";

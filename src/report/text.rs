@@ -179,13 +179,13 @@ pub fn render(r: &Report) -> String {
         super::sections::explain::render(e, &mut o);
     }
     if let Some(s) = &r.syncrep_sweep {
-        crate::scenarios::syncrep_commit::render(s, &mut o);
+        super::sections::lab::render_syncrep_sweep(s, &mut o);
     }
     if let Some(d) = &r.drop_many {
-        crate::scenarios::drop_many::render(d, &mut o);
+        super::sections::lab::render_drop_many(d, &mut o);
     }
     if let Some(s) = &r.drop_sweep {
-        crate::scenarios::drop_sweep::render(s, &mut o);
+        super::sections::lab::render_drop_sweep(s, &mut o);
     }
     if let Some(w) = &r.worst_second {
         if !w.system.is_empty() || !w.checkpoints.is_empty() {

@@ -129,6 +129,41 @@ pub fn checkpoint_buffers_sql(version_num: u32) -> &'static str {
     }
 }
 
+/// Run the workload unthrottled for [`CALIBRATE_S`] seconds and measure
+/// how fast it dirties what a checkpoint must write, so the limits stall
+/// the checkpoint on this machine, fast or slow. `psql` runs one SQL
+/// statement in the workload's database and returns its output; `run`
+/// runs the workload for that many seconds and returns its tps. None (the
+/// fallback limits apply) when nothing was measured.
+pub fn calibrate(
+    psql: &dyn Fn(&str) -> Result<String>,
+    run: &dyn Fn(u32) -> Result<f64>,
+    status: &dyn Fn(&str),
+) -> Result<Option<Calibration>> {
+    let num = |sql: &str| -> Result<u64> {
+        let out = psql(sql)?;
+        out.trim()
+            .parse()
+            .with_context(|| format!("`{sql}` returned {out:?}"))
+    };
+    let version = num("select current_setting('server_version_num')::int")?;
+    let block = num("select current_setting('block_size')::int")?;
+    let buffers_sql = checkpoint_buffers_sql(version as u32);
+    status(&format!(
+        "calibrating the device limits: {CALIBRATE_S} s of the workload, unthrottled"
+    ));
+    let bytes0 = num(TABLESPACE_SIZE_SQL)?;
+    let buffers0 = num(buffers_sql)?;
+    let started = std::time::Instant::now();
+    let tps = run(CALIBRATE_S)?;
+    let secs = started.elapsed().as_secs_f64();
+    let bytes1 = num(TABLESPACE_SIZE_SQL)?;
+    psql("CHECKPOINT")?;
+    let buffers1 = num(buffers_sql)?;
+    let cal = calibration_from(secs, tps, (bytes0, bytes1), (buffers0, buffers1), block);
+    Ok((cal.dirtied_mb_per_s > 0.0 || cal.growth_mb_per_s > 0.0).then_some(cal))
+}
+
 /// Size of the hot table's tablespace, bytes.
 pub const TABLESPACE_SIZE_SQL: &str = "select pg_tablespace_size('pgbelow_stall')";
 
@@ -276,14 +311,24 @@ impl StallDevice {
     /// Set up device, mount (owned by `uid:gid`), I/O limit and bdi cap.
     /// On error everything made so far is removed.
     pub fn create(uid: u32, gid: u32, status: &dyn Fn(&str)) -> Result<StallDevice> {
-        crate::lab::check_interrupt()?;
-        require_root()?;
         let base = std::env::var_os("PGBELOW_STALL_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+        StallDevice::create_in(&base, uid, gid, status)
+    }
+
+    /// [`StallDevice::create`] with the backing file under `base`.
+    pub fn create_in(
+        base: &Path,
+        uid: u32,
+        gid: u32,
+        status: &dyn Fn(&str),
+    ) -> Result<StallDevice> {
+        crate::lab::check_interrupt()?;
+        require_root()?;
         let dir = tempfile::Builder::new()
             .prefix("pgbelow-stall-")
-            .tempdir_in(&base)
+            .tempdir_in(base)
             .with_context(|| format!("creating a temp dir in {}", base.display()))?;
         let image = dir.path().join("disk.img");
         let mount = dir.path().join("mnt");

@@ -491,43 +491,6 @@ pub fn run_blocking(dsn: &str, p: &Params) -> Result<Ran> {
     })
 }
 
-/// The drop-many result as text: ms per DROP, the baseline, the lag.
-pub fn render(d: &DropSummary, o: &mut String) {
-    use std::fmt::Write as _;
-    let _ = writeln!(
-        o,
-        "\ndrop-many ({} DROPs of {} tables, {}, synchronous_commit={})",
-        d.drops,
-        if d.empty { "empty" } else { "one-row" },
-        if d.one_transaction {
-            "one transaction"
-        } else {
-            "one per transaction"
-        },
-        d.synchronous_commit
-    );
-    let _ = writeln!(
-        o,
-        "  ms per DROP: mean {:.3}, median {:.3}, p90 {:.3}; primary-only (local) median {:.3} ({} drops)",
-        d.ms_per_drop, d.ms_per_drop_median, d.ms_per_drop_p90, d.baseline_ms_per_drop, d.baseline_drops
-    );
-    if let Some(l) = &d.replay_lag {
-        let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1} ms"));
-        let bytes = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.0} B"));
-        let _ = writeln!(
-            o,
-            "  replay lag (pg_stat_replication, {} samples at {} Hz): replay_lag max {}, mean {}; \
-             write-replay max {}, mean {}",
-            l.samples,
-            l.hz,
-            ms(l.replay_lag_ms_max),
-            ms(l.replay_lag_ms_mean),
-            bytes(l.lag_bytes_max.map(|b| b as f64)),
-            bytes(l.lag_bytes_mean),
-        );
-    }
-}
-
 /// Per-drop statistics of the measured and baseline phases.
 pub fn summarise(
     p: &Params,

@@ -439,72 +439,6 @@ fn sweep_on(
     Ok(())
 }
 
-/// The sweep as a text table, then the fits in words.
-pub fn render(s: &DropSweep, o: &mut String) {
-    use std::fmt::Write as _;
-    let _ = writeln!(
-        o,
-        "\ndrop-many sweep ({} tables, {}, synchronous_commit={})",
-        if s.empty { "empty" } else { "one-row" },
-        if s.one_transaction {
-            "all drops in one transaction"
-        } else {
-            "one DROP per transaction"
-        },
-        s.synchronous_commit
-    );
-    let _ = writeln!(
-        o,
-        "  {:>7} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>10}",
-        "tables",
-        "standby sb",
-        "ms/drop",
-        "base ms",
-        "replay ms",
-        "startup ms",
-        "startup ms",
-        "max lag"
-    );
-    let _ = writeln!(
-        o,
-        "  {:>7} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>10}",
-        "", "", "(client)", "(local)", "per drop", "CPU/drop", "CPU total", "ms"
-    );
-    for p in &s.points {
-        let lag = p
-            .replay_lag
-            .as_ref()
-            .and_then(|l| l.replay_lag_ms_max)
-            .map_or("-".to_string(), |x| format!("{x:.1}"));
-        let _ = writeln!(
-            o,
-            "  {:>7} {:>10} {:>10.3} {:>10.3} {:>10.3} {:>11.3} {:>11.1} {:>10}",
-            p.tables,
-            p.standby_shared_buffers,
-            p.ms_per_drop,
-            p.baseline_ms_per_drop,
-            p.replay_ms_per_drop,
-            p.startup_cpu_ms_per_drop,
-            p.startup_cpu_ms_total,
-            lag
-        );
-    }
-    let line = |o: &mut String, f: &Fit| {
-        let _ = writeln!(
-            o,
-            "  {} vs {} at {}: exponent {:.2} ({}, {} points)",
-            f.y, f.x, f.fixed, f.exponent, f.growth, f.points
-        );
-    };
-    if !s.vs_tables.is_empty() || !s.vs_shared_buffers.is_empty() {
-        let _ = writeln!(o, "  growth (least squares on log-log; y ∝ x^exponent):");
-    }
-    for f in s.vs_tables.iter().chain(&s.vs_shared_buffers) {
-        line(o, f);
-    }
-    let _ = writeln!(o, "  {}", s.summary);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -701,7 +635,7 @@ mod tests {
     #[test]
     fn renders_the_table_and_the_fits() {
         let mut o = String::new();
-        render(&scan_sweep(), &mut o);
+        crate::report::sections::lab::render_drop_sweep(&scan_sweep(), &mut o);
         assert!(
             o.contains("one-row tables, one DROP per transaction"),
             "{o}"
@@ -719,7 +653,7 @@ mod tests {
         );
         // Deterministic: the same sweep renders the same text.
         let mut again = String::new();
-        render(&scan_sweep(), &mut again);
+        crate::report::sections::lab::render_drop_sweep(&scan_sweep(), &mut again);
         assert_eq!(o, again);
     }
 }

@@ -99,44 +99,6 @@ pub fn sweep(
     Ok(out)
 }
 
-/// The sweep as a text table (the seed's layout).
-pub fn render(s: &Sweep, o: &mut String) {
-    use std::fmt::Write as _;
-    let _ = writeln!(
-        o,
-        "\nsynchronous_commit sweep ({} clients, one INSERT per commit{})",
-        s.clients,
-        s.sync
-            .as_deref()
-            .map(|x| format!(", standbys: {x}"))
-            .unwrap_or_default()
-    );
-    let _ = writeln!(
-        o,
-        "  {:<14} {:>10} {:>12} {:>8}",
-        "level", "tps", "latency ms", "vs off"
-    );
-    let off = s
-        .levels
-        .iter()
-        .find(|l| l.synchronous_commit == "off")
-        .map(|l| l.tps);
-    for l in &s.levels {
-        let rel = match off {
-            Some(b) if b > 0.0 => format!("{:.2}", l.tps / b),
-            _ => "-".into(),
-        };
-        let lat = l
-            .latency_avg_ms
-            .map_or("-".to_string(), |x| format!("{x:.3}"));
-        let _ = writeln!(
-            o,
-            "  {:<14} {:>10.1} {:>12} {:>8}",
-            l.synchronous_commit, l.tps, lat, rel
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,7 +126,7 @@ mod tests {
             ],
         };
         let mut o = String::new();
-        render(&s, &mut o);
+        crate::report::sections::lab::render_syncrep_sweep(&s, &mut o);
         assert!(o.contains("FIRST 2"), "{o}");
         assert!(o.contains("0.50"), "{o}");
     }

@@ -3,6 +3,7 @@
 
 pub mod clock;
 pub mod explain;
+pub mod lab;
 pub mod pgstat;
 pub mod procfs;
 pub mod profile;
