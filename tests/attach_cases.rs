@@ -516,3 +516,135 @@ fn checkpoint_stall_found_attached() {
         "no timed checkpoint in the healthy run: {log}"
     );
 }
+
+/// Every file under `dir` with its owner uid, size and mtime.
+fn files_under(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, (u32, u64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let Ok(m) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(p.clone());
+            }
+            out.insert(p, (m.uid(), m.size(), m.mtime()));
+        }
+    }
+    out
+}
+
+/// Attach mode is read-only, measured: a busy cluster recorded with every
+/// collector through a monitoring role. That role's statements in
+/// pg_stat_statements wrote no WAL and dirtied no buffer, no setting
+/// changed, and nothing under the data directory belongs to root (pgbelow
+/// runs as root; the server as postgres).
+#[test]
+fn attach_writes_nothing_and_changes_no_setting() {
+    let c = UserCluster::start(
+        &[
+            ("shared_preload_libraries", "pg_stat_statements"),
+            ("pg_stat_statements.track", "all"),
+        ],
+        &[],
+    );
+    c.psql("postgres", "create extension pg_stat_statements");
+    c.psql(
+        "postgres",
+        "create role watcher login; grant pg_monitor to watcher",
+    );
+    let settings = "select name, setting, source from pg_settings order by name";
+    let before = c.psql("postgres", settings);
+    let pgbench = pgbelow::workload::find_pgbench().unwrap();
+    let st = Command::new(&pgbench)
+        .args(["-i", "-q", "-s", "1", "-h"])
+        .arg(c.dir.path())
+        .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert!(files_under(&c.data()).values().all(|(uid, _, _)| *uid != 0));
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let _one = common::exclusive();
+    let rec = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+        .args(["record", "--pid", &c.postmaster_pid().to_string(), "--dsn"])
+        .arg(format!(
+            "host={} port={} user=watcher dbname=postgres",
+            c.dir.path().display(),
+            c.port
+        ))
+        .args(["--duration", "6", "--format", "json", "--out"])
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = Command::new(&pgbench)
+        .args(["-T", "5", "-c", "2", "-h"])
+        .arg(c.dir.path())
+        .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = rec.wait_with_output().unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let report: Value = serde_json::from_slice(&r.stdout).unwrap();
+    let pgstat = report["collectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == "pgstat")
+        .cloned();
+    assert_eq!(
+        pgstat.as_ref().map(|p| p["status"].clone()),
+        Some(Value::from("ok")),
+        "{pgstat:?}"
+    );
+    // The observer's statements: how many, and what they wrote.
+    let own = c.psql(
+        "postgres",
+        "select count(*), coalesce(sum(calls), 0), coalesce(sum(wal_records), 0), \
+         coalesce(sum(shared_blks_dirtied + shared_blks_written + local_blks_dirtied \
+         + local_blks_written + temp_blks_written), 0) \
+         from pg_stat_statements s join pg_roles r on r.oid = s.userid where r.rolname = 'watcher'",
+    );
+    eprintln!("watcher's statements: count|calls|wal_records|blocks written or dirtied = {own}");
+    let f: Vec<u64> = own.trim().split('|').map(|x| x.parse().unwrap()).collect();
+    assert!(f[1] > 10, "the observer ran no statements? {own}");
+    assert_eq!((f[2], f[3]), (0, 0), "the observer wrote: {own}");
+    let queries = c.psql(
+        "postgres",
+        "select query from pg_stat_statements s join pg_roles r on r.oid = s.userid \
+         where r.rolname = 'watcher'",
+    );
+    for q in queries.lines().filter(|l| !l.trim().is_empty()) {
+        let q = q.trim_start().to_lowercase();
+        assert!(
+            q.starts_with("select")
+                || q.starts_with("with")
+                || q.starts_with("set ")
+                || q.starts_with("show"),
+            "the observer ran a statement that is not a read: {q}"
+        );
+    }
+    assert_eq!(c.psql("postgres", settings), before, "a setting changed");
+    let root_owned: Vec<_> = files_under(&c.data())
+        .into_iter()
+        .filter(|(_, (uid, _, _))| *uid == 0)
+        .collect();
+    assert!(
+        root_owned.is_empty(),
+        "created by root under the data directory: {root_owned:?}"
+    );
+}
