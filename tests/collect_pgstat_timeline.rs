@@ -228,9 +228,12 @@ fn check(major: u32) {
     );
     let in_postgres = total(&tl.by_database["postgres"], from);
     // pgbench's transactions and its sessions' starts, pgbelow's own
-    // (≈ 11 a second) subtracted.
+    // (≈ 11 a second) subtracted — counted when run, but reported by its
+    // backend up to a second later: within a second's worth of them.
+    let own_lag = (own as f64 / (b.t - a.t)).ceil() + 1.0;
     assert!(
-        in_postgres >= bench_txns as f64 - 0.5 && in_postgres <= bench_txns as f64 + 15.0,
+        in_postgres >= bench_txns as f64 - own_lag
+            && in_postgres <= bench_txns as f64 + 15.0 + own_lag,
         "PostgreSQL {major}: {in_postgres} commits in postgres, pgbench made {bench_txns}; per second {:?}, raw {:?}",
         tl.by_database["postgres"].values(),
         s.iter().map(|x| (x.t, x.by_database["postgres"].commits, x.own_statements)).collect::<Vec<_>>()
@@ -364,16 +367,20 @@ fn checkpoints_from_the_counters_when_the_log_has_none() {
             Vec::new(),
         )
         .expect("session");
+        // Connected beforehand, so the call is the request itself.
+        let mut client =
+            postgres::Client::connect(&c.conninfo("postgres"), postgres::NoTls).unwrap();
         let mut issued = None;
         for i in 0..6 {
             std::thread::sleep(Duration::from_millis(if i == 2 { 400 } else { 1000 }));
             session.tick().unwrap();
             if i == 2 {
                 let t = session.t();
-                c.psql("postgres", "CHECKPOINT").unwrap();
+                client.batch_execute("CHECKPOINT").unwrap();
                 issued = Some((t, session.t()));
             }
         }
+        drop(client);
         let (t_issued, t_returned) = issued.unwrap();
         let dir = session.finish(Status::Complete, None).unwrap();
         let rec = Evidence::load(&dir).unwrap();
@@ -390,13 +397,23 @@ fn checkpoints_from_the_counters_when_the_log_has_none() {
         assert_eq!(cp.source, "counters");
         assert_eq!(cp.flags.as_deref(), Some("requested"), "{cp:?}");
         assert!(cp.buffers.unwrap() > 0, "PostgreSQL {major}: {cp:?}");
-        assert!(
-            start <= t_issued && end >= t_returned,
-            "PostgreSQL {major}: window {start}–{end} s, CHECKPOINT {t_issued:.3}–{t_returned:.3} s"
+        // The counters time the write and sync phases, not the moments
+        // around them (the WAL flush and control file update after the
+        // sync; under load they take a while): the window starts no later
+        // than those untimed moments after the call — the call's time less
+        // the timed phases — and ends once they are over, at most one
+        // interval (and the statistics collector's 0.5 s before 15) after
+        // the call returned.
+        let timed = cp.write_s.unwrap() + cp.sync_s.unwrap();
+        let untimed = (t_returned - t_issued - timed).max(0.0);
+        let why = format!(
+            "PostgreSQL {major}: window {start}–{end} s, CHECKPOINT {t_issued:.3}–{t_returned:.3} s, {timed:.3} s timed"
         );
+        assert!(start <= t_issued + untimed + 0.002, "{why}");
+        assert!(end >= t_issued + timed - 0.002, "{why}");
         assert!(
-            t_issued - start < 2.0 && end - t_returned < 2.0,
-            "PostgreSQL {major}: window {start}–{end} s, CHECKPOINT {t_issued:.3}–{t_returned:.3} s"
+            t_issued - start < 1.6 + timed && end - t_returned < 2.0,
+            "{why}"
         );
     }
 }

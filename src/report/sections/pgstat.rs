@@ -43,7 +43,7 @@ pub fn render(s: &PgstatSection, out: &mut String) {
             if n == 0 {
                 "server log"
             } else if n == s.checkpoints.len() {
-                "checkpointer counters at 1 Hz: start the earliest possible, end up to 1 s late"
+                "checkpointer counters at 1 Hz: start estimated from the write and sync time, end up to 1 s late"
             } else {
                 "server log; [counters]: from the checkpointer's counters at 1 Hz where the log has none"
             }
