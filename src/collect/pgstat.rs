@@ -1,8 +1,10 @@
 //! PostgreSQL's own view of itself, over one dedicated read-only connection:
 //! a wait profile from `pg_stat_activity` sampled at 10 Hz, the
 //! checkpointer/bgwriter/WAL/replication counters and the standby's replay
-//! position at 1 Hz, the statement and transaction counters rules use for
-//! per-statement ratios, and checkpoint start/end events from the server log.
+//! position at 1 Hz, the transaction counters (commits and rollbacks, in
+//! total and per database) and pg_stat_statements' calls and execution
+//! time that the server's timeline and per-statement ratios are built from,
+//! and checkpoint start/end events from the server log.
 //!
 //! Never writes: the session runs with `default_transaction_read_only=on`
 //! and only SELECTs statistics views and functions. Every query is prepared
@@ -34,6 +36,11 @@ pub const SERVER: &str = "pgstat_server.jsonl";
 /// Checkpoint and restartpoint events from the server log: [`LogEvent`].
 pub const CHECKPOINTS: &str = "checkpoints.jsonl";
 
+/// Manifest fact: `{"database", "pg_stat_statements": {"function",
+/// "time_column", "own_queries"} | null}` — the database pgbelow's own
+/// transactions count in, and how statements were read.
+pub const FACT: &str = "pgstat";
+
 /// How often `pg_stat_activity` is sampled for the wait profile.
 pub const WAIT_HZ: f64 = 10.0;
 /// How much of an existing log is read back at start to find a checkpoint
@@ -49,6 +56,8 @@ pub struct ServerConn {
     pub version: String,
     pub major: u32,
     pub backend_pid: u32,
+    /// The database connected to (where pgbelow's own transactions count).
+    pub database: String,
     has_pgss: bool,
     /// Statements this connection has run, so they can be subtracted.
     own: u64,
@@ -77,7 +86,7 @@ impl ServerConn {
         let row = client.query_one(
             "select current_setting('server_version'), current_setting('server_version_num')::int, pg_backend_pid(), \
              exists(select 1 from pg_extension where extname = 'pg_stat_statements'), \
-             current_setting('is_superuser') = 'on', current_user::text",
+             current_setting('is_superuser') = 'on', current_user::text, current_database()::text",
             &[],
         )?;
         let num: i32 = row.get(1);
@@ -97,6 +106,7 @@ impl ServerConn {
             version: row.get(0),
             major: (num / 10000) as u32,
             backend_pid: pid as u32,
+            database: row.get(6),
             has_pgss: row.get(3),
             own: 2,
             version_num: num,
@@ -127,8 +137,10 @@ impl ServerConn {
             .get::<_, Option<String>>(0)
     }
 
-    /// Prepare the sampling queries for this server version.
-    fn prepare(&mut self) -> Result<Prepared> {
+    /// Prepare the sampling queries for this server version (and
+    /// pg_stat_statements' version, when it is installed), run each once, and
+    /// find pgbelow's own statements in pg_stat_statements.
+    fn prepare(&mut self, notes: &mut Vec<String>) -> Result<Prepared> {
         let activity = match activity_sql(self.version_num) {
             Some(sql) => Some(
                 self.client
@@ -137,24 +149,103 @@ impl ServerConn {
             ),
             None => None,
         };
-        let server = self
-            .client
-            .prepare(&server_sql(self.version_num))
-            .context("preparing the statistics query")?;
-        let pgss = if self.has_pgss {
-            self.client
-                .prepare("select coalesce(sum(calls), 0)::bigint from pg_stat_statements")
-                .ok()
+        self.own += 1; // the Parse above, its own transaction
+        let mut pgss = if self.has_pgss {
+            self.pgss_source()
         } else {
             None
         };
+        let mut server = None;
+        if let Some(src) = &pgss {
+            // Prepared only, a view of a library that is not loaded does not
+            // fail yet: run it once, so that the samples cannot.
+            self.own += 1;
+            let tried = self
+                .client
+                .prepare(&counters_sql(self.version_num, Some(src)))
+                .and_then(|stmt| {
+                    self.client
+                        .query_one(&stmt, &[&Vec::<i64>::new()])
+                        .map(|_| stmt)
+                });
+            match tried {
+                Ok(stmt) => server = Some(stmt),
+                Err(e) => {
+                    notes.push(format!(
+                        "pg_stat_statements is installed but not readable ({}): no statement counts (fix: shared_preload_libraries = 'pg_stat_statements' and a restart)",
+                        e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
+                    ));
+                    pgss = None;
+                }
+            }
+        }
+        let server = match server {
+            Some(s) => s,
+            None => self
+                .client
+                .prepare(&server_sql(self.version_num))
+                .context("preparing the statistics query")?,
+        };
         self.has_pgss = pgss.is_some();
-        self.own += 3;
+        let mut own_ids = Vec::new();
+        if let Some(src) = &pgss {
+            if let Some(stmt) = &activity {
+                self.own += 1;
+                let _ = self.client.query(stmt, &[]);
+            }
+            own_ids = self.own_queryids(src);
+        }
         Ok(Prepared {
             activity,
             server,
             pgss,
+            own_ids,
         })
+    }
+
+    /// Where pg_stat_statements is (its schema) and what its time column is
+    /// called in the installed version.
+    fn pgss_source(&mut self) -> Option<PgssSource> {
+        self.own += 1;
+        let row = self
+            .client
+            .query_opt(
+                "select quote_ident(n.nspname), exists(select 1 from pg_attribute a \
+                 where a.attrelid = to_regclass(quote_ident(n.nspname) || '.pg_stat_statements') \
+                 and a.attname = 'total_exec_time' and not a.attisdropped) \
+                 from pg_extension e join pg_namespace n on n.oid = e.extnamespace \
+                 where e.extname = 'pg_stat_statements'",
+                &[],
+            )
+            .ok()??;
+        let schema: String = row.get(0);
+        let exec: bool = row.get(1);
+        Some(PgssSource {
+            function: format!("{schema}.pg_stat_statements"),
+            time_column: if exec {
+                "total_exec_time"
+            } else {
+                "total_time"
+            },
+        })
+    }
+
+    /// The query ids of pgbelow's own sampling statements (marked with
+    /// [`OWN_MARK`]), read once from pg_stat_statements' texts after each
+    /// ran once; empty when they cannot be told apart.
+    fn own_queryids(&mut self, src: &PgssSource) -> Vec<i64> {
+        self.own += 1;
+        let sql = format!(
+            "select coalesce(array_agg(distinct queryid), '{{}}')::int8[] from {}(true) \
+             where queryid is not null and strpos(query, $1) > 0 \
+             and userid = (select oid from pg_roles where rolname = current_user) \
+             and dbid = (select oid from pg_database where datname = current_database())",
+            src.function
+        );
+        self.client
+            .query_one(&sql, &[&OWN_MARK])
+            .map(|r| r.get::<_, Vec<i64>>(0))
+            .unwrap_or_default()
     }
 
     /// Backends grouped by what they are doing, this instant.
@@ -184,27 +275,35 @@ impl ServerConn {
             .collect())
     }
 
-    /// The 1 Hz counters, plus the transaction/statement sample.
+    /// The 1 Hz counters, plus the transaction/statement sample: one
+    /// statement, one round trip.
     fn counters(&mut self, p: &Prepared, t: f64) -> Result<(ServerSample, PgstatSample)> {
         self.own += 1;
-        let text: String = self.client.query_one(&p.server, &[])?.get(0);
+        let row = if p.pgss.is_some() {
+            self.client.query_one(&p.server, &[&p.own_ids])?
+        } else {
+            self.client.query_one(&p.server, &[])?
+        };
+        let text: String = row.get(0);
         let row: ServerRow = serde_json::from_str(&text)
             .with_context(|| format!("reading the statistics row {text}"))?;
-        let statements = match &p.pgss {
-            Some(stmt) => {
-                self.own += 1;
-                self.client
-                    .query_one(stmt, &[])
-                    .ok()
-                    .map(|r| r.get::<_, i64>(0) as u64)
-            }
-            None => None,
-        };
+        let xacts = row.xacts.unwrap_or_default();
+        let pgss = row.pgss.filter(|_| p.pgss.is_some());
+        let own_known = !p.own_ids.is_empty();
         let pg = PgstatSample {
             t,
             transactions: row.transactions,
-            statements,
+            statements: pgss.as_ref().map(|s| s.calls),
             own_statements: self.own,
+            commits: xacts.commits,
+            rollbacks: xacts.rollbacks,
+            by_database: xacts.by_database,
+            exec_time_ms: pgss.as_ref().map(|s| crate::round3(s.exec_time_ms)),
+            own_calls: pgss.as_ref().filter(|_| own_known).map(|s| s.own_calls),
+            own_exec_time_ms: pgss
+                .as_ref()
+                .filter(|_| own_known)
+                .map(|s| crate::round3(s.own_exec_time_ms)),
         };
         let s = ServerSample {
             t,
@@ -222,10 +321,26 @@ impl ServerConn {
     }
 }
 
+/// pg_stat_statements as installed: its function, schema-qualified, and its
+/// execution time column (`total_exec_time` from 1.8, PostgreSQL 13; before,
+/// `total_time`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PgssSource {
+    pub function: String,
+    pub time_column: &'static str,
+}
+
+/// Marks pgbelow's own sampling statements so that pg_stat_statements'
+/// entries for them can be found (comments are kept in its query texts).
+pub const OWN_MARK: &str = "pgbelow-observer";
+
 struct Prepared {
     activity: Option<Statement>,
+    /// The 1 Hz statement; with pg_stat_statements it takes the own query
+    /// ids as `$1`.
     server: Statement,
-    pgss: Option<Statement>,
+    pgss: Option<PgssSource>,
+    own_ids: Vec<i64>,
 }
 
 /// `pg_stat_activity` grouped, without pgbelow's own backend. `None` before
@@ -237,15 +352,24 @@ pub fn activity_sql(version_num: i32) -> Option<String> {
         _ => return None,
     };
     Some(format!(
-        "select {backend_type}, coalesce(application_name, ''), state, wait_event_type, wait_event, \
+        "select /* {OWN_MARK} */ {backend_type}, coalesce(application_name, ''), state, wait_event_type, wait_event, \
          count(*)::int8, coalesce(query, '') <> '<insufficient privilege>' \
          from pg_stat_activity where pid <> pg_backend_pid() group by 1, 2, 3, 4, 5, 7"
     ))
 }
 
 /// One statement returning the 1 Hz counters as one JSON object (so they
-/// cost one round trip and one transaction), for this server version.
+/// cost one round trip and one transaction), for this server version,
+/// without pg_stat_statements.
 pub fn server_sql(version_num: i32) -> String {
+    counters_sql(version_num, None)
+}
+
+/// [`server_sql`], and with `pgss` also pg_stat_statements' calls and
+/// execution time in total and of pgbelow's own statements (their query
+/// ids are the statement's `$1`, `int8[]`). Read through the function with
+/// `showtext => false`, so no query text is read.
+pub fn counters_sql(version_num: i32, pgss: Option<&PgssSource>) -> String {
     let major = version_num / 10000;
     let ckpt = match major {
         18.. => "select num_timed as timed, num_requested as requested, num_done as done, \
@@ -302,14 +426,37 @@ pub fn server_sql(version_num: i32) -> String {
     } else {
         "'[]'::json".to_string()
     };
+    let pgss = match pgss {
+        Some(src) => {
+            let own = "queryid = any($1::int8[]) \
+                       and userid = (select oid from pg_roles where rolname = current_user) \
+                       and dbid = (select oid from pg_database where datname = current_database())";
+            let time = src.time_column;
+            format!(
+                "(select json_build_object('calls', coalesce(sum(calls), 0)::int8, \
+                 'exec_time_ms', coalesce(sum({time}), 0)::float8, \
+                 'own_calls', coalesce(sum(calls) filter (where {own}), 0)::int8, \
+                 'own_exec_time_ms', coalesce(sum({time}) filter (where {own}), 0)::float8) \
+                 from {}(false))",
+                src.function
+            )
+        }
+        None => "null::json".to_string(),
+    };
     format!(
-        "select json_build_object(\
+        "select /* {OWN_MARK} */ json_build_object(\
          'in_recovery', pg_is_in_recovery(), \
          'wal_lsn', case when pg_is_in_recovery() then null else {diff}({lsn}, '0/0') end, \
          'receive_lsn', {diff}({recv}, '0/0'), \
          'replay_lsn', {diff}({replay}, '0/0'), \
          'replay_age_s', case when pg_is_in_recovery() then extract(epoch from now() - pg_last_xact_replay_timestamp()) end, \
          'transactions', (select coalesce(sum(xact_commit + xact_rollback), 0) from pg_stat_database), \
+         'xacts', (select json_build_object('commits', coalesce(sum(xact_commit), 0), \
+                  'rollbacks', coalesce(sum(xact_rollback), 0), \
+                  'by_database', coalesce(json_object_agg(datname, json_build_object('commits', xact_commit, 'rollbacks', xact_rollback)) \
+                  filter (where datname is not null and datname not in ('template0', 'template1')), '{{}}'::json)) \
+                  from pg_stat_database), \
+         'pgss', {pgss}, \
          'checkpointer', (select row_to_json(x) from ({ckpt}) x), \
          'bgwriter', (select row_to_json(x) from ({bgwriter}) x), \
          'wal', {wal}, \
@@ -561,10 +708,32 @@ struct ServerRow {
     replay_lsn: Option<u64>,
     replay_age_s: Option<f64>,
     transactions: u64,
+    #[serde(default)]
+    xacts: Option<XactsRow>,
+    #[serde(default)]
+    pgss: Option<PgssRow>,
     checkpointer: Option<Checkpointer>,
     bgwriter: Option<Bgwriter>,
     wal: Option<Wal>,
     replication: Option<Vec<Replica>>,
+}
+
+/// Commits and rollbacks of [`counters_sql`]: all databases and per database.
+#[derive(Default, Deserialize)]
+struct XactsRow {
+    commits: Option<u64>,
+    rollbacks: Option<u64>,
+    #[serde(default)]
+    by_database: BTreeMap<String, crate::recording::reader::DatabaseXacts>,
+}
+
+/// pg_stat_statements' sums in [`counters_sql`].
+#[derive(Deserialize)]
+struct PgssRow {
+    calls: u64,
+    exec_time_ms: f64,
+    own_calls: u64,
+    own_exec_time_ms: f64,
 }
 
 // ---------------------------------------------------------------------------
@@ -1031,6 +1200,8 @@ pub struct PgstatCollector {
     backend_pid: u32,
     mechanism: String,
     notes: Vec<String>,
+    /// The manifest fact [`FACT`].
+    fact: serde_json::Value,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     last_t: f64,
@@ -1056,7 +1227,7 @@ impl PgstatCollector {
     /// Start sampling over an existing connection.
     pub fn with_conn(mut conn: ServerConn, ctx: &Context) -> Result<PgstatCollector> {
         let mut notes = Vec::new();
-        let prepared = conn.prepare()?;
+        let prepared = conn.prepare(&mut notes)?;
         let mut mechanism = String::from("sql: pg_stat_database");
         if prepared.activity.is_some() {
             mechanism.push_str(", pg_stat_activity (10 Hz)");
@@ -1102,6 +1273,14 @@ impl PgstatCollector {
             pending: Mutex::new(Pending::default()),
         });
         let backend_pid = conn.backend_pid;
+        let fact = serde_json::json!({
+            "database": conn.database,
+            "pg_stat_statements": prepared.pgss.as_ref().map(|p| serde_json::json!({
+                "function": p.function,
+                "time_column": p.time_column,
+                "own_queries": prepared.own_ids.len(),
+            })),
+        });
         let thread_shared = Arc::clone(&shared);
         let t0 = ctx.start;
         let thread = std::thread::Builder::new()
@@ -1112,6 +1291,7 @@ impl PgstatCollector {
             backend_pid,
             mechanism,
             notes,
+            fact,
             shared,
             thread: Some(thread),
             last_t: ctx.t(),
@@ -1359,6 +1539,10 @@ impl Collector for PgstatCollector {
 
     fn observer_pid(&self) -> Option<u32> {
         Some(self.backend_pid)
+    }
+
+    fn facts(&self) -> Vec<(String, serde_json::Value)> {
+        vec![(FACT.to_string(), self.fact.clone())]
     }
 
     fn thread_cpu_s(&self) -> f64 {

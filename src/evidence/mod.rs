@@ -9,6 +9,7 @@
 //! counters and log, profiles) is the evidence; the lab scenarios' summaries
 //! ([`LabSummaries`]) only sharpen a finding, never gate it.
 
+pub mod checkpoints;
 pub mod clock;
 pub mod explain;
 pub mod pgstat;
@@ -30,7 +31,7 @@ use crate::collect::system::SystemSample;
 use crate::recording::summaries::{DropSummary, DropSweep, ExplainSummary, Sweep};
 use crate::recording::{files, Loaded};
 
-pub use timeline::{Series, Throughput};
+pub use timeline::{Series, Throughput, Timeline};
 
 /// The lab scenarios' own summaries, when the recording has them.
 #[derive(Clone, Debug, Default)]
@@ -60,7 +61,11 @@ pub struct Evidence {
     pub server: Vec<ServerSample>,
     /// Checkpoint lines of the server log, as recorded.
     pub log_events: Vec<LogEvent>,
-    /// Checkpoints and restartpoints paired from `log_events`, in time order.
+    /// Checkpoints and restartpoints in time order: paired from
+    /// `log_events`, and for those the log does not show (not readable, or
+    /// not for the whole recording) derived from the checkpointer's
+    /// counters in `server` ([`checkpoints::combine`]); never both for one
+    /// checkpoint.
     pub checkpoints: Vec<pgstat::CheckpointEvent>,
     pub profile: Option<Profile>,
     pub clock: Option<ClockFacts>,
@@ -106,7 +111,11 @@ impl Evidence {
             &mut cut,
             &mut notes,
         );
-        let checkpoints = pgstat::pair_checkpoints(&log_events);
+        let checkpoints = checkpoints::combine(
+            pgstat::pair_checkpoints(&log_events),
+            &server,
+            rec.manifest.postgres.major,
+        );
         let profile = load_profile(&dir, &mut notes);
         let clock = rec
             .manifest

@@ -102,9 +102,24 @@ pub struct CheckpointEvent {
     pub wal_removed: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_recycled: Option<u64>,
-    /// `log` (from the lines' timestamps) or `read` (when pgbelow read them, ±1 s).
+    /// `log` (from the lines' timestamps) or `read` (when pgbelow read them,
+    /// ±1 s); `sample` for checkpoints derived from the counters (the 1 Hz
+    /// samples that showed them).
     pub t_from: String,
+    /// Where the checkpoint is known from: `log` (its lines in the server
+    /// log) or `counters` (the checkpointer's counters, when the log gave
+    /// none: [`super::checkpoints::from_counters`]).
+    #[serde(default = "log_source")]
+    pub source: String,
 }
+
+/// The source of checkpoints in recordings from before `source` existed.
+fn log_source() -> String {
+    LOG.into()
+}
+
+/// [`CheckpointEvent::source`] of checkpoints from the server log.
+pub const LOG: &str = "log";
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TooFrequent {
@@ -196,6 +211,7 @@ pub fn pair_checkpoints(events: &[LogEvent]) -> Vec<CheckpointEvent> {
                     flags: e.flags.clone(),
                     start_t: Some(e.t),
                     t_from: e.t_from.clone(),
+                    source: LOG.into(),
                     ..CheckpointEvent::default()
                 });
                 open.insert(e.kind.clone(), out.len() - 1);
@@ -210,6 +226,7 @@ pub fn pair_checkpoints(events: &[LogEvent]) -> Vec<CheckpointEvent> {
                             start_t: s.total_s.map(|tot| round3(e.t - tot)),
                             start_estimated: true,
                             t_from: e.t_from.clone(),
+                            source: LOG.into(),
                             ..CheckpointEvent::default()
                         });
                         out.len() - 1

@@ -36,7 +36,9 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// Server counters read over the observer connection (attach mode).
+/// Server counters read over the observer connection (lab and attach), one
+/// line of `pgstat.jsonl` per second; all cumulative. Fields after
+/// `own_statements` were added later: older recordings lack them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PgstatSample {
     pub t: f64,
@@ -46,6 +48,32 @@ pub struct PgstatSample {
     pub statements: Option<u64>,
     /// Statements pgbelow itself ran so far, to subtract.
     pub own_statements: u64,
+    /// Sum of xact_commit over all databases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commits: Option<u64>,
+    /// Sum of xact_rollback over all databases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollbacks: Option<u64>,
+    /// Per database (template0/1 and the shared-objects row left out).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_database: BTreeMap<String, DatabaseXacts>,
+    /// Sum of pg_stat_statements' total_exec_time (total_time before its
+    /// 1.8), milliseconds, with `statements`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_time_ms: Option<f64>,
+    /// pgbelow's own sampling statements as pg_stat_statements counts them
+    /// (its calls and their execution time), when it could tell them apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_calls: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_exec_time_ms: Option<f64>,
+}
+
+/// One database's transaction counters (`pg_stat_database`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DatabaseXacts {
+    pub commits: u64,
+    pub rollbacks: u64,
 }
 
 #[derive(Debug)]

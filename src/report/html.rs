@@ -40,53 +40,52 @@ pub fn escape(s: &str) -> String {
     o
 }
 
-/// The per-second tps as an SVG line, checkpoint windows shaded.
+/// The per-second throughput the rules judge (the server's, else
+/// pgbench's) as an SVG line over the recording's time, checkpoint windows
+/// shaded.
 fn tps_chart(r: &Report) -> Option<String> {
-    let w = r.workload.as_ref()?;
-    let n = w.tps_series.len();
-    if n < 2 {
+    let tput = r.timeline.as_ref()?.throughput.as_ref()?;
+    if tput.points.len() < 2 {
         return None;
     }
+    let end_t = tput.points.iter().map(|p| p.t).fold(1.0, f64::max);
     let (width, height, pad) = (1000.0, 220.0, 30.0);
-    let max = w.tps_series.iter().copied().fold(1.0, f64::max);
-    let x = |i: f64| pad + i * (width - 2.0 * pad) / (n - 1) as f64;
+    let max = tput.points.iter().map(|p| p.value).fold(1.0, f64::max);
+    let x = |t: f64| pad + t.clamp(0.0, end_t) * (width - 2.0 * pad) / end_t;
     let y = |v: f64| height - pad - v / max * (height - 2.0 * pad);
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {width} {height}\" width=\"100%\">"
     );
-    // Progress second i (0-based) ends ≈ i + 1 s into the recording.
     for c in r.pgstat.iter().flat_map(|p| &p.checkpoints) {
         let Some(start) = c.start_t else { continue };
-        let end = c.end_t.unwrap_or(n as f64);
-        let (a, b) = (
-            x((start - 1.0).max(0.0)),
-            x((end - 1.0).min((n - 1) as f64)),
-        );
+        let (a, b) = (x(start), x(c.end_t.unwrap_or(end_t)));
         if b > a {
             let _ = write!(
                 svg,
                 "<rect x=\"{a:.1}\" y=\"{pad}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#f5d5a0\">\
-                 <title>{} {}</title></rect>",
+                 <title>{} {} ({})</title></rect>",
                 b - a,
                 height - 2.0 * pad,
                 escape(&c.kind),
-                escape(c.flags.as_deref().unwrap_or(""))
+                escape(c.flags.as_deref().unwrap_or("")),
+                escape(&c.source)
             );
         }
     }
-    let points: Vec<String> = w
-        .tps_series
+    let points: Vec<String> = tput
+        .points
         .iter()
-        .enumerate()
-        .map(|(i, v)| format!("{:.1},{:.1}", x(i as f64), y(*v)))
+        .map(|p| format!("{:.1},{:.1}", x(p.t), y(p.value)))
         .collect();
     let _ = write!(
         svg,
         "<polyline fill=\"none\" stroke=\"#2c3e50\" stroke-width=\"1.5\" points=\"{}\"/>\
-         <text x=\"{pad}\" y=\"18\" font-size=\"12\">tps per second (max {max:.0}); shaded: checkpoints</text>\
+         <text x=\"{pad}\" y=\"18\" font-size=\"12\">{} per second (max {max:.0}) from {}; shaded: checkpoints</text>\
          <text x=\"{pad}\" y=\"{}\" font-size=\"11\">0 s</text>\
-         <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{n} s</text></svg>",
+         <text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{end_t:.0} s</text></svg>",
         points.join(" "),
+        escape(&tput.unit),
+        escape(&tput.source),
         height - 8.0,
         width - pad,
         height - 8.0
@@ -210,6 +209,20 @@ mod tests {
 
     // A real drop-many recording that kept its startup flame graph: the SVG
     // goes in escaped, in a sandboxed frame; roles without a file are left out.
+    // An attach recording has no pgbench: the server's throughput is drawn,
+    // with the checkpoint derived from the counters shaded.
+    #[test]
+    fn an_attach_recording_charts_the_servers_throughput() {
+        let rec = crate::analyse::fixture("pg15-attach-counters-checkpoint");
+        let page = render(&crate::report::build(&rec), &rec.dir);
+        assert!(page.contains("<polyline"), "no throughput line");
+        assert!(page.contains("from pg_stat_database"), "no source");
+        assert!(
+            page.contains("checkpoint requested (counters)"),
+            "no checkpoint shading"
+        );
+    }
+
     #[test]
     fn flame_graphs_are_inlined_in_sandboxed_frames() {
         let rec = crate::analyse::fixture("pg13-drop-many-sweep");

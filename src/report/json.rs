@@ -32,6 +32,12 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workload: Option<Workload>,
     pub collectors: Vec<CollectorInfo>,
+    /// Per-second series: throughput as the rules judge it (its source
+    /// named), the server's commits and rollbacks in total and per database,
+    /// statements and their mean execution time (pg_stat_statements), and
+    /// pgbench's tps; absent series are left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<crate::evidence::Timeline>,
     pub syscalls: Syscalls,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub procfs: Option<sections::procfs::ProcfsSection>,
@@ -297,6 +303,7 @@ pub fn build(rec: &Evidence) -> Report {
         },
         workload,
         collectors: m.collectors.clone(),
+        timeline: Some(rec.timeline()).filter(|t| !t.is_empty()),
         syscalls: Syscalls {
             window_s: span.map(|(a, b)| [round3(a), round3(b)]),
             dropped: rec.syscalls_dropped(),
@@ -347,5 +354,58 @@ mod tests {
         // One server: no split.
         let one = build(&crate::analyse::fixture("pg15-select-only-timeout"));
         assert!(one.syscalls.by_role.values().all(|t| t.by_node.is_empty()));
+    }
+
+    // The timeline of a real attach recording (PostgreSQL 15, pgbench,
+    // pg_stat_statements, log_checkpoints off): every server series, no
+    // pgbench's, and the checkpoint from the counters in the pgstat section.
+    #[test]
+    fn timeline_and_counter_checkpoints_in_the_reports() {
+        let r = build(&crate::analyse::fixture("pg15-attach-counters-checkpoint"));
+        let v = serde_json::to_value(&r).unwrap();
+        let t = &v["timeline"];
+        for key in [
+            "throughput",
+            "commits",
+            "rollbacks",
+            "statements",
+            "mean_exec_ms",
+        ] {
+            let s = &t[key];
+            assert!(
+                s["source"].is_string() && s["unit"].is_string(),
+                "{key}: {s}"
+            );
+            let p = &s["points"][0];
+            assert!(
+                p["t"].is_f64() && p["dt"].is_f64() && p["value"].is_number(),
+                "{key}: {p}"
+            );
+        }
+        assert_eq!(t["throughput"]["unit"], "tps");
+        assert!(t["by_database"]["postgres"]["points"].is_array(), "{t}");
+        assert!(t.get("pgbench_tps").is_none(), "{t}");
+        let c = &v["pgstat"]["checkpoints"][0];
+        assert_eq!(
+            (c["source"].as_str(), c["t_from"].as_str()),
+            (Some("counters"), Some("sample"))
+        );
+        let text = crate::report::text::render(&r);
+        for line in [
+            "Timeline (per second)",
+            "  throughput: median ",
+            "  commits: median ",
+            "  database postgres: median ",
+            "  statements: median ",
+            "  mean execution time: median ",
+            "checkpoints (checkpointer counters at 1 Hz",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        // Without a server series the timeline says where throughput came from.
+        let old = build(&crate::analyse::fixture("pg15-checkpoint-stall"));
+        let t = serde_json::to_value(&old).unwrap()["timeline"].clone();
+        assert_eq!(t["throughput"]["source"], "pgbench progress (-P 1)");
+        assert!(t.get("commits").is_none(), "{t}");
     }
 }

@@ -102,6 +102,10 @@ pub fn render(r: &Report) -> String {
         }
     }
 
+    if let Some(t) = &r.timeline {
+        timeline(t, &mut o);
+    }
+
     if !r.syscalls.by_role.is_empty() {
         let _ = writeln!(o, "\nSyscalls by process role (counted in the kernel)");
         if r.syscalls.dropped > 0 {
@@ -238,4 +242,73 @@ pub fn render(r: &Report) -> String {
 pub(crate) fn finding_head(f: &crate::analyse::Finding, o: &mut String) {
     let _ = writeln!(o, "  [{}] {} — {}", f.severity.as_str(), f.id, f.title);
     let _ = writeln!(o, "    {}", f.summary);
+}
+
+/// Databases listed in the timeline, busiest first; the rest are counted.
+const TIMELINE_DATABASES: usize = 8;
+
+/// One line per series: median, minimum and maximum with their times.
+fn timeline(t: &crate::evidence::Timeline, o: &mut String) {
+    let _ = writeln!(o, "\nTimeline (per second)");
+    if let Some(s) = &t.throughput {
+        series_line("throughput", s, 0, o);
+    }
+    if let Some(s) = &t.commits {
+        series_line("commits", s, 0, o);
+    }
+    if let Some(s) = &t.rollbacks {
+        series_line("rollbacks", s, 0, o);
+    }
+    let mut dbs: Vec<(&String, f64)> = t
+        .by_database
+        .iter()
+        .map(|(db, s)| (db, s.points.iter().map(|p| p.value * p.dt).sum::<f64>()))
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    dbs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+    for (db, _) in dbs.iter().take(TIMELINE_DATABASES) {
+        series_line(&format!("database {db}"), &t.by_database[*db], 0, o);
+    }
+    if dbs.len() > TIMELINE_DATABASES {
+        let _ = writeln!(
+            o,
+            "  … and {} more database(s) with commits",
+            dbs.len() - TIMELINE_DATABASES
+        );
+    }
+    if let Some(s) = &t.statements {
+        series_line("statements", s, 0, o);
+    }
+    if let Some(s) = &t.mean_exec_ms {
+        series_line("mean execution time", s, 3, o);
+    }
+    if let Some(s) = t
+        .pgbench_tps
+        .as_ref()
+        .filter(|s| t.throughput.as_ref() != Some(s))
+    {
+        series_line("pgbench", s, 0, o);
+    }
+}
+
+fn series_line(label: &str, s: &crate::evidence::Series, decimals: usize, o: &mut String) {
+    let (Some(min), Some(max)) = (
+        s.points.iter().min_by(|a, b| a.value.total_cmp(&b.value)),
+        s.points.iter().max_by(|a, b| a.value.total_cmp(&b.value)),
+    ) else {
+        let _ = writeln!(o, "  {label}: no intervals — {}", s.source);
+        return;
+    };
+    let median = crate::stats::quantile(s.values(), 0.5);
+    let _ = writeln!(
+        o,
+        "  {label}: median {median:.decimals$} {unit}, min {:.decimals$} at t={:.0} s, max {:.decimals$} at t={:.0} s over {} intervals — {}",
+        min.value,
+        min.t,
+        max.value,
+        max.t,
+        s.points.len(),
+        s.source,
+        unit = s.unit,
+    );
 }

@@ -34,8 +34,40 @@ pub fn render(s: &PgstatSection, out: &mut String) {
         }
     }
     if !s.checkpoints.is_empty() {
-        let _ = writeln!(out, "  checkpoints (server log):");
+        let from_counters =
+            |c: &&CheckpointEvent| c.source == crate::evidence::checkpoints::COUNTERS;
+        let n = s.checkpoints.iter().filter(from_counters).count();
+        let _ = writeln!(
+            out,
+            "  checkpoints ({}):",
+            if n == 0 {
+                "server log"
+            } else if n == s.checkpoints.len() {
+                "checkpointer counters at 1 Hz: start estimated from the write and sync time, end up to 1 s late"
+            } else {
+                "server log; [counters]: from the checkpointer's counters at 1 Hz where the log has none"
+            }
+        );
         for c in &s.checkpoints {
+            if from_counters(&c) {
+                let _ = writeln!(
+                    out,
+                    "    {} t={}–{} s  {}  wrote {} buffers  write {}  sync {}{}",
+                    c.kind,
+                    c.start_t.map_or("?".into(), |t| format!("{t:.1}")),
+                    c.end_t.map_or("?".into(), |t| format!("{t:.1}")),
+                    c.flags.as_deref().unwrap_or("-"),
+                    c.buffers.map_or("?".into(), |b| b.to_string()),
+                    opt(c.write_s, " s"),
+                    opt(c.sync_s, " s"),
+                    if n == s.checkpoints.len() {
+                        ""
+                    } else {
+                        "  [counters]"
+                    },
+                );
+                continue;
+            }
             let start = c.start_t.map_or("?".into(), |t| {
                 format!("{t:.1}{}", if c.start_estimated { "~" } else { "" })
             });
