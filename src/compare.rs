@@ -88,6 +88,10 @@ pub struct TpsChange {
     pub significant: bool,
     pub seconds_a: usize,
     pub seconds_b: usize,
+    /// The per-second series compared: pgbench's progress when both runs
+    /// have it, else the server's own throughput (attach recordings).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -163,6 +167,7 @@ pub fn tps_change(a: &[f64], b: &[f64]) -> Option<TpsChange> {
         significant: d - half > 0.0 || d + half < 0.0,
         seconds_a: a.len(),
         seconds_b: b.len(),
+        source: String::new(),
     })
 }
 
@@ -188,6 +193,34 @@ fn steady(series: &[f64]) -> Vec<f64> {
     }
 }
 
+/// The tps change between two runs, from the same kind of series on both
+/// sides: pgbench's progress when both ran pgbench, else the server's own
+/// throughput, which every recording with a connection has.
+fn tps_of_both(a: &Report, b: &Report) -> Option<TpsChange> {
+    let pgbench = |r: &Report| {
+        r.workload
+            .as_ref()
+            .map(|w| w.tps_series.clone())
+            .filter(|s| !s.is_empty())
+    };
+    let server = |r: &Report| {
+        let s = r.timeline.as_ref()?.throughput.as_ref()?;
+        s.source
+            .contains("pg_stat_database")
+            .then(|| (s.values(), s.source.clone()))
+    };
+    let (sa, sb, source) = match (pgbench(a), pgbench(b)) {
+        (Some(x), Some(y)) => (x, y, "pgbench progress (-P 1)".to_string()),
+        _ => {
+            let ((x, src), (y, _)) = (server(a)?, server(b)?);
+            (x, y, src)
+        }
+    };
+    let mut c = tps_change(&steady(&sa), &steady(&sb))?;
+    c.source = source;
+    Some(c)
+}
+
 pub fn compare(a_name: &str, a: &Report, b_name: &str, b: &Report) -> Comparison {
     let side = |name: &str, r: &Report| Side {
         recording: name.to_string(),
@@ -195,10 +228,7 @@ pub fn compare(a_name: &str, a: &Report, b_name: &str, b: &Report) -> Comparison
         scenario: r.workload.as_ref().map(|w| w.scenario.clone()),
         tps: r.workload.as_ref().map(|w| w.tps),
     };
-    let tps = match (&a.workload, &b.workload) {
-        (Some(wa), Some(wb)) => tps_change(&steady(&wa.tps_series), &steady(&wb.tps_series)),
-        _ => None,
-    };
+    let tps = tps_of_both(a, b);
     let mut settings_changed = BTreeMap::new();
     let keys: BTreeSet<&String> = a
         .postgres
@@ -295,6 +325,9 @@ pub fn render(c: &Comparison) -> String {
                 "within noise"
             }
         );
+        if !t.source.is_empty() {
+            let _ = writeln!(o, "  per-second series: {}", t.source);
+        }
     }
     if !c.settings_changed.is_empty() {
         let _ = writeln!(o, "\nsettings changed:");
@@ -429,5 +462,23 @@ mod tests {
             up.ci95_pct
         );
         assert!(tps_change(&[1.0], &b).is_none());
+    }
+
+    // Attach recordings have no pgbench progress: the server's own
+    // throughput is compared instead.
+    #[test]
+    fn attach_recordings_compare_the_server_throughput() {
+        let r = report("pg15-attach-counters-checkpoint");
+        assert!(r.workload.is_none());
+        let c = compare("A", &r, "B", &r);
+        let t = c.tps.clone().expect("a tps change from the server's series");
+        assert!(t.source.contains("pg_stat_database"), "{}", t.source);
+        assert_eq!(t.change_pct, 0.0);
+        assert!(t.seconds_a >= 5, "{t:?}");
+        assert!(render(&c).contains("per-second series: pg_stat_database"));
+        // Lab runs keep comparing pgbench's progress.
+        let lab = report("pg13-select-only-timeout-all");
+        let l = compare("A", &lab, "B", &lab).tps.unwrap();
+        assert!(l.source.starts_with("pgbench"), "{}", l.source);
     }
 }
