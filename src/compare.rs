@@ -471,7 +471,10 @@ mod tests {
         let r = report("pg15-attach-counters-checkpoint");
         assert!(r.workload.is_none());
         let c = compare("A", &r, "B", &r);
-        let t = c.tps.clone().expect("a tps change from the server's series");
+        let t = c
+            .tps
+            .clone()
+            .expect("a tps change from the server's series");
         assert!(t.source.contains("pg_stat_database"), "{}", t.source);
         assert_eq!(t.change_pct, 0.0);
         assert!(t.seconds_a >= 5, "{t:?}");

@@ -648,3 +648,96 @@ fn attach_writes_nothing_and_changes_no_setting() {
         "created by root under the data directory: {root_owned:?}"
     );
 }
+
+/// `pgbelow record` stopped by SIGINT, SIGTERM or SIGKILL while it records
+/// a busy server: after SIGINT/SIGTERM it exits 0 with an `interrupted`
+/// recording; after SIGKILL the recording (status `recording`) still
+/// reports. Either way its connection is gone from the server, and the
+/// server's settings are as they were.
+#[test]
+fn record_stopped_by_any_signal_leaves_the_server_as_it_was() {
+    let c = UserCluster::start(&[], &[]);
+    let pgbench = pgbelow::workload::find_pgbench().unwrap();
+    let init = Command::new(&pgbench)
+        .args(["-i", "-q", "-s", "1", "-h"])
+        .arg(c.dir.path())
+        .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
+        .output()
+        .unwrap();
+    assert!(init.status.success());
+    let settings = "select name, setting from pg_settings order by name";
+    let before = c.psql("postgres", settings);
+    let mut load = Command::new(&pgbench)
+        .args(["-S", "-T", "120", "-c", "2", "-h"])
+        .arg(c.dir.path())
+        .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _one = common::exclusive();
+    let d = tempfile::tempdir().unwrap();
+    for (name, sig) in [
+        ("SIGINT", libc::SIGINT),
+        ("SIGTERM", libc::SIGTERM),
+        ("SIGKILL", libc::SIGKILL),
+    ] {
+        let out = d.path().join(name);
+        let child = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+            .args(["record", "--pid", &c.postmaster_pid().to_string()])
+            .args(["--dsn", &c.dsn("postgres"), "--duration", "60"])
+            .args(["--format", "json", "--out"])
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        common::wait_for(&out.join("syscalls.jsonl"), "recording");
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        let status = common::manifest(&out)["status"].clone();
+        eprintln!("{name}: exit {:?}, manifest status {status}", o.status);
+        if sig == libc::SIGKILL {
+            assert_eq!(status, "recording", "{err}");
+        } else {
+            assert!(o.status.success(), "{name}: {err}");
+            let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(r["recording"]["status"], "interrupted", "{name}");
+            assert!(r["recording"]["duration_s"].as_f64().unwrap() < 30.0);
+        }
+        let rep = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+            .arg("report")
+            .arg(&out)
+            .args(["--format", "json"])
+            .output()
+            .unwrap();
+        assert!(
+            rep.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&rep.stderr)
+        );
+        let r: Value = serde_json::from_slice(&rep.stdout).unwrap();
+        assert!(
+            r["syscalls"]["by_role"]["backend"]["total"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0,
+            "{name}: {:#}",
+            r["syscalls"]
+        );
+        wait_until(&format!("pgbelow's session to leave after {name}"), || {
+            c.psql(
+                "postgres",
+                "select count(*) from pg_stat_activity where application_name = 'pgbelow'",
+            )
+            .trim()
+                == "0"
+        });
+    }
+    let _ = load.kill();
+    let _ = load.wait();
+    assert_eq!(c.psql("postgres", settings), before, "a setting changed");
+}
