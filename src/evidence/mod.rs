@@ -96,8 +96,9 @@ impl Evidence {
     }
 
     /// The rest of a recording whose core streams are loaded.
-    pub fn from_loaded(rec: Loaded) -> Evidence {
-        let mut notes = rec.unreadable.clone();
+    pub fn from_loaded(mut rec: Loaded) -> Evidence {
+        // One list for the whole recording.
+        let mut notes = std::mem::take(&mut rec.unreadable);
         let dir = rec.dir.clone();
         let mut cut = 0;
         use crate::recording::reader::read_stream;
@@ -129,7 +130,6 @@ impl Evidence {
             drop_sweep: json_file(&dir, files::DROP_SWEEP, &mut notes),
             syncrep_sweep: json_file(&dir, files::SYNCREP_SWEEP, &mut notes),
         };
-        let mut rec = rec;
         rec.truncated_lines += cut;
         Evidence {
             rec,

@@ -52,6 +52,9 @@ pub fn render(r: &Report) -> String {
             m.truncated_lines
         );
     }
+    for u in &m.unreadable {
+        let _ = writeln!(o, "  not read: {u}");
+    }
     if !r.postgres.settings.is_empty() {
         let set: Vec<String> = r
             .postgres
