@@ -611,22 +611,34 @@ fn attach_writes_nothing_and_changes_no_setting() {
         Some(Value::from("ok")),
         "{pgstat:?}"
     );
-    // The observer's statements: how many, and what they wrote.
+    // The observer's statements: how many, and what they wrote. A read can
+    // still log a WAL record or two of its own accord (PostgreSQL prunes a
+    // page with dead tuples when any query reads it, catalogs included), so
+    // WAL is bounded, not zero; writes of blocks are zero.
     let own = c.psql(
         "postgres",
         "select count(*), coalesce(sum(calls), 0), coalesce(sum(wal_records), 0), \
-         coalesce(sum(shared_blks_dirtied + shared_blks_written + local_blks_dirtied \
-         + local_blks_written + temp_blks_written), 0) \
+         coalesce(sum(shared_blks_written + local_blks_written + temp_blks_written), 0) \
          from pg_stat_statements s join pg_roles r on r.oid = s.userid where r.rolname = 'watcher'",
     );
-    eprintln!("watcher's statements: count|calls|wal_records|blocks written or dirtied = {own}");
+    eprintln!("watcher's statements: count|calls|wal_records|blocks written = {own}");
+    eprintln!(
+        "{}",
+        c.psql(
+            "postgres",
+            "select calls, wal_records, shared_blks_dirtied, left(regexp_replace(query, '\\s+', ' ', 'g'), 200) \
+             from pg_stat_statements s join pg_roles r on r.oid = s.userid where r.rolname = 'watcher' \
+             order by wal_records desc",
+        )
+    );
     let f: Vec<u64> = own.trim().split('|').map(|x| x.parse().unwrap()).collect();
     assert!(f[1] > 10, "the observer ran no statements? {own}");
-    assert_eq!((f[2], f[3]), (0, 0), "the observer wrote: {own}");
+    assert_eq!(f[3], 0, "the observer wrote blocks: {own}");
+    assert!(f[2] <= 3, "the observer logged WAL: {own}");
     let queries = c.psql(
         "postgres",
-        "select query from pg_stat_statements s join pg_roles r on r.oid = s.userid \
-         where r.rolname = 'watcher'",
+        "select regexp_replace(query, '\\s+', ' ', 'g') from pg_stat_statements s \
+         join pg_roles r on r.oid = s.userid where r.rolname = 'watcher'",
     );
     for q in queries.lines().filter(|l| !l.trim().is_empty()) {
         let q = q.trim_start().to_lowercase();
