@@ -236,25 +236,11 @@ fn replay_drop_cost_found_attached_to_the_standby() {
 fn pgbench_script(c: &UserCluster, db: &str, script: &str, clients: u32, secs: u32) {
     let path = c.dir.path().join("pgbench-script.sql");
     std::fs::write(&path, script).unwrap();
-    let o = Command::new(pgbelow::workload::find_pgbench().unwrap())
-        .args(["-n", "-f"])
-        .arg(&path)
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            "2",
-            "-T",
-            &secs.to_string(),
-        ])
-        .args(["-h", &c.dir.path().display().to_string()])
-        .args(["-p", &c.port.to_string(), "-U", "postgres", db])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "pgbench: {}",
-        String::from_utf8_lossy(&o.stderr)
+    let path = path.display().to_string();
+    let (clients, secs) = (clients.to_string(), secs.to_string());
+    c.pgbench(
+        db,
+        &["-n", "-f", &path, "-c", &clients, "-j", "2", "-T", &secs],
     );
 }
 
@@ -338,18 +324,7 @@ fn timer_syscalls_found_attached() {
     let mut results = Vec::new();
     for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
         let c = UserCluster::start_in(&bin, &[("statement_timeout", "10s")], &[]);
-        let pgbench = pgbelow::workload::find_pgbench().unwrap();
-        let st = Command::new(&pgbench)
-            .args(["-i", "-q", "-s", "1", "-h"])
-            .arg(c.dir.path())
-            .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
-            .output()
-            .unwrap();
-        assert!(
-            st.status.success(),
-            "{}",
-            String::from_utf8_lossy(&st.stderr)
-        );
+        c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
         let d = tempfile::tempdir().unwrap();
         let r = record_while(
             &c,
@@ -357,13 +332,7 @@ fn timer_syscalls_found_attached() {
             7,
             "syscalls,procfs,pgstat",
             || {
-                let o = Command::new(&pgbench)
-                    .args(["-S", "-M", "prepared", "-T", "4", "-h"])
-                    .arg(c.dir.path())
-                    .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
-                    .output()
-                    .unwrap();
-                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                c.pgbench("postgres", &["-S", "-M", "prepared", "-T", "4"]);
             },
         );
         assert_eq!(r["recording"]["mode"], "attach");
@@ -428,12 +397,12 @@ fn checkpoint_run(limited: bool) -> Value {
     let pgbench = |secs: u32| -> anyhow::Result<f64> {
         let path = c.dir.path().join("stall.sql");
         std::fs::write(&path, cs::SCRIPT)?;
-        let o = Command::new(pgbelow::workload::find_pgbench()?)
-            .args(["-n", "-f"])
-            .arg(&path)
-            .args(["-c", "8", "-j", "2", "-T", &secs.to_string(), "-h"])
-            .arg(c.dir.path())
-            .args(["-p", &c.port.to_string(), "-U", "postgres", "bench"])
+        let (path, secs) = (path.display().to_string(), secs.to_string());
+        let o = c
+            .pgbench_cmd(
+                "bench",
+                &["-n", "-f", &path, "-c", "8", "-j", "2", "-T", &secs],
+            )
             .output()?;
         anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         Ok(
@@ -561,18 +530,7 @@ fn attach_writes_nothing_and_changes_no_setting() {
     );
     let settings = "select name, setting, source from pg_settings order by name";
     let before = c.psql("postgres", settings);
-    let pgbench = pgbelow::workload::find_pgbench().unwrap();
-    let st = Command::new(&pgbench)
-        .args(["-i", "-q", "-s", "1", "-h"])
-        .arg(c.dir.path())
-        .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
     assert!(files_under(&c.data()).values().all(|(uid, _, _)| *uid != 0));
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
@@ -590,13 +548,7 @@ fn attach_writes_nothing_and_changes_no_setting() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let o = Command::new(&pgbench)
-        .args(["-T", "5", "-c", "2", "-h"])
-        .arg(c.dir.path())
-        .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    c.pgbench("postgres", &["-T", "5", "-c", "2"]);
     let r = rec.wait_with_output().unwrap();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let report: Value = serde_json::from_slice(&r.stdout).unwrap();
@@ -669,20 +621,11 @@ fn attach_writes_nothing_and_changes_no_setting() {
 #[test]
 fn record_stopped_by_any_signal_leaves_the_server_as_it_was() {
     let c = UserCluster::start(&[], &[]);
-    let pgbench = pgbelow::workload::find_pgbench().unwrap();
-    let init = Command::new(&pgbench)
-        .args(["-i", "-q", "-s", "1", "-h"])
-        .arg(c.dir.path())
-        .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
-        .output()
-        .unwrap();
-    assert!(init.status.success());
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
     let settings = "select name, setting from pg_settings order by name";
     let before = c.psql("postgres", settings);
-    let mut load = Command::new(&pgbench)
-        .args(["-S", "-T", "120", "-c", "2", "-h"])
-        .arg(c.dir.path())
-        .args(["-p", &c.port.to_string(), "-U", "postgres", "postgres"])
+    let mut load = c
+        .pgbench_cmd("postgres", &["-S", "-T", "120", "-c", "2"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -165,6 +165,30 @@ impl UserCluster {
         )
     }
 
+    /// pgbench against `db` with `args`, the connection options added.
+    pub fn pgbench_cmd(&self, db: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(pgbelow::workload::find_pgbench().expect("pgbench"));
+        c.args(args).arg("-h").arg(self.dir.path()).args([
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            db,
+        ]);
+        c
+    }
+
+    /// pgbench run to its end; its output (panics with its stderr on failure).
+    pub fn pgbench(&self, db: &str, args: &[&str]) -> std::process::Output {
+        let o = self.pgbench_cmd(db, args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "pgbench {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        o
+    }
+
     /// psql -c (or a script on stdin), as the client would.
     pub fn psql(&self, db: &str, sql: &str) -> String {
         let out = Command::new("psql")
