@@ -69,15 +69,10 @@ impl Rule for CheckpointStall {
             .filter(|p| !windows.iter().any(|(a, b)| p.t >= *a && p.t - p.dt <= *b))
             .map(|p| p.value)
             .collect();
-        let baseline_source = if outside.len() >= MIN_OUTSIDE_SECONDS {
-            "outside checkpoints"
+        let (med, baseline_source) = if outside.len() >= MIN_OUTSIDE_SECONDS {
+            (crate::stats::quantile(outside, 0.5), "outside checkpoints")
         } else {
-            "whole run"
-        };
-        let med = if outside.len() >= MIN_OUTSIDE_SECONDS {
-            crate::stats::quantile(outside, 0.5)
-        } else {
-            crate::stats::quantile(tput.values(), 0.5)
+            (crate::stats::quantile(tput.values(), 0.5), "whole run")
         };
         if med <= 0.0 {
             return None;

@@ -14,8 +14,8 @@
 use serde_json::json;
 
 use super::{Finding, Rule, Severity};
+use crate::evidence::profile;
 use crate::evidence::Evidence;
-use crate::evidence::{procfs, profile};
 use crate::procinfo::Role;
 use crate::round3;
 
@@ -133,11 +133,12 @@ impl Rule for ReplayDropCost {
         // The lab's drop-many summary only sharpens the finding (client ms
         // per DROP, the exact count); the standby's own processes decide.
         let d = rec.lab.drop.as_ref();
-        let procfs = procfs::build(rec);
-        let startup_cpu_s = procfs
-            .as_ref()
-            .and_then(|p| p.roles.get(&Role::Startup).map(|r| r.cpu_s))
-            .unwrap_or(0.0);
+        // The role table only: no per-node split needed for one number.
+        let startup_cpu_s = rec
+            .procfs_in(None)
+            .roles
+            .get(&Role::Startup)
+            .map_or(0.0, |r| r.cpu_s);
         let (samples, hot, scan, top_fn) = startup_profile(rec.stacks());
         let share = (samples >= MIN_STARTUP_SAMPLES).then(|| hot as f64 / samples as f64);
         // Dropped relations: the scenario's count, else what the startup
@@ -409,7 +410,7 @@ mod tests {
     fn smaller_shared_buffers_cost_less() {
         let cpu = |name| {
             let d = fixture(name).lab.drop.clone().unwrap();
-            let p = procfs::build(&fixture(name)).unwrap();
+            let p = crate::evidence::procfs::build(&fixture(name)).unwrap();
             p.roles[&Role::Startup].cpu_s / (d.drops + d.baseline_drops) as f64
         };
         assert!(cpu("pg13-drop-many-1row-128m") * 2.0 < cpu("pg13-drop-many-1row-1g"));

@@ -157,16 +157,17 @@ impl Evidence {
     /// Process states summarised over the procfs samples whose interval
     /// overlaps `(start, until]` (all of them with `None`).
     pub fn procfs_in(&self, window: Option<(f64, f64)>) -> procfs::ProcfsSection {
-        let samples: Vec<ProcfsSample> = match window {
-            None => self.procfs.clone(),
-            Some((start, until)) => self
-                .procfs
-                .iter()
-                .filter(|s| s.t > start && s.t - s.dt <= until)
-                .cloned()
-                .collect(),
+        // Samples are in time order and each interval starts where the one
+        // before ended, so a window is a contiguous slice: no copy.
+        let samples = match window {
+            None => &self.procfs[..],
+            Some((start, until)) => {
+                let lo = self.procfs.partition_point(|s| s.t <= start);
+                let hi = self.procfs.partition_point(|s| s.t - s.dt <= until);
+                &self.procfs[lo..hi.max(lo)]
+            }
         };
-        procfs::summarize(&samples, |pid| self.role_of(pid))
+        procfs::summarize(samples, |pid| self.role_of(pid))
     }
 
     /// The profile's folded stacks (empty without a profile).

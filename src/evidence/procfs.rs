@@ -38,16 +38,10 @@ pub struct ProcfsSection {
     /// What limits this section (a degraded collector, a damaged stream).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub truncated_lines: usize,
     pub roles: BTreeMap<Role, RoleProcfs>,
     /// Where processes were blocked in D, every role, most time first:
     /// "4 backends in D for 9 s in jbd2_journal_start".
     pub blocked: Vec<FrameRow>,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

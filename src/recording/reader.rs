@@ -321,30 +321,21 @@ pub fn parse_jsonl_lenient<T: DeserializeOwned>(
     (out, damage)
 }
 
-/// Parse JSON lines; a bad *last* line counts as truncated, any other is an error.
+/// [`parse_jsonl_lenient`], strict: any damage but a cut last line is an
+/// error naming the first damaged line (for tests and tools that must not
+/// read around damage).
 pub fn parse_jsonl<T: DeserializeOwned>(
     input: impl BufRead,
     what: &str,
     truncated: &mut usize,
 ) -> Result<Vec<T>> {
-    let lines: Vec<String> = input.lines().collect::<std::io::Result<_>>()?;
-    let mut out = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str(line) {
-            Ok(v) => out.push(v),
-            Err(_) if i + 1 == lines.len() => *truncated += 1,
-            Err(e) => {
-                return Err(fixable(
-                    format!("{what} line {} is damaged: {e}", i + 1),
-                    "the recording is corrupt; record it again (or delete that line to salvage the rest)",
-                ))
-            }
-        }
+    match parse_jsonl_lenient(input, truncated) {
+        (v, None) => Ok(v),
+        (_, Some(damage)) => Err(fixable(
+            format!("{what} is damaged: {damage}"),
+            "the recording is corrupt; record it again (or delete that line to salvage the rest)",
+        )),
     }
-    Ok(out)
 }
 
 #[cfg(test)]
