@@ -37,6 +37,7 @@ pub enum Command {
 
 const LAB_EXAMPLES: &str = "Examples:
   pgbelow lab list
+  pgbelow lab cleanup
   pgbelow lab run --scenario select-only --pg 13 --set statement_timeout=10s
   pgbelow lab run --scenario checkpoint-stall --out before
   pgbelow lab run --scenario checkpoint-stall --set checkpoint_flush_after=256kB --out after
@@ -64,6 +65,9 @@ pub enum LabCommand {
     Run(LabRunArgs),
     /// List the built-in scenarios.
     List,
+    /// Undo what killed pgbelow runs left (servers, loop devices, mounts,
+    /// cgroups, I/O limits, temp dirs), as their cleanup ledger lists it.
+    Cleanup,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -1,27 +1,40 @@
-//! Ctrl-C and SIGTERM: set a flag that every wait loop checks, so teardown runs
-//! through the normal `Drop` path instead of the process dying mid-way.
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::sync::OnceLock;
+//! Ctrl-C, SIGTERM and SIGHUP: count them, so that every wait loop stops at
+//! once and teardown runs through the normal `Drop` path instead of the
+//! process dying mid-way. A second signal forces: teardown skips its
+//! graceful waits (immediate shutdown instead of fast), but still lifts I/O
+//! limits and removes devices.
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+static COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// Install the handlers once. Later signals only set the flag again.
+/// Install the handlers once. Later signals only count.
 pub fn install() -> anyhow::Result<()> {
-    let flag = FLAG.get_or_init(|| Arc::new(AtomicBool::new(false)));
     for sig in [
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGHUP,
     ] {
-        signal_hook::flag::register(sig, Arc::clone(flag))?;
+        // SAFETY: the handler only increments an atomic (async-signal-safe).
+        unsafe {
+            signal_hook::low_level::register(sig, || {
+                COUNT.fetch_add(1, Ordering::SeqCst);
+            })?;
+        }
     }
     Ok(())
 }
 
 /// True once the user asked us to stop.
 pub fn requested() -> bool {
-    FLAG.get().is_some_and(|f| f.load(Ordering::Relaxed))
+    COUNT.load(Ordering::SeqCst) > 0
+}
+
+/// True after a second stop request: skip graceful waits.
+pub fn forced() -> bool {
+    COUNT.load(Ordering::SeqCst) > 1
 }
 
 /// Sleep up to `d`, waking early when a stop is requested. Returns `true` if it was.
@@ -36,5 +49,91 @@ pub fn sleep(d: std::time::Duration) -> bool {
             return false;
         }
         std::thread::sleep((end - now).min(std::time::Duration::from_millis(50)));
+    }
+}
+
+/// `cmd.output()` (with `input` on its stdin), except that a stop request
+/// arriving while it runs kills it and returns an `Interrupted` error: a
+/// long initdb, base backup, table load or `pgbench -i` must not hold up the
+/// teardown. Commands started after the request (teardown's own) run.
+pub fn output(cmd: &mut Command, input: Option<String>) -> std::io::Result<Output> {
+    let before = COUNT.load(Ordering::SeqCst);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    if input.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
+    let mut child = cmd.spawn()?;
+    let writer = match (input, child.stdin.take()) {
+        (Some(text), Some(mut stdin)) => Some(std::thread::spawn(move || {
+            use std::io::Write;
+            // A child that exits early closes the pipe: not our error.
+            let _ = stdin.write_all(text.as_bytes());
+        })),
+        _ => None,
+    };
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let mut killed = false;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if !killed && COUNT.load(Ordering::SeqCst) > before {
+            killed = true;
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if let Some(w) = writer {
+        let _ = w.join();
+    }
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
+    if killed {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::Interrupted,
+            format!("interrupted, {:?} stopped", cmd.get_program()),
+        ));
+    }
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_collects_stdout_stderr_and_stdin() {
+        let o = output(
+            Command::new("sh").args(["-c", "cat; echo err >&2"]),
+            Some("in\n".into()),
+        )
+        .unwrap();
+        assert!(o.status.success());
+        assert_eq!(o.stdout, b"in\n");
+        assert_eq!(o.stderr, b"err\n");
     }
 }

@@ -175,7 +175,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     // Declared before the topology so that it is dropped after it: the
     // device can only be unmounted once the server is gone.
     let mut stall: Option<crate::scenarios::checkpoint_stall::StallDevice> = None;
-    let mut topo = Topology::start(
+    let topo = Topology::start(
         &install,
         &TopologyOptions {
             primary: ClusterOptions {
@@ -187,7 +187,12 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             standby_settings: rep.standby_set.clone(),
         },
         &status,
-    )?;
+    );
+    let mut topo = match topo {
+        Ok(t) => t,
+        Err(e) if interrupt::requested() => return interrupted_early(&out, opts, &install, &e),
+        Err(e) => return Err(e),
+    };
     if let Some(m) = &topo.method {
         status(&format!(
             "{} standby(s) streaming ({m}, {:.1} s)",
@@ -220,10 +225,60 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         (Ok(()), r) | (r, Ok(())) => r,
         (Err(a), Err(b)) => Err(a.context(format!("{b:#}"))),
     };
-    let res = result?;
+    let res = match result {
+        // Stopped before the workload began: the recording says so.
+        Err(e) if interrupt::requested() && !out.join(files::MANIFEST).exists() => {
+            interrupted_early(&out, opts, &install, &e)?
+        }
+        r => r?,
+    };
     stopped.context("stopping the lab cluster(s)")?;
     removed?;
     Ok(res)
+}
+
+/// The recording of a run stopped (Ctrl-C, SIGTERM, SIGHUP) while it was
+/// provisioning or loading data: a manifest with status `interrupted`,
+/// what was asked for and where it stopped, and no samples.
+fn interrupted_early(
+    out: &Path,
+    opts: &LabOptions,
+    install: &PgInstall,
+    e: &anyhow::Error,
+) -> Result<Recorded> {
+    let mut manifest = this_host_manifest("lab");
+    manifest.postgres.version = Some(install.version.clone());
+    manifest.postgres.major = Some(install.major);
+    manifest.postgres.bin_dir = Some(install.bin_dir.display().to_string());
+    manifest.scenario = Some(scenario_info(opts));
+    let mut w = crate::recording::Writer::create(out, manifest)?;
+    w.manifest.status = Status::Interrupted;
+    w.manifest.error = Some(format!(
+        "stopped before the workload started: {}",
+        format!("{e:#}").replace('\n', " ")
+    ));
+    w.manifest.duration_s = Some(0.0);
+    w.write_manifest()?;
+    w.flush()?;
+    Ok(Recorded {
+        dir: out.to_path_buf(),
+        follow_up: Ok(()),
+    })
+}
+
+fn scenario_info(opts: &LabOptions) -> ScenarioInfo {
+    ScenarioInfo {
+        name: opts.scenario.name().into(),
+        clients: opts.clients,
+        duration_s: opts.duration_s,
+        scale: opts.scale,
+        set: opts.set.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        pg: Some(match &opts.pg {
+            PgChoice::System => "system".into(),
+            PgChoice::Major(m) => m.to_string(),
+            PgChoice::Dir(d) => d.display().to_string(),
+        }),
+    }
 }
 
 /// The checkpoint-stall device, its tablespace dir owned by the server
@@ -340,18 +395,7 @@ fn run_on(
             setup_s: crate::collect::session::round_ms(topo.setup_s),
         });
     }
-    manifest.scenario = Some(ScenarioInfo {
-        name: opts.scenario.name().into(),
-        clients: opts.clients,
-        duration_s: opts.duration_s,
-        scale: opts.scale,
-        set: opts.set.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-        pg: Some(match &opts.pg {
-            PgChoice::System => "system".into(),
-            PgChoice::Major(m) => m.to_string(),
-            PgChoice::Dir(d) => d.display().to_string(),
-        }),
-    });
+    manifest.scenario = Some(scenario_info(opts));
     let nodes = topo
         .nodes()
         .into_iter()

@@ -14,6 +14,7 @@ pub mod error;
 pub mod evidence;
 pub mod interrupt;
 pub mod lab;
+pub mod ledger;
 pub mod procinfo;
 pub mod provision;
 pub mod recording;

@@ -14,7 +14,7 @@ use pgbelow::lab::{LabOptions, PgChoice, Replication};
 use pgbelow::provision::SyncMode;
 use pgbelow::report::{self, Report};
 use pgbelow::workload::Scenario;
-use pgbelow::{attach, collect, doctor, error, interrupt};
+use pgbelow::{attach, collect, doctor, error, interrupt, ledger};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -22,7 +22,24 @@ fn main() -> ExitCode {
         eprintln!("pgbelow: error: cannot install signal handlers: {e}");
         return ExitCode::from(2);
     }
-    match run(cli) {
+    // What killed pgbelow processes left is undone first (`lab cleanup`
+    // does it itself, and says what it did on stdout).
+    if !matches!(cli.command, Command::Lab(LabCommand::Cleanup)) {
+        let r = ledger::reclaim_dead();
+        for l in &r.done {
+            eprintln!("pgbelow: cleaned up after a killed pgbelow: {l}");
+        }
+        for p in &r.problems {
+            eprintln!("pgbelow: warning: cleaning up after a killed pgbelow: {p}");
+        }
+    }
+    let code = run(cli);
+    // Anything this process still holds (a tracefs mount it made, or what a
+    // failed teardown left) is undone on the way out.
+    for p in ledger::release_own().problems {
+        eprintln!("pgbelow: warning: {p}");
+    }
+    match code {
         Ok(code) => code,
         Err(e) => {
             match error::find_fixable(&e) {
@@ -103,6 +120,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 s += &format!("{:<14} {}\n", sc.name(), sc.description());
             }
             print(&s)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Lab(LabCommand::Cleanup) => {
+            let r = ledger::reclaim_dead();
+            let mut s = String::new();
+            for l in &r.done {
+                s += &format!("{l}\n");
+            }
+            if r.done.is_empty() && r.problems.is_empty() {
+                s += "nothing to clean up\n";
+            }
+            print(&s)?;
+            for p in &r.problems {
+                eprintln!("pgbelow: warning: {p}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Lab(LabCommand::Run(a)) => {

@@ -58,7 +58,8 @@ pub struct ClusterOptions {
 pub struct Cluster {
     install: PgInstall,
     pub(super) account: Account,
-    tmp: Option<tempfile::TempDir>,
+    /// The temp dir's ledger entry, struck off once it is gone.
+    noted: Option<crate::ledger::Noted>,
     pub(super) root: PathBuf,
     pub(super) data_dir: PathBuf,
     log_path: PathBuf,
@@ -87,14 +88,21 @@ impl Cluster {
         let account = Account::server()?;
         check_reachable(&account, install)?;
 
-        let tmp = tempfile::Builder::new()
-            .prefix("pgbelow-")
-            .permissions(std::fs::Permissions::from_mode(0o700))
-            .tempdir()
-            .with_context(|| {
-                format!("creating a temp dir in {}", std::env::temp_dir().display())
-            })?;
-        let root = tmp.path().to_path_buf();
+        let (root, noted) = new_temp_dir()?;
+        let c = Cluster {
+            install: install.clone(),
+            account,
+            data_dir: root.join("data"),
+            log_path: root.join("server.log"),
+            root: root.clone(),
+            noted: Some(noted),
+            port: 0,
+            pid: 0,
+            child: None,
+            stopped: false,
+        };
+        // From here on, dropping `c` removes the dir.
+        let account = &c.account;
         if let Some(b) = root.parent().and_then(|p| account.blocking_dir(p)) {
             return Err(fixable(
                 format!(
@@ -117,19 +125,16 @@ impl Cluster {
             ));
         }
         account.chown(&root)?;
+        Ok(c)
+    }
 
-        Ok(Cluster {
-            install: install.clone(),
-            account,
-            data_dir: root.join("data"),
-            log_path: root.join("server.log"),
-            root,
-            tmp: Some(tmp),
-            port: 0,
-            pid: 0,
-            child: None,
-            stopped: false,
-        })
+    /// The ledger's record of this cluster.
+    fn ledger_object(&self) -> crate::ledger::Object {
+        crate::ledger::Object::Cluster {
+            dir: self.root.clone(),
+            data_dir: self.data_dir.clone(),
+            postmaster_pid: self.child.as_ref().map(Child::id),
+        }
     }
 
     /// Append pgbelow's own settings and `opts.settings` to the data dir's
@@ -210,12 +215,10 @@ impl Cluster {
         cmd.args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
             .arg(self.conninfo(dbname))
             .args(["-f", "-"])
-            .env("PGCONNECT_TIMEOUT", "10")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
+            .env("PGCONNECT_TIMEOUT", "10");
+        // Input on a thread, so a large result cannot block us while we still write.
+        let out = match crate::interrupt::output(&mut cmd, Some(sql.to_string())) {
+            Ok(o) => o,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(fixable(
                     "psql not found (pgbelow runs SQL with it)",
@@ -224,12 +227,6 @@ impl Cluster {
             }
             Err(e) => return Err(anyhow!(e).context("running psql")),
         };
-        let mut stdin = child.stdin.take().context("psql stdin")?;
-        let input = sql.to_string();
-        // A thread, so a large result cannot block us while we still write.
-        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-        let out = child.wait_with_output().context("waiting for psql")?;
-        let _ = writer.join();
         if !out.status.success() {
             bail!(
                 "psql on database {dbname} failed ({}): {}",
@@ -263,12 +260,16 @@ impl Cluster {
                 problems.push(format!("processes {still:?} survived SIGKILL"));
             }
         }
-        if let Some(tmp) = self.tmp.take() {
-            if let Err(e) = tmp.close() {
-                problems.push(format!("removing {}: {e}", self.root.display()));
+        match std::fs::remove_dir_all(&self.root) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                problems.push(format!("removing {}: {e}", self.root.display()))
             }
+            _ => {}
         }
         if problems.is_empty() {
+            if let Some(n) = self.noted.take() {
+                crate::ledger::strike(n);
+            }
             Ok(())
         } else {
             bail!(
@@ -284,9 +285,12 @@ impl Cluster {
             return;
         }
         let pid = child.id();
-        procs::signal(pid, libc::SIGINT); // fast shutdown
-        if procs::wait_child(child, FAST_SHUTDOWN_TIMEOUT) {
-            return;
+        // A second Ctrl-C skips the fast shutdown (and ends one under way).
+        if !crate::interrupt::forced() {
+            procs::signal(pid, libc::SIGINT); // fast shutdown
+            if procs::wait_child_unless(child, FAST_SHUTDOWN_TIMEOUT, crate::interrupt::forced) {
+                return;
+            }
         }
         procs::signal(pid, libc::SIGQUIT); // immediate shutdown
         if procs::wait_child(child, IMMEDIATE_SHUTDOWN_TIMEOUT) {
@@ -315,21 +319,18 @@ impl Cluster {
     }
 
     fn initdb(&self) -> Result<()> {
-        let out = self
-            .server_command("initdb")
-            .arg("-D")
-            .arg(&self.data_dir)
-            .args([
-                "-U",
-                SUPERUSER,
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--no-locale",
-                "-N",
-            ])
-            .output()
+        let mut cmd = self.server_command("initdb");
+        cmd.arg("-D").arg(&self.data_dir).args([
+            "-U",
+            SUPERUSER,
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "-N",
+        ]);
+        let out = crate::interrupt::output(&mut cmd, None)
             .with_context(|| format!("running {}", self.install.bin("initdb").display()))?;
         if !out.status.success() {
             let text = format!(
@@ -380,9 +381,13 @@ impl Cluster {
             // SIGQUIT (immediate shutdown) instead of running on unowned. std runs
             // this after the uid switch, which would otherwise clear it.
             // SAFETY: prctl is async-signal-safe; no allocation in the closure.
+            // Its own process group: a terminal's Ctrl-C reaches pgbelow,
+            // which lifts I/O limits before it stops the server, not the
+            // server directly.
             unsafe {
                 cmd.pre_exec(|| {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT as libc::c_ulong);
+                    libc::setpgid(0, 0);
                     Ok(())
                 });
             }
@@ -390,6 +395,9 @@ impl Cluster {
                 .spawn()
                 .with_context(|| format!("starting {}", self.install.bin("postgres").display()))?;
             self.child = Some(child);
+            if let Some(n) = &self.noted {
+                crate::ledger::update(n, self.ledger_object());
+            }
             match self.wait_ready()? {
                 None => return Ok(()),
                 Some(status) => {
@@ -484,6 +492,57 @@ impl Drop for Cluster {
             eprintln!("pgbelow: {msg}");
         }
     }
+}
+
+/// A fresh `pgbelow-*` directory (mode 0700) in the temp dir, noted in the
+/// ledger before it is made.
+fn new_temp_dir() -> Result<(PathBuf, crate::ledger::Noted)> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    for _ in 0..100 {
+        let root = base.join(format!("pgbelow-{}", random_suffix()));
+        let noted = crate::ledger::note(crate::ledger::Object::Cluster {
+            dir: root.clone(),
+            data_dir: root.join("data"),
+            postmaster_pid: None,
+        });
+        match std::fs::DirBuilder::new().mode(0o700).create(&root) {
+            Ok(()) => {
+                // The umask may have narrowed it; 0700 exactly.
+                std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
+                return Ok((root, noted));
+            }
+            Err(e) => {
+                crate::ledger::strike(noted);
+                if e.kind() != std::io::ErrorKind::AlreadyExists {
+                    return Err(
+                        anyhow!(e).context(format!("creating a temp dir in {}", base.display()))
+                    );
+                }
+            }
+        }
+    }
+    bail!("no free temp dir name in {}", base.display())
+}
+
+/// Six characters from [a-z0-9], different for each call.
+fn random_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    let mut x = h.finish();
+    let mut s = String::new();
+    for _ in 0..6 {
+        let d = (x % 36) as u32;
+        s.push(char::from_digit(d, 36).unwrap_or('x'));
+        x /= 36;
+    }
+    s
 }
 
 /// The postmaster pid once postmaster.pid says the server is ready.

@@ -58,6 +58,11 @@ pub fn signal_group(pgid: u32, sig: libc::c_int) {
 
 /// Poll `child` until it exits or `timeout` passes. Returns true if it exited.
 pub fn wait_child(child: &mut Child, timeout: Duration) -> bool {
+    wait_child_unless(child, timeout, || false)
+}
+
+/// [`wait_child`], giving up early once `stop` returns true.
+pub fn wait_child_unless(child: &mut Child, timeout: Duration, stop: fn() -> bool) -> bool {
     let end = Instant::now() + timeout;
     loop {
         match child.try_wait() {
@@ -66,7 +71,7 @@ pub fn wait_child(child: &mut Child, timeout: Duration) -> bool {
             // Not our child any more (already reaped): treat as exited.
             Err(_) => return true,
         }
-        if Instant::now() >= end {
+        if Instant::now() >= end || stop() {
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -289,15 +289,13 @@ impl Topology {
 
     fn base_backup(&self, standby: &Cluster, slot: &str) -> Result<()> {
         let p = self.primary();
-        let out = standby
-            .server_command("pg_basebackup")
-            .arg("-D")
+        let mut cmd = standby.server_command("pg_basebackup");
+        cmd.arg("-D")
             .arg(&standby.data_dir)
             .arg("-d")
             .arg(p.conninfo("postgres"))
-            .args(["-X", "stream", "-c", "fast", "--no-sync", "-S", slot])
-            .output()
-            .context("running pg_basebackup")?;
+            .args(["-X", "stream", "-c", "fast", "--no-sync", "-S", slot]);
+        let out = crate::interrupt::output(&mut cmd, None).context("running pg_basebackup")?;
         if !out.status.success() {
             bail!(
                 "pg_basebackup for {slot} failed ({}): {}",

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::fixable;
 use crate::lab::LabOptions;
+use crate::ledger::{self, Noted, Object};
 
 /// Tablespace holding the hot table (on the loop device).
 pub const TABLESPACE: &str = "pgbelow_stall";
@@ -241,11 +242,11 @@ pub fn prepare(psql: &dyn Fn(&str, &str) -> Result<String>, location: &Path) -> 
 }
 
 /// Which cgroup hierarchy carries the I/O limit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 enum Limit {
     /// v1: `blkio.throttle.write_bps_device` in these files (root blkio
     /// cgroup: covers every writer, the flusher threads included).
-    V1(Vec<PathBuf>),
+    V1(Vec<(PathBuf, Noted)>),
     /// v2: `io.max` in a cgroup pgbelow made (removed again); the cluster's
     /// processes are moved into it by [`StallDevice::adopt`].
     /// `lifted` once `io.max` is back to `max` (the cgroup stays until
@@ -253,21 +254,29 @@ enum Limit {
     V2 {
         cgroup: PathBuf,
         parent: PathBuf,
-        lifted: bool,
+        /// The cgroup's and its `io.max` rule's ledger entries; the rule's
+        /// is struck off once `io.max` is back to `max`.
+        noted: Noted,
+        limit_noted: Option<Noted>,
     },
 }
 
-/// The loop device, its mount, the I/O limit and the bdi cap. Drop undoes all.
+/// The loop device, its mount, the I/O limit and the bdi cap. Drop undoes
+/// all. Each is noted in the cleanup ledger before it is made and struck
+/// off once undone, so that a killed run's are undone by the next start.
 #[derive(Debug)]
 pub struct StallDevice {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
+    dir_noted: Option<Noted>,
     image: PathBuf,
+    image_noted: Option<Noted>,
     pub mount: PathBuf,
     loop_dev: Option<String>,
-    mounted: bool,
+    loop_noted: Option<Noted>,
+    mount_noted: Option<Noted>,
     maj_min: Option<String>,
     limit: Option<Limit>,
-    bdi_old: Vec<(PathBuf, String)>,
+    bdi_old: Vec<(PathBuf, String, Noted)>,
     /// The cluster's processes, moved into the v2 cgroup once it exists.
     adopted: Vec<u32>,
 }
@@ -326,18 +335,18 @@ impl StallDevice {
     ) -> Result<StallDevice> {
         crate::lab::check_interrupt()?;
         require_root()?;
-        let dir = tempfile::Builder::new()
-            .prefix("pgbelow-stall-")
-            .tempdir_in(base)
-            .with_context(|| format!("creating a temp dir in {}", base.display()))?;
-        let image = dir.path().join("disk.img");
-        let mount = dir.path().join("mnt");
+        let (dir, dir_noted) = stall_dir(base)?;
+        let image = dir.join("disk.img");
+        let mount = dir.join("mnt");
         let mut d = StallDevice {
             image,
+            image_noted: None,
             mount,
             dir,
+            dir_noted: Some(dir_noted),
             loop_dev: None,
-            mounted: false,
+            loop_noted: None,
+            mount_noted: None,
             maj_min: None,
             limit: None,
             bdi_old: Vec::new(),
@@ -348,24 +357,38 @@ impl StallDevice {
     }
 
     fn setup(&mut self, uid: u32, gid: u32, status: &dyn Fn(&str)) -> Result<()> {
+        self.image_noted = Some(ledger::note(Object::BackingFile {
+            path: self.image.clone(),
+        }));
         let f = std::fs::File::create(&self.image)
             .with_context(|| format!("creating {}", self.image.display()))?;
         f.set_len(DEVICE_BYTES)?;
         drop(f);
+        let loop_obj = |device: Option<String>| Object::LoopDevice {
+            device,
+            backing: self.image.clone(),
+        };
+        let noted = ledger::note(loop_obj(None));
+        self.loop_noted = Some(noted);
         let dev = run(Command::new("losetup")
             .args(["--find", "--show"])
             .arg(&self.image))?;
+        if let Some(n) = &self.loop_noted {
+            ledger::update(n, loop_obj(Some(dev.clone())));
+        }
         self.loop_dev = Some(dev.clone());
         run(Command::new("mkfs.ext4").args(["-q", "-F", &dev]))?;
         std::fs::create_dir(&self.mount)?;
+        self.mount_noted = Some(ledger::note(Object::Mount {
+            path: self.mount.clone(),
+        }));
         run(Command::new("mount").arg(&dev).arg(&self.mount))?;
-        self.mounted = true;
         let ts = self.tablespace_dir();
         std::fs::create_dir(&ts)?;
         std::os::unix::fs::chown(&ts, Some(uid), Some(gid))?;
         // The tempdir (0700, root) must be passable by the server account.
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o755))?;
         std::fs::set_permissions(&self.mount, std::fs::Permissions::from_mode(0o755))?;
 
         let name = dev.trim_start_matches("/dev/");
@@ -391,7 +414,14 @@ impl StallDevice {
             let r = bdi.join(restore);
             let old = std::fs::read_to_string(&r)
                 .with_context(|| format!("reading {} (kernel without it?)", r.display()))?;
-            self.bdi_old.push((r, old.trim().to_string()));
+            let old = old.trim().to_string();
+            let noted = ledger::note(Object::Bdi {
+                path: r.clone(),
+                restore: old.clone(),
+                backing: self.image.clone(),
+                maj_min: mm.clone(),
+            });
+            self.bdi_old.push((r, old, noted));
             let p = bdi.join(file);
             std::fs::write(&p, &value).with_context(|| format!("writing {}", p.display()))?;
         }
@@ -410,9 +440,15 @@ impl StallDevice {
     fn set_limit(&mut self, mm: &str, bps: u64) -> Result<()> {
         let v1 = Path::new("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device");
         if v1.exists() {
+            let noted = ledger::note(Object::IoLimit {
+                path: v1.to_path_buf(),
+                restore: format!("{mm} 0"),
+                backing: self.image.clone(),
+                maj_min: mm.to_string(),
+            });
+            self.limit = Some(Limit::V1(vec![(v1.to_path_buf(), noted)]));
             std::fs::write(v1, format!("{mm} {bps}"))
                 .with_context(|| format!("writing {}", v1.display()))?;
-            self.limit = Some(Limit::V1(vec![v1.to_path_buf()]));
             return Ok(());
         }
         let root = Path::new("/sys/fs/cgroup");
@@ -426,11 +462,24 @@ impl StallDevice {
             }
             let _ = std::fs::write(root.join("cgroup.subtree_control"), "+io");
             let cg = root.join(format!("pgbelow-stall-{}", std::process::id()));
-            std::fs::create_dir(&cg).with_context(|| format!("creating {}", cg.display()))?;
+            let noted = ledger::note(Object::Cgroup {
+                path: cg.clone(),
+                parent: root.to_path_buf(),
+            });
+            if let Err(e) = std::fs::create_dir(&cg) {
+                ledger::strike(noted);
+                return Err(e).with_context(|| format!("creating {}", cg.display()));
+            }
             self.limit = Some(Limit::V2 {
                 cgroup: cg.clone(),
                 parent: root.to_path_buf(),
-                lifted: false,
+                noted,
+                limit_noted: Some(ledger::note(Object::IoLimit {
+                    path: cg.join("io.max"),
+                    restore: format!("{mm} wbps=max"),
+                    backing: self.image.clone(),
+                    maj_min: mm.to_string(),
+                })),
             });
             std::fs::write(cg.join("io.max"), format!("{mm} wbps={bps}"))
                 .with_context(|| format!("writing {}/io.max", cg.display()))?;
@@ -508,17 +557,20 @@ impl StallDevice {
     }
 
     fn unlimit_into(&mut self, problems: &mut Vec<String>) {
-        for (p, old) in self.bdi_old.drain(..).rev() {
-            if let Err(e) = std::fs::write(&p, &old) {
-                problems.push(format!("restoring {}: {e}", p.display()));
+        // The device's own limits first: the server is still running.
+        for (p, old, noted) in self.bdi_old.drain(..).rev() {
+            match std::fs::write(&p, &old) {
+                Ok(()) => ledger::strike(noted),
+                Err(e) => problems.push(format!("restoring {}: {e}", p.display())),
             }
         }
         match &mut self.limit {
             Some(Limit::V1(files)) => {
                 if let Some(mm) = &self.maj_min {
-                    for f in files.iter() {
-                        if let Err(e) = std::fs::write(f, format!("{mm} 0")) {
-                            problems.push(format!("clearing {}: {e}", f.display()));
+                    for (f, noted) in std::mem::take(files) {
+                        match std::fs::write(&f, format!("{mm} 0")) {
+                            Ok(()) => ledger::strike(noted),
+                            Err(e) => problems.push(format!("clearing {}: {e}", f.display())),
                         }
                     }
                 }
@@ -526,11 +578,19 @@ impl StallDevice {
             }
             // The server may still run (and fork) inside the cgroup: lift
             // its limit now, remove it in `teardown` once the server is gone.
-            Some(Limit::V2 { cgroup, lifted, .. }) if !*lifted => {
+            Some(Limit::V2 {
+                cgroup,
+                limit_noted,
+                ..
+            }) if limit_noted.is_some() => {
                 if let Some(mm) = &self.maj_min {
                     let f = cgroup.join("io.max");
                     match std::fs::write(&f, format!("{mm} wbps=max")) {
-                        Ok(()) => *lifted = true,
+                        Ok(()) => {
+                            if let Some(n) = limit_noted.take() {
+                                ledger::strike(n);
+                            }
+                        }
                         Err(e) => problems.push(format!("lifting {}: {e}", f.display())),
                     }
                 }
@@ -541,14 +601,26 @@ impl StallDevice {
 
     /// Move whatever is left in the v2 cgroup out and remove it.
     fn remove_cgroup_into(&mut self, problems: &mut Vec<String>) {
-        if let Some(Limit::V2 { cgroup, parent, .. }) = self.limit.take() {
+        if let Some(Limit::V2 {
+            cgroup,
+            parent,
+            noted,
+            limit_noted,
+        }) = self.limit.take()
+        {
             if let Ok(procs) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
                 for p in procs.lines() {
                     let _ = std::fs::write(parent.join("cgroup.procs"), p);
                 }
             }
-            if let Err(e) = std::fs::remove_dir(&cgroup) {
-                problems.push(format!("removing {}: {e}", cgroup.display()));
+            match std::fs::remove_dir(&cgroup) {
+                Ok(()) => {
+                    ledger::strike(noted);
+                    if let Some(n) = limit_noted {
+                        ledger::strike(n);
+                    }
+                }
+                Err(e) => problems.push(format!("removing {}: {e}", cgroup.display())),
             }
         }
     }
@@ -558,22 +630,50 @@ impl StallDevice {
         let mut problems = Vec::new();
         self.unlimit_into(&mut problems);
         self.remove_cgroup_into(&mut problems);
-        if self.mounted {
-            let ok = run(Command::new("umount").arg(&self.mount)).is_ok()
+        if let Some(noted) = self.mount_noted.take() {
+            // Noted before `mount` ran: it may have failed.
+            let mounted = std::fs::read_to_string("/proc/self/mounts")
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.split(' ').nth(1) == Some(&*self.mount.to_string_lossy()));
+            let ok = !mounted
+                || run(Command::new("umount").arg(&self.mount)).is_ok()
                 || run(Command::new("umount").arg("-l").arg(&self.mount)).is_ok();
             if ok {
-                self.mounted = false;
+                ledger::strike(noted);
             } else {
+                self.mount_noted = Some(noted);
                 problems.push(format!("unmounting {}", self.mount.display()));
             }
         }
-        if let Some(dev) = self.loop_dev.take() {
-            if let Err(e) = run(Command::new("losetup").arg("-d").arg(&dev)) {
-                problems.push(format!("detaching {dev}: {e}"));
+        if let Some(noted) = self.loop_noted.take() {
+            match self.loop_dev.take() {
+                Some(dev) => match run(Command::new("losetup").arg("-d").arg(&dev)) {
+                    Ok(_) => ledger::strike(noted),
+                    Err(e) => problems.push(format!("detaching {dev}: {e}")),
+                },
+                // losetup did not say which device: the next reclaim finds
+                // one backed by the image, if any.
+                None => problems.push("the loop device's name is unknown".into()),
             }
         }
-        if !self.mounted {
-            let _ = std::fs::remove_file(&self.image);
+        if self.mount_noted.is_none() {
+            if let Some(noted) = self.image_noted.take() {
+                match std::fs::remove_file(&self.image) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        problems.push(format!("removing {}: {e}", self.image.display()))
+                    }
+                    _ => ledger::strike(noted),
+                }
+            }
+            if let Some(noted) = self.dir_noted.take() {
+                match std::fs::remove_dir_all(&self.dir) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        problems.push(format!("removing {}: {e}", self.dir.display()))
+                    }
+                    _ => ledger::strike(noted),
+                }
+            }
         }
         if problems.is_empty() {
             Ok(())
@@ -584,6 +684,26 @@ impl StallDevice {
             )
         }
     }
+}
+
+/// A fresh `pgbelow-stall-*` directory under `base`, noted in the ledger
+/// before it is made.
+fn stall_dir(base: &Path) -> Result<(PathBuf, Noted)> {
+    for n in 0..100u32 {
+        let dir = base.join(format!("pgbelow-stall-{}-{}", std::process::id(), n));
+        let noted = ledger::note(Object::TempDir { path: dir.clone() });
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok((dir, noted)),
+            Err(e) => {
+                ledger::strike(noted);
+                if e.kind() != std::io::ErrorKind::AlreadyExists {
+                    return Err(e)
+                        .with_context(|| format!("creating a temp dir in {}", base.display()));
+                }
+            }
+        }
+    }
+    bail!("no free directory name in {}", base.display())
 }
 
 impl Drop for StallDevice {

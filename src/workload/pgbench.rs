@@ -100,16 +100,16 @@ impl Pgbench {
 
     /// `pgbench -i -s SCALE` (quiet). Fails with pgbench's own error text.
     pub fn init(&self, target: &PgbenchTarget, scale: u32) -> Result<()> {
-        let out = self
-            .command()
-            .arg("-i")
+        let mut cmd = self.command();
+        cmd.arg("-i")
             .arg("-q")
             .arg("-s")
             .arg(scale.to_string())
             .args(target.args())
             .arg(&target.dbname)
-            .stdin(Stdio::null())
-            .output()
+            .stdin(Stdio::null());
+        // A stop request ends the load at once.
+        let out = crate::interrupt::output(&mut cmd, None)
             .with_context(|| format!("running {}", self.bin.display()))?;
         if !out.status.success() {
             anyhow::bail!(

@@ -414,6 +414,11 @@ fn try_mount_tracefs() -> bool {
     if !Path::new("/sys/kernel/tracing").is_dir() {
         return false;
     }
+    // Noted first: unmounted when pgbelow exits (or by the next start,
+    // if it is killed).
+    let noted = crate::ledger::note(crate::ledger::Object::TracefsMount {
+        path: PathBuf::from("/sys/kernel/tracing"),
+    });
     // SAFETY: valid NUL-terminated strings; no data argument.
     let rc = unsafe {
         libc::mount(
@@ -424,6 +429,11 @@ fn try_mount_tracefs() -> bool {
             std::ptr::null(),
         )
     };
+    // Held for the process's lifetime when mounted: `ledger::release_own`
+    // unmounts it on the way out.
+    if rc != 0 {
+        crate::ledger::strike(noted);
+    }
     rc == 0
 }
 
