@@ -62,6 +62,17 @@ pub fn output(cmd: &mut Command, input: Option<String>) -> std::io::Result<Outpu
     if input.is_some() {
         cmd.stdin(Stdio::piped());
     }
+    // If pgbelow is killed outright, the command goes with it (initdb or a
+    // base backup must not go on writing into a directory being reclaimed).
+    // std runs this after any uid switch, which would otherwise clear it.
+    // SAFETY: prctl is async-signal-safe; no allocation in the closure.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            Ok(())
+        });
+    }
     let mut child = cmd.spawn()?;
     let writer = match (input, child.stdin.take()) {
         (Some(text), Some(mut stdin)) => Some(std::thread::spawn(move || {

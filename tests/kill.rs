@@ -1,0 +1,674 @@
+//! `pgbelow lab run` killed at every phase, by every signal: nothing it made
+//! may outlive it, or, after a SIGKILL, the next pgbelow start.
+//!
+//! The runs (signal @ phase), chosen so that each signal, each phase and
+//! each topology comes up at least once without running all 36
+//! combinations (the wall time stays within a few minutes on 2 cores):
+//!
+//! | topology          | SIGINT (group)  | SIGTERM       | SIGKILL                 |
+//! |-------------------|-----------------|---------------|-------------------------|
+//! | single node       | provisioning, report | pgbench init | workload (next start: `lab list`) |
+//! | `--standbys 1`    |                 | workload      | provisioning, report    |
+//! | checkpoint-stall  | init (table load) | workload    | workload (limits applied) |
+//!
+//! `record` killed by each signal is `attach_cases.rs`'s
+//! `record_stopped_by_any_signal_leaves_the_server_as_it_was`.
+//!
+//! Phases are detected from what the tool writes (its cleanup ledger, its
+//! stderr progress lines, the recording's progress file), not from sleeps.
+//! SIGINT goes to the process group, as a terminal's Ctrl-C does; SIGTERM
+//! and SIGKILL to the process. After each: no server, directory, loop
+//! device, mount, cgroup or I/O limit the run noted in its ledger is left,
+//! and no BPF program of it is either. After SIGINT/SIGTERM the run exits 0
+//! with a recording (`interrupted`, or `complete` when it was already
+//! reporting) that `pgbelow report` reads; after SIGKILL the next start
+//! undoes what was left and `lab cleanup` says what it undid.
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// The ledger lists a temp cluster (initdb or the server starting).
+    Provisioning,
+    /// A stderr line (`making standby1`: the base backup).
+    Line(&'static str),
+    /// `pgbench -i` (or the stall table's load) running.
+    Init(&'static str),
+    /// The recording's progress file has lines.
+    Workload,
+    /// `recording written to`: reporting, not yet torn down.
+    Report,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sig {
+    IntGroup,
+    Term,
+    Kill,
+}
+
+/// A `pgbelow` run under test: its pid, stderr lines so far, stdout.
+struct Run {
+    child: Child,
+    err: Arc<Mutex<Vec<String>>>,
+    out: Option<std::thread::JoinHandle<Vec<u8>>>,
+    err_reader: Option<std::thread::JoinHandle<()>>,
+    ledger: PathBuf,
+    /// Every object the run's ledger file listed while we watched.
+    seen: Arc<Mutex<BTreeSet<String>>>,
+    watcher: Option<std::thread::JoinHandle<()>>,
+    stop_watch: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn pgbelow(ledger: &Path) -> Command {
+    let mut c = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"));
+    c.env("PGBELOW_LEDGER_DIR", ledger)
+        .env("PGBELOW_PROGRESS", "1")
+        .stdin(Stdio::null());
+    c
+}
+
+impl Run {
+    fn start(ledger: &Path, args: &[&str], out: &Path) -> Run {
+        let mut child = pgbelow(ledger)
+            .args(["lab", "run"])
+            .args(args)
+            .args(["--format", "json", "--out"])
+            .arg(out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, as a shell's job: Ctrl-C goes to the group.
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let err = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let e2 = Arc::clone(&err);
+        let err_reader = std::thread::spawn(move || {
+            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                e2.lock().unwrap().push(l);
+            }
+        });
+        let mut stdout = child.stdout.take().unwrap();
+        let out = std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = stdout.read_to_end(&mut b);
+            b
+        });
+        let seen = Arc::new(Mutex::new(BTreeSet::new()));
+        let stop_watch = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s2, stop2, dir, pid) = (
+            Arc::clone(&seen),
+            Arc::clone(&stop_watch),
+            ledger.to_path_buf(),
+            child.id(),
+        );
+        let watcher = std::thread::spawn(move || {
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                for o in ledger_objects(&dir, pid) {
+                    s2.lock().unwrap().insert(o.to_string());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Run {
+            child,
+            err,
+            out: Some(out),
+            err_reader: Some(err_reader),
+            ledger: ledger.to_path_buf(),
+            seen,
+            watcher: Some(watcher),
+            stop_watch,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.err.lock().unwrap().join("\n")
+    }
+
+    fn has_line(&self, needle: &str) -> bool {
+        self.err.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    fn seen_kind(&self, kind: &str) -> bool {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|o| o.contains(&format!("\"kind\":\"{kind}\"")))
+    }
+
+    /// Wait (up to 3 minutes) until the run reaches `phase`.
+    fn wait_for(&mut self, phase: Phase, out: &Path) {
+        let t0 = Instant::now();
+        loop {
+            let there = match phase {
+                Phase::Provisioning => self.seen_kind("cluster"),
+                Phase::Line(l) | Phase::Init(l) => self.has_line(l),
+                Phase::Workload => {
+                    std::fs::metadata(out.join("progress.jsonl")).is_ok_and(|m| m.len() > 0)
+                }
+                Phase::Report => self.has_line("recording written to"),
+            };
+            if there {
+                return;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("pgbelow exited ({st}) before {phase:?}: {}", self.stderr());
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(180),
+                "{phase:?} never came: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn send(&self, sig: Sig) {
+        let pid = self.child.id() as i32;
+        // SAFETY: kill(2) on our own child (its group has its pid as id).
+        unsafe {
+            match sig {
+                Sig::IntGroup => libc::kill(-pid, libc::SIGINT),
+                Sig::Term => libc::kill(pid, libc::SIGTERM),
+                Sig::Kill => libc::kill(pid, libc::SIGKILL),
+            };
+        }
+    }
+
+    /// Wait for the exit (at most 2 minutes); exit status, stdout, stderr,
+    /// and every ledger object the run noted.
+    fn finish(&mut self) -> (std::process::ExitStatus, Vec<u8>, String, BTreeSet<String>) {
+        let t0 = Instant::now();
+        let st = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            if t0.elapsed() > Duration::from_secs(120) {
+                let _ = self.child.kill();
+                panic!("pgbelow did not exit within 2 min: {}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.stop_watch
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(w) = self.watcher.take() {
+            let _ = w.join();
+        }
+        // What a SIGKILL left is still in the file.
+        for o in ledger_objects(&self.ledger, self.child.id()) {
+            self.seen.lock().unwrap().insert(o.to_string());
+        }
+        if let Some(r) = self.err_reader.take() {
+            let _ = r.join();
+        }
+        let out = self
+            .out
+            .take()
+            .map(|o| o.join().unwrap())
+            .unwrap_or_default();
+        let err = self.err.lock().unwrap().join("\n");
+        let seen = self.seen.lock().unwrap().clone();
+        (st, out, err, seen)
+    }
+}
+
+impl Drop for Run {
+    /// A failed assertion: stop the run cleanly (SIGTERM) rather than leave it.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let t0 = Instant::now();
+            while matches!(self.child.try_wait(), Ok(None))
+                && t0.elapsed() < Duration::from_secs(60)
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        self.stop_watch
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The objects in the ledger file of `pid` in `dir`.
+fn ledger_objects(dir: &Path, pid: u32) -> Vec<Value> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !(name.starts_with(&format!("{pid}-")) && name.ends_with(".json")) {
+            continue;
+        }
+        // Replaced by rename: a read sees the old file or the new one.
+        if let Ok(v) = std::fs::read(e.path())
+            .map_err(|_| ())
+            .and_then(|b| serde_json::from_slice::<Value>(&b).map_err(|_| ()))
+        {
+            out.extend(v["objects"].as_array().cloned().unwrap_or_default());
+        }
+    }
+    out
+}
+
+/// Programs loaded in the kernel (`bpftool prog list -j`), each with the
+/// pids that hold it open (/proc/PID/fdinfo `prog_id:`; Debian's bpftool
+/// does not list them). Without bpftool: the programs processes hold.
+fn bpf_programs() -> std::collections::BTreeMap<u64, Vec<u64>> {
+    let mut m: std::collections::BTreeMap<u64, Vec<u64>> = std::collections::BTreeMap::new();
+    if let Ok(o) = Command::new("bpftool")
+        .args(["prog", "list", "-j"])
+        .output()
+    {
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        for p in v.as_array().into_iter().flatten() {
+            if let Some(id) = p["id"].as_u64() {
+                m.entry(id).or_default();
+            }
+        }
+    }
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(e.path().join("fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let text = std::fs::read_to_string(fd.path()).unwrap_or_default();
+            if let Some(id) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("prog_id:"))
+                .and_then(|s| s.trim().parse().ok())
+            {
+                let holders = m.entry(id).or_default();
+                if !holders.contains(&pid) {
+                    holders.push(pid);
+                }
+            }
+        }
+    }
+    m
+}
+
+fn bpftool() -> bool {
+    Command::new("bpftool")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+            .is_some_and(|st| st != "Z")
+    })
+}
+
+/// Nothing any of `seen` names is left, and no BPF program that was not
+/// there before the run is left without a live holder (other tests on the
+/// machine may load their own meanwhile: those have one).
+fn assert_nothing_left(what: &str, seen: &BTreeSet<String>, bpf_before: &BTreeSet<u64>) {
+    let mut left = Vec::new();
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let losetup = Command::new("losetup")
+        .arg("-a")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for o in seen {
+        let v: Value = serde_json::from_str(o).unwrap();
+        let p = |k: &str| PathBuf::from(v[k].as_str().unwrap_or(""));
+        match v["kind"].as_str().unwrap() {
+            "cluster" => {
+                if p("dir").exists() {
+                    left.push(format!("{}", p("dir").display()));
+                }
+                if let Some(pid) = v["postmaster_pid"].as_u64().filter(|p| alive(*p)) {
+                    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    if String::from_utf8_lossy(&cmd).contains(&*p("data_dir").to_string_lossy()) {
+                        left.push(format!("postgres {pid}"));
+                    }
+                }
+                for e in std::fs::read_dir("/proc").unwrap().flatten() {
+                    if std::fs::read_link(e.path().join("cwd")).is_ok_and(|c| c == p("data_dir")) {
+                        left.push(format!(
+                            "process {} in {}",
+                            e.file_name().to_string_lossy(),
+                            p("data_dir").display()
+                        ));
+                    }
+                }
+            }
+            "temp_dir" | "backing_file" => {
+                if p("path").exists() {
+                    left.push(format!("{}", p("path").display()));
+                }
+            }
+            "mount" | "tracefs_mount" => {
+                let m = p("path").to_string_lossy().to_string();
+                if mounts.lines().any(|l| l.split(' ').nth(1) == Some(&m)) {
+                    left.push(format!("mount {m}"));
+                }
+            }
+            "loop_device" => {
+                let b = p("backing").to_string_lossy().to_string();
+                if losetup.contains(&b) {
+                    left.push(format!("loop device over {b}"));
+                }
+            }
+            "cgroup" => {
+                if p("path").exists() {
+                    left.push(format!("cgroup {}", p("path").display()));
+                }
+            }
+            "io_limit" => {
+                let mm = v["maj_min"].as_str().unwrap();
+                let rules = std::fs::read_to_string(p("path")).unwrap_or_default();
+                if rules
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{mm} ")) && !l.contains("max"))
+                {
+                    left.push(format!("write limit {mm} in {}", p("path").display()));
+                }
+            }
+            "bdi" => {
+                let now = std::fs::read_to_string(p("path")).unwrap_or_default();
+                if now.trim() != v["restore"].as_str().unwrap() {
+                    left.push(format!(
+                        "{} = {} (was {})",
+                        p("path").display(),
+                        now.trim(),
+                        v["restore"]
+                    ));
+                }
+            }
+            k => panic!("unknown ledger kind {k}"),
+        }
+    }
+    // The kernel frees a dead process's programs a moment after its exit
+    // (deferred work): wait up to 10 s for them to go.
+    let t0 = Instant::now();
+    let (after, leaked) = loop {
+        let after = bpf_programs();
+        let leaked: Vec<u64> = after
+            .iter()
+            .filter(|(id, pids)| !bpf_before.contains(id) && !pids.iter().any(|p| alive(*p)))
+            .map(|(id, _)| *id)
+            .collect();
+        if leaked.is_empty() || t0.elapsed() > Duration::from_secs(10) {
+            break (after, leaked);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!(
+        "{what}: {} ledger objects seen, BPF programs {} before, {} after, {} leaked ({:.1} s to settle)",
+        seen.len(),
+        bpf_before.len(),
+        after.len(),
+        leaked.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    if !leaked.is_empty() {
+        left.push(format!("BPF programs {leaked:?}"));
+    }
+    assert!(left.is_empty(), "{what}: left behind: {left:?}");
+}
+
+/// Kill a `lab run ARGS` with `sig` at `phase`, then check what is left.
+fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&str]) {
+    let what = format!("{args:?} {sig:?} @ {phase:?}");
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let bpf_before: BTreeSet<u64> = bpf_programs().into_keys().collect();
+    let t0 = Instant::now();
+    let mut run = Run::start(ledger, args, &out);
+    run.wait_for(phase, &out);
+    let pid = u64::from(run.child.id());
+    let held = bpf_programs()
+        .values()
+        .filter(|pids| pids.contains(&pid))
+        .count();
+    eprintln!("{what}: the run holds {held} BPF program(s) when signalled");
+    if phase == Phase::Workload && bpftool() && Path::new("/sys/kernel/btf/vmlinux").exists() {
+        // The syscall collector's programs are loaded before the workload
+        // starts: the count after the kill means something.
+        assert!(held > 0, "{what}: no BPF program held during the workload");
+    }
+    run.send(sig);
+    let (st, stdout, err, seen) = run.finish();
+    eprintln!(
+        "{what}: exit {st} after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(!seen.is_empty(), "{what}: the ledger never listed anything");
+    if sig == Sig::Kill {
+        // What the kill left: temp clusters still on disk.
+        let left: Vec<String> = seen
+            .iter()
+            .filter_map(|o| {
+                let v: Value = serde_json::from_str(o).ok()?;
+                let dir = v["dir"].as_str().filter(|_| v["kind"] == "cluster")?;
+                Path::new(dir).exists().then(|| dir.to_string())
+            })
+            .collect();
+        // At "recording written" teardown may have begun; before it, the
+        // clusters are surely there.
+        assert!(
+            phase == Phase::Report || !left.is_empty(),
+            "{what}: SIGKILL left no temp cluster (was it killed?)"
+        );
+        // Only a start after it can clean up: it must, and say what it did.
+        let o = pgbelow(ledger).args(next_start).output().unwrap();
+        assert!(o.status.success(), "{what}: {next_start:?} failed");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        eprintln!("{what}: `pgbelow {}` said:\n{said}", next_start.join(" "));
+        for dir in &left {
+            assert!(
+                said.contains(&format!("removed {dir}")),
+                "{what}: {next_start:?} did not say it removed {dir}:\n{said}"
+            );
+        }
+        if seen.iter().any(|o| o.contains("\"kind\":\"io_limit\"")) {
+            // Limits before servers, servers before unmounting, unmounting
+            // before detaching.
+            let at = |s: &str| {
+                said.find(s)
+                    .unwrap_or_else(|| panic!("{what}: no {s:?} in:\n{said}"))
+            };
+            assert!(at("lifted the write limit") < at("removed /tmp/pgbelow-"));
+            assert!(at("removed /tmp/pgbelow-") < at("unmounted"));
+            assert!(at("unmounted") < at("detached /dev/loop"));
+        }
+        let again = pgbelow(ledger).args(["lab", "cleanup"]).output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&again.stdout),
+            "nothing to clean up\n",
+            "{what}"
+        );
+    } else {
+        assert!(st.success(), "{what}: exit {st}: {err}");
+        let r: Value = serde_json::from_slice(&stdout)
+            .unwrap_or_else(|e| panic!("{what}: no JSON report ({e}): {err}"));
+        let status = r["recording"]["status"].as_str().unwrap_or("").to_string();
+        let expect: &[&str] = if phase == Phase::Report {
+            &["complete", "interrupted"]
+        } else {
+            &["interrupted"]
+        };
+        assert!(expect.contains(&&*status), "{what}: status {status}");
+        let rep = pgbelow(ledger)
+            .args(["report", "--format", "json"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            rep.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&rep.stderr)
+        );
+        let r2: Value = serde_json::from_slice(&rep.stdout).unwrap();
+        assert_eq!(r2["recording"]["status"], status, "{what}");
+    }
+    assert_nothing_left(&what, &seen, &bpf_before);
+}
+
+/// A ledger of the test's own, so that no other pgbelow on the machine
+/// reclaims (and reports) what these runs leave before the test looks.
+/// Whatever a failed test left in it is reclaimed when it goes.
+struct TestLedger(tempfile::TempDir);
+
+impl TestLedger {
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for TestLedger {
+    fn drop(&mut self) {
+        let _ = pgbelow(self.path()).args(["lab", "cleanup"]).output();
+    }
+}
+
+fn ledger_dir() -> TestLedger {
+    TestLedger(
+        tempfile::Builder::new()
+            .prefix("pgbelow-ledger-test-")
+            .tempdir_in("/run")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap(),
+    )
+}
+
+const SHORT: &[&str] = &[
+    "--scenario",
+    "select-only",
+    "--scale",
+    "1",
+    "--duration",
+    "30",
+];
+
+#[test]
+fn single_node_killed_at_every_phase() {
+    let _alone = common::exclusive();
+    let l = ledger_dir();
+    let t0 = Instant::now();
+    kill_at(l.path(), SHORT, Phase::Provisioning, Sig::IntGroup, &[]);
+    let init = [
+        "--scenario",
+        "select-only",
+        "--scale",
+        "10",
+        "--duration",
+        "30",
+    ];
+    kill_at(l.path(), &init, Phase::Init("pgbench -i"), Sig::Term, &[]);
+    kill_at(
+        l.path(),
+        SHORT,
+        Phase::Workload,
+        Sig::Kill,
+        &["lab", "list"],
+    );
+    let quick = [
+        "--scenario",
+        "select-only",
+        "--scale",
+        "1",
+        "--duration",
+        "2",
+    ];
+    kill_at(l.path(), &quick, Phase::Report, Sig::IntGroup, &[]);
+    eprintln!("single node: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn standby_topology_killed_at_every_phase() {
+    let _alone = common::exclusive();
+    let l = ledger_dir();
+    let t0 = Instant::now();
+    let args = [SHORT, &["--standbys", "1"]].concat();
+    kill_at(
+        l.path(),
+        &args,
+        Phase::Line("making standby1"),
+        Sig::Kill,
+        &["lab", "cleanup"],
+    );
+    kill_at(l.path(), &args, Phase::Workload, Sig::Term, &[]);
+    let quick = [
+        "--scenario",
+        "select-only",
+        "--standbys",
+        "1",
+        "--duration",
+        "2",
+    ];
+    kill_at(
+        l.path(),
+        &quick,
+        Phase::Report,
+        Sig::Kill,
+        &["lab", "cleanup"],
+    );
+    eprintln!("standby: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn checkpoint_stall_killed_with_its_device_and_limits() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: checkpoint-stall needs root");
+        return;
+    }
+    let _alone = common::exclusive();
+    let l = ledger_dir();
+    let t0 = Instant::now();
+    let args = [
+        "--scenario",
+        "checkpoint-stall",
+        "--write-limit",
+        "4",
+        "--dirty-cap",
+        "64",
+        "--clients",
+        "2",
+        "--duration",
+        "40",
+    ];
+    kill_at(
+        l.path(),
+        &args,
+        Phase::Init("creating the hot table"),
+        Sig::IntGroup,
+        &[],
+    );
+    kill_at(
+        l.path(),
+        &args,
+        Phase::Workload,
+        Sig::Kill,
+        &["lab", "cleanup"],
+    );
+    kill_at(l.path(), &args, Phase::Workload, Sig::Term, &[]);
+    eprintln!("checkpoint-stall: {:.1} s", t0.elapsed().as_secs_f64());
+}
