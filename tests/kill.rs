@@ -7,7 +7,7 @@
 //!
 //! | topology          | SIGINT (group)  | SIGTERM       | SIGKILL                 |
 //! |-------------------|-----------------|---------------|-------------------------|
-//! | single node       | provisioning, report | pgbench init | workload (next start: `lab list`) |
+//! | single node       | provisioning, report; twice (forced) at workload | pgbench init | workload (next start: `lab list`) |
 //! | `--standbys 1`    |                 | workload      | provisioning, report    |
 //! | checkpoint-stall  | init (table load) | workload    | workload (limits applied) |
 //!
@@ -52,6 +52,8 @@ enum Phase {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sig {
     IntGroup,
+    /// Ctrl-C twice: the second forces (immediate shutdown).
+    IntGroupTwice,
     Term,
     Kill,
 }
@@ -181,6 +183,11 @@ impl Run {
         unsafe {
             match sig {
                 Sig::IntGroup => libc::kill(-pid, libc::SIGINT),
+                Sig::IntGroupTwice => {
+                    libc::kill(-pid, libc::SIGINT);
+                    std::thread::sleep(Duration::from_millis(100));
+                    libc::kill(-pid, libc::SIGINT)
+                }
                 Sig::Term => libc::kill(pid, libc::SIGTERM),
                 Sig::Kill => libc::kill(pid, libc::SIGKILL),
             };
@@ -506,6 +513,12 @@ fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&
         );
     } else {
         assert!(st.success(), "{what}: exit {st}: {err}");
+        if sig == Sig::IntGroupTwice {
+            assert!(
+                err.contains("second interrupt: immediate shutdown"),
+                "{what}: the second Ctrl-C did not force: {err}"
+            );
+        }
         let r: Value = serde_json::from_slice(&stdout)
             .unwrap_or_else(|e| panic!("{what}: no JSON report ({e}): {err}"));
         let status = r["recording"]["status"].as_str().unwrap_or("").to_string();
@@ -589,6 +602,7 @@ fn single_node_killed_at_every_phase() {
         Sig::Kill,
         &["lab", "list"],
     );
+    kill_at(l.path(), SHORT, Phase::Workload, Sig::IntGroupTwice, &[]);
     let quick = [
         "--scenario",
         "select-only",

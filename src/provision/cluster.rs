@@ -292,6 +292,12 @@ impl Cluster {
                 return;
             }
         }
+        if crate::interrupt::forced() {
+            eprintln!(
+                "pgbelow: second interrupt: immediate shutdown of {}",
+                self.data_dir.display()
+            );
+        }
         procs::signal(pid, libc::SIGQUIT); // immediate shutdown
         if procs::wait_child(child, IMMEDIATE_SHUTDOWN_TIMEOUT) {
             return;
