@@ -5,6 +5,8 @@
 //! not from a lab scenario's summary.
 mod common;
 
+use std::os::unix::process::CommandExt;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -613,11 +615,12 @@ fn attach_writes_nothing_and_changes_no_setting() {
     );
 }
 
-/// `pgbelow record` stopped by SIGINT, SIGTERM or SIGKILL while it records
-/// a busy server: after SIGINT/SIGTERM it exits 0 with an `interrupted`
-/// recording; after SIGKILL the recording (status `recording`) still
-/// reports. Either way its connection is gone from the server, and the
-/// server's settings are as they were.
+/// `pgbelow record` stopped by SIGINT (to its process group, as a
+/// terminal's Ctrl-C), SIGTERM or SIGKILL while it records a busy server:
+/// after SIGINT/SIGTERM it exits 0 with an `interrupted` recording; after
+/// SIGKILL the recording (status `recording`) still reports. Either way its
+/// connection is gone from the server, the server's settings are as they
+/// were, and no BPF program it loaded is left.
 #[test]
 fn record_stopped_by_any_signal_leaves_the_server_as_it_was() {
     let c = UserCluster::start(&[], &[]);
@@ -638,6 +641,8 @@ fn record_stopped_by_any_signal_leaves_the_server_as_it_was() {
         ("SIGKILL", libc::SIGKILL),
     ] {
         let out = d.path().join(name);
+        let bpf_before: std::collections::BTreeSet<u64> =
+            common::bpf_programs().into_keys().collect();
         let child = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
             .args(["record", "--pid", &c.postmaster_pid().to_string()])
             .args(["--dsn", &c.dsn("postgres"), "--duration", "60"])
@@ -645,16 +650,32 @@ fn record_stopped_by_any_signal_leaves_the_server_as_it_was() {
             .arg(&out)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .process_group(0)
             .spawn()
             .unwrap();
         common::wait_for(&out.join("syscalls.jsonl"), "recording");
         std::thread::sleep(std::time::Duration::from_secs(2));
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, sig) };
+        let pid = u64::from(child.id());
+        let held = common::bpf_programs()
+            .values()
+            .filter(|p| p.contains(&pid))
+            .count();
+        // SAFETY: kill(2) on our own child; SIGINT to its process group.
+        unsafe {
+            let p = child.id() as i32;
+            libc::kill(if sig == libc::SIGINT { -p } else { p }, sig)
+        };
         let o = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         let status = common::manifest(&out)["status"].clone();
-        eprintln!("{name}: exit {:?}, manifest status {status}", o.status);
+        let (after, leaked) = common::bpf_leaked(&bpf_before);
+        eprintln!(
+            "{name}: exit {:?}, manifest status {status}; BPF programs: {} before, {held} held by record, {} after, leaked {leaked:?}",
+            o.status,
+            bpf_before.len(),
+            after.len()
+        );
+        assert!(leaked.is_empty(), "{name}: BPF programs left: {leaked:?}");
         if sig == libc::SIGKILL {
             assert_eq!(status, "recording", "{err}");
         } else {

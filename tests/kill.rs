@@ -271,61 +271,6 @@ fn ledger_objects(dir: &Path, pid: u32) -> Vec<Value> {
     out
 }
 
-/// Programs loaded in the kernel (`bpftool prog list -j`), each with the
-/// pids that hold it open (/proc/PID/fdinfo `prog_id:`; Debian's bpftool
-/// does not list them). Without bpftool: the programs processes hold.
-fn bpf_programs() -> std::collections::BTreeMap<u64, Vec<u64>> {
-    let mut m: std::collections::BTreeMap<u64, Vec<u64>> = std::collections::BTreeMap::new();
-    if let Ok(o) = Command::new("bpftool")
-        .args(["prog", "list", "-j"])
-        .output()
-    {
-        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
-        for p in v.as_array().into_iter().flatten() {
-            if let Some(id) = p["id"].as_u64() {
-                m.entry(id).or_default();
-            }
-        }
-    }
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(e.path().join("fdinfo")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            let text = std::fs::read_to_string(fd.path()).unwrap_or_default();
-            if let Some(id) = text
-                .lines()
-                .find_map(|l| l.strip_prefix("prog_id:"))
-                .and_then(|s| s.trim().parse().ok())
-            {
-                let holders = m.entry(id).or_default();
-                if !holders.contains(&pid) {
-                    holders.push(pid);
-                }
-            }
-        }
-    }
-    m
-}
-
-fn bpftool() -> bool {
-    Command::new("bpftool")
-        .arg("version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn alive(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rfind(')')
-            .and_then(|i| s[i + 1..].split_whitespace().next())
-            .is_some_and(|st| st != "Z")
-    })
-}
-
 /// Nothing any of `seen` names is left, and no BPF program that was not
 /// there before the run is left without a live holder (other tests on the
 /// machine may load their own meanwhile: those have one).
@@ -345,7 +290,7 @@ fn assert_nothing_left(what: &str, seen: &BTreeSet<String>, bpf_before: &BTreeSe
                 if p("dir").exists() {
                     left.push(format!("{}", p("dir").display()));
                 }
-                if let Some(pid) = v["postmaster_pid"].as_u64().filter(|p| alive(*p)) {
+                if let Some(pid) = v["postmaster_pid"].as_u64().filter(|p| common::alive(*p)) {
                     let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
                     if String::from_utf8_lossy(&cmd).contains(&*p("data_dir").to_string_lossy()) {
                         left.push(format!("postgres {pid}"));
@@ -407,21 +352,8 @@ fn assert_nothing_left(what: &str, seen: &BTreeSet<String>, bpf_before: &BTreeSe
             k => panic!("unknown ledger kind {k}"),
         }
     }
-    // The kernel frees a dead process's programs a moment after its exit
-    // (deferred work): wait up to 10 s for them to go.
     let t0 = Instant::now();
-    let (after, leaked) = loop {
-        let after = bpf_programs();
-        let leaked: Vec<u64> = after
-            .iter()
-            .filter(|(id, pids)| !bpf_before.contains(id) && !pids.iter().any(|p| alive(*p)))
-            .map(|(id, _)| *id)
-            .collect();
-        if leaked.is_empty() || t0.elapsed() > Duration::from_secs(10) {
-            break (after, leaked);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (after, leaked) = common::bpf_leaked(bpf_before);
     eprintln!(
         "{what}: {} ledger objects seen, BPF programs {} before, {} after, {} leaked ({:.1} s to settle)",
         seen.len(),
@@ -441,17 +373,20 @@ fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&
     let what = format!("{args:?} {sig:?} @ {phase:?}");
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
-    let bpf_before: BTreeSet<u64> = bpf_programs().into_keys().collect();
+    let bpf_before: BTreeSet<u64> = common::bpf_programs().into_keys().collect();
     let t0 = Instant::now();
     let mut run = Run::start(ledger, args, &out);
     run.wait_for(phase, &out);
     let pid = u64::from(run.child.id());
-    let held = bpf_programs()
+    let held = common::bpf_programs()
         .values()
         .filter(|pids| pids.contains(&pid))
         .count();
     eprintln!("{what}: the run holds {held} BPF program(s) when signalled");
-    if phase == Phase::Workload && bpftool() && Path::new("/sys/kernel/btf/vmlinux").exists() {
+    if phase == Phase::Workload
+        && common::bpftool()
+        && Path::new("/sys/kernel/btf/vmlinux").exists()
+    {
         // The syscall collector's programs are loaded before the workload
         // starts: the count after the kill means something.
         assert!(held > 0, "{what}: no BPF program held during the workload");

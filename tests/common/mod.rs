@@ -143,3 +143,80 @@ pub fn build_clock_syscall_lib(dir: &Path) -> PathBuf {
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
     lib
 }
+
+/// Programs loaded in the kernel (`bpftool prog list -j`), each with the
+/// pids that hold it open (/proc/PID/fdinfo `prog_id:`; Debian's bpftool
+/// does not list them). Without bpftool: the programs processes hold.
+pub fn bpf_programs() -> std::collections::BTreeMap<u64, Vec<u64>> {
+    let mut m: std::collections::BTreeMap<u64, Vec<u64>> = std::collections::BTreeMap::new();
+    if let Ok(o) = std::process::Command::new("bpftool")
+        .args(["prog", "list", "-j"])
+        .output()
+    {
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        for p in v.as_array().into_iter().flatten() {
+            if let Some(id) = p["id"].as_u64() {
+                m.entry(id).or_default();
+            }
+        }
+    }
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(e.path().join("fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let text = std::fs::read_to_string(fd.path()).unwrap_or_default();
+            if let Some(id) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("prog_id:"))
+                .and_then(|s| s.trim().parse().ok())
+            {
+                let holders = m.entry(id).or_default();
+                if !holders.contains(&pid) {
+                    holders.push(pid);
+                }
+            }
+        }
+    }
+    m
+}
+
+pub fn bpftool() -> bool {
+    std::process::Command::new("bpftool")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A live (not zombie) process.
+pub fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+            .is_some_and(|st| st != "Z")
+    })
+}
+
+/// Programs not in `before` that no live process holds, waiting up to
+/// 10 s for them to go (the kernel frees a dead process's programs a
+/// moment after its exit, in deferred work): all programs now, and those.
+pub fn bpf_leaked(
+    before: &std::collections::BTreeSet<u64>,
+) -> (std::collections::BTreeMap<u64, Vec<u64>>, Vec<u64>) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let after = bpf_programs();
+        let leaked: Vec<u64> = after
+            .iter()
+            .filter(|(id, pids)| !before.contains(id) && !pids.iter().any(|p| alive(*p)))
+            .map(|(id, _)| *id)
+            .collect();
+        if leaked.is_empty() || t0.elapsed() > Duration::from_secs(10) {
+            return (after, leaked);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
