@@ -170,6 +170,18 @@ fn sigkill_leaves_a_readable_recording_and_no_server() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The temp cluster is left (nothing can run after SIGKILL) until the
+    // next pgbelow start, which reclaims it from the cleanup ledger.
+    let dir = m["postgres"]["data_dir"]
+        .as_str()
+        .and_then(|d| Path::new(d).parent())
+        .unwrap()
+        .to_path_buf();
+    assert!(
+        dir.exists(),
+        "{} is not left: is this test still one?",
+        dir.display()
+    );
     let r = Command::cargo_bin("pgbelow")
         .unwrap()
         .arg("report")
@@ -177,7 +189,17 @@ fn sigkill_leaves_a_readable_recording_and_no_server() {
         .args(["--format", "json"])
         .output()
         .unwrap();
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "cleaned up after a killed pgbelow: removed {}",
+            dir.display()
+        )),
+        "the next start did not reclaim {}: {err}",
+        dir.display()
+    );
+    assert!(!dir.exists(), "{} left after the next start", dir.display());
     let r: Value = serde_json::from_slice(&r.stdout).unwrap();
     assert_eq!(r["recording"]["status"], "recording");
     assert!(
@@ -188,11 +210,4 @@ fn sigkill_leaves_a_readable_recording_and_no_server() {
         "{:#}",
         r["syscalls"]
     );
-    // The data directory is left (nothing can run after SIGKILL); remove it for the suite.
-    if let Some(dir) = m["postgres"]["data_dir"]
-        .as_str()
-        .and_then(|d| Path::new(d).parent())
-    {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
