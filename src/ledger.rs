@@ -600,7 +600,7 @@ fn signal(pid: u32, sig: libc::c_int) {
 }
 
 /// Is `path` a mount point (per /proc/self/mountinfo)?
-fn mounted(path: &Path) -> bool {
+pub fn mounted(path: &Path) -> bool {
     mount_points().iter().any(|m| m == path)
 }
 
@@ -609,31 +609,11 @@ fn mounted_under(path: &Path) -> bool {
 }
 
 fn mount_points() -> Vec<PathBuf> {
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(unescape_mount(m)))
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    crate::collect::system::parse_mountinfo(&text)
+        .into_iter()
+        .map(|m| PathBuf::from(m.mount_point))
         .collect()
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mount(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Loop devices (`/dev/loopN`) whose backing file is `backing`.
@@ -745,12 +725,6 @@ mod tests {
         let mut steps: Vec<u8> = objs.iter().map(Object::step).collect();
         steps.sort_unstable();
         assert_eq!(steps, vec![0, 1, 3, 6]);
-    }
-
-    #[test]
-    fn mountinfo_escapes() {
-        assert_eq!(unescape_mount(r"/a\040b"), "/a b");
-        assert_eq!(unescape_mount("/plain"), "/plain");
     }
 
     #[test]

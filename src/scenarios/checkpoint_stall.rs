@@ -632,11 +632,7 @@ impl StallDevice {
         self.remove_cgroup_into(&mut problems);
         if let Some(noted) = self.mount_noted.take() {
             // Noted before `mount` ran: it may have failed.
-            let mounted = std::fs::read_to_string("/proc/self/mounts")
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l.split(' ').nth(1) == Some(&*self.mount.to_string_lossy()));
-            let ok = !mounted
+            let ok = !ledger::mounted(&self.mount)
                 || run(Command::new("umount").arg(&self.mount)).is_ok()
                 || run(Command::new("umount").arg("-l").arg(&self.mount)).is_ok();
             if ok {
