@@ -327,11 +327,16 @@ fn run_on(
     };
     if opts.scenario.pgbench_init() {
         status(&format!("pgbench -i -s {}", opts.scale));
+        // A stop that came before a command started does not end it: check.
+        check_interrupt()?;
         pgbench.init(&target, opts.scale)?;
     } else if let Some(dev) = stall.as_deref_mut() {
         status("creating the hot table on the limited device");
         crate::scenarios::checkpoint_stall::prepare(
-            &|db: &str, sql: &str| cluster.psql(db, sql),
+            &|db: &str, sql: &str| {
+                check_interrupt()?;
+                cluster.psql(db, sql)
+            },
             &dev.tablespace_dir(),
         )?;
         let cal = if opts.stall.needs_calibration() {
@@ -340,6 +345,7 @@ fn run_on(
             None
         };
         limits = Some(opts.stall.limits(cal));
+        check_interrupt()?;
         dev.limit(limits.as_ref().expect("set above"), status)?;
     } else {
         crate::scenarios::prepare(opts, &cluster.conninfo("bench"), status)?;
@@ -463,7 +469,10 @@ fn calibrate_stall(
     status: &dyn Fn(&str),
 ) -> Result<Option<crate::scenarios::checkpoint_stall::Calibration>> {
     crate::scenarios::checkpoint_stall::calibrate(
-        &|sql: &str| cluster.psql("bench", sql),
+        &|sql: &str| {
+            check_interrupt()?;
+            cluster.psql("bench", sql)
+        },
         &|secs: u32| {
             let (summary, _) = pgbench
                 .start(target, opts.scenario, opts.clients, secs)?

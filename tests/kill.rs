@@ -67,6 +67,9 @@ struct Run {
     ledger: PathBuf,
     /// Every object the run's ledger file listed while we watched.
     seen: Arc<Mutex<BTreeSet<String>>>,
+    /// Per poll: (an I/O limit or bdi setting still noted, a server of
+    /// the run alive): which went first at teardown.
+    timeline: Arc<Mutex<Vec<(bool, bool)>>>,
     watcher: Option<std::thread::JoinHandle<()>>,
     stop_watch: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -108,6 +111,8 @@ impl Run {
         });
         let seen = Arc::new(Mutex::new(BTreeSet::new()));
         let stop_watch = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let timeline = Arc::new(Mutex::new(Vec::new()));
+        let t2 = Arc::clone(&timeline);
         let (s2, stop2, dir, pid) = (
             Arc::clone(&seen),
             Arc::clone(&stop_watch),
@@ -115,10 +120,19 @@ impl Run {
             child.id(),
         );
         let watcher = std::thread::spawn(move || {
+            let mut postmasters = BTreeSet::new();
             while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-                for o in ledger_objects(&dir, pid) {
+                let objects = ledger_objects(&dir, pid);
+                let mut limits = false;
+                for o in &objects {
                     s2.lock().unwrap().insert(o.to_string());
+                    limits |= o["kind"] == "io_limit" || o["kind"] == "bdi";
+                    if let Some(p) = o["postmaster_pid"].as_u64() {
+                        postmasters.insert(p);
+                    }
                 }
+                let serving = postmasters.iter().any(|p| common::alive(*p));
+                t2.lock().unwrap().push((limits, serving));
                 std::thread::sleep(Duration::from_millis(20));
             }
         });
@@ -129,6 +143,7 @@ impl Run {
             err_reader: Some(err_reader),
             ledger: ledger.to_path_buf(),
             seen,
+            timeline,
             watcher: Some(watcher),
             stop_watch,
         }
@@ -391,12 +406,26 @@ fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&
         // starts: the count after the kill means something.
         assert!(held > 0, "{what}: no BPF program held during the workload");
     }
+    let t_sig = Instant::now();
     run.send(sig);
     let (st, stdout, err, seen) = run.finish();
+    let stop_s = t_sig.elapsed().as_secs_f64();
+    let timeline = run.timeline.lock().unwrap().clone();
     eprintln!(
-        "{what}: exit {st} after {:.1} s",
+        "{what}: exit {st} after {:.1} s, {stop_s:.1} s after the signal",
         t0.elapsed().as_secs_f64()
     );
+    if matches!(phase, Phase::Provisioning | Phase::Init(_) | Phase::Line(_)) && sig != Sig::Kill {
+        // Stopped where it was: no workload, no limits applied after it.
+        assert!(
+            !out.join("progress.jsonl").exists(),
+            "{what}: the workload ran after the signal"
+        );
+        assert!(
+            !seen.iter().any(|o| o.contains("\"kind\":\"io_limit\"")),
+            "{what}: the device's limits were applied after the signal"
+        );
+    }
     assert!(!seen.is_empty(), "{what}: the ledger never listed anything");
     if sig == Sig::Kill {
         // What the kill left: temp clusters still on disk.
@@ -475,6 +504,21 @@ fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&
         );
         let r2: Value = serde_json::from_slice(&rep.stdout).unwrap();
         assert_eq!(r2["recording"]["status"], status, "{what}");
+        // Limits lifted no later than the last server stopped.
+        let tl = timeline;
+        let first = |f: &dyn Fn(&(bool, bool)) -> bool| tl.iter().position(f);
+        if let Some(on) = first(&|p| p.0) {
+            let lifted = tl[on..].iter().position(|p| !p.0).map(|i| i + on);
+            let down = tl[on..].iter().position(|p| !p.1).map(|i| i + on);
+            eprintln!("{what}: limits lifted at poll {lifted:?}, servers down at poll {down:?} (20 ms polls)");
+            match (lifted, down) {
+                (Some(l), Some(d)) => assert!(
+                    l <= d,
+                    "{what}: servers stopped before the limits were lifted"
+                ),
+                _ => panic!("{what}: limits lifted {lifted:?}, servers down {down:?}"),
+            }
+        }
     }
     assert_nothing_left(&what, &seen, &bpf_before);
 }
