@@ -48,7 +48,8 @@ const RECORD_EXAMPLES: &str = "Examples:
 const REPORT_EXAMPLES: &str = "Examples:
   pgbelow report pgbelow-runs/checkpoint-stall-15-20261122-101500
   pgbelow report DIR --format html --output report.html
-  pgbelow report DIR --format json --fail-on warning";
+  pgbelow report DIR --format json --fail-on warning
+  pgbelow report DIR --format pprof --output profile.pb.gz && go tool pprof -top profile.pb.gz";
 const COMPARE_EXAMPLES: &str = "Examples:
   pgbelow compare before after
   pgbelow compare before after --format html > compare.html";
@@ -224,6 +225,16 @@ pub struct RecordArgs {
     pub output: Output,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum ReportFormat {
+    Text,
+    Json,
+    /// One page: findings, tps with checkpoints, flame graphs, the text report.
+    Html,
+    /// The on-CPU profile as gzipped pprof protobuf (go tool pprof, Pyroscope, Parca).
+    Pprof,
+}
+
 #[derive(Args, Debug)]
 pub struct ReportArgs {
     /// A recording directory.
@@ -231,8 +242,12 @@ pub struct ReportArgs {
     /// Write the report to this file instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    #[command(flatten)]
-    pub out: Output,
+    /// Report format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: ReportFormat,
+    /// Exit 1 when a finding of this severity or worse is raised.
+    #[arg(long, value_enum)]
+    pub fail_on: Option<SeverityArg>,
 }
 
 #[derive(Args, Debug)]

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, ValueEnum};
 
-use cli::{Cli, Command, Format, LabCommand, MechanismArg, ScenarioArg, SeverityArg, SyncArg};
+use cli::{
+    Cli, Command, Format, LabCommand, MechanismArg, ReportFormat, ScenarioArg, SeverityArg, SyncArg,
+};
 use pgbelow::analyse::Severity;
 use pgbelow::collect::syscalls::Mechanism;
 use pgbelow::evidence::Evidence;
@@ -91,6 +93,35 @@ fn say_where(dir: &std::path::Path, format: Format) -> Result<()> {
         eprintln!("pgbelow: recording: {}", abs.display());
         Ok(())
     }
+}
+
+/// `report --format pprof`: binary, so to a file or a pipe, never a terminal.
+fn pprof(ev: &Evidence, output: Option<&std::path::Path>) -> Result<ExitCode> {
+    let bytes = report::pprof::export(ev)?;
+    match output {
+        Some(path) => {
+            pgbelow::recording::writer::write_bytes_atomic(path, &bytes).map_err(|e| {
+                error::fixable(
+                    format!("cannot write {}: {e:#}", path.display()),
+                    "pass --output with a writable path",
+                )
+            })?
+        }
+        None if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
+            return Err(error::fixable(
+                "--format pprof writes gzipped protobuf, not for a terminal",
+                "pass --output FILE.pb.gz (or redirect stdout to a file)",
+            ))
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            match out.write_all(&bytes).and_then(|_| out.flush()) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                r => r?,
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -214,8 +245,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Report(a) => {
             let loaded = Evidence::load(&a.dir)?;
+            let format = match a.format {
+                ReportFormat::Text => Format::Text,
+                ReportFormat::Json => Format::Json,
+                ReportFormat::Html => Format::Html,
+                ReportFormat::Pprof => return pprof(&loaded, a.output.as_deref()),
+            };
             let rep = report::build(&loaded);
-            let body = render(&rep, a.out.format, &a.dir)?;
+            let body = render(&rep, format, &a.dir)?;
             match &a.output {
                 Some(path) => {
                     pgbelow::recording::writer::write_text_atomic(path, &body).map_err(|e| {
@@ -227,7 +264,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 None => print(&body)?,
             }
-            Ok(exit_for(&rep, a.out.fail_on))
+            Ok(exit_for(&rep, a.fail_on))
         }
         Command::Compare(a) => {
             let ra = report::build(&Evidence::load(&a.dir_a)?);
