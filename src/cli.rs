@@ -33,6 +33,34 @@ pub enum Command {
     /// Check this machine and probe a lab PostgreSQL; the main job, no arguments needed.
     #[command(after_help = DOCTOR_EXAMPLES)]
     Doctor(DoctorArgs),
+    /// Print a shell completion script.
+    #[command(after_help = COMPLETIONS_EXAMPLES)]
+    Completions(CompletionsArgs),
+    /// Print the man page (roff), or write one page per subcommand.
+    #[command(after_help = MAN_EXAMPLES)]
+    Man(ManArgs),
+}
+
+const COMPLETIONS_EXAMPLES: &str = "Examples:
+  pgbelow completions bash > /etc/bash_completion.d/pgbelow
+  pgbelow completions zsh > \"${fpath[1]}/_pgbelow\"
+  pgbelow completions fish > ~/.config/fish/completions/pgbelow.fish";
+const MAN_EXAMPLES: &str = "Examples:
+  pgbelow man | man -l -
+  pgbelow man --output /usr/local/share/man/man1";
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub struct ManArgs {
+    /// Write pgbelow.1 and one page per subcommand (pgbelow-record.1, …) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
 }
 
 const LAB_EXAMPLES: &str = "Examples:

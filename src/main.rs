@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 
 use cli::{
     Cli, Command, Format, LabCommand, MechanismArg, ReportFormat, ScenarioArg, SeverityArg, SyncArg,
@@ -287,6 +287,32 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     &pgbelow::compare::render(&c),
                 ),
             })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions(a) => {
+            let mut buf = Vec::new();
+            clap_complete::generate(a.shell, &mut Cli::command(), "pgbelow", &mut buf);
+            print(&String::from_utf8_lossy(&buf))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man(a) => {
+            match a.output {
+                Some(dir) => {
+                    let dir_err = |e: &dyn std::fmt::Display| {
+                        error::fixable(
+                            format!("cannot write man pages into {}: {e}", dir.display()),
+                            "pass --output with a writable directory",
+                        )
+                    };
+                    std::fs::create_dir_all(&dir).map_err(|e| dir_err(&e))?;
+                    clap_mangen::generate_to(Cli::command(), &dir).map_err(|e| dir_err(&e))?;
+                }
+                None => {
+                    let mut buf = Vec::new();
+                    clap_mangen::Man::new(Cli::command()).render(&mut buf)?;
+                    print(&String::from_utf8_lossy(&buf))?;
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor(a) => {
