@@ -289,6 +289,26 @@ fn run(cli: Cli) -> Result<ExitCode> {
             })?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Watch(a) => {
+            let collectors = match a.collectors.as_deref() {
+                Some(list) => collect::parse_list(Some(list))?,
+                None => pgbelow::watch::DEFAULT_COLLECTORS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            };
+            pgbelow::watch::run(&pgbelow::watch::WatchOptions {
+                pid: a.pid,
+                dsn: a.dsn,
+                listen: a.listen,
+                window_s: a.window,
+                keep: a.keep,
+                keep_max_mb: a.keep_max_mb,
+                collectors,
+                syscall_mechanism: mechanism(a.syscall_mechanism),
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Completions(a) => {
             let mut buf = Vec::new();
             clap_complete::generate(a.shell, &mut Cli::command(), "pgbelow", &mut buf);

@@ -118,6 +118,23 @@ impl UserCluster {
         }
     }
 
+    /// Stop the server (fast shutdown), keeping its data directory.
+    pub fn stop(&self) {
+        let st = as_postgres(&self.bin, "pg_ctl")
+            .args(["-w", "-t", "60", "-m", "fast", "-D"])
+            .arg(self.data())
+            .arg("stop")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "pg_ctl stop");
+    }
+
+    /// Start it again after [`UserCluster::stop`].
+    pub fn restart_stopped(&self, settings: &[(&str, &str)]) {
+        self.pg_ctl_start(settings, &[]);
+    }
+
     fn pg_ctl_start(&self, settings: &[(&str, &str)], env: &[(&str, &Path)]) {
         let mut opts = format!(
             "-k {} -p {} -c listen_addresses='' -c log_checkpoints=on",
