@@ -73,12 +73,26 @@ fn exit_for(r: &Report, fail_on: Option<SeverityArg>) -> ExitCode {
 }
 
 fn print(s: &str) -> Result<()> {
+    print_bytes(s.as_bytes())
+}
+
+fn print_bytes(b: &[u8]) -> Result<()> {
     let mut out = std::io::stdout().lock();
     // A closed pipe (pgbelow … | head) is not an error worth a message.
-    match out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+    match out.write_all(b).and_then(|_| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         r => Ok(r?),
     }
+}
+
+/// `--output FILE`, written atomically.
+fn write_output(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    pgbelow::recording::writer::write_bytes_atomic(path, bytes).map_err(|e| {
+        error::fixable(
+            format!("cannot write {}: {e:#}", path.display()),
+            "pass --output with a writable path",
+        )
+    })
 }
 
 /// Where the recording is, as an absolute path: after a text report on
@@ -99,27 +113,14 @@ fn say_where(dir: &std::path::Path, format: Format) -> Result<()> {
 fn pprof(ev: &Evidence, output: Option<&std::path::Path>) -> Result<ExitCode> {
     let bytes = report::pprof::export(ev)?;
     match output {
-        Some(path) => {
-            pgbelow::recording::writer::write_bytes_atomic(path, &bytes).map_err(|e| {
-                error::fixable(
-                    format!("cannot write {}: {e:#}", path.display()),
-                    "pass --output with a writable path",
-                )
-            })?
-        }
+        Some(path) => write_output(path, &bytes)?,
         None if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
             return Err(error::fixable(
                 "--format pprof writes gzipped protobuf, not for a terminal",
                 "pass --output FILE.pb.gz (or redirect stdout to a file)",
             ))
         }
-        None => {
-            let mut out = std::io::stdout().lock();
-            match out.write_all(&bytes).and_then(|_| out.flush()) {
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-                r => r?,
-            }
-        }
+        None => print_bytes(&bytes)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -254,14 +255,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let rep = report::build(&loaded);
             let body = render(&rep, format, &a.dir)?;
             match &a.output {
-                Some(path) => {
-                    pgbelow::recording::writer::write_text_atomic(path, &body).map_err(|e| {
-                        error::fixable(
-                            format!("cannot write {}: {e:#}", path.display()),
-                            "pass --output with a writable path",
-                        )
-                    })?
-                }
+                Some(path) => write_output(path, body.as_bytes())?,
                 None => print(&body)?,
             }
             Ok(exit_for(&rep, a.fail_on))

@@ -11,13 +11,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::userdb::UserCluster;
+use common::userdb::{free_port, UserCluster};
 use serde_json::Value;
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
 
 /// A tool of Debian's prometheus package, or None (skipped) outside CI.
 fn prometheus_tool(name: &str) -> Option<String> {

@@ -27,6 +27,9 @@ pub struct Metrics {
     collector_up: BTreeMap<String, bool>,
     postgres_up: bool,
     last_window_end: f64,
+    /// Seconds between the last two windows in which nothing was counted
+    /// (the last window's evaluation and the next one's attach).
+    pub gap_s: Option<f64>,
 }
 
 /// Ratio gauges: name, help.
@@ -255,6 +258,14 @@ impl Metrics {
             "Seconds covered by the windows recorded.",
             [(vec![], crate::round3(self.window_s))],
         );
+        if let Some(g) = self.gap_s {
+            e.family(
+                "pgbelow_window_gap_seconds",
+                Kind::Gauge,
+                "Seconds between the last two windows in which nothing was counted.",
+                [(vec![], crate::round3(g))],
+            );
+        }
         if self.windows > 0 {
             e.family(
                 "pgbelow_last_window_end_timestamp_seconds",

@@ -92,6 +92,7 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
 fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result<()> {
     let mut n = 0u64;
     let mut last_error = String::new();
+    let mut last_end: Option<std::time::Instant> = None;
     while !interrupt::requested() {
         n += 1;
         let dir = work.join(format!("window-{n}"));
@@ -104,8 +105,14 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
             out: Some(dir.clone()),
             show_progress: false,
         };
-        let recorded = attach::attach(&ropts, n == 1)
-            .and_then(|(session, pid)| attach::record_for(&ropts, session, pid));
+        let recorded = attach::attach(&ropts, n == 1).and_then(|(session, pid)| {
+            // Uncounted time: from the end of the last window to this one's start.
+            if let Some(end) = last_end.take() {
+                lock(metrics).gap_s = Some(end.elapsed().as_secs_f64());
+            }
+            attach::record_for(&ropts, session, pid)
+        });
+        last_end = Some(std::time::Instant::now());
         let rec = match recorded {
             Ok(rec) => rec,
             Err(e) => {
@@ -118,6 +125,7 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
                     last_error = msg;
                 }
                 lock(metrics).down();
+                last_end = None;
                 let _ = std::fs::remove_dir_all(&dir);
                 interrupt::sleep(RETRY);
                 continue;

@@ -28,7 +28,7 @@ fn as_postgres(bin: &Path, tool: &str) -> Command {
     c
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
