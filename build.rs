@@ -1,5 +1,6 @@
 // Compiles the BPF programs under src/bpf with clang and generates their
-// libbpf-rs skeletons into OUT_DIR.
+// libbpf-rs skeletons into OUT_DIR; generates the pprof protobuf types
+// from the vendored proto/profile.proto (protox: no system protoc needed).
 use std::env;
 use std::path::PathBuf;
 
@@ -29,4 +30,16 @@ fn main() {
         );
     }
     println!("cargo:rerun-if-changed={src}");
+    pprof_types(&out);
+}
+
+fn pprof_types(out: &std::path::Path) {
+    let proto = "proto/profile.proto";
+    let fds = protox::compile([proto], ["proto"])
+        .unwrap_or_else(|e| panic!("compiling {proto} failed: {e}"));
+    prost_build::Config::new()
+        .out_dir(out)
+        .compile_fds(fds)
+        .unwrap_or_else(|e| panic!("generating Rust from {proto} failed: {e}"));
+    println!("cargo:rerun-if-changed={proto}");
 }

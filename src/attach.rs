@@ -119,6 +119,15 @@ pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, Strin
 }
 
 pub fn run(opts: &RecordOptions) -> Result<crate::recording::Recorded> {
+    let (session, pid) = attach(opts, true)?;
+    record_for(opts, session, pid)
+}
+
+/// Find the postmaster (from `--pid` or the connection), fill the manifest
+/// and start the collectors on a new recording in `opts.out`: what `record`
+/// does once and `watch` once per window. `announce`: say on stderr how
+/// the postmaster was found.
+pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
     // "" is a connection from the environment alone, as libpq reads it.
     let conninfo = opts
         .dsn
@@ -163,7 +172,9 @@ pub fn run(opts: &RecordOptions) -> Result<crate::recording::Recorded> {
             }
             (Some(pid), _) => pid,
             (None, Ok((pm, how))) => {
-                eprintln!("pgbelow: recording the postmaster pid {pm} ({how})");
+                if announce {
+                    eprintln!("pgbelow: recording the postmaster pid {pm} ({how})");
+                }
                 pm
             }
             (None, Err(why)) => {
@@ -208,7 +219,17 @@ pub fn run(opts: &RecordOptions) -> Result<crate::recording::Recorded> {
     ctx.bin_dir = manifest.postgres.bin_dir.as_ref().map(PathBuf::from);
     ctx.major = manifest.postgres.major;
     ctx.syscall_mechanism = opts.syscall_mechanism;
-    let mut session = Session::start(out, manifest, ctx, &opts.collectors, Vec::new())?;
+    let session = Session::start(out, manifest, ctx, &opts.collectors, Vec::new())?;
+    Ok((session, pid))
+}
+
+/// Tick the session once a second for `opts.duration_s` (or until a stop
+/// is asked, or the postmaster exits), then close the recording.
+pub fn record_for(
+    opts: &RecordOptions,
+    mut session: Session,
+    pid: u32,
+) -> Result<crate::recording::Recorded> {
     let bar = if opts.show_progress {
         let b = ProgressBar::new(u64::from(opts.duration_s));
         b.set_style(

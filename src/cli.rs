@@ -33,6 +33,73 @@ pub enum Command {
     /// Check this machine and probe a lab PostgreSQL; the main job, no arguments needed.
     #[command(after_help = DOCTOR_EXAMPLES)]
     Doctor(DoctorArgs),
+    /// Watch a running PostgreSQL continuously and serve /metrics (Prometheus, OpenMetrics).
+    #[command(after_help = WATCH_EXAMPLES)]
+    Watch(WatchArgs),
+    /// Print a shell completion script.
+    #[command(after_help = COMPLETIONS_EXAMPLES)]
+    Completions(CompletionsArgs),
+    /// Print the man page (roff), or write one page per subcommand.
+    #[command(after_help = MAN_EXAMPLES)]
+    Man(ManArgs),
+}
+
+const WATCH_EXAMPLES: &str = "Examples:
+  pgbelow watch --dsn 'host=/var/run/postgresql user=postgres dbname=postgres'
+  pgbelow watch --dsn 'host=/var/run/postgresql dbname=postgres' --listen 0.0.0.0:9187 --window 60 \\
+      --keep /var/lib/pgbelow/kept --keep-max-mb 500
+Systemd unit, Prometheus scrape config and alerting rules: docs/watch/.";
+const COMPLETIONS_EXAMPLES: &str = "Examples:
+  pgbelow completions bash > /etc/bash_completion.d/pgbelow
+  pgbelow completions zsh > \"${fpath[1]}/_pgbelow\"
+  pgbelow completions fish > ~/.config/fish/completions/pgbelow.fish";
+const MAN_EXAMPLES: &str = "Examples:
+  pgbelow man | man -l -
+  pgbelow man --output /usr/local/share/man/man1";
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    /// Pid of the postmaster to observe; with --dsn too, a restarted server
+    /// (a new pid) is not followed.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// libpq connection string for the server's counters (read-only); the
+    /// postmaster is found from it, again after a restart. Absent: the PG*
+    /// environment variables and ~/.pgpass.
+    #[arg(long, value_name = "CONNSTR")]
+    pub dsn: Option<String>,
+    /// Address of the /metrics endpoint.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9187")]
+    pub listen: String,
+    /// Seconds per window: the rules and the ratio gauges cover the last one.
+    #[arg(long = "window", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(5..=3600))]
+    pub window: u32,
+    /// Keep windows that raised a finding as recordings in this directory
+    /// (`pgbelow report` opens them).
+    #[arg(long, value_name = "DIR")]
+    pub keep: Option<PathBuf>,
+    /// Size bound of --keep: the oldest kept windows are deleted first.
+    #[arg(long, value_name = "N", default_value_t = 256, requires = "keep", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_max_mb: u64,
+    /// Collectors to run (default: syscalls,procfs,pgstat).
+    #[arg(long, value_name = "LIST")]
+    pub collectors: Option<String>,
+    #[arg(long, value_enum)]
+    pub syscall_mechanism: Option<MechanismArg>,
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub struct ManArgs {
+    /// Write pgbelow.1 and one page per subcommand (pgbelow-record.1, …) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
 }
 
 const LAB_EXAMPLES: &str = "Examples:
@@ -49,7 +116,8 @@ const RECORD_EXAMPLES: &str = "Examples:
 const REPORT_EXAMPLES: &str = "Examples:
   pgbelow report pgbelow-runs/checkpoint-stall-15-20261122-101500
   pgbelow report DIR --format html --output report.html
-  pgbelow report DIR --format json --fail-on warning";
+  pgbelow report DIR --format json --fail-on warning
+  pgbelow report DIR --format pprof --output profile.pb.gz && go tool pprof -top profile.pb.gz";
 const COMPARE_EXAMPLES: &str = "Examples:
   pgbelow compare before after
   pgbelow compare before after --format html > compare.html";
@@ -228,6 +296,16 @@ pub struct RecordArgs {
     pub output: Output,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum ReportFormat {
+    Text,
+    Json,
+    /// One page: findings, tps with checkpoints, flame graphs, the text report.
+    Html,
+    /// The on-CPU profile as gzipped pprof protobuf (go tool pprof, Pyroscope, Parca).
+    Pprof,
+}
+
 #[derive(Args, Debug)]
 pub struct ReportArgs {
     /// A recording directory.
@@ -235,8 +313,12 @@ pub struct ReportArgs {
     /// Write the report to this file instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    #[command(flatten)]
-    pub out: Output,
+    /// Report format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: ReportFormat,
+    /// Exit 1 when a finding of this severity or worse is raised.
+    #[arg(long, value_enum)]
+    pub fail_on: Option<SeverityArg>,
 }
 
 #[derive(Args, Debug)]

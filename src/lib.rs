@@ -21,6 +21,7 @@ pub mod recording;
 pub mod report;
 pub mod scenarios;
 pub mod stats;
+pub mod watch;
 pub mod workload;
 
 /// Round to three decimals (milliseconds of seconds, ratios) so reports and

@@ -4,9 +4,11 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 
-use cli::{Cli, Command, Format, LabCommand, MechanismArg, ScenarioArg, SeverityArg, SyncArg};
+use cli::{
+    Cli, Command, Format, LabCommand, MechanismArg, ReportFormat, ScenarioArg, SeverityArg, SyncArg,
+};
 use pgbelow::analyse::Severity;
 use pgbelow::collect::syscalls::Mechanism;
 use pgbelow::evidence::Evidence;
@@ -88,12 +90,26 @@ fn exit_for(r: &Report, fail_on: Option<SeverityArg>) -> ExitCode {
 }
 
 fn print(s: &str) -> Result<()> {
+    print_bytes(s.as_bytes())
+}
+
+fn print_bytes(b: &[u8]) -> Result<()> {
     let mut out = std::io::stdout().lock();
     // A closed pipe (pgbelow … | head) is not an error worth a message.
-    match out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+    match out.write_all(b).and_then(|_| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         r => Ok(r?),
     }
+}
+
+/// `--output FILE`, written atomically.
+fn write_output(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    pgbelow::recording::writer::write_bytes_atomic(path, bytes).map_err(|e| {
+        error::fixable(
+            format!("cannot write {}: {e:#}", path.display()),
+            "pass --output with a writable path",
+        )
+    })
 }
 
 /// Where the recording is, as an absolute path: after a text report on
@@ -108,6 +124,22 @@ fn say_where(dir: &std::path::Path, format: Format) -> Result<()> {
         eprintln!("pgbelow: recording: {}", abs.display());
         Ok(())
     }
+}
+
+/// `report --format pprof`: binary, so to a file or a pipe, never a terminal.
+fn pprof(ev: &Evidence, output: Option<&std::path::Path>) -> Result<ExitCode> {
+    let bytes = report::pprof::export(ev)?;
+    match output {
+        Some(path) => write_output(path, &bytes)?,
+        None if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
+            return Err(error::fixable(
+                "--format pprof writes gzipped protobuf, not for a terminal",
+                "pass --output FILE.pb.gz (or redirect stdout to a file)",
+            ))
+        }
+        None => print_bytes(&bytes)?,
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -246,20 +278,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Report(a) => {
             let loaded = Evidence::load(&a.dir)?;
+            let format = match a.format {
+                ReportFormat::Text => Format::Text,
+                ReportFormat::Json => Format::Json,
+                ReportFormat::Html => Format::Html,
+                ReportFormat::Pprof => return pprof(&loaded, a.output.as_deref()),
+            };
             let rep = report::build(&loaded);
-            let body = render(&rep, a.out.format, &a.dir)?;
+            let body = render(&rep, format, &a.dir)?;
             match &a.output {
-                Some(path) => {
-                    pgbelow::recording::writer::write_text_atomic(path, &body).map_err(|e| {
-                        error::fixable(
-                            format!("cannot write {}: {e:#}", path.display()),
-                            "pass --output with a writable path",
-                        )
-                    })?
-                }
+                Some(path) => write_output(path, body.as_bytes())?,
                 None => print(&body)?,
             }
-            Ok(exit_for(&rep, a.out.fail_on))
+            Ok(exit_for(&rep, a.fail_on))
         }
         Command::Compare(a) => {
             let ra = report::build(&Evidence::load(&a.dir_a)?);
@@ -282,6 +313,52 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     &pgbelow::compare::render(&c),
                 ),
             })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Watch(a) => {
+            let collectors = match a.collectors.as_deref() {
+                Some(list) => collect::parse_list(Some(list))?,
+                None => pgbelow::watch::DEFAULT_COLLECTORS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            };
+            pgbelow::watch::run(&pgbelow::watch::WatchOptions {
+                pid: a.pid,
+                dsn: a.dsn,
+                listen: a.listen,
+                window_s: a.window,
+                keep: a.keep,
+                keep_max_mb: a.keep_max_mb,
+                collectors,
+                syscall_mechanism: mechanism(a.syscall_mechanism),
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions(a) => {
+            let mut buf = Vec::new();
+            clap_complete::generate(a.shell, &mut Cli::command(), "pgbelow", &mut buf);
+            print(&String::from_utf8_lossy(&buf))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man(a) => {
+            match a.output {
+                Some(dir) => {
+                    let dir_err = |e: &dyn std::fmt::Display| {
+                        error::fixable(
+                            format!("cannot write man pages into {}: {e}", dir.display()),
+                            "pass --output with a writable directory",
+                        )
+                    };
+                    std::fs::create_dir_all(&dir).map_err(|e| dir_err(&e))?;
+                    clap_mangen::generate_to(Cli::command(), &dir).map_err(|e| dir_err(&e))?;
+                }
+                None => {
+                    let mut buf = Vec::new();
+                    clap_mangen::Man::new(Cli::command()).render(&mut buf)?;
+                    print(&String::from_utf8_lossy(&buf))?;
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor(a) => {

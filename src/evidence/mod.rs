@@ -47,6 +47,9 @@ pub struct LabSummaries {
 pub struct Profile {
     pub summary: crate::collect::profile::Summary,
     pub stacks: Vec<profile::FoldedStack>,
+    /// The same samples per process with each frame's binary; empty in
+    /// recordings made before `profile.stacks.jsonl` existed.
+    pub pid_stacks: Vec<crate::collect::profile::PidStack>,
 }
 
 /// Everything a recording measured, read once.
@@ -206,7 +209,18 @@ fn load_profile(dir: &Path, notes: &mut Vec<String>) -> Option<Profile> {
             Vec::new()
         }
     };
-    Some(Profile { summary, stacks })
+    let mut cut = 0;
+    let pid_stacks = crate::recording::reader::read_stream(
+        dir,
+        crate::collect::profile::files::PID_STACKS,
+        &mut cut,
+        notes,
+    );
+    Some(Profile {
+        summary,
+        stacks,
+        pid_stacks,
+    })
 }
 
 /// A recording from tests/fixtures/recordings, for the rules' tests.

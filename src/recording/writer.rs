@@ -135,8 +135,13 @@ pub fn write_json_atomic(path: &Path, value: &impl Serialize) -> Result<()> {
 
 /// Write a text file atomically (reports).
 pub fn write_text_atomic(path: &Path, text: &str) -> Result<()> {
+    write_bytes_atomic(path, text.as_bytes())
+}
+
+/// Write a file atomically: a temporary beside it, renamed over it.
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 pub mod html;
 pub mod json;
+pub mod pprof;
 pub mod sections;
 pub mod text;
 

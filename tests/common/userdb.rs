@@ -28,7 +28,7 @@ fn as_postgres(bin: &Path, tool: &str) -> Command {
     c
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
@@ -116,6 +116,23 @@ impl UserCluster {
             dir,
             port: free_port(),
         }
+    }
+
+    /// Stop the server (fast shutdown), keeping its data directory.
+    pub fn stop(&self) {
+        let st = as_postgres(&self.bin, "pg_ctl")
+            .args(["-w", "-t", "60", "-m", "fast", "-D"])
+            .arg(self.data())
+            .arg("stop")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "pg_ctl stop");
+    }
+
+    /// Start it again after [`UserCluster::stop`].
+    pub fn restart_stopped(&self, settings: &[(&str, &str)]) {
+        self.pg_ctl_start(settings, &[]);
     }
 
     fn pg_ctl_start(&self, settings: &[(&str, &str)], env: &[(&str, &Path)]) {

