@@ -70,6 +70,8 @@ pub enum Object {
     Cgroup { path: PathBuf, parent: PathBuf },
     /// A file backing a loop device.
     BackingFile { path: PathBuf },
+    /// A temp file (pgbench's `-f` script).
+    TempFile { path: PathBuf },
     /// A temp directory (removed with what is left in it).
     TempDir { path: PathBuf },
 }
@@ -84,7 +86,7 @@ impl Object {
             Object::Mount { .. } | Object::TracefsMount { .. } => 2,
             Object::LoopDevice { .. } => 3,
             Object::Cgroup { .. } => 4,
-            Object::BackingFile { .. } => 5,
+            Object::BackingFile { .. } | Object::TempFile { .. } => 5,
             Object::TempDir { .. } => 6,
         }
     }
@@ -401,9 +403,9 @@ fn plausible(o: &Object) -> bool {
         Object::Cluster { dir, data_dir, .. } => named(dir) && data_dir.starts_with(dir),
         Object::Mount { path } => named(path),
         Object::TracefsMount { path } => path == Path::new("/sys/kernel/tracing"),
-        Object::LoopDevice { backing, .. } | Object::BackingFile { path: backing } => {
-            named(backing)
-        }
+        Object::LoopDevice { backing, .. }
+        | Object::BackingFile { path: backing }
+        | Object::TempFile { path: backing } => named(backing),
         Object::Cgroup { path, .. } => path.starts_with("/sys/fs/cgroup/") && named(path),
         Object::TempDir { path } => named(path),
     }
@@ -509,7 +511,7 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
                 .map(|_| vec![format!("removed cgroup {}", path.display())])
                 .map_err(|e| format!("removing cgroup {}: {e}", path.display()))
         }
-        Object::BackingFile { path } => match fs::remove_file(path) {
+        Object::BackingFile { path } | Object::TempFile { path } => match fs::remove_file(path) {
             Ok(()) => Ok(vec![format!("removed {}", path.display())]),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
             Err(e) => Err(format!("removing {}: {e}", path.display())),

@@ -324,7 +324,7 @@ fn assert_nothing_left(what: &str, seen: &BTreeSet<String>, bpf_before: &BTreeSe
                     }
                 }
             }
-            "temp_dir" | "backing_file" => {
+            "temp_dir" | "backing_file" | "temp_file" => {
                 if p("path").exists() {
                     left.push(format!("{}", p("path").display()));
                 }
