@@ -70,6 +70,8 @@ pub enum Object {
     Cgroup { path: PathBuf, parent: PathBuf },
     /// A file backing a loop device.
     BackingFile { path: PathBuf },
+    /// A temp file (pgbench's `-f` script).
+    TempFile { path: PathBuf },
     /// A temp directory (removed with what is left in it).
     TempDir { path: PathBuf },
 }
@@ -84,7 +86,7 @@ impl Object {
             Object::Mount { .. } | Object::TracefsMount { .. } => 2,
             Object::LoopDevice { .. } => 3,
             Object::Cgroup { .. } => 4,
-            Object::BackingFile { .. } => 5,
+            Object::BackingFile { .. } | Object::TempFile { .. } => 5,
             Object::TempDir { .. } => 6,
         }
     }
@@ -382,9 +384,41 @@ fn lock(d: &Path) -> std::io::Result<Lock> {
 
 const QUIT_WAIT: Duration = Duration::from_secs(5);
 
+/// Does `o` name only what pgbelow makes? An entry is only ever written by
+/// pgbelow, but a damaged one must not make a reclaim remove `/`.
+fn plausible(o: &Object) -> bool {
+    let named = |p: &Path| {
+        p.is_absolute()
+            && p.components()
+                .all(|c| !matches!(c, std::path::Component::ParentDir))
+            && p.iter()
+                .any(|c| c.to_str().is_some_and(|c| c.starts_with("pgbelow-")))
+    };
+    match o {
+        Object::IoLimit { path, .. } => {
+            path == Path::new("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device")
+                || path.starts_with("/sys/fs/cgroup/") && named(path)
+        }
+        Object::Bdi { path, .. } => path.starts_with("/sys/class/bdi/"),
+        Object::Cluster { dir, data_dir, .. } => named(dir) && data_dir.starts_with(dir),
+        Object::Mount { path } => named(path),
+        Object::TracefsMount { path } => path == Path::new("/sys/kernel/tracing"),
+        Object::LoopDevice { backing, .. }
+        | Object::BackingFile { path: backing }
+        | Object::TempFile { path: backing } => named(backing),
+        Object::Cgroup { path, .. } => path.starts_with("/sys/fs/cgroup/") && named(path),
+        Object::TempDir { path } => named(path),
+    }
+}
+
 /// Undo one object: the lines to print (none if it was already gone), or
 /// why it could not be undone.
 fn undo(o: &Object) -> Result<Vec<String>, String> {
+    if !plausible(o) {
+        return Err(format!(
+            "ledger entry {o:?} names something pgbelow does not make: left as it is"
+        ));
+    }
     match o {
         Object::IoLimit {
             path,
@@ -477,7 +511,7 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
                 .map(|_| vec![format!("removed cgroup {}", path.display())])
                 .map_err(|e| format!("removing cgroup {}: {e}", path.display()))
         }
-        Object::BackingFile { path } => match fs::remove_file(path) {
+        Object::BackingFile { path } | Object::TempFile { path } => match fs::remove_file(path) {
             Ok(()) => Ok(vec![format!("removed {}", path.display())]),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
             Err(e) => Err(format!("removing {}: {e}", path.display())),
@@ -728,9 +762,47 @@ mod tests {
     }
 
     #[test]
+    fn a_damaged_entry_cannot_name_what_pgbelow_does_not_make() {
+        for o in [
+            Object::TempDir { path: "/".into() },
+            Object::TempDir {
+                path: "/tmp/pgbelow-x/../..".into(),
+            },
+            Object::Cluster {
+                dir: "/home".into(),
+                data_dir: "/home/data".into(),
+                postmaster_pid: None,
+            },
+            Object::Bdi {
+                path: "/etc/passwd".into(),
+                restore: "x".into(),
+                backing: "/var/tmp/pgbelow-stall-1-0/disk.img".into(),
+                maj_min: "7:0".into(),
+            },
+        ] {
+            assert!(!plausible(&o), "{o:?}");
+            assert!(undo(&o).is_err(), "{o:?}");
+        }
+        assert!(plausible(&Object::Cluster {
+            dir: "/tmp/pgbelow-ab12cd".into(),
+            data_dir: "/tmp/pgbelow-ab12cd/data".into(),
+            postmaster_pid: Some(1),
+        }));
+        assert!(plausible(&Object::IoLimit {
+            path: "/sys/fs/cgroup/pgbelow-stall-9/io.max".into(),
+            restore: "7:0 wbps=max".into(),
+            backing: "/var/tmp/pgbelow-stall-9-0/disk.img".into(),
+            maj_min: "7:0".into(),
+        }));
+    }
+
+    #[test]
     fn reclaims_a_dead_owners_dir_and_leaves_a_live_ones() {
         let d = tempfile::tempdir().unwrap();
-        let victim = tempfile::tempdir().unwrap();
+        let victim = tempfile::Builder::new()
+            .prefix("pgbelow-test-")
+            .tempdir()
+            .unwrap();
         let victim = victim.keep();
         let live = tempfile::tempdir().unwrap();
         let item = |p: &Path| Item {

@@ -28,6 +28,17 @@ pub const TABLESPACE: &str = "pgbelow_stall";
 pub const KEY_RANGE: u64 = 100_000_000;
 /// Rows loaded before the run (before the limits apply).
 pub const PRELOAD_ROWS: u64 = 3_000_000;
+/// Test hook: fewer preloaded rows, for tests of set-up and teardown that
+/// need the device and its limits but not the stall (tests/kill.rs).
+pub const PRELOAD_ROWS_ENV: &str = "PGBELOW_STALL_PRELOAD_ROWS";
+
+fn preload_rows() -> u64 {
+    std::env::var(PRELOAD_ROWS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(PRELOAD_ROWS)
+}
 
 /// The seed's upsert: random key, insert or update in place.
 pub const SCRIPT: &str = "\\set id random(1, 100000000)\n\
@@ -234,8 +245,9 @@ pub fn prepare(psql: &dyn Fn(&str, &str) -> Result<String>, location: &Path) -> 
             "CREATE TABLE stall_hot (id int primary key, info text, crt_time timestamp) \
              TABLESPACE {TABLESPACE};\n\
              ALTER INDEX stall_hot_pkey SET TABLESPACE {TABLESPACE};\n\
-             INSERT INTO stall_hot SELECT g, md5(g::text), now() FROM generate_series(1, {PRELOAD_ROWS}) g;\n\
-             CHECKPOINT;"
+             INSERT INTO stall_hot SELECT g, md5(g::text), now() FROM generate_series(1, {rows}) g;\n\
+             CHECKPOINT;",
+            rows = preload_rows()
         ),
     )?;
     Ok(())

@@ -154,9 +154,12 @@ impl Pgbench {
                     std::process::id(),
                     scenario.name()
                 ));
+                // Noted first: a killed run's is removed by the next start.
+                let noted =
+                    crate::ledger::note(crate::ledger::Object::TempFile { path: p.clone() });
                 std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
                 cmd.arg("-f").arg(&p);
-                Some(p)
+                Some((p, noted))
             }
             None => None,
         };
@@ -227,8 +230,8 @@ fn last_error_line(stderr: &str) -> String {
 
 /// A pgbench run in progress.
 pub struct Running {
-    /// The `-f` script file, removed when the run is dropped.
-    script: Option<PathBuf>,
+    /// The `-f` script file (and its ledger entry), removed when the run is dropped.
+    script: Option<(PathBuf, crate::ledger::Noted)>,
     child: Option<Child>,
     progress: Receiver<Progress>,
     err_thread: Option<JoinHandle<Vec<String>>>,
@@ -289,8 +292,11 @@ impl Drop for Running {
             let _ = c.kill();
             let _ = c.wait();
         }
-        if let Some(p) = self.script.take() {
-            let _ = std::fs::remove_file(p);
+        if let Some((p, noted)) = self.script.take() {
+            match std::fs::remove_file(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {}
+                _ => crate::ledger::strike(noted),
+            }
         }
     }
 }
