@@ -1,0 +1,136 @@
+//! The off-CPU collector on real processes: a program that blocks in known
+//! ways (nanosleep, a pipe read, a vfork wait, fsync) gets its off-CPU time
+//! in the right state and kernel stack, within 10 % of the time it measured
+//! inside the blocking calls.
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pgbelow::collect::offcpu::{files, OffcpuCollector, Summary};
+use pgbelow::collect::{Collector, Context};
+use pgbelow::recording::{this_host_manifest, Writer};
+use pgbelow::report::sections::profile::parse_folded;
+
+struct Run {
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+    blocked_s: f64,
+    summary: Summary,
+    folded: String,
+}
+
+fn line(out: &mut impl BufRead, prefix: &str) -> String {
+    let mut l = String::new();
+    loop {
+        l.clear();
+        assert!(out.read_line(&mut l).unwrap() > 0, "no '{prefix}' line");
+        if let Some(rest) = l.trim().strip_prefix(prefix) {
+            return rest.trim().to_string();
+        }
+    }
+}
+
+/// Runs `pgbelow-block ARGS` under the collector; `drive` feeds its stdin.
+fn record(args: &[&str], drive: impl FnOnce(&mut ChildStdin)) -> Run {
+    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    line(&mut out, "ready");
+    let ctx = Context::new(child.id());
+    let mut c = OffcpuCollector::start(&ctx).expect("off-CPU collector starts (run as root)");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = Writer::create(&tmp.path().join("rec"), this_host_manifest("lab")).unwrap();
+    let t0 = Instant::now();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"g").unwrap();
+    drive(&mut stdin);
+    let blocked_ns: f64 = line(&mut out, "blocked_ns").parse().unwrap();
+    c.sample(t0.elapsed().as_secs_f64(), &mut w).unwrap();
+    c.finish(t0.elapsed().as_secs_f64(), &mut w).unwrap();
+    w.flush().unwrap();
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    let dir = w.dir().to_path_buf();
+    let summary = c.summary().unwrap().clone();
+    Run {
+        folded: std::fs::read_to_string(dir.join(files::FOLDED)).unwrap(),
+        dir,
+        _tmp: tmp,
+        blocked_s: blocked_ns / 1e9,
+        summary,
+    }
+}
+
+/// Seconds in stacks of `state` whose frames contain every one of `names`.
+fn seconds_with(folded: &str, state: &str, names: &[&str]) -> f64 {
+    parse_folded(folded)
+        .into_iter()
+        .filter(|s| s.frames.first().map(String::as_str) == Some(state))
+        .filter(|s| names.iter().all(|n| s.frames.iter().any(|f| f.contains(n))))
+        .map(|s| s.samples as f64 / 1e6)
+        .sum()
+}
+
+fn check(run: &Run, state: &str, kernel: &[&str], user: &str) {
+    let got = seconds_with(&run.folded, state, kernel);
+    let with_user = seconds_with(&run.folded, state, &[kernel, &[user]].concat());
+    eprintln!(
+        "{state} in {kernel:?}: {got:.4} s (with user frame {user}: {with_user:.4} s); measured in the calls {:.4} s; blocks {} short {} user stacks {} no budget {} copy failed {}; BPF {:.6} s in {} runs, reader CPU {:.4} s ({})",
+        run.blocked_s,
+        run.summary.blocks,
+        run.summary.short_blocks,
+        run.summary.user_stacks,
+        run.summary.no_budget,
+        run.summary.copy_failed,
+        run.summary.bpf_run_s,
+        run.summary.bpf_runs,
+        run.summary.reader_cpu_s,
+        run.dir.display()
+    );
+    assert!(
+        (got - run.blocked_s).abs() <= run.blocked_s * 0.10,
+        "{state} off-CPU {got:.4} s vs {:.4} s measured\n{}",
+        run.blocked_s,
+        run.folded
+    );
+    assert!(
+        with_user >= got * 0.9,
+        "user frame {user} missing from the {state} stacks\n{}",
+        run.folded
+    );
+}
+
+#[test]
+fn nanosleep_is_s_in_hrtimer_nanosleep() {
+    let run = record(&["sleep", "20", "25"], |_| {});
+    // The kernel saves a sleeping task's stack without its __sched
+    // functions (schedule, do_nanosleep): the innermost frame is their caller.
+    check(&run, "S", &["hrtimer_nanosleep"], "sleep_ms");
+    assert!(run.summary.bpf_stats, "BPF run time was not counted");
+    assert!(run.summary.bpf_runs > 0);
+    let role = &run.summary.roles[0];
+    let s = role.off_cpu_s.get("S").copied().unwrap_or(0.0);
+    assert!(s >= run.blocked_s * 0.9, "role total {s} s: {:?}", role);
+}
+
+#[test]
+fn pipe_read_is_s_in_pipe_read() {
+    let run = record(&["pipe", "25"], |stdin| {
+        for _ in 0..25 {
+            std::thread::sleep(Duration::from_millis(20));
+            stdin.write_all(b"x").unwrap();
+        }
+    });
+    check(&run, "S", &["pipe_read"], "read_byte");
+}
+
+#[test]
+fn vfork_wait_is_d() {
+    let run = record(&["vfork", "20", "25"], |_| {});
+    check(&run, "D", &["kernel_clone"], "vfork_sleep");
+}
