@@ -116,6 +116,26 @@ fn nanosleep_is_s_in_hrtimer_nanosleep() {
     let role = &run.summary.roles[0];
     let s = role.off_cpu_s.get("S").copied().unwrap_or(0.0);
     assert!(s >= run.blocked_s * 0.9, "role total {s} s: {:?}", role);
+    // The evidence model reads it back: per-interval seconds and the section.
+    let ev = pgbelow::evidence::Evidence::load(&run.dir).unwrap();
+    let off = ev.offcpu.as_ref().expect("offcpu evidence");
+    let ticks_s: f64 = off
+        .ticks
+        .iter()
+        .flat_map(|t| t.by_pid.values())
+        .filter_map(|m| m.get("S"))
+        .sum();
+    assert!(
+        (ticks_s - s).abs() <= s * 0.01 + 1e-3,
+        "offcpu.jsonl S {ticks_s} s vs {s} s in offcpu.json"
+    );
+    let section = pgbelow::report::sections::offcpu::build(&ev).unwrap();
+    let mut text = String::new();
+    pgbelow::report::sections::offcpu::render(&section, &mut text);
+    assert!(
+        text.contains("hrtimer_nanosleep") && text.contains("off the CPU"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -2,15 +2,17 @@
 //! each was switched out, in which state (D, S, or runnable on the run
 //! queue), in which kernel and user stack.
 //!
-//! How: eBPF on sched_switch and finish_task_switch (src/bpf/offcpu.bpf.c)
-//! sums, per (process, state, kernel stack), the time of every block of at
-//! least `min_block_us` exactly, in the kernel. For those blocks it also
-//! copies the user registers and stack of the thread as it is switched back
-//! in (at most [`MAX_COPIES_PER_CPU_S`] per CPU and second), which a reader
-//! thread unwinds with the profile collector's DWARF unwinder (PostgreSQL
-//! builds have no frame pointers). The user stacks are a sample of the
-//! blocks: each (process, state, kernel stack) total is split over the user
-//! stacks seen with it in proportion to their time.
+//! How: eBPF on sched_switch (src/bpf/offcpu.bpf.c) sums, per (process,
+//! state, kernel stack), the time of every block of at least `min_block_us`
+//! exactly, in the kernel; the kernel stack is read only for those blocks.
+//! When the system call a long block happened in returns (raw_tp/sys_exit,
+//! at most [`MAX_COPIES_PER_CPU_S`] per CPU and second) it copies the user
+//! registers and stack, which a reader thread unwinds with the profile
+//! collector's DWARF unwinder (PostgreSQL builds have no frame pointers).
+//! The user stacks are a sample of the blocks: each (process, state, kernel
+//! stack) total is split over the user stacks seen with it in proportion to
+//! their time. Blocks outside a system call (preemption in user code, page
+//! faults) have no user stack.
 //!
 //! Writes `offcpu.jsonl` (per interval, off-CPU seconds per pid and state),
 //! and at the end `offcpu.folded` (`role;state;user…;kernel… µs`, root
@@ -321,7 +323,7 @@ impl OffcpuCollector {
 
     fn mechanism(&self) -> String {
         format!(
-            "eBPF tp_btf/sched_switch + kprobe finish_task_switch, blocks >= {} µs summed per (pid, state, kernel stack) in the kernel; user stacks: DWARF unwinding of 16 KiB copies taken at switch-in (<= {MAX_COPIES_PER_CPU_S}/CPU/s); kernel symbols from /proc/kallsyms, user symbols from blazesym",
+            "eBPF tp_btf/sched_switch: blocks >= {} µs summed per (pid, state, kernel stack) in the kernel; user stacks: DWARF unwinding of 16 KiB copies taken when the blocking system call returns (raw_tp/sys_exit, <= {MAX_COPIES_PER_CPU_S}/CPU/s); kernel symbols from /proc/kallsyms, user symbols from blazesym",
             self.min_block_us
         )
     }
