@@ -12,6 +12,8 @@ use pgbelow::collect::{Collector, Context};
 use pgbelow::recording::{this_host_manifest, Writer};
 use pgbelow::report::sections::profile::parse_folded;
 
+mod common;
+
 struct Run {
     dir: PathBuf,
     _tmp: tempfile::TempDir,
@@ -33,6 +35,19 @@ fn line(out: &mut impl BufRead, prefix: &str) -> String {
 
 /// Runs `pgbelow-block ARGS` under the collector; `drive` feeds its stdin.
 fn record(args: &[&str], drive: impl FnOnce(&mut ChildStdin)) -> Run {
+    record_inner(args, |_| {}, drive)
+}
+
+/// [`record`] with `setup(pid)` called before the program starts its work.
+fn record_with(args: &[&str], setup: impl FnOnce(u32)) -> Run {
+    record_inner(args, setup, |_| {})
+}
+
+fn record_inner(
+    args: &[&str],
+    setup: impl FnOnce(u32),
+    drive: impl FnOnce(&mut ChildStdin),
+) -> Run {
     let mut child: Child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
         .args(args)
         .stdin(Stdio::piped())
@@ -41,6 +56,7 @@ fn record(args: &[&str], drive: impl FnOnce(&mut ChildStdin)) -> Run {
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     line(&mut out, "ready");
+    setup(child.id());
     let ctx = Context::new(child.id());
     let mut c = OffcpuCollector::start(&ctx).expect("off-CPU collector starts (run as root)");
     let tmp = tempfile::tempdir().unwrap();
@@ -153,4 +169,33 @@ fn pipe_read_is_s_in_pipe_read() {
 fn vfork_wait_is_d() {
     let run = record(&["vfork", "20", "25"], |_| {});
     check(&run, "D", &["kernel_clone"], "vfork_sleep");
+}
+
+#[test]
+fn fsync_on_a_throttled_device_is_d() {
+    use pgbelow::scenarios::checkpoint_stall::{Limits, StallDevice};
+    let _alone = common::exclusive();
+    // An ext4 loop device written at 4 MB/s at most (io.max / blkio throttle).
+    let mut dev = StallDevice::create_in(std::path::Path::new("/var/tmp"), 0, 0, &|_| {})
+        .expect("loop device (run as root)");
+    dev.limit(
+        &Limits {
+            write_bps: 4 << 20,
+            dirty_cap_bytes: 64 << 20,
+            calibration: None,
+        },
+        &|_| {},
+    )
+    .unwrap();
+    let file = dev.mount.join("f");
+    let file = file.to_str().unwrap().to_string();
+    let mut pid = 0;
+    let run = record_with(&["fsync", &file, "4", "3"], |p| {
+        pid = p;
+        dev.adopt(&[p]).unwrap();
+    });
+    dev.unlimit().unwrap();
+    drop(dev);
+    assert!(pid > 0);
+    check(&run, "D", &["do_fsync"], "fsync_file");
 }
