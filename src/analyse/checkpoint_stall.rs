@@ -368,6 +368,35 @@ mod tests {
         assert!(CheckpointStall.evaluate(&ev).is_none());
     }
 
+    // A real run with the offcpu collector: `pgbelow lab run --scenario
+    // checkpoint-stall --duration 45 --pg 15 --collectors all` (PostgreSQL
+    // 15, calibrated device limits). The writers' D time is the exact sum
+    // of their off-CPU intervals, most of it the checkpointer throttled in
+    // balance_dirty_pages.
+    #[test]
+    fn fires_with_exact_d_time_on_an_offcpu_recording() {
+        let ev = fixture("pg15-checkpoint-stall-offcpu");
+        let f = CheckpointStall.evaluate(&ev).expect("finding");
+        assert_eq!(f.evidence["blocked_source"], "offcpu");
+        let s = f.evidence["blocked_process_s"].as_f64().unwrap();
+        assert!(s >= 5.0, "{s} s of writer D");
+        let section = crate::evidence::offcpu::build(&ev).unwrap();
+        let ckpt = section
+            .roles
+            .iter()
+            .find(|r| r.role == "checkpointer")
+            .unwrap();
+        let top = &ckpt.top_stacks[0];
+        assert_eq!(top.state, "D");
+        assert!(
+            top.frames
+                .iter()
+                .any(|f| f.starts_with("balance_dirty_pages")),
+            "{top:?}"
+        );
+        assert!(ckpt.off_cpu_s["D"] <= s + 1e-6, "{ckpt:?} vs {s}");
+    }
+
     // Same device limits (4 MB/s, 128 MB cap), PostgreSQL 15.18, 60 s:
     // `--set checkpoint_flush_after=256kB --set bgwriter_flush_after=512kB`
     // cut the Dirty backlog (78 MB) but not the stall; adding
