@@ -12,6 +12,9 @@
 //!                            the parent waits uninterruptibly   (state D)
 //! pgbelow-block fsync PATH MB N  N times: write MB MiB to PATH and
 //!                            fsync() it; only fsync is timed    (state D)
+//! pgbelow-block pingpong N   N one-byte round trips with a forked child
+//!                            over two pipes: two context switches each
+//!                            way; prints the wall time as blocked_ns
 //! ```
 use std::io::Write;
 use std::process::ExitCode;
@@ -31,11 +34,15 @@ fn main() -> ExitCode {
             read_byte();
         })),
         (Some("vfork"), Some(ms), Some(n)) => vfork_sleep(ms, n),
+        (Some("pingpong"), Some(n), _) => pingpong(n),
         (Some("fsync"), _, _) => match (args.get(1), num(2), num(3)) {
             (Some(path), Some(mb), Some(n)) => fsync_file(path, mb, n),
             _ => Err("fsync PATH MB N".into()),
         },
-        _ => Err("usage: pgbelow-block sleep MS N | pipe N | vfork MS N | fsync PATH MB N".into()),
+        _ => Err(
+            "usage: pgbelow-block sleep MS N | pipe N | vfork MS N | fsync PATH MB N | pingpong N"
+                .into(),
+        ),
     };
     match result {
         Ok(ns) => {
@@ -119,6 +126,53 @@ fn vfork_sleep(ms: u64, n: u64) -> Result<u128, String> {
         Some(e) => Err(format!("clone: {e}")),
         None => Ok(ns),
     }
+}
+
+fn pingpong(n: u64) -> Result<u128, String> {
+    let mut a = [0i32; 2];
+    let mut b = [0i32; 2];
+    // SAFETY: pipe(2) into local arrays.
+    if unsafe { libc::pipe(a.as_mut_ptr()) } != 0 || unsafe { libc::pipe(b.as_mut_ptr()) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    let byte = |fd: i32, write: bool| {
+        let mut c = 0u8;
+        let p = (&mut c as *mut u8).cast();
+        // SAFETY: one byte to or from a local.
+        unsafe {
+            if write {
+                libc::write(fd, p, 1)
+            } else {
+                libc::read(fd, p, 1)
+            }
+        }
+    };
+    let t = Instant::now();
+    // SAFETY: the child only does raw reads and writes, then _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: closing the ends this side does not use, so that the
+        // parent closing its write end is end-of-file here.
+        unsafe {
+            libc::close(a[1]);
+            libc::close(b[0]);
+        }
+        while byte(a[0], false) == 1 {
+            byte(b[1], true);
+        }
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    for _ in 0..n {
+        byte(a[1], true);
+        byte(b[0], false);
+    }
+    // SAFETY: closing our write end ends the child's loop; then reap it.
+    unsafe {
+        libc::close(a[1]);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    Ok(t.elapsed().as_nanos())
 }
 
 fn fsync_file(path: &str, mb: u64, n: u64) -> Result<u128, String> {
