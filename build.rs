@@ -15,6 +15,7 @@ fn main() {
     for name in ["syscount", "offcpu"] {
         build(&out, name, bpf_arch, multiarch);
     }
+    println!("cargo:rerun-if-changed=src/bpf/tracked.h");
 }
 
 fn build(out: &std::path::Path, name: &str, bpf_arch: &str, multiarch: &str) {

@@ -30,8 +30,8 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 
-#define PID_LIMIT (4 * 1024 * 1024)
-#define BITMAP_WORDS (PID_LIMIT / 64)
+#include "tracked.h"
+
 // User stack bytes copied per system call; profile's DEFAULT_STACK_BYTES.
 #define STACK_BYTES 16384
 #define MAX_STACK_DEPTH 64
@@ -173,7 +173,6 @@ struct {
 	__type(value, struct budget);
 } budgets SEC(".maps");
 
-__u64 tracked_bits[BITMAP_WORDS];
 // Long blocks without a user stack: outside a system call, copy budget
 // spent, ring full, pending list full, or the user stack not readable.
 __u64 not_in_syscall;
@@ -185,12 +184,6 @@ __u64 copy_failed;
 __u64 kstack_lost;
 // Blocks below the threshold (counted, not measured).
 __u64 short_blocks;
-
-static __always_inline int is_tracked(__u32 tgid)
-{
-	__u64 word = tracked_bits[(tgid / 64) & (BITMAP_WORDS - 1)];
-	return (word >> (tgid & 63)) & 1;
-}
 
 static __always_inline void add_total(struct key *k, __u64 ns)
 {
@@ -381,7 +374,7 @@ int on_fork(struct bpf_raw_tracepoint_args *ctx)
 	if (!is_tracked(ptgid))
 		return 0;
 	__u32 ctgid = BPF_CORE_READ(child, tgid);
-	__sync_fetch_and_or(&tracked_bits[(ctgid / 64) & (BITMAP_WORDS - 1)], 1ULL << (ctgid & 63));
+	set_tracked(ctgid);
 	return 0;
 }
 
