@@ -8,6 +8,7 @@
 # usage: [ON_COLLECTORS=list] bench/overhead.sh [PAIRS=3] [DURATION=20] [extra lab args...]
 # e.g.   bench/overhead.sh 3 20 --pg 13 --set statement_timeout=10s
 #        ON_COLLECTORS=syscalls bench/overhead.sh 3 20     # one collector's cost
+#        ON_COLLECTORS=offcpu bench/overhead.sh 3 20       # off-CPU (prints its BPF run time)
 # Also prints, from the "on" runs' manifests, each collector's CPU seconds,
 # pgbelow's CPU and peak RSS, and the recording's size per minute.
 set -euo pipefail
@@ -44,6 +45,11 @@ d, dur = sys.argv[1], float(sys.argv[2])
 m = json.load(open(os.path.join(d, "manifest.json")))
 size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if not f.startswith("report."))
 cols = " ".join(f'{c["name"]}={c["cpu_s"]:.3f}s' for c in m["collectors"])
+off = os.path.join(d, "offcpu.json")
+if os.path.exists(off):
+    o = json.load(open(off))
+    cols += (f' (offcpu BPF run time {o["bpf_run_s"]:.3f} s = {100*o["bpf_run_s"]/m["duration_s"]:.2f}% of one CPU '
+             f'in {o["bpf_runs"]} runs, {o["blocks"]} blocks >= {o["min_block_us"]} us)')
 print(f'  on-run costs: pgbelow cpu {m["pgbelow_cpu_s"]:.3f} s over {m["duration_s"]:.1f} s '
       f'({100*m["pgbelow_cpu_s"]/m["duration_s"]:.2f}% of one CPU), peak RSS {m.get("pgbelow_peak_rss_kb",0)/1024:.1f} MiB, '
       f'recording {size/1e6*60/m["duration_s"]:.2f} MB/min; collectors: {cols}')

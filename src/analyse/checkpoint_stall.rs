@@ -88,6 +88,28 @@ impl Rule for CheckpointStall {
                 .filter(|r| matches!(r.role, Role::Backend | Role::Checkpointer))
                 .collect()
         };
+        // With the offcpu collector the writers' D time is exact (every
+        // interval of at least its minimum block time); procfs's 10 Hz
+        // samples are the fallback.
+        let exact_d = |start: f64, until: f64| -> Option<f64> {
+            let o = rec.offcpu.as_ref()?;
+            Some(
+                o.ticks
+                    .iter()
+                    .filter(|t| t.t > start && t.t - t.dt < until)
+                    .flat_map(|t| t.by_pid.iter())
+                    .filter(|(pid, _)| {
+                        matches!(rec.role_of(**pid), Role::Backend | Role::Checkpointer)
+                    })
+                    .filter_map(|(_, m)| m.get("D"))
+                    .sum(),
+            )
+        };
+        let blocked_source = if rec.offcpu.is_some() {
+            "offcpu"
+        } else {
+            "procfs"
+        };
         // The checkpoint whose window (start .. end, or the run's end while it
         // was still running, plus a second) holds the most blocked writer
         // time, then the most dip seconds: a small checkpoint that happens to
@@ -105,7 +127,8 @@ impl Rule for CheckpointStall {
                 continue;
             }
             let blocked = blocked_in(start, until);
-            let blocked_s: f64 = blocked.iter().map(|r| r.s).sum();
+            let blocked_s: f64 =
+                exact_d(start, until).unwrap_or_else(|| blocked.iter().map(|r| r.s).sum());
             let better = best.as_ref().is_none_or(|(_, d, _, s)| {
                 blocked_s
                     .total_cmp(s)
@@ -120,8 +143,8 @@ impl Rule for CheckpointStall {
         let start = ckpt.start_t.unwrap_or(0.0);
         let end = ckpt.end_t.unwrap_or(run_end);
         let until = end + 1.0;
-        let procfs_recorded = rec.recorded("procfs");
-        if procfs_recorded && blocked_s < MIN_BLOCKED_S {
+        let states_recorded = rec.recorded("procfs") || rec.offcpu.is_some();
+        if states_recorded && blocked_s < MIN_BLOCKED_S {
             return None;
         }
 
@@ -243,6 +266,7 @@ impl Rule for CheckpointStall {
                 "backlog_mb_peak": peak.map(|p| r1(p.1)),
                 "backlog_mb_at_checkpoint_start": at_start.map(r1),
                 "blocked_process_s": r1(blocked_s),
+                "blocked_source": blocked_source,
                 "blocked": top_blocked,
                 "settings": settings,
                 "device_limits": rec.manifest.facts.get("stall_device"),
@@ -287,6 +311,90 @@ mod tests {
             "{frames}"
         );
         assert_eq!(f.evidence["checkpoint"]["flags"], "time");
+    }
+
+    // What if the offcpu collector had recorded the same run: its exact
+    // writer D time replaces the 10 Hz estimate, and a run whose writers
+    // were not in D for long (per the exact intervals) raises nothing.
+    #[test]
+    fn counts_writer_d_time_from_off_cpu_intervals_when_recorded() {
+        use crate::collect::offcpu::Tick;
+        use crate::evidence::offcpu::OffCpu;
+        let mut ev = fixture("pg15-checkpoint-stall");
+        let base = CheckpointStall.evaluate(&ev).expect("finding");
+        assert_eq!(base.evidence["blocked_source"], "procfs");
+        let checkpointer = ev
+            .processes
+            .iter()
+            .find(|(_, p)| p.role == Role::Checkpointer)
+            .map(|(pid, _)| *pid)
+            .expect("a checkpointer");
+        let backend = ev
+            .processes
+            .iter()
+            .find(|(_, p)| p.role == Role::Backend)
+            .map(|(pid, _)| *pid)
+            .expect("a backend");
+        let ckpt_start = ev.checkpoints[0].start_t.unwrap();
+        let ticks = |d: f64| -> Vec<Tick> {
+            (0..60)
+                .map(|i| Tick {
+                    t: f64::from(i + 1),
+                    dt: 1.0,
+                    by_pid: [
+                        (checkpointer, [("D".to_string(), d)].into()),
+                        (
+                            backend,
+                            [("D".to_string(), d), ("S".to_string(), 0.5)].into(),
+                        ),
+                    ]
+                    .into(),
+                })
+                .collect()
+        };
+        ev.offcpu = Some(OffCpu {
+            ticks: ticks(0.4),
+            ..Default::default()
+        });
+        let f = CheckpointStall.evaluate(&ev).expect("finding");
+        assert_eq!(f.evidence["blocked_source"], "offcpu");
+        let s = f.evidence["blocked_process_s"].as_f64().unwrap();
+        // 0.8 s of writer D per second over the window, S not counted.
+        assert!(s > 0.8 * 3.0, "{s} s, checkpoint from t={ckpt_start}");
+        ev.offcpu = Some(OffCpu {
+            ticks: ticks(0.001),
+            ..Default::default()
+        });
+        assert!(CheckpointStall.evaluate(&ev).is_none());
+    }
+
+    // A real run with the offcpu collector: `pgbelow lab run --scenario
+    // checkpoint-stall --duration 45 --pg 15 --collectors all` (PostgreSQL
+    // 15, calibrated device limits). The writers' D time is the exact sum
+    // of their off-CPU intervals, most of it the checkpointer throttled in
+    // balance_dirty_pages.
+    #[test]
+    fn fires_with_exact_d_time_on_an_offcpu_recording() {
+        let ev = fixture("pg15-checkpoint-stall-offcpu");
+        let f = CheckpointStall.evaluate(&ev).expect("finding");
+        assert_eq!(f.evidence["blocked_source"], "offcpu");
+        let s = f.evidence["blocked_process_s"].as_f64().unwrap();
+        assert!(s >= 5.0, "{s} s of writer D");
+        let section = crate::evidence::offcpu::build(&ev).unwrap();
+        let ckpt = section
+            .roles
+            .iter()
+            .find(|r| r.role == "checkpointer")
+            .unwrap();
+        let top = &ckpt.top_stacks[0];
+        assert_eq!(top.state, "D");
+        assert!(
+            top.frames
+                .iter()
+                .any(|f| f.starts_with("balance_dirty_pages")),
+            "{top:?}"
+        );
+        assert!(ckpt.off_cpu_s["D"] <= s + 1e-6, "{ckpt:?} vs {s}");
     }
 
     // Same device limits (4 MB/s, 128 MB cap), PostgreSQL 15.18, 60 s:

@@ -19,6 +19,8 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 
+#include "tracked.h"
+
 // Syscall numbers counted per process; x86_64 and arm64 stop at 470 in Linux
 // 6.19. A higher number counts as `dropped`. Keep the value struct under 4 KiB
 // so that each tracked process costs one 4 KiB kernel allocation. Userspace
@@ -27,9 +29,6 @@
 // Processes tracked at once (alive or exited but not yet read). Userspace
 // removes exited processes after their final read.
 #define MAX_TRACKED 65536
-// PID_MAX_LIMIT on 64-bit kernels: pids are always below it.
-#define PID_LIMIT (4 * 1024 * 1024)
-#define BITMAP_WORDS (PID_LIMIT / 64)
 
 // Only the fields we read; CO-RE relocates them against the running kernel's BTF.
 struct task_struct {
@@ -71,23 +70,16 @@ struct {
 	__type(value, struct proc);
 } scratch SEC(".maps");
 
-// One bit per pid, set for tgids with an entry in `procs`: the bit is set
+// tracked_bits (tracked.h): one bit per pid, set for tgids with an entry in `procs`: the bit is set
 // after the entry is inserted and cleared before it is deleted, so a clear
 // bit is always a miss, and a stale set bit only costs a failed lookup.
 // Userspace updates it with atomic operations through the mmap'ed .bss.
-__u64 tracked_bits[BITMAP_WORDS];
 // Syscalls not counted: number >= MAX_NR (e.g. the x32 ABI).
 __u64 dropped;
 // Children of tracked processes that could not be tracked (procs full).
 __u64 lost_children;
 // Pushes to new_procs that failed (queue full): userspace then lists all keys.
 __u64 queue_overflows;
-
-static __always_inline int is_tracked(__u32 tgid)
-{
-	__u64 word = tracked_bits[(tgid / 64) & (BITMAP_WORDS - 1)];
-	return (word >> (tgid & 63)) & 1;
-}
 
 SEC("raw_tp/sys_enter")
 int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
@@ -141,7 +133,7 @@ int on_fork(struct bpf_raw_tracepoint_args *ctx)
 			return 0;
 		}
 	}
-	__sync_fetch_and_or(&tracked_bits[(ctgid / 64) & (BITMAP_WORDS - 1)], 1ULL << (ctgid & 63));
+	set_tracked(ctgid);
 	return 0;
 }
 

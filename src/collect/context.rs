@@ -43,6 +43,8 @@ pub struct Context {
     pub procfs_hz: f64,
     /// On-CPU stack sampling frequency (Hz).
     pub profile_hz: u64,
+    /// Off-CPU blocks shorter than this are counted, not measured (µs).
+    pub offcpu_min_us: u64,
 }
 
 impl Context {
@@ -63,6 +65,7 @@ impl Context {
             syscall_mechanism: None,
             procfs_hz: 10.0,
             profile_hz: 99,
+            offcpu_min_us: super::offcpu::DEFAULT_MIN_BLOCK_US,
         }
     }
 

@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod context;
 pub mod cpu;
+pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;
 pub mod profile;
@@ -51,7 +52,7 @@ pub trait Collector {
 }
 
 /// Collectors that need kernel tracing privileges (BPF / perf events).
-const NEED_TRACING: &[&str] = &["syscalls", "profile"];
+const NEED_TRACING: &[&str] = &["syscalls", "profile", "offcpu"];
 
 /// Can this process load BPF programs and open perf events?
 pub fn can_trace() -> bool {
@@ -105,12 +106,15 @@ pub fn start(name: &str, ctx: &Context) -> Result<Box<dyn Collector>> {
         "profile" => Ok(Box::new(profile::ProfileCollector::start(ctx)?)),
         "pgstat" => Ok(Box::new(pgstat::PgstatCollector::start(ctx)?)),
         "clock" => Ok(Box::new(clock::ClockCollector::start()?)),
+        "offcpu" => Ok(Box::new(offcpu::OffcpuCollector::start(ctx)?)),
         other => Err(anyhow::anyhow!("unknown collector {other}")),
     }
 }
 
 /// Collectors pgbelow knows, in the order they run.
-pub const KNOWN: &[&str] = &["syscalls", "procfs", "system", "profile", "pgstat", "clock"];
+pub const KNOWN: &[&str] = &[
+    "syscalls", "procfs", "system", "profile", "pgstat", "clock", "offcpu",
+];
 /// Collectors on when `--collectors` is not given.
 pub const DEFAULT: &[&str] = &["syscalls", "procfs", "system", "profile", "pgstat", "clock"];
 

@@ -12,6 +12,7 @@
 pub mod checkpoints;
 pub mod clock;
 pub mod explain;
+pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;
 pub mod profile;
@@ -71,6 +72,8 @@ pub struct Evidence {
     /// checkpoint.
     pub checkpoints: Vec<pgstat::CheckpointEvent>,
     pub profile: Option<Profile>,
+    /// Off-CPU time by state and stack (the offcpu collector).
+    pub offcpu: Option<offcpu::OffCpu>,
     pub clock: Option<ClockFacts>,
     pub lab: LabSummaries,
     /// Files, or lines of them, that could not be read: one line each,
@@ -121,6 +124,7 @@ impl Evidence {
             rec.manifest.postgres.major,
         );
         let profile = load_profile(&dir, &mut notes);
+        let offcpu = offcpu::load(&dir, &mut cut, &mut notes);
         let clock = rec
             .manifest
             .facts
@@ -143,6 +147,7 @@ impl Evidence {
             log_events,
             checkpoints,
             profile,
+            offcpu,
             clock,
             lab,
             unreadable: notes,

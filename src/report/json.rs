@@ -43,6 +43,9 @@ pub struct Report {
     pub procfs: Option<sections::procfs::ProcfsSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<sections::profile::ProfileSection>,
+    /// Off-CPU seconds per role by state (D, S, runq) and the top stacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offcpu: Option<sections::offcpu::OffcpuSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgstat: Option<sections::pgstat::PgstatSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -312,6 +315,7 @@ pub fn build(rec: &Evidence) -> Report {
         },
         procfs: sections::procfs::build(rec),
         profile: sections::profile::build(rec),
+        offcpu: sections::offcpu::build(rec),
         pgstat: sections::pgstat::build(rec),
         system: sections::system::build(rec),
         clock: sections::clock::build(rec),

@@ -173,6 +173,9 @@ pub fn render(r: &Report) -> String {
     if let Some(p) = &r.profile {
         super::sections::profile::render(p, &mut o);
     }
+    if let Some(s) = &r.offcpu {
+        super::sections::offcpu::render(s, &mut o);
+    }
     if let Some(p) = &r.pgstat {
         super::sections::pgstat::render(p, &mut o);
     }

@@ -12,10 +12,10 @@
 //! the collector writes `profile.folded` (`role;frame;… count`, root first),
 //! one SVG flame graph per role and one for all, and `profile.json`.
 //! Format and limits: docs/collectors/profile.md.
-mod maps;
+pub(crate) mod maps;
 mod perf;
-mod symbols;
-mod unwind;
+pub(crate) mod symbols;
+pub(crate) mod unwind;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::BufWriter;
@@ -652,7 +652,7 @@ fn roles(ctx: &Context, tracker: &Tracker) -> HashMap<u32, Role> {
     out
 }
 
-const ROOTS: &[&str] = &[
+pub(crate) const ROOTS: &[&str] = &[
     "_start",
     "__libc_start_main",
     "__libc_start_call_main",
@@ -899,7 +899,7 @@ fn quality_notes(s: &Summary, ctx: &Context) -> Vec<String> {
 }
 
 /// Write one SVG flame graph from folded lines (without counts' role prefix as given).
-fn flame<'a>(
+pub(crate) fn flame<'a>(
     path: &Path,
     title: &str,
     subtitle: &str,

@@ -27,7 +27,7 @@ mod bpf;
 #[path = "perf.rs"]
 mod perf;
 #[path = "procwalk.rs"]
-mod procwalk;
+pub(crate) mod procwalk;
 
 pub use perf::PERF_SYSCALLS;
 

@@ -58,7 +58,7 @@ fn scan_parents() -> BTreeMap<u32, Vec<u32>> {
 /// after `visit` returned for its parent, so a caller that starts tracking
 /// in `visit` (and whose kernel side tracks forks of tracked processes) misses
 /// no process that was alive during the walk.
-pub(super) fn walk_new_descendants(
+pub(crate) fn walk_new_descendants(
     from: impl IntoIterator<Item = u32>,
     known: &mut BTreeSet<u32>,
     visit: &mut dyn FnMut(u32, u32) -> anyhow::Result<()>,

@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod explain;
 pub mod lab;
+pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;
 pub mod profile;

@@ -1,0 +1,394 @@
+// SPDX-License-Identifier: GPL-2.0
+// Off-CPU time of a tracked set of processes (the roots userspace names and
+// all their descendants), by thread group, state at switch-out and kernel
+// stack, for blocks of at least `min_block_ns`.
+//
+// One program on tp_btf/sched_switch does the timing: for a tracked `prev`
+// it stamps the time, the state (D: TASK_UNINTERRUPTIBLE; S: any other
+// sleep; runq: preempted or yielded while runnable) and whether the thread
+// is in a system call; for a tracked `next` it closes the interval and, for
+// blocks of at least min_block_ns, reads the kernel stack of `next` (still
+// the path it blocked in), stores it under its hash and adds the time to
+// `totals`. Only those blocks cost a stack walk.
+//
+// User stacks: PostgreSQL builds have no frame pointers, so userspace
+// unwinds a copy of the user stack with .eh_frame. The copy can only be
+// taken in the thread's own context, and this kernel may have no kprobes
+// (no finish_task_switch hook): so a long block inside a system call is
+// parked in `pending`, and raw_tp/sys_exit copies the registers and stack
+// when that system call returns to user space. The thread could not have
+// changed its user stack while it was blocked, so it is the stack it blocked
+// with. Blocks outside a system call (preemption in user code, page faults)
+// get no user stack. sys_exit runs for every system call on the machine;
+// for untracked processes it is one bitmap test.
+//
+// Times include the wait on the run queue after the wakeup (as bcc's
+// offcputime); the runq state is the time a runnable thread waited.
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "tracked.h"
+
+// User stack bytes copied per system call; profile's DEFAULT_STACK_BYTES.
+#define STACK_BYTES 16384
+#define MAX_STACK_DEPTH 64
+// Long blocks of one system call waiting for its return (fsync may block
+// many times); more add to a matching one or are counted in pending_full.
+#define MAX_PENDING 8
+
+#define STATE_D 0
+#define STATE_S 1
+#define STATE_RUNQ 2
+
+#define TASK_INTERRUPTIBLE 0x1
+#define TASK_UNINTERRUPTIBLE 0x2
+#define TASK_DEAD 0x80
+#define TASK_NOLOAD 0x400
+
+struct mm_struct {
+	unsigned long env_end;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	int pid;
+	int tgid;
+	struct mm_struct *mm;
+} __attribute__((preserve_access_index));
+
+struct pt_regs {
+	unsigned long bp;
+	unsigned long orig_ax;
+	unsigned long sp;
+	unsigned long ip;
+} __attribute__((preserve_access_index));
+
+// Set by userspace before loading.
+const volatile __u64 min_block_ns = 1000000;
+// User stack copies per CPU per second at most; blocks beyond that are
+// still counted exactly in `totals`, only without a user stack.
+const volatile __u32 max_copies_per_cpu_s = 200;
+
+struct start {
+	__u64 ts;
+	__u32 state;
+	__u32 in_syscall;
+};
+
+// Per thread: switch-out time (0: not switched out by us) and state. Task
+// storage: no hashing or map-wide lock on every context switch (an LRU hash
+// cost about twice as much), freed with the task.
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct start);
+} starts SEC(".maps");
+
+struct key {
+	__u32 tgid;
+	__u32 state;
+	__u64 kstack; // hash of the kernel stack in `kstacks`; 0: not read
+};
+
+struct total {
+	__u64 ns;
+	__u64 count;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct key);
+	__type(value, struct total);
+} totals SEC(".maps");
+
+struct kstack {
+	__u64 ips[MAX_STACK_DEPTH];
+};
+
+// Hash -> kernel stack (leaf first, zero-terminated).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct kstack);
+} kstacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct kstack);
+} kscratch SEC(".maps");
+
+struct block {
+	__u32 state;
+	__u32 pad;
+	__u64 kstack;
+	__u64 ns;
+};
+
+struct pending {
+	__u32 n;
+	__u32 pad;
+	struct block b[MAX_PENDING];
+};
+
+// Per thread: the long blocks of its current system call.
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct pending);
+} pendings SEC(".maps");
+
+struct event {
+	__u32 tgid;
+	__u32 tid;
+	__u32 n;
+	__u32 size; // bytes of `stack` copied from sp upwards
+	__u64 bp, sp, ip;
+	struct block b[MAX_PENDING];
+	__u8 stack[STACK_BYTES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 * 1024 * 1024);
+} events SEC(".maps");
+
+struct budget {
+	__u64 second;
+	__u32 used;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct budget);
+} budgets SEC(".maps");
+
+// Long blocks without a user stack: outside a system call, copy budget
+// spent, ring full, pending list full, or the user stack not readable.
+__u64 not_in_syscall;
+__u64 no_budget;
+__u64 ring_full;
+__u64 pending_full;
+__u64 copy_failed;
+// Long blocks whose kernel stack could not be read or stored.
+__u64 kstack_lost;
+// Blocks below the threshold (counted, not measured).
+__u64 short_blocks;
+
+static __always_inline void add_total(struct key *k, __u64 ns)
+{
+	struct total *t = bpf_map_lookup_elem(&totals, k);
+	if (!t) {
+		struct total init = {.ns = ns, .count = 1};
+		if (bpf_map_update_elem(&totals, k, &init, BPF_NOEXIST) == 0)
+			return;
+		t = bpf_map_lookup_elem(&totals, k);
+		if (!t)
+			return;
+	}
+	__sync_fetch_and_add(&t->ns, ns);
+	__sync_fetch_and_add(&t->count, 1);
+}
+
+// The kernel stack of a task that is off the CPU, stored under its hash.
+static __always_inline __u64 store_kstack(struct task_struct *task)
+{
+	__u32 zero = 0;
+	struct kstack *st = bpf_map_lookup_elem(&kscratch, &zero);
+	if (!st)
+		return 0;
+	long len = bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0);
+	if (len <= 0)
+		return 0;
+	__u32 n = len / 8;
+	__u64 h = 14695981039346656037ULL;
+	for (__u32 i = 0; i < MAX_STACK_DEPTH; i++) {
+		if (i >= n)
+			st->ips[i] = 0;
+		h = (h ^ st->ips[i]) * 1099511628211ULL;
+	}
+	if (h == 0)
+		h = 1;
+	bpf_map_update_elem(&kstacks, &h, st, BPF_NOEXIST);
+	return h;
+}
+
+static __always_inline void park(struct task_struct *task, struct block *b)
+{
+	struct pending *p =
+		bpf_task_storage_get(&pendings, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!p)
+		return;
+	for (int i = 0; i < MAX_PENDING; i++) {
+		if (i >= p->n)
+			break;
+		if (p->b[i].state == b->state && p->b[i].kstack == b->kstack) {
+			p->b[i].ns += b->ns;
+			return;
+		}
+	}
+	__u32 n = p->n;
+	if (n < MAX_PENDING) {
+		p->b[n] = *b;
+		p->n = n + 1;
+	} else {
+		__sync_fetch_and_add(&pending_full, 1);
+	}
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	__u32 tgid = prev->tgid;
+	if (is_tracked(tgid) && !(prev_state & TASK_DEAD)) {
+		struct start *s =
+			bpf_task_storage_get(&starts, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (s) {
+			s->ts = bpf_ktime_get_ns();
+			if (preempt || !(prev_state & (TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE)))
+				s->state = STATE_RUNQ;
+			else if ((prev_state & TASK_UNINTERRUPTIBLE) && !(prev_state & TASK_NOLOAD))
+				s->state = STATE_D;
+			else
+				s->state = STATE_S;
+			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(prev);
+			s->in_syscall = (long)BPF_CORE_READ(regs, orig_ax) >= 0;
+		}
+	}
+
+	tgid = next->tgid;
+	if (!is_tracked(tgid))
+		return 0;
+	struct start *s = bpf_task_storage_get(&starts, next, 0, 0);
+	if (!s || !s->ts)
+		return 0;
+	__u64 ns = bpf_ktime_get_ns() - s->ts;
+	struct block b = {.state = s->state, .ns = ns};
+	__u32 in_syscall = s->in_syscall;
+	s->ts = 0;
+	if (ns < min_block_ns) {
+		__sync_fetch_and_add(&short_blocks, 1);
+		return 0;
+	}
+	b.kstack = store_kstack(next);
+	if (!b.kstack)
+		__sync_fetch_and_add(&kstack_lost, 1);
+	struct key k = {.tgid = tgid, .state = b.state, .kstack = b.kstack};
+	add_total(&k, ns);
+	if (in_syscall && next->mm)
+		park(next, &b);
+	else
+		__sync_fetch_and_add(&not_in_syscall, 1);
+	return 0;
+}
+
+static __always_inline int take_budget(void)
+{
+	__u32 zero = 0;
+	struct budget *b = bpf_map_lookup_elem(&budgets, &zero);
+	if (!b)
+		return 0;
+	__u64 second = bpf_ktime_get_ns() / 1000000000ULL;
+	if (b->second != second) {
+		b->second = second;
+		b->used = 0;
+	}
+	if (b->used >= max_copies_per_cpu_s)
+		return 0;
+	b->used++;
+	return 1;
+}
+
+// The system call that blocked returns: copy the user registers and stack
+// for the blocks parked during it.
+SEC("raw_tp/sys_exit")
+int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!is_tracked(tgid))
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pending *p = bpf_task_storage_get(&pendings, task, 0, 0);
+	if (!p || !p->n)
+		return 0;
+	__u32 n = p->n;
+	if (n > MAX_PENDING)
+		n = MAX_PENDING;
+	p->n = 0;
+	if (!take_budget()) {
+		__sync_fetch_and_add(&no_budget, n);
+		return 0;
+	}
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ring_full, n);
+		return 0;
+	}
+	e->tgid = tgid;
+	e->tid = tid;
+	e->n = n;
+	__builtin_memcpy(e->b, p->b, sizeof(e->b));
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	e->bp = BPF_CORE_READ(regs, bp);
+	e->sp = BPF_CORE_READ(regs, sp);
+	e->ip = BPF_CORE_READ(regs, ip);
+	__u64 top = BPF_CORE_READ(task, mm, env_end);
+	__u64 size = top > e->sp ? top - e->sp : 0;
+	if (size > STACK_BYTES)
+		size = STACK_BYTES;
+	e->size = 0;
+	// The end of the range may be unmapped (a thread stack on the heap, a
+	// page not resident): retry with halves before giving up.
+	for (int i = 0; i < 4 && size > 0; i++) {
+		if (bpf_probe_read_user(e->stack, size, (void *)e->sp) == 0) {
+			e->size = size;
+			break;
+		}
+		size >>= 1;
+	}
+	if (!e->size)
+		__sync_fetch_and_add(&copy_failed, n);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+// A child of a tracked process is tracked before it first runs.
+SEC("raw_tp/sched_process_fork")
+int on_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *parent = (struct task_struct *)ctx->args[0];
+	struct task_struct *child = (struct task_struct *)ctx->args[1];
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	if (!is_tracked(ptgid))
+		return 0;
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	set_tracked(ctgid);
+	return 0;
+}
+
+// A thread group whose leader exits stops being tracked, so that its pid,
+// once reused by another process, is not.
+SEC("raw_tp/sched_process_exit")
+int on_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if ((__u32)id != tgid || !is_tracked(tgid))
+		return 0;
+	__sync_fetch_and_and(&tracked_bits[(tgid / 64) & (BITMAP_WORDS - 1)], ~(1ULL << (tgid & 63)));
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,171 @@
+//! Off-CPU time of a recording, per role: seconds by state (D, S, runq),
+//! the stacks that hold the most, and per interval per pid (the rules'
+//! exact D time). Reads `offcpu.json`, `offcpu.folded` and `offcpu.jsonl`.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::profile::{parse_folded, FoldedStack};
+use super::Evidence;
+use crate::collect::offcpu::{Summary, Tick};
+
+/// Stacks shown per role.
+pub const TOP_STACKS: usize = 10;
+
+/// What the offcpu collector recorded.
+#[derive(Clone, Debug, Default)]
+pub struct OffCpu {
+    pub summary: Summary,
+    /// `role;state;frames… µs` lines: `frames[0]` is the state, weights in µs.
+    pub stacks: Vec<FoldedStack>,
+    pub ticks: Vec<Tick>,
+}
+
+impl OffCpu {
+    /// Off-CPU seconds in `state` of `pid` in blocks that ended in `(from, to]`.
+    pub fn seconds(&self, pid: u32, state: &str, from: f64, to: f64) -> f64 {
+        self.ticks
+            .iter()
+            .filter(|t| t.t > from && t.t - t.dt < to)
+            .filter_map(|t| t.by_pid.get(&pid)?.get(state))
+            .sum()
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OffcpuSection {
+    pub mechanism: String,
+    pub min_block_ms: f64,
+    pub duration_s: f64,
+    /// Run time of the BPF programs (all CPUs), and as a share of one CPU.
+    pub bpf_run_s: f64,
+    pub bpf_cpu_share: f64,
+    pub reader_cpu_s: f64,
+    /// Blocks of at least min_block_ms, and the share that got a user stack.
+    pub blocks: u64,
+    pub user_stack_share: f64,
+    pub folded: String,
+    pub notes: Vec<String>,
+    /// Most off-CPU time first.
+    pub roles: Vec<RoleOffcpu>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoleOffcpu {
+    pub role: String,
+    pub pids: usize,
+    /// Seconds off the CPU by state: "D", "S", "runq".
+    pub off_cpu_s: BTreeMap<String, f64>,
+    pub blocks: BTreeMap<String, u64>,
+    pub flamegraph: Option<String>,
+    pub top_stacks: Vec<OffStack>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OffStack {
+    pub state: String,
+    pub seconds: f64,
+    /// Of the role's off-CPU seconds in all states.
+    pub share: f64,
+    /// Root first: user frames, then kernel frames (`_[k]`).
+    pub frames: Vec<String>,
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// The section, when the recording has off-CPU data.
+pub fn build(rec: &Evidence) -> Option<OffcpuSection> {
+    rec.offcpu.as_ref().map(from_parts)
+}
+
+pub fn from_parts(o: &OffCpu) -> OffcpuSection {
+    let s = &o.summary;
+    let mut by_role: BTreeMap<&str, Vec<&FoldedStack>> = BTreeMap::new();
+    for st in &o.stacks {
+        by_role.entry(&st.role).or_default().push(st);
+    }
+    let roles = s
+        .roles
+        .iter()
+        .map(|r| {
+            let total: f64 = r.off_cpu_s.values().sum();
+            let mut stacks: Vec<&FoldedStack> =
+                by_role.get(r.role.as_str()).cloned().unwrap_or_default();
+            stacks.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.frames.cmp(&b.frames)));
+            let top_stacks = stacks
+                .iter()
+                .take(TOP_STACKS)
+                .map(|st| {
+                    let seconds = st.samples as f64 / 1e6;
+                    OffStack {
+                        state: st.frames.first().cloned().unwrap_or_default(),
+                        seconds: round3(seconds),
+                        share: if total > 0.0 {
+                            round3(seconds / total)
+                        } else {
+                            0.0
+                        },
+                        frames: st.frames.iter().skip(1).cloned().collect(),
+                    }
+                })
+                .collect();
+            RoleOffcpu {
+                role: r.role.clone(),
+                pids: r.pids,
+                off_cpu_s: r
+                    .off_cpu_s
+                    .iter()
+                    .map(|(k, v)| (k.clone(), round3(*v)))
+                    .collect(),
+                blocks: r.blocks.clone(),
+                flamegraph: r.flamegraph.clone(),
+                top_stacks,
+            }
+        })
+        .collect();
+    OffcpuSection {
+        mechanism: s.mechanism.clone(),
+        min_block_ms: s.min_block_us as f64 / 1000.0,
+        duration_s: s.duration_s,
+        bpf_run_s: s.bpf_run_s,
+        bpf_cpu_share: if s.duration_s > 0.0 {
+            (s.bpf_run_s / s.duration_s * 1e4).round() / 1e4
+        } else {
+            0.0
+        },
+        reader_cpu_s: s.reader_cpu_s,
+        blocks: s.blocks,
+        user_stack_share: if s.blocks > 0 {
+            round3(
+                1.0 - (s.not_in_syscall + s.no_budget + s.ring_full + s.pending_full) as f64
+                    / s.blocks as f64,
+            )
+        } else {
+            0.0
+        },
+        folded: s.folded.clone(),
+        notes: s.notes.clone(),
+        roles,
+    }
+}
+
+/// Reads the collector's files; None when it did not run.
+pub fn load(dir: &std::path::Path, cut: &mut usize, notes: &mut Vec<String>) -> Option<OffCpu> {
+    use crate::collect::offcpu::files;
+    let summary: Summary = super::json_file(dir, files::SUMMARY, notes)?;
+    let stacks = match std::fs::read_to_string(dir.join(&summary.folded)) {
+        Ok(t) => parse_folded(&t),
+        Err(e) => {
+            notes.push(format!("{}: {e}", summary.folded));
+            Vec::new()
+        }
+    };
+    let ticks = crate::recording::reader::read_stream(dir, files::STREAM, cut, notes);
+    Some(OffCpu {
+        summary,
+        stacks,
+        ticks,
+    })
+}

@@ -1,0 +1,240 @@
+//! The off-CPU collector on real processes: a program that blocks in known
+//! ways (nanosleep, a pipe read, a vfork wait, fsync) gets its off-CPU time
+//! in the right state and kernel stack, within 10 % of the time it measured
+//! inside the blocking calls.
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pgbelow::collect::offcpu::{files, OffcpuCollector, Summary};
+use pgbelow::collect::{Collector, Context};
+use pgbelow::recording::{this_host_manifest, Writer};
+use pgbelow::report::sections::profile::parse_folded;
+
+mod common;
+
+struct Run {
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+    blocked_s: f64,
+    summary: Summary,
+    folded: String,
+}
+
+fn line(out: &mut impl BufRead, prefix: &str) -> String {
+    let mut l = String::new();
+    loop {
+        l.clear();
+        assert!(out.read_line(&mut l).unwrap() > 0, "no '{prefix}' line");
+        if let Some(rest) = l.trim().strip_prefix(prefix) {
+            return rest.trim().to_string();
+        }
+    }
+}
+
+/// Runs `pgbelow-block ARGS` under the collector; `drive` feeds its stdin.
+fn record(args: &[&str], drive: impl FnOnce(&mut ChildStdin)) -> Run {
+    record_inner(args, |_| {}, drive)
+}
+
+/// [`record`] with `setup(pid)` called before the program starts its work.
+fn record_with(args: &[&str], setup: impl FnOnce(u32)) -> Run {
+    record_inner(args, setup, |_| {})
+}
+
+fn record_inner(
+    args: &[&str],
+    setup: impl FnOnce(u32),
+    drive: impl FnOnce(&mut ChildStdin),
+) -> Run {
+    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    line(&mut out, "ready");
+    setup(child.id());
+    let ctx = Context::new(child.id());
+    let mut c = OffcpuCollector::start(&ctx).expect("off-CPU collector starts (run as root)");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = Writer::create(&tmp.path().join("rec"), this_host_manifest("lab")).unwrap();
+    let t0 = Instant::now();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"g").unwrap();
+    drive(&mut stdin);
+    let blocked_ns: f64 = line(&mut out, "blocked_ns").parse().unwrap();
+    c.sample(t0.elapsed().as_secs_f64(), &mut w).unwrap();
+    c.finish(t0.elapsed().as_secs_f64(), &mut w).unwrap();
+    w.flush().unwrap();
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    let dir = w.dir().to_path_buf();
+    let summary = c.summary().unwrap().clone();
+    Run {
+        folded: std::fs::read_to_string(dir.join(files::FOLDED)).unwrap(),
+        dir,
+        _tmp: tmp,
+        blocked_s: blocked_ns / 1e9,
+        summary,
+    }
+}
+
+/// Seconds in stacks of `state` whose frames contain every one of `names`.
+fn seconds_with(folded: &str, state: &str, names: &[&str]) -> f64 {
+    parse_folded(folded)
+        .into_iter()
+        .filter(|s| s.frames.first().map(String::as_str) == Some(state))
+        .filter(|s| names.iter().all(|n| s.frames.iter().any(|f| f.contains(n))))
+        .map(|s| s.samples as f64 / 1e6)
+        .sum()
+}
+
+fn check(run: &Run, state: &str, kernel: &[&str], user: &str) {
+    let got = seconds_with(&run.folded, state, kernel);
+    let with_user = seconds_with(&run.folded, state, &[kernel, &[user]].concat());
+    eprintln!(
+        "{state} in {kernel:?}: {got:.4} s (with user frame {user}: {with_user:.4} s); measured in the calls {:.4} s; blocks {} short {} user stacks {} no budget {} copy failed {}; BPF {:.6} s in {} runs, reader CPU {:.4} s ({})",
+        run.blocked_s,
+        run.summary.blocks,
+        run.summary.short_blocks,
+        run.summary.user_stacks,
+        run.summary.no_budget,
+        run.summary.copy_failed,
+        run.summary.bpf_run_s,
+        run.summary.bpf_runs,
+        run.summary.reader_cpu_s,
+        run.dir.display()
+    );
+    assert!(
+        (got - run.blocked_s).abs() <= run.blocked_s * 0.10,
+        "{state} off-CPU {got:.4} s vs {:.4} s measured\n{}",
+        run.blocked_s,
+        run.folded
+    );
+    assert!(
+        with_user >= got * 0.9,
+        "user frame {user} missing from the {state} stacks\n{}",
+        run.folded
+    );
+}
+
+#[test]
+fn nanosleep_is_s_in_hrtimer_nanosleep() {
+    let run = record(&["sleep", "20", "25"], |_| {});
+    // The kernel saves a sleeping task's stack without its __sched
+    // functions (schedule, do_nanosleep): the innermost frame is their caller.
+    check(&run, "S", &["hrtimer_nanosleep"], "sleep_ms");
+    assert!(run.summary.bpf_stats, "BPF run time was not counted");
+    assert!(run.summary.bpf_runs > 0);
+    let role = &run.summary.roles[0];
+    let s = role.off_cpu_s.get("S").copied().unwrap_or(0.0);
+    assert!(s >= run.blocked_s * 0.9, "role total {s} s: {:?}", role);
+    // The evidence model reads it back: per-interval seconds and the section.
+    let ev = pgbelow::evidence::Evidence::load(&run.dir).unwrap();
+    let off = ev.offcpu.as_ref().expect("offcpu evidence");
+    let ticks_s: f64 = off
+        .ticks
+        .iter()
+        .flat_map(|t| t.by_pid.values())
+        .filter_map(|m| m.get("S"))
+        .sum();
+    assert!(
+        (ticks_s - s).abs() <= s * 0.01 + 1e-3,
+        "offcpu.jsonl S {ticks_s} s vs {s} s in offcpu.json"
+    );
+    let section = pgbelow::report::sections::offcpu::build(&ev).unwrap();
+    let mut text = String::new();
+    pgbelow::report::sections::offcpu::render(&section, &mut text);
+    assert!(
+        text.contains("hrtimer_nanosleep") && text.contains("off the CPU"),
+        "{text}"
+    );
+}
+
+#[test]
+fn pipe_read_is_s_in_pipe_read() {
+    let run = record(&["pipe", "25"], |stdin| {
+        for _ in 0..25 {
+            std::thread::sleep(Duration::from_millis(20));
+            stdin.write_all(b"x").unwrap();
+        }
+    });
+    check(&run, "S", &["pipe_read"], "read_byte");
+}
+
+#[test]
+fn vfork_wait_is_d() {
+    let run = record(&["vfork", "20", "25"], |_| {});
+    check(&run, "D", &["kernel_clone"], "vfork_sleep");
+}
+
+#[test]
+fn fsync_on_a_throttled_device_is_d() {
+    use pgbelow::scenarios::checkpoint_stall::{Limits, StallDevice};
+    let _alone = common::exclusive();
+    // An ext4 loop device written at 4 MB/s at most (io.max / blkio throttle).
+    let mut dev = StallDevice::create_in(std::path::Path::new("/var/tmp"), 0, 0, &|_| {})
+        .expect("loop device (run as root)");
+    dev.limit(
+        &Limits {
+            write_bps: 4 << 20,
+            dirty_cap_bytes: 64 << 20,
+            calibration: None,
+        },
+        &|_| {},
+    )
+    .unwrap();
+    let file = dev.mount.join("f");
+    let file = file.to_str().unwrap().to_string();
+    let mut pid = 0;
+    let run = record_with(&["fsync", &file, "4", "3"], |p| {
+        pid = p;
+        dev.adopt(&[p]).unwrap();
+    });
+    dev.unlimit().unwrap();
+    drop(dev);
+    assert!(pid > 0);
+    check(&run, "D", &["do_fsync"], "fsync_file");
+}
+
+/// The collector's own cost at a high context-switch rate: two tracked
+/// processes ping-pong over pipes (all blocks far below the 1 ms minimum,
+/// so this is the per-switch path). The goal, 2 % of one CPU at 100k
+/// switches per second (200 ns per switch), is not met yet: ~740 ns per
+/// switch (sched_switch + the sys_exit runs of the same round trips, BPF
+/// statistics on) measured on a loaded 2-CPU VM. The bound below catches a
+/// regression beyond 1 µs per switch (10 % of one CPU at 100k/s).
+#[test]
+fn cost_per_context_switch() {
+    let _alone = common::exclusive();
+    let run = record(&["pingpong", "200000"], |_| {});
+    let s = &run.summary;
+    let wall = run.blocked_s;
+    // Each round trip switches each process out once (and in once).
+    let switches = 2.0 * 200_000.0;
+    let ns_per_switch = s.bpf_run_s * 1e9 / switches;
+    let share_at_100k = ns_per_switch * 100_000.0 / 1e9;
+    eprintln!(
+        "{switches} switch-outs in {wall:.2} s ({:.0}/s); BPF {:.4} s in {} runs = {ns_per_switch:.0} ns per switch (all programs) → {:.2}% of one CPU at 100k switches/s; reader CPU {:.4} s; short blocks {}",
+        switches / wall,
+        s.bpf_run_s,
+        s.bpf_runs,
+        share_at_100k * 100.0,
+        s.reader_cpu_s,
+        s.short_blocks
+    );
+    assert!(s.bpf_stats, "BPF run time was not counted");
+    assert!(
+        s.short_blocks as f64 >= switches * 0.9,
+        "{} short blocks for {switches} switches",
+        s.short_blocks
+    );
+    assert!(
+        share_at_100k <= 0.10,
+        "{ns_per_switch:.0} ns per switch: {:.2}% of one CPU at 100k/s",
+        share_at_100k * 100.0
+    );
+}
