@@ -17,6 +17,7 @@ fn main() {
         build(&out, name, bpf_arch, multiarch);
     }
     println!("cargo:rerun-if-changed=src/bpf/tracked.h");
+    pprof_types(&out);
 }
 
 fn build(out: &std::path::Path, name: &str, bpf_arch: &str, multiarch: &str) {
@@ -37,7 +38,6 @@ fn build(out: &std::path::Path, name: &str, bpf_arch: &str, multiarch: &str) {
         );
     }
     println!("cargo:rerun-if-changed={src}");
-    pprof_types(&out);
 }
 
 fn pprof_types(out: &std::path::Path) {
