@@ -480,7 +480,8 @@ pub(super) fn online_cpus() -> Vec<u32> {
         .unwrap_or_default()
 }
 
-pub(super) fn parse_cpu_list(s: &str) -> Vec<u32> {
+/// A sysfs CPU list (`0-3,6`).
+pub fn parse_cpu_list(s: &str) -> Vec<u32> {
     let mut out = Vec::new();
     for part in s.trim().split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {
