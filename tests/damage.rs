@@ -276,14 +276,17 @@ fn random_damage_never_panics_100k() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// `pgbelow ARGS`, killed after `limit`: its exit status, stdout, stderr
+/// `pgbelow report DIR --format F`, killed after `limit_s`: its exit status, stdout, stderr
 /// and peak resident set (KiB: VmHWM, polled; wait4's ru_maxrss would
 /// count the test process's own peak, whose memory the spawn shares until
 /// exec).
-fn run_bounded(args: &[&std::ffi::OsStr], limit: std::time::Duration) -> Run {
+fn report(dir: &Path, format: &str, limit_s: u64) -> Run {
     use std::io::Read;
+    let limit = std::time::Duration::from_secs(limit_s);
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
-        .args(args)
+        .arg("report")
+        .arg(dir)
+        .args(["--format", format])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -353,15 +356,7 @@ const FORMATS: [&str; 3] = ["text", "json", "html"];
 /// line; never a panic, a signal or a hang; the damage named when `must_name`.
 fn check_cli(dir: &Path, what: &str, must_name: Option<&str>) {
     for format in FORMATS {
-        let r = run_bounded(
-            &[
-                "report".as_ref(),
-                dir.as_os_str(),
-                "--format".as_ref(),
-                format.as_ref(),
-            ],
-            std::time::Duration::from_secs(60),
-        );
+        let r = report(dir, format, 60);
         let ctx = format!("{what}, --format {format}");
         assert!(!r.timed_out, "{ctx}: hung ({:.1} s)", r.secs);
         assert!(
@@ -464,15 +459,7 @@ fn a_huge_line_is_skipped_with_bounded_memory() {
         writeln!(f, "\n{}", last.lines().last().unwrap()).unwrap();
     }
     for format in FORMATS {
-        let r = run_bounded(
-            &[
-                "report".as_ref(),
-                dir.as_os_str(),
-                "--format".as_ref(),
-                format.as_ref(),
-            ],
-            std::time::Duration::from_secs(120),
-        );
+        let r = report(&dir, format, 120);
         eprintln!(
             "--format {format}: exit {:?}, peak RSS {} KiB, {:.2} s, a {} MiB line",
             r.status.code(),
@@ -500,10 +487,7 @@ fn a_huge_line_is_skipped_with_bounded_memory() {
     // a summary left out and named.
     let dir2 = work.path().join("rec2");
     copy_with(fixture, &dir2, "workload.json", &vec![b' '; 20 << 20]);
-    let r = run_bounded(
-        &["report".as_ref(), dir2.as_os_str()],
-        std::time::Duration::from_secs(60),
-    );
+    let r = report(&dir2, "text", 60);
     assert_eq!(r.status.code(), Some(0), "{}", r.stderr);
     assert!(
         r.stdout
@@ -515,10 +499,7 @@ fn a_huge_line_is_skipped_with_bounded_memory() {
     let dir3 = work.path().join("rec3");
     copy_with(fixture, &dir3, "manifest.json", &vec![b' '; 20 << 20]);
     check_cli(&dir3, "a 20 MiB manifest", None);
-    let r = run_bounded(
-        &["report".as_ref(), dir3.as_os_str()],
-        std::time::Duration::from_secs(60),
-    );
+    let r = report(&dir3, "text", 60);
     assert_eq!(r.status.code(), Some(2), "{}", r.stderr);
     assert!(r.stderr.contains("larger than 16 MiB"), "{}", r.stderr);
 }
@@ -536,10 +517,7 @@ fn a_profile_summary_cannot_point_outside_the_recording() {
             serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
         v["folded"] = serde_json::Value::from(*target);
         std::fs::write(&p, v.to_string()).unwrap();
-        let r = run_bounded(
-            &["report".as_ref(), dir.as_os_str()],
-            std::time::Duration::from_secs(30),
-        );
+        let r = report(&dir, "text", 30);
         assert!(!r.timed_out, "{target}: hung");
         assert_eq!(r.status.code(), Some(0), "{target}: {}", r.stderr);
         assert!(
