@@ -91,30 +91,17 @@ pub fn parse_folded(text: &str) -> Vec<FoldedStack> {
 /// `stack count` (or longer than that) and read errors are skipped and
 /// described in the second value.
 pub fn read_folded(input: impl std::io::BufRead) -> (Vec<FoldedStack>, Option<String>) {
-    use crate::recording::reader::{CappedLines, Damage, MAX_LINE};
-    let mut lines = CappedLines::new(input, MAX_LINE);
+    use crate::recording::reader::{each_line, Damage};
     let mut out = Vec::new();
     let mut damage = Damage::default();
-    let mut i = 0usize;
-    loop {
-        let l = match lines.next_line() {
-            Ok(Some(l)) => l,
-            Ok(None) => break,
-            Err(e) => {
-                damage.read_error(i, e);
-                break;
-            }
-        };
-        i += 1;
-        if l.len > MAX_LINE {
-            damage.line(i, l.too_long());
-        } else if !l.bytes.iter().all(u8::is_ascii_whitespace) {
-            match std::str::from_utf8(l.bytes).ok().and_then(folded_line) {
-                Some(s) => out.push(s),
-                None => damage.line(i, "not `role;frame;… count`".into()),
-            }
-        }
-    }
+    each_line(
+        input,
+        &mut damage,
+        |i, line, damage| match std::str::from_utf8(line).ok().and_then(folded_line) {
+            Some(s) => out.push(s),
+            None => damage.line(i, "not `role;frame;… count`".into()),
+        },
+    );
     (out, damage.describe())
 }
 

@@ -267,40 +267,47 @@ pub fn parse_jsonl_lenient<T: DeserializeOwned>(
     let mut damage = Damage::default();
     // Lines are parsed one behind, so that the last one is known as last.
     let mut pending: Option<(usize, Result<T, String>)> = None;
-    let mut lines = CappedLines::new(input, MAX_LINE);
-    let mut i = 0usize;
-    loop {
-        let line = match lines.next_line() {
-            Ok(Some(l)) => l,
-            Ok(None) => break,
-            Err(e) => {
-                damage.read_error(i, e);
-                break;
-            }
-        };
-        i += 1;
-        if line.len > MAX_LINE {
-            // No interrupted write leaves a line this long: damage, wherever it is.
-            damage.line(i, line.too_long());
-            continue;
-        }
-        if line.bytes.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let parsed = serde_json::from_slice::<T>(line.bytes).map_err(|e| e.to_string());
+    each_line(input, &mut damage, |i, line, damage| {
+        let parsed = serde_json::from_slice::<T>(line).map_err(|e| e.to_string());
         if let Some((n, r)) = pending.replace((i, parsed)) {
             match r {
                 Ok(v) => out.push(v),
                 Err(e) => damage.line(n, e),
             }
         }
-    }
+    });
     match pending {
         Some((_, Ok(v))) => out.push(v),
         Some((_, Err(_))) => *truncated += 1,
         None => {}
     }
     (out, damage.describe())
+}
+
+/// Call `f` with each non-blank line of `input` (numbered from 1) that is
+/// no longer than [`MAX_LINE`]; longer lines (no interrupted write leaves
+/// one: damage wherever it is) and a read error go to `damage`.
+pub fn each_line(
+    input: impl BufRead,
+    damage: &mut Damage,
+    mut f: impl FnMut(usize, &[u8], &mut Damage),
+) {
+    let mut lines = CappedLines::new(input, MAX_LINE);
+    let mut i = 0usize;
+    loop {
+        match lines.next_line() {
+            Ok(Some(l)) => {
+                i += 1;
+                if l.len > MAX_LINE {
+                    damage.line(i, l.too_long());
+                } else if !l.bytes.iter().all(u8::is_ascii_whitespace) {
+                    f(i, l.bytes, damage);
+                }
+            }
+            Ok(None) => return,
+            Err(e) => return damage.read_error(i, e),
+        }
+    }
 }
 
 /// The damage met reading a file line by line, described in one line.
