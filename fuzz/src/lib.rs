@@ -36,26 +36,30 @@ pub fn scratch() -> PathBuf {
     dir
 }
 
-/// The files of a recording the whole-recording target writes, by index.
+use pgbelow::collect::{clock, pgstat, procfs, profile, system};
+use pgbelow::recording::files as rec;
+
+/// The files of a recording the whole-recording target writes, by index
+/// (fuzz/seeds.sh writes seeds in this order).
 pub const FILES: &[&str] = &[
-    "manifest.json",
-    "workload.json",
-    "progress.jsonl",
-    "processes.jsonl",
-    "syscalls.jsonl",
-    "pgstat.jsonl",
-    "procfs.jsonl",
-    "system.jsonl",
-    "pgstat_waits.jsonl",
-    "pgstat_server.jsonl",
-    "checkpoints.jsonl",
-    "profile.json",
-    "profile.folded",
-    "clock.json",
-    "explain.json",
-    "drop.json",
-    "drop_sweep.json",
-    "syncrep_sweep.json",
+    rec::MANIFEST,
+    rec::WORKLOAD_SUMMARY,
+    rec::PROGRESS,
+    rec::PROCESSES,
+    rec::SYSCALLS,
+    rec::PGSTAT,
+    procfs::STREAM,
+    system::STREAM,
+    pgstat::WAITS,
+    pgstat::SERVER,
+    pgstat::CHECKPOINTS,
+    profile::files::SUMMARY,
+    profile::files::FOLDED,
+    clock::FILE,
+    rec::EXPLAIN_SUMMARY,
+    rec::DROP_SUMMARY,
+    rec::DROP_SWEEP,
+    rec::SYNCREP_SWEEP,
     "flamegraph-backend.svg",
 ];
 
