@@ -31,8 +31,42 @@ fn fixtures() -> Vec<PathBuf> {
     v
 }
 
-/// Copy `src` to `dst` with one random damage to one of its files; what was done.
-fn damaged_copy(src: &Path, dst: &Path, rng: &mut Rng) -> String {
+/// Files the report reads (others, such as the lab's raw `drop.jsonl`, are
+/// kept for people and tools, not read back; `clock.json` only when the
+/// manifest lacks the clock facts).
+const READ: [&str; 16] = [
+    "workload.json",
+    "progress.jsonl",
+    "processes.jsonl",
+    "syscalls.jsonl",
+    "pgstat.jsonl",
+    "procfs.jsonl",
+    "system.jsonl",
+    "pgstat_waits.jsonl",
+    "pgstat_server.jsonl",
+    "checkpoints.jsonl",
+    "profile.json",
+    "profile.folded",
+    "explain.json",
+    "drop.json",
+    "drop_sweep.json",
+    "syncrep_sweep.json",
+];
+
+/// What a damaged copy had done to it.
+struct Damage {
+    what: String,
+    /// A file the report reads that it cannot have read whole: the
+    /// report must name it.
+    must_name: Option<String>,
+}
+
+fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next() as u8).collect()
+}
+
+/// Copy `src` to `dst` with one or two random damages to its files.
+fn damaged_copy(src: &Path, dst: &Path, rng: &mut Rng) -> Damage {
     std::fs::create_dir_all(dst).unwrap();
     let mut files: Vec<PathBuf> = std::fs::read_dir(src)
         .unwrap()
@@ -43,10 +77,33 @@ fn damaged_copy(src: &Path, dst: &Path, rng: &mut Rng) -> String {
     for f in &files {
         std::fs::copy(f, dst.join(f.file_name().unwrap())).unwrap();
     }
+    let mut d = damage_one(dst, &files, rng);
+    if rng.below(4) == 0 {
+        let more = damage_one(dst, &files, rng);
+        d.what = format!("{}; {}", d.what, more.what);
+        d.must_name = d.must_name.or(more.must_name);
+    }
+    d
+}
+
+fn damage_one(dst: &Path, files: &[PathBuf], rng: &mut Rng) -> Damage {
     let victim = dst.join(files[rng.below(files.len())].file_name().unwrap());
-    let mut bytes = std::fs::read(&victim).unwrap();
     let name = victim.file_name().unwrap().to_string_lossy().to_string();
-    let what = match rng.below(6) {
+    let named = |what: String| Damage {
+        must_name: READ.contains(&name.as_str()).then(|| name.clone()),
+        what,
+    };
+    let mut bytes = match std::fs::read(&victim) {
+        Ok(b) => b,
+        // Already replaced by an earlier damage of this copy.
+        Err(_) => {
+            return Damage {
+                what: format!("{name}: already damaged"),
+                must_name: None,
+            }
+        }
+    };
+    let what = match rng.below(11) {
         0 => {
             let at = rng.below(bytes.len() + 1);
             bytes.truncate(at);
@@ -64,7 +121,8 @@ fn damaged_copy(src: &Path, dst: &Path, rng: &mut Rng) -> String {
         }
         2 => {
             let at = rng.below(bytes.len() + 1);
-            let junk: Vec<u8> = (0..1 + rng.below(64)).map(|_| rng.next() as u8).collect();
+            let n = 1 + rng.below(64);
+            let junk = random_bytes(rng, n);
             bytes.splice(at..at, junk);
             format!("{name}: junk inserted at {at}")
         }
@@ -84,31 +142,115 @@ fn damaged_copy(src: &Path, dst: &Path, rng: &mut Rng) -> String {
         }
         4 => {
             std::fs::remove_file(&victim).unwrap();
-            return format!("{name}: removed");
+            return Damage {
+                what: format!("{name}: removed"),
+                must_name: None,
+            };
         }
-        _ => {
+        5 => {
             bytes.clear();
             format!("{name}: emptied")
         }
+        6 => {
+            // Binary garbage over several lines: the first garbage line is
+            // not the last line, so it is damage, not a cut write.
+            let mut g = Vec::new();
+            for _ in 0..2 + rng.below(4) {
+                let n = 1 + rng.below(200);
+                g.extend(
+                    random_bytes(rng, n)
+                        .into_iter()
+                        .map(|b| if b == b'\n' { 0 } else { b }),
+                );
+                g.push(b'\n');
+            }
+            bytes = g;
+            // Random bytes may (rarely) still parse; whole files (.json)
+            // never parse as garbage with a NUL byte.
+            let d = named(format!("{name}: replaced by binary garbage"));
+            std::fs::write(&victim, [b"\x00\xff".as_slice(), &bytes].concat()).unwrap();
+            return d;
+        }
+        7 => {
+            std::fs::remove_file(&victim).unwrap();
+            std::fs::create_dir(&victim).unwrap();
+            return named(format!("{name}: a directory in its place"));
+        }
+        8 => {
+            std::fs::remove_file(&victim).unwrap();
+            let c = std::ffi::CString::new(victim.to_str().unwrap()).unwrap();
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            return named(format!("{name}: a FIFO in its place"));
+        }
+        9 => {
+            // A long line (1-4 MiB, under the reader's cap) in the middle.
+            let at = bytes.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
+            let n = (1 + rng.below(4)) << 20;
+            let mut line = vec![b'x'; n];
+            line.push(b'\n');
+            bytes.splice(at..at, line);
+            format!("{name}: a {n}-byte line at {at}")
+        }
+        _ => {
+            // Lines cut at random and joined (a torn write mid-file).
+            let at = rng.below(bytes.len() + 1);
+            let len = rng.below(bytes.len() - at + 1);
+            bytes.drain(at..at + len);
+            format!("{name}: {len} bytes cut out at {at}")
+        }
     };
     std::fs::write(&victim, bytes).unwrap();
-    what
+    Damage {
+        what,
+        must_name: None,
+    }
 }
 
 fn one(seed: u64, fixtures: &[PathBuf], work: &Path) -> Result<(), String> {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let src = &fixtures[rng.below(fixtures.len())];
     let dst = work.join(format!("case-{seed}"));
-    let what = damaged_copy(src, &dst, &mut rng);
+    let d = damaged_copy(src, &dst, &mut rng);
     let run = std::panic::catch_unwind(|| {
-        if let Ok(ev) = pgbelow::evidence::Evidence::load(&dst) {
-            let rep = pgbelow::report::build(&ev);
-            let _ = pgbelow::report::text::render(&rep);
-            let _ = serde_json::to_string(&rep).unwrap();
+        match pgbelow::evidence::Evidence::load(&dst) {
+            Ok(ev) => {
+                let rep = pgbelow::report::build(&ev);
+                let text = pgbelow::report::text::render(&rep);
+                let _ = serde_json::to_string(&rep).unwrap();
+                let _ = pgbelow::report::html::render(&rep, &dst);
+                match &d.must_name {
+                    Some(n)
+                        if !text
+                            .lines()
+                            .any(|l| l.contains("not read:") && l.contains(n)) =>
+                    {
+                        Err(format!("the text report does not name {n}:\n{text}"))
+                    }
+                    _ => Ok(()),
+                }
+            }
+            // Only the manifest's damage stops a report.
+            Err(e) if d.what.contains("manifest.json") => {
+                let _ = e;
+                Ok(())
+            }
+            Err(e) => Err(format!("not loaded: {e:#}")),
         }
     });
     let _ = std::fs::remove_dir_all(&dst);
-    run.map_err(|_| format!("seed {seed}: {} with {what} panicked", src.display()))
+    match run {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!(
+            "seed {seed}: {} with {}: {e}",
+            src.display(),
+            d.what
+        )),
+        Err(_) => Err(format!(
+            "seed {seed}: {} with {} panicked",
+            src.display(),
+            d.what
+        )),
+    }
 }
 
 #[test]
@@ -134,26 +276,255 @@ fn random_damage_never_panics_100k() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The binary itself on a few damaged copies: exit 0 or 2, one line on 2.
+/// `pgbelow report DIR --format F`, killed after `limit_s`: its exit status, stdout, stderr
+/// and peak resident set (KiB: VmHWM, polled; wait4's ru_maxrss would
+/// count the test process's own peak, whose memory the spawn shares until
+/// exec).
+fn report(dir: &Path, format: &str, limit_s: u64) -> Run {
+    use std::io::Read;
+    let limit = std::time::Duration::from_secs(limit_s);
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+        .arg("report")
+        .arg(dir)
+        .args(["--format", format])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let start = std::time::Instant::now();
+    let mut timed_out = false;
+    let mut hwm = 0u64;
+    let status = loop {
+        if let Some(kb) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+        {
+            hwm = hwm.max(kb);
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > limit && !timed_out {
+            timed_out = true;
+            let _ = child.kill();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    Run {
+        status,
+        stdout: String::from_utf8_lossy(&t_out.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&t_err.join().unwrap()).into_owned(),
+        max_rss_kb: hwm,
+        timed_out,
+        secs: start.elapsed().as_secs_f64(),
+    }
+}
+
+struct Run {
+    status: std::process::ExitStatus,
+    stdout: String,
+    stderr: String,
+    max_rss_kb: u64,
+    timed_out: bool,
+    secs: f64,
+}
+
+const FORMATS: [&str; 3] = ["text", "json", "html"];
+
+/// `pgbelow report DIR --format F` in every format: exit 0, or 2 with one
+/// line; never a panic, a signal or a hang; the damage named when `must_name`.
+fn check_cli(dir: &Path, what: &str, must_name: Option<&str>) {
+    for format in FORMATS {
+        let r = report(dir, format, 60);
+        let ctx = format!("{what}, --format {format}");
+        assert!(!r.timed_out, "{ctx}: hung ({:.1} s)", r.secs);
+        assert!(
+            !r.stderr.contains("panicked"),
+            "{ctx}: panicked\n{}",
+            r.stderr
+        );
+        match r.status.code() {
+            Some(0) => {
+                let Some(n) = must_name else { continue };
+                let named = match format {
+                    "text" => r
+                        .stdout
+                        .lines()
+                        .any(|l| l.contains("not read:") && l.contains(n)),
+                    "json" => {
+                        let v: serde_json::Value = serde_json::from_str(&r.stdout)
+                            .unwrap_or_else(|e| panic!("{ctx}: not JSON ({e})"));
+                        v["recording"]["unreadable"]
+                            .as_array()
+                            .is_some_and(|a| a.iter().any(|u| u.as_str().unwrap().contains(n)))
+                    }
+                    // The page's notes are the HTML report's own business.
+                    _ => true,
+                };
+                assert!(named, "{ctx}: {n} not named\n{}", r.stdout);
+            }
+            Some(2) => assert_eq!(r.stderr.trim().lines().count(), 1, "{ctx}: {}", r.stderr),
+            other => panic!(
+                "{ctx}: exit {other:?} (signal {:?})\n{}",
+                std::os::unix::process::ExitStatusExt::signal(&r.status),
+                r.stderr
+            ),
+        }
+    }
+}
+
+/// The binary itself on damaged copies, in every format.
 #[test]
 fn the_cli_exits_0_or_2_on_damage() {
     let fx = fixtures();
     let work = tempfile::tempdir().unwrap();
-    for seed in 0..12u64 {
+    for seed in 0..24u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let src = &fx[rng.below(fx.len())];
         let dst = work.path().join(format!("cli-{seed}"));
-        let what = damaged_copy(src, &dst, &mut rng);
-        let o = std::process::Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
-            .arg("report")
-            .arg(&dst)
-            .output()
+        let d = damaged_copy(src, &dst, &mut rng);
+        let what = format!("seed {seed}: {} with {}", src.display(), d.what);
+        check_cli(&dst, &what, d.must_name.as_deref());
+        let _ = std::fs::remove_dir_all(&dst);
+    }
+}
+
+/// A copy of a real recording with `extra` appended to `file`.
+fn copy_with(src: &str, dst: &Path, file: &str, extra: &[u8]) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings")
+        .join(src);
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(dst.join(file))
+        .unwrap();
+    f.write_all(extra).unwrap();
+}
+
+/// A line far longer than any real one: the reader skips it past a cap, so
+/// the report's memory stays far below the line's size, and names it.
+#[test]
+fn a_huge_line_is_skipped_with_bounded_memory() {
+    const HUGE: usize = 128 << 20;
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("rec");
+    // A valid sample after it: the huge line is in the middle, not a cut end.
+    let fixture = "pg15-checkpoint-stall";
+    let last = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recordings")
+            .join(fixture)
+            .join("procfs.jsonl"),
+    )
+    .unwrap();
+    copy_with(fixture, &dir, "procfs.jsonl", b"");
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("procfs.jsonl"))
             .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        match o.status.code() {
-            Some(0) => {}
-            Some(2) => assert_eq!(err.trim().lines().count(), 1, "{what}: {err}"),
-            other => panic!("{what}: exit {other:?}\n{err}"),
+        let chunk = vec![b'{'; 1 << 20];
+        for _ in 0..HUGE / chunk.len() {
+            f.write_all(&chunk).unwrap();
         }
+        writeln!(f, "\n{}", last.lines().last().unwrap()).unwrap();
+    }
+    for format in FORMATS {
+        let r = report(&dir, format, 120);
+        eprintln!(
+            "--format {format}: exit {:?}, peak RSS {} KiB, {:.2} s, a {} MiB line",
+            r.status.code(),
+            r.max_rss_kb,
+            r.secs,
+            HUGE >> 20
+        );
+        assert_eq!(r.status.code(), Some(0), "{}", r.stderr);
+        assert!(
+            r.max_rss_kb < (HUGE as u64 / 1024) / 3,
+            "peak RSS {} KiB for a {} MiB line",
+            r.max_rss_kb,
+            HUGE >> 20
+        );
+        if format != "html" {
+            assert!(
+                r.stdout.contains("procfs.jsonl") && r.stdout.contains("longer than"),
+                "the damage is not named:\n{}",
+                &r.stdout[..r.stdout.len().min(4000)]
+            );
+        }
+    }
+
+    // The same in a whole-file part: the manifest is refused on one line,
+    // a summary left out and named.
+    let dir2 = work.path().join("rec2");
+    copy_with(fixture, &dir2, "workload.json", &vec![b' '; 20 << 20]);
+    let r = report(&dir2, "text", 60);
+    assert_eq!(r.status.code(), Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l.contains("not read: workload.json") && l.contains("larger than")),
+        "{}",
+        r.stdout
+    );
+    let dir3 = work.path().join("rec3");
+    copy_with(fixture, &dir3, "manifest.json", &vec![b' '; 20 << 20]);
+    check_cli(&dir3, "a 20 MiB manifest", None);
+    let r = report(&dir3, "text", 60);
+    assert_eq!(r.status.code(), Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("larger than 16 MiB"), "{}", r.stderr);
+}
+
+/// A crafted profile summary naming a file outside the recording (or a
+/// device that never ends) is not followed.
+#[test]
+fn a_profile_summary_cannot_point_outside_the_recording() {
+    let work = tempfile::tempdir().unwrap();
+    for (i, target) in ["/dev/zero", "../../../../etc/passwd"].iter().enumerate() {
+        let dir = work.path().join(format!("rec{i}"));
+        copy_with("pg15-syncrep-commit", &dir, "manifest.json", b"");
+        let p = dir.join("profile.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        v["folded"] = serde_json::Value::from(*target);
+        std::fs::write(&p, v.to_string()).unwrap();
+        let r = report(&dir, "text", 30);
+        assert!(!r.timed_out, "{target}: hung");
+        assert_eq!(r.status.code(), Some(0), "{target}: {}", r.stderr);
+        assert!(
+            r.stdout
+                .contains("names folded stacks outside the recording"),
+            "{target}:\n{}",
+            r.stdout
+        );
     }
 }

@@ -876,3 +876,134 @@ fn a_server_in_another_pid_namespace_is_refused_unless_pid_is_given() {
         Some(u64::from(pm))
     );
 }
+
+/// Where a password is given, and whether it is the role's.
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    DsnPairs,
+    DsnUri,
+    Env,
+    HomePgpass,
+}
+
+/// `record` with the password `pw` given through `src`, to `host`:`port`;
+/// its output. The recording goes to `out`, HOME is `home`.
+fn record_with(src: Source, pw: &str, host: &str, port: &str, out: &Path, home: &Path) -> Output {
+    let _ = std::fs::remove_file(home.join(".pgpass"));
+    let mut env: Vec<(&str, &str)> = Vec::new();
+    let dsn = match src {
+        Source::DsnPairs => {
+            format!("host={host} port={port} user=watcher dbname=postgres password='{pw}'")
+        }
+        Source::DsnUri => format!("postgresql://watcher:{pw}@{host}:{port}/postgres"),
+        Source::Env => {
+            env.push(("PGPASSWORD", pw));
+            format!("host={host} port={port} user=watcher dbname=postgres")
+        }
+        Source::HomePgpass => {
+            let f = home.join(".pgpass");
+            std::fs::write(&f, format!("{host}:{port}:postgres:watcher:{pw}\n")).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+            format!("host={host} port={port} user=watcher dbname=postgres")
+        }
+    };
+    let mut args = vec!["--dsn", dsn.as_str()];
+    args.extend(["--duration", "2", "--collectors", "procfs,pgstat"]);
+    args.extend(["--format", "text", "--out", out.to_str().unwrap()]);
+    record(&args, &env, home)
+}
+
+/// `pgbelow report DIR --format F` for every format.
+fn reports(dir: &Path) -> Vec<Output> {
+    ["text", "json", "html"]
+        .iter()
+        .map(|f| {
+            let o = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+                .arg("report")
+                .arg(dir)
+                .args(["--format", f])
+                .output()
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "report --format {f}: {o:?}");
+            assert!(o.stdout.len() > 200, "report --format {f} is empty");
+            o
+        })
+        .collect()
+}
+
+/// A password given in --dsn (key=value or URI), PGPASSWORD or ~/.pgpass —
+/// right, wrong, or to a host that is not there — appears in no file of the
+/// recording, no report (text, JSON, HTML), no output of `record`, no error
+/// and no line of the server's log. A new password per case, so that a
+/// leak names its source.
+#[test]
+fn passwords_never_leak() {
+    let pg = Pg::start(
+        "password_encryption = 'scram-sha-256'\nlog_connections = on\nlog_disconnections = on",
+        "local all postgres trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
+        |_| {},
+    );
+    pg.psql("CREATE ROLE watcher LOGIN");
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let port = pg.port.to_string();
+    let dead_port = free_port().to_string();
+    let sources = [
+        Source::DsnPairs,
+        Source::DsnUri,
+        Source::Env,
+        Source::HomePgpass,
+    ];
+    let mut secrets = Vec::new();
+    let mut checked = Vec::new();
+    for (i, src) in sources.into_iter().enumerate() {
+        let unique = |what: &str| format!("{what}{i}-{}-zQ8v", std::process::id());
+        // The role's password: records, and every report is clean.
+        let right = unique("Right");
+        pg.psql(&format!("ALTER ROLE watcher PASSWORD '{right}'"));
+        let out = work.path().join(format!("rec-{i}"));
+        let o = record_with(src, &right, "127.0.0.1", &port, &out, home.path());
+        assert_eq!(o.status.code(), Some(0), "{src:?}: {}", text(&o).1);
+        let reps = reports(&out);
+        let mut outputs = vec![&o];
+        outputs.extend(reps.iter());
+        assert_secret_absent(&right, &outputs, &out);
+        secrets.push(right);
+
+        // A wrong password: refused on one line that does not show it.
+        let wrong = unique("Wrong");
+        let bad = work.path().join(format!("bad-{i}"));
+        let o = record_with(src, &wrong, "127.0.0.1", &port, &bad, home.path());
+        let err = assert_one_line_failure(&o);
+        assert!(
+            err.contains("password authentication failed"),
+            "{src:?}: {err}"
+        );
+        assert_secret_absent(&wrong, &[&o], work.path());
+        secrets.push(wrong);
+
+        // Nobody listening, and a host name that does not resolve.
+        for (j, (host, p)) in [
+            ("127.0.0.1", dead_port.as_str()),
+            ("no-such-host.invalid", port.as_str()),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let pw = unique(&format!("Unreachable{j}-"));
+            let o = record_with(src, &pw, host, p, &bad, home.path());
+            let err = assert_one_line_failure(&o);
+            assert!(err.contains(host), "{src:?}: {err}");
+            assert_secret_absent(&pw, &[&o], work.path());
+            secrets.push(pw);
+        }
+        checked.push(format!("{src:?}"));
+    }
+    // The server saw every attempt; its log holds none of the passwords.
+    let log = pg.log();
+    assert!(log.contains("connection authorized: user=watcher"), "{log}");
+    for s in &secrets {
+        assert!(!log.contains(s.as_str()), "password in the server log: {s}");
+    }
+    eprintln!("{} passwords checked over {checked:?}", secrets.len());
+}

@@ -1124,7 +1124,7 @@ impl LogTail {
 }
 
 /// The last checkpoint/restartpoint start among `lines` with no completion after it.
-fn unfinished_start(lines: &[String]) -> Option<LogLine> {
+pub fn unfinished_start(lines: &[String]) -> Option<LogLine> {
     let mut open = None;
     for l in lines {
         if let Some(p) = parse_log_line(l) {

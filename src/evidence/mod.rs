@@ -23,12 +23,12 @@ use std::ops::Deref;
 use std::path::Path;
 
 use anyhow::Result;
-use serde::de::DeserializeOwned;
 
 use crate::collect::clock::ClockFacts;
 use crate::collect::pgstat::{LogEvent, ServerSample, WaitSample};
 use crate::collect::procfs::ProcfsSample;
 use crate::collect::system::SystemSample;
+use crate::recording::reader::json_file;
 use crate::recording::summaries::{DropSummary, DropSweep, ExplainSummary, Sweep};
 use crate::recording::{files, Loaded};
 
@@ -184,34 +184,33 @@ impl Evidence {
     }
 }
 
-/// A whole-file JSON part: `None` when absent; a note when unreadable.
-fn json_file<T: DeserializeOwned>(dir: &Path, name: &str, notes: &mut Vec<String>) -> Option<T> {
-    let text = match std::fs::read_to_string(dir.join(name)) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => {
-            notes.push(format!("{name}: {e}"));
-            return None;
-        }
-    };
-    match serde_json::from_str(&text) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            notes.push(format!("{name}: damaged ({e}); left out"));
-            None
-        }
-    }
-}
-
 fn load_profile(dir: &Path, notes: &mut Vec<String>) -> Option<Profile> {
     let summary: crate::collect::profile::Summary =
         json_file(dir, crate::collect::profile::files::SUMMARY, notes)?;
-    let stacks = match std::fs::read_to_string(dir.join(&summary.folded)) {
-        Ok(t) => profile::parse_folded(&t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => {
-            notes.push(format!("{}: {e}", summary.folded));
-            Vec::new()
+    // The summary names its stacks file: only a file of this recording is
+    // read (not `/dev/zero` or `../../etc/…` from a crafted summary).
+    let name = std::path::Path::new(&summary.folded);
+    let stacks = if name.file_name() != Some(name.as_os_str()) {
+        notes.push(format!(
+            "{}: names folded stacks outside the recording ({:?}); left out",
+            crate::collect::profile::files::SUMMARY,
+            summary.folded
+        ));
+        Vec::new()
+    } else {
+        match crate::recording::reader::open_file(&dir.join(name)) {
+            Ok(f) => {
+                let (stacks, damage) = profile::read_folded(std::io::BufReader::new(f));
+                if let Some(d) = damage {
+                    notes.push(format!("{}: {d}", summary.folded));
+                }
+                stacks
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                notes.push(format!("{}: {e}", summary.folded));
+                Vec::new()
+            }
         }
     };
     let mut cut = 0;

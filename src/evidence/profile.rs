@@ -83,19 +83,38 @@ pub struct FoldedStack {
 
 /// Parse folded stacks (`role;frame;…;frame count`); malformed lines are skipped.
 pub fn parse_folded(text: &str) -> Vec<FoldedStack> {
-    text.lines()
-        .filter_map(|l| {
-            let (stack, n) = l.trim_end().rsplit_once(' ')?;
-            let samples = n.parse().ok()?;
-            let mut parts = stack.split(';');
-            let role = parts.next()?.to_string();
-            Some(FoldedStack {
-                role,
-                frames: parts.map(str::to_string).collect(),
-                samples,
-            })
-        })
-        .collect()
+    text.lines().filter_map(folded_line).collect()
+}
+
+/// [`parse_folded`] over a reader, each line buffered up to
+/// [`MAX_LINE`](crate::recording::reader::MAX_LINE); lines that are not
+/// `stack count` (or longer than that) and read errors are skipped and
+/// described in the second value.
+pub fn read_folded(input: impl std::io::BufRead) -> (Vec<FoldedStack>, Option<String>) {
+    use crate::recording::reader::{each_line, Damage};
+    let mut out = Vec::new();
+    let mut damage = Damage::default();
+    each_line(
+        input,
+        &mut damage,
+        |i, line, damage| match std::str::from_utf8(line).ok().and_then(folded_line) {
+            Some(s) => out.push(s),
+            None => damage.line(i, "not `role;frame;… count`".into()),
+        },
+    );
+    (out, damage.describe())
+}
+
+fn folded_line(l: &str) -> Option<FoldedStack> {
+    let (stack, n) = l.trim_end().rsplit_once(' ')?;
+    let samples = n.parse().ok()?;
+    let mut parts = stack.split(';');
+    let role = parts.next()?.to_string();
+    Some(FoldedStack {
+        role,
+        frames: parts.map(str::to_string).collect(),
+        samples,
+    })
 }
 
 /// The section, when the recording has a profile.

@@ -4,7 +4,7 @@
 //! Only a missing or unreadable manifest is an error.
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
@@ -104,9 +104,9 @@ impl Loaded {
                 "pass a directory written by `pgbelow lab run` or `pgbelow record`",
             )
         };
-        let text = std::fs::read_to_string(&mpath)
-            .map_err(|e| not_a_recording(format!("{}: {e}", mpath.display())))?;
-        let version: serde_json::Value = serde_json::from_str(&text)
+        let bytes =
+            read_small(&mpath).map_err(|e| not_a_recording(format!("{}: {e}", mpath.display())))?;
+        let version: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| not_a_recording(format!("manifest.json: {e}")))?;
         let v = version
             .get("schema_version")
@@ -125,19 +125,7 @@ impl Loaded {
             .map_err(|e| not_a_recording(format!("manifest.json: {e}")))?;
         let mut truncated = 0;
         let mut unreadable = Vec::new();
-        let workload = match std::fs::read_to_string(dir.join(files::WORKLOAD_SUMMARY)) {
-            Ok(t) => match serde_json::from_str(&t) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    unreadable.push(format!(
-                        "{}: damaged ({e}); left out",
-                        files::WORKLOAD_SUMMARY
-                    ));
-                    None
-                }
-            },
-            Err(_) => None,
-        };
+        let workload = json_file(dir, files::WORKLOAD_SUMMARY, &mut unreadable);
         let progress = read_stream(dir, files::PROGRESS, &mut truncated, &mut unreadable);
         let processes: Vec<ProcessInfo> =
             read_stream(dir, files::PROCESSES, &mut truncated, &mut unreadable);
@@ -253,10 +241,9 @@ pub fn read_stream<T: DeserializeOwned>(
     truncated: &mut usize,
     unreadable: &mut Vec<String>,
 ) -> Vec<T> {
-    let path = dir.join(name);
-    let f = match File::open(&path) {
+    let f = match open_file(&dir.join(name)) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
         Err(e) => {
             unreadable.push(format!("{name}: {e}"));
             return Vec::new();
@@ -277,48 +264,204 @@ pub fn parse_jsonl_lenient<T: DeserializeOwned>(
     truncated: &mut usize,
 ) -> (Vec<T>, Option<String>) {
     let mut out = Vec::new();
-    let mut bad = 0usize;
-    let mut first: Option<String> = None;
+    let mut damage = Damage::default();
     // Lines are parsed one behind, so that the last one is known as last.
     let mut pending: Option<(usize, Result<T, String>)> = None;
-    let mut read_error = None;
-    for (i, line) in input.split(b'\n').enumerate() {
-        let line = match line {
-            Ok(l) => l,
-            Err(e) => {
-                read_error = Some(format!("read error after line {i}: {e}"));
-                break;
-            }
-        };
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let parsed = serde_json::from_slice::<T>(&line).map_err(|e| e.to_string());
-        if let Some((n, r)) = pending.replace((i + 1, parsed)) {
+    each_line(input, &mut damage, |i, line, damage| {
+        let parsed = serde_json::from_slice::<T>(line).map_err(|e| e.to_string());
+        if let Some((n, r)) = pending.replace((i, parsed)) {
             match r {
                 Ok(v) => out.push(v),
-                Err(e) => {
-                    bad += 1;
-                    first.get_or_insert(format!("line {n}: {e}"));
-                }
+                Err(e) => damage.line(n, e),
             }
         }
-    }
+    });
     match pending {
         Some((_, Ok(v))) => out.push(v),
         Some((_, Err(_))) => *truncated += 1,
         None => {}
     }
-    let damage = match (bad, first, read_error) {
-        (0, _, None) => None,
-        (0, _, Some(r)) => Some(r),
-        (n, f, r) => Some(format!(
-            "{n} damaged line(s) skipped (first at {}){}",
-            f.unwrap_or_default(),
-            r.map_or(String::new(), |r| format!("; {r}"))
-        )),
+    (out, damage.describe())
+}
+
+/// Call `f` with each non-blank line of `input` (numbered from 1) that is
+/// no longer than [`MAX_LINE`]; longer lines (no interrupted write leaves
+/// one: damage wherever it is) and a read error go to `damage`.
+pub fn each_line(
+    input: impl BufRead,
+    damage: &mut Damage,
+    mut f: impl FnMut(usize, &[u8], &mut Damage),
+) {
+    let mut lines = CappedLines::new(input, MAX_LINE);
+    let mut i = 0usize;
+    loop {
+        match lines.next_line() {
+            Ok(Some(l)) => {
+                i += 1;
+                if l.len > MAX_LINE {
+                    damage.line(i, l.too_long());
+                } else if !l.bytes.iter().all(u8::is_ascii_whitespace) {
+                    f(i, l.bytes, damage);
+                }
+            }
+            Ok(None) => return,
+            Err(e) => return damage.read_error(i, e),
+        }
+    }
+}
+
+/// The damage met reading a file line by line, described in one line.
+#[derive(Default)]
+pub struct Damage {
+    bad: usize,
+    first: Option<String>,
+    read_error: Option<String>,
+}
+
+impl Damage {
+    /// Line `n` (from 1) was skipped, for `why`.
+    pub fn line(&mut self, n: usize, why: String) {
+        self.bad += 1;
+        self.first.get_or_insert(format!("line {n}: {why}"));
+    }
+
+    /// Reading failed after `lines` lines.
+    pub fn read_error(&mut self, lines: usize, e: io::Error) {
+        self.read_error = Some(format!("read error after line {lines}: {e}"));
+    }
+
+    pub fn describe(self) -> Option<String> {
+        match (self.bad, self.first, self.read_error) {
+            (0, _, r) => r,
+            (n, f, r) => Some(format!(
+                "{n} damaged line(s) skipped (first at {}){}",
+                f.unwrap_or_default(),
+                r.map_or(String::new(), |r| format!("; {r}"))
+            )),
+        }
+    }
+}
+
+/// The longest line a recording's reader buffers, and the largest
+/// whole-file JSON part it reads: far above any real one (a sample line is a
+/// few KiB), low enough that a damaged file cannot exhaust memory.
+pub const MAX_LINE: usize = 16 << 20;
+
+/// One line of a [`CappedLines`]: its first `cap` bytes (without the
+/// newline) and its full length.
+pub struct Line<'a> {
+    pub bytes: &'a [u8],
+    pub len: usize,
+}
+
+impl Line<'_> {
+    /// Why a line over [`MAX_LINE`] is skipped.
+    pub fn too_long(&self) -> String {
+        format!(
+            "{} bytes, longer than the {} MiB a line may have",
+            self.len,
+            MAX_LINE >> 20
+        )
+    }
+}
+
+/// Lines of a reader, each buffered up to a cap: the rest of a longer line
+/// is read past (to its newline) without being kept, so memory stays
+/// bounded whatever the input.
+pub struct CappedLines<R> {
+    input: R,
+    cap: usize,
+    buf: Vec<u8>,
+}
+
+impl<R: BufRead> CappedLines<R> {
+    pub fn new(input: R, cap: usize) -> Self {
+        CappedLines {
+            input,
+            cap,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next line, `None` at the end of the input.
+    pub fn next_line(&mut self) -> io::Result<Option<Line<'_>>> {
+        self.buf.clear();
+        let mut len = 0usize;
+        let mut any = false;
+        loop {
+            let chunk = match self.input.fill_buf() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if chunk.is_empty() {
+                break;
+            }
+            any = true;
+            let newline = chunk.iter().position(|&b| b == b'\n');
+            let part = &chunk[..newline.unwrap_or(chunk.len())];
+            let room = self.cap.saturating_sub(self.buf.len());
+            self.buf.extend_from_slice(&part[..part.len().min(room)]);
+            len = len.saturating_add(part.len());
+            let used = newline.map_or(chunk.len(), |n| n + 1);
+            self.input.consume(used);
+            if newline.is_some() {
+                break;
+            }
+        }
+        Ok(any.then_some(Line {
+            bytes: &self.buf,
+            len,
+        }))
+    }
+}
+
+/// Open a file of a recording for reading: only a regular file (a
+/// directory, FIFO or device in its place is an error, not a hang).
+pub fn open_file(path: &Path) -> io::Result<File> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    File::open(path)
+}
+
+/// A whole small file of a recording (manifest, summaries), at most
+/// [`MAX_LINE`] bytes.
+pub fn read_small(path: &Path) -> io::Result<Vec<u8>> {
+    let f = open_file(path)?;
+    let mut bytes = Vec::new();
+    f.take(MAX_LINE as u64 + 1).read_to_end(&mut bytes)?;
+    if bytes.len() > MAX_LINE {
+        return Err(io::Error::other(format!(
+            "larger than {} MiB",
+            MAX_LINE >> 20
+        )));
+    }
+    Ok(bytes)
+}
+
+/// A whole-file JSON part: `None` when absent; a note when unreadable.
+pub fn json_file<T: DeserializeOwned>(
+    dir: &Path,
+    name: &str,
+    notes: &mut Vec<String>,
+) -> Option<T> {
+    let bytes = match read_small(&dir.join(name)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            notes.push(format!("{name}: {e}"));
+            return None;
+        }
     };
-    (out, damage)
+    match serde_json::from_slice(&bytes) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            notes.push(format!("{name}: damaged ({e}); left out"));
+            None
+        }
+    }
 }
 
 /// [`parse_jsonl_lenient`], strict: any damage but a cut last line is an
@@ -379,5 +522,18 @@ mod tests {
         let (all, none): (Vec<SyscallSample>, _) =
             parse_jsonl_lenient("{\"t\":1.0,\"dt\":1.0,\"counts\":{}}\n".as_bytes(), &mut t);
         assert_eq!((all.len(), none), (1, None));
+    }
+
+    #[test]
+    fn a_line_over_the_cap_is_measured_not_kept() {
+        let input = b"short\n0123456789abcdef\n\nlast";
+        let mut lines = CappedLines::new(&input[..], 8);
+        let mut got = Vec::new();
+        while let Some(l) = lines.next_line().unwrap() {
+            got.push((String::from_utf8(l.bytes.to_vec()).unwrap(), l.len));
+        }
+        let want = [("short", 5), ("01234567", 16), ("", 0), ("last", 4)];
+        let want: Vec<(String, usize)> = want.iter().map(|(s, n)| (s.to_string(), *n)).collect();
+        assert_eq!(got, want);
     }
 }

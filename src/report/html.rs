@@ -141,7 +141,9 @@ pub fn render(r: &Report, dir: &Path) -> String {
             if file.contains('/') || file.starts_with('.') || !file.ends_with(".svg") {
                 return None;
             }
-            let svg = std::fs::read_to_string(dir.join(file)).ok()?;
+            // Bounded, and only a regular file (a FIFO would hang the report).
+            let svg = crate::recording::reader::read_small(&dir.join(file)).ok()?;
+            let svg = String::from_utf8(svg).ok()?;
             Some((role.role.clone(), svg))
         })
         .collect();

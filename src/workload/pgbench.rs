@@ -213,7 +213,7 @@ impl Pgbench {
     }
 }
 
-fn last_error_line(stderr: &str) -> String {
+pub fn last_error_line(stderr: &str) -> String {
     // The server's FATAL line names the cause; pgbench's own last line often does not.
     let lines: Vec<&str> = stderr.lines().collect();
     lines

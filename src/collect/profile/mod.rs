@@ -12,9 +12,9 @@
 //! the collector writes `profile.folded` (`role;frame;… count`, root first),
 //! one SVG flame graph per role and one for all, and `profile.json`.
 //! Format and limits: docs/collectors/profile.md.
-pub(crate) mod maps;
+pub mod maps;
 mod perf;
-pub(crate) mod symbols;
+pub mod symbols;
 pub(crate) mod unwind;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -34,6 +34,7 @@ use crate::procinfo::{self, ProcessInfo, Role};
 use crate::recording::writer::write_text_atomic;
 use crate::recording::{CollectorInfo, Writer};
 
+pub use perf::parse_cpu_list;
 pub use symbols::KERNEL_SUFFIX;
 
 /// Files this collector writes into the recording.

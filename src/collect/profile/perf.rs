@@ -480,13 +480,20 @@ pub(super) fn online_cpus() -> Vec<u32> {
         .unwrap_or_default()
 }
 
-pub(super) fn parse_cpu_list(s: &str) -> Vec<u32> {
+const MAX_CPUS: u32 = 1 << 16;
+
+/// A sysfs CPU list (`0-3,6`).
+pub fn parse_cpu_list(s: &str) -> Vec<u32> {
     let mut out = Vec::new();
     for part in s.trim().split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {
             Some((a, b)) => {
                 if let (Ok(a), Ok(b)) = (a.trim().parse::<u32>(), b.trim().parse::<u32>()) {
-                    out.extend(a..=b);
+                    // No kernel has more CPUs than this (NR_CPUS ≤ 8192):
+                    // a wider range is damage, not billions of CPUs.
+                    if b.saturating_sub(a) < MAX_CPUS {
+                        out.extend(a..=b);
+                    }
                 }
             }
             None => {
@@ -512,6 +519,14 @@ mod tests {
         assert_eq!(parse_cpu_list("0-3,6\n"), vec![0, 1, 2, 3, 6]);
         assert_eq!(parse_cpu_list("0\n"), vec![0]);
         assert!(parse_cpu_list("").is_empty());
+    }
+
+    #[test]
+    fn a_damaged_cpu_list_does_not_allocate_billions() {
+        // Found by fuzz/ (proc_children_cpulist): 1.9 G CPUs, out of memory.
+        assert!(parse_cpu_list("6- 1886717111").is_empty());
+        assert_eq!(parse_cpu_list("0-4294967295,3"), [3]);
+        assert_eq!(parse_cpu_list("0-8191").len(), 8192);
     }
 
     #[test]

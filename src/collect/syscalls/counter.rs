@@ -27,7 +27,7 @@ mod bpf;
 #[path = "perf.rs"]
 mod perf;
 #[path = "procwalk.rs"]
-pub(crate) mod procwalk;
+pub mod procwalk;
 
 pub use perf::PERF_SYSCALLS;
 
@@ -190,7 +190,7 @@ fn root_tgids(roots: &[u32]) -> anyhow::Result<Vec<u32>> {
     Ok(out)
 }
 
-fn parse_status_field(status: &str, name: &str) -> Option<u32> {
+pub fn parse_status_field(status: &str, name: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|l| l.strip_prefix(name))?
@@ -222,7 +222,7 @@ fn check_privileges() -> anyhow::Result<()> {
     ))
 }
 
-fn parse_cap_eff(status: &str) -> Option<u64> {
+pub fn parse_cap_eff(status: &str) -> Option<u64> {
     let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
     u64::from_str_radix(hex.trim(), 16).ok()
 }

@@ -40,7 +40,7 @@ fn children(pid: u32) -> Vec<u32> {
     out
 }
 
-fn parse_children(text: &str) -> impl Iterator<Item = u32> + '_ {
+pub fn parse_children(text: &str) -> impl Iterator<Item = u32> + '_ {
     text.split_ascii_whitespace().filter_map(|s| s.parse().ok())
 }
 

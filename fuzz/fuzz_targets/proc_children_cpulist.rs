@@ -1,0 +1,9 @@
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Some(s) = pgbelow_fuzz::text(data) {
+        let _ = pgbelow::collect::syscalls::counter::procwalk::parse_children(s).count();
+        let _ = pgbelow::collect::profile::parse_cpu_list(s);
+    }
+});
