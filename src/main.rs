@@ -53,12 +53,12 @@ fn severity(s: SeverityArg) -> Severity {
     }
 }
 
-/// `dir` is the recording (the HTML page inlines its flame graphs).
+/// `dir` is the recording (the HTML page draws its series and flame graphs).
 fn render(r: &Report, format: Format, dir: &std::path::Path) -> Result<String> {
     Ok(match format {
         Format::Text => report::text::render(r),
         Format::Json => serde_json::to_string_pretty(r)? + "\n",
-        Format::Html => report::html::render(r, dir),
+        Format::Html => report::html::render(r, &Evidence::load(dir)?),
     })
 }
 
@@ -67,6 +67,19 @@ fn exit_for(r: &Report, fail_on: Option<SeverityArg>) -> ExitCode {
     match (fail_on, doctor::worst(r)) {
         (Some(min), Some(w)) if w >= severity(min) => ExitCode::from(1),
         _ => ExitCode::SUCCESS,
+    }
+}
+
+/// `--output FILE` (written whole or not at all), else stdout.
+fn write_or_print(path: Option<&std::path::Path>, body: &str) -> Result<()> {
+    match path {
+        Some(path) => pgbelow::recording::writer::write_text_atomic(path, body).map_err(|e| {
+            error::fixable(
+                format!("cannot write {}: {e:#}", path.display()),
+                "pass --output with a writable path",
+            )
+        }),
+        None => print(body),
     }
 }
 
@@ -215,42 +228,35 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Report(a) => {
             let loaded = Evidence::load(&a.dir)?;
             let rep = report::build(&loaded);
-            let body = render(&rep, a.out.format, &a.dir)?;
-            match &a.output {
-                Some(path) => {
-                    pgbelow::recording::writer::write_text_atomic(path, &body).map_err(|e| {
-                        error::fixable(
-                            format!("cannot write {}: {e:#}", path.display()),
-                            "pass --output with a writable path",
-                        )
-                    })?
-                }
-                None => print(&body)?,
-            }
+            let body = match a.out.format {
+                Format::Html => report::html::render(&rep, &loaded),
+                f => render(&rep, f, &a.dir)?,
+            };
+            write_or_print(a.output.as_deref(), &body)?;
             Ok(exit_for(&rep, a.out.fail_on))
         }
         Command::Compare(a) => {
-            let ra = report::build(&Evidence::load(&a.dir_a)?);
-            let rb = report::build(&Evidence::load(&a.dir_b)?);
+            let (ea, eb) = (Evidence::load(&a.dir_a)?, Evidence::load(&a.dir_b)?);
+            let (ra, rb) = (report::build(&ea), report::build(&eb));
             let c = pgbelow::compare::compare(
                 &a.dir_a.display().to_string(),
                 &ra,
                 &a.dir_b.display().to_string(),
                 &rb,
             );
-            print(&match a.format {
+            let body = match a.format {
                 Format::Text => pgbelow::compare::render(&c),
                 Format::Json => serde_json::to_string_pretty(&c)? + "\n",
-                Format::Html => report::html::page(
-                    &format!(
-                        "pgbelow compare: {} vs {}",
-                        a.dir_a.display(),
-                        a.dir_b.display()
-                    ),
-                    &pgbelow::compare::render(&c),
-                ),
-            })?;
-            Ok(ExitCode::SUCCESS)
+                Format::Html => report::html::compare::render(&c, (&ra, &ea), (&rb, &eb)),
+            };
+            // The warnings go to stderr too: a JSON or HTML on stdout hides them.
+            if a.format != Format::Text {
+                for w in &c.warnings {
+                    eprintln!("pgbelow: warning: {w}: not a like-for-like comparison");
+                }
+            }
+            write_or_print(a.output.as_deref(), &body)?;
+            Ok(exit_for(&rb, a.fail_on))
         }
         Command::Doctor(a) => {
             let res = doctor::run(&doctor::DoctorOptions {
