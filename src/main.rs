@@ -56,7 +56,7 @@ fn severity(s: SeverityArg) -> Severity {
 /// `dir` is the recording (the HTML page draws its series and flame graphs).
 fn render(r: &Report, format: Format, dir: &std::path::Path) -> Result<String> {
     Ok(match format {
-        Format::Text => report::text::render(r),
+        Format::Text => colour(report::text::render(r)),
         Format::Json => serde_json::to_string_pretty(r)? + "\n",
         Format::Html => report::html::render(r, &Evidence::load(dir)?),
     })
@@ -80,6 +80,17 @@ fn write_or_print(path: Option<&std::path::Path>, body: &str) -> Result<()> {
             )
         }),
         None => print(body),
+    }
+}
+
+/// Severities in colour only on a terminal, and never with NO_COLOR set
+/// (no-color.org: present and not empty).
+fn colour(text: String) -> String {
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    if !no_color && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        report::text::colour_severities(&text)
+    } else {
+        text
     }
 }
 
@@ -230,6 +241,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let rep = report::build(&loaded);
             let body = match a.out.format {
                 Format::Html => report::html::render(&rep, &loaded),
+                // A file gets no terminal colours.
+                Format::Text if a.output.is_some() => report::text::render(&rep),
                 f => render(&rep, f, &a.dir)?,
             };
             write_or_print(a.output.as_deref(), &body)?;
@@ -245,6 +258,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 &rb,
             );
             let body = match a.format {
+                Format::Text if a.output.is_none() => colour(pgbelow::compare::render(&c)),
                 Format::Text => pgbelow::compare::render(&c),
                 Format::Json => serde_json::to_string_pretty(&c)? + "\n",
                 Format::Html => report::html::compare::render(&c, (&ra, &ea), (&rb, &eb)),
@@ -266,7 +280,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 syscall_mechanism: mechanism(a.syscall_mechanism),
                 show_progress: show,
             })?;
-            print(&res.text)?;
+            print(&colour(res.text))?;
             Ok(match (a.fail_on, doctor::worst_of(&res.findings)) {
                 (Some(min), Some(w)) if w >= severity(min) => ExitCode::from(1),
                 _ => ExitCode::SUCCESS,

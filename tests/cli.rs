@@ -496,3 +496,51 @@ fn a_damaged_stream_is_reported_around_and_named() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("manifest.json"), "{err}");
 }
+
+// Severities are coloured on a terminal only: never when piped, never with
+// NO_COLOR; on a terminal (a pty from util-linux `script`) they are.
+#[test]
+fn severities_coloured_only_on_a_terminal() {
+    let dir = format!(
+        "{}/tests/fixtures/recordings/pg15-checkpoint-stall",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    for no_color in [false, true] {
+        let mut cmd = pgbelow();
+        cmd.args(["report", &dir]);
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        }
+        let o = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains("[critical] checkpoint-writeback-stall"),
+            "{text}"
+        );
+        assert!(!text.contains('\x1b'), "escape codes in a pipe: {text:?}");
+    }
+    if !std::path::Path::new("/usr/bin/script").is_file() {
+        panic!("/usr/bin/script (util-linux) is missing: run scripts/setup");
+    }
+    let bin = assert_cmd::cargo::cargo_bin("pgbelow");
+    for (no_color, coloured) in [(None, true), (Some("1"), false)] {
+        let mut cmd = std::process::Command::new("script");
+        cmd.args([
+            "-qec",
+            &format!("{} report {dir}", bin.display()),
+            "/dev/null",
+        ])
+        .env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        let o = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("checkpoint-writeback-stall"), "{text}");
+        assert_eq!(
+            text.contains("[\x1b[1;31mcritical\x1b[0m]"),
+            coloured,
+            "NO_COLOR={no_color:?}: {text:?}"
+        );
+    }
+}

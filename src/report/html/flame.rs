@@ -11,11 +11,15 @@ use std::io::BufReader;
 use super::{escape, Csp};
 use crate::evidence::profile::FoldedStack;
 
-/// Does what inferno's `onload="init(evt)"` did, once the document is laid
-/// out (its fluid width is read then). The zoom state inferno keeps in the
-/// URL cannot be kept in a `data:` document: that call is a no-op.
-const INIT: &str =
-    "history.replaceState=function(){};window.addEventListener(\"load\",function(){init(null)});";
+/// Does what inferno's `onload="init(evt)"` did, once the document is
+/// loaded and laid out (its fluid width is read then; 0 before), and keeps
+/// inferno's resize handler from a 0-wide frame (it would set a negative
+/// width). The zoom state inferno keeps in the URL cannot be kept in a
+/// `data:` document: that call is a no-op.
+const INIT: &str = "history.replaceState=function(){};\
+function w(){return document.documentElement.getBoundingClientRect().width}\
+window.addEventListener(\"resize\",function(e){if(w()<=0)e.stopImmediatePropagation()},true);\
+(function go(){if(document.readyState===\"complete\"&&w()>0){init(null)}else{setTimeout(go,20)}})();";
 
 /// Folded lines (`frame;…;frame count`) per role, roles in name order.
 pub fn by_role(stacks: &[FoldedStack]) -> BTreeMap<String, Vec<String>> {
@@ -100,7 +104,8 @@ fn embed(svg: &str, csp: &mut Csp) -> Option<(String, u32)> {
     }
     let end = svg.rfind("</svg>")?;
     let out = format!(
-        "{}<script type=\"text/ecmascript\">{INIT}</script></svg>",
+        // CDATA: the SVG is XML (`&&`); the hash is of the text inside.
+        "{}<script type=\"text/ecmascript\"><![CDATA[{INIT}]]></script></svg>",
         &svg[..end]
     )
     .replacen(" onload=\"init(evt)\"", "", 1);
@@ -112,7 +117,7 @@ fn frame(name: &str, title: &str, svg: &str, csp: &mut Csp) -> Option<String> {
     use openssl::base64::encode_block;
     let (doc, height) = embed(svg, csp)?;
     Some(format!(
-        "<iframe class=\"flame\" loading=\"lazy\" data-chart=\"{}\" title=\"{}\" height=\"{height}\" src=\"data:image/svg+xml;base64,{}\"></iframe>",
+        "<iframe class=\"flame\" data-chart=\"{}\" title=\"{}\" height=\"{height}\" src=\"data:image/svg+xml;base64,{}\"></iframe>",
         escape(name),
         escape(title),
         encode_block(doc.as_bytes()).replace(['\n', '\r'], "")

@@ -356,7 +356,7 @@ pub fn render(r: &Report, ev: &Evidence) -> String {
         let _ = writeln!(o, "<h3>{}</h3>{f}", escape(role));
     }
     let _ = writeln!(o, "</section>");
-    tables::all(o, r);
+    tables::all(o, r, ev);
     let _ = writeln!(
         o,
         "<details id=\"text-report\"><summary>The text report</summary><pre>{}</pre></details>\

@@ -121,6 +121,12 @@ fn throughput(r: &Report) -> Option<Panel> {
     if let Some(s) = &tl.commits {
         lines.push(line("commits/s", s));
     }
+    // Per database only when there is more than one to tell apart.
+    if tl.by_database.len() > 1 {
+        for (db, s) in &tl.by_database {
+            lines.push(line(format!("commits/s in {db}"), s));
+        }
+    }
     if let Some(s) = &tl.pgbench_tps {
         lines.push(line("pgbench tps", s));
         sources.push(s.source.clone());

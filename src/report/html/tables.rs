@@ -3,7 +3,11 @@
 //! hottest functions, waits, checkpoints, settings. Every cell escaped.
 use std::fmt::Write;
 
+use std::collections::BTreeMap;
+
 use super::escape;
+use crate::evidence::Evidence;
+use crate::procinfo::Role;
 use crate::report::Report;
 
 /// A table: caption, header cells, rows of cells (text, escaped here).
@@ -56,8 +60,46 @@ fn f1(x: f64) -> String {
     format!("{x:.1}")
 }
 
-pub fn all(o: &mut String, r: &Report) {
+/// Sessions seen in pg_stat_activity by application and role: samples
+/// busy (waiting or on CPU, not idle) and in all.
+fn sessions(o: &mut String, ev: &Evidence) {
+    let mut acc: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for s in &ev.waits {
+        for r in s.rows.iter().filter(|r| r.role != Role::Observer) {
+            let e = acc
+                .entry((r.application_name.clone(), r.role.to_string()))
+                .or_default();
+            e.1 += r.samples;
+            if r.state.as_deref() == Some("active") {
+                e.0 += r.samples;
+            }
+        }
+    }
+    let mut rows: Vec<(&(String, String), &(u64, u64))> = acc.iter().collect();
+    rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(a.0.cmp(b.0)));
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .take(20)
+        .map(|((app, role), (active, all))| {
+            vec![
+                app.clone(),
+                role.clone(),
+                active.to_string(),
+                all.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        o,
+        "Sessions by application_name (pg_stat_activity samples)",
+        &["application_name", "role", "samples active", "samples"],
+        &rows,
+    );
+}
+
+pub fn all(o: &mut String, r: &Report, ev: &Evidence) {
     let _ = writeln!(o, "<section id=\"tables\"><h2>Tables</h2>");
+    sessions(o, ev);
     let rows: Vec<Vec<String>> = r
         .syscalls
         .by_role
