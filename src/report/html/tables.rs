@@ -75,20 +75,13 @@ fn sessions(o: &mut String, ev: &Evidence) {
             }
         }
     }
-    let mut rows: Vec<(&(String, String), &(u64, u64))> = acc.iter().collect();
-    rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(a.0.cmp(b.0)));
-    let rows: Vec<Vec<String>> = rows
+    let mut rows: Vec<[String; 4]> = acc
         .into_iter()
-        .take(20)
-        .map(|((app, role), (active, all))| {
-            vec![
-                app.clone(),
-                role.clone(),
-                active.to_string(),
-                all.to_string(),
-            ]
-        })
+        .map(|((app, role), (active, all))| [app, role, active.to_string(), all.to_string()])
         .collect();
+    // Most samples first (the sort is stable: ties keep name order).
+    rows.sort_by_key(|r| std::cmp::Reverse(r[3].parse::<u64>().unwrap_or(0)));
+    let rows: Vec<Vec<String>> = rows.into_iter().take(20).map(Vec::from).collect();
     table(
         o,
         "Sessions by application_name (pg_stat_activity samples)",
