@@ -274,3 +274,74 @@ fn report_and_compare_pages_in_chromium() {
         }
     }
 }
+
+/// Script payloads in what a server reports: none may run in the page;
+/// the text shows, escaped.
+#[test]
+fn server_strings_cannot_inject_script() {
+    use common::userdb::UserCluster;
+    const DB: &str = "d<script>window.__xss=1</script>";
+    const APP: &str = "\"><img src=x onerror=\"window.__xss=2\">";
+    const QUERY: &str = "select pg_sleep(7) -- </script><script>window.__xss=3</script>";
+    let c = UserCluster::start(&[], &[]);
+    c.psql("postgres", &format!("create database \"{DB}\""));
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let _one = common::exclusive();
+    let rec = pgbelow()
+        .args(["record", "--pid", &c.postmaster_pid().to_string()])
+        .args(["--dsn", &c.dsn("postgres"), "--duration", "5"])
+        .args(["--collectors", "pgstat,procfs", "--format", "json", "--out"])
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        sessions.push(
+            Command::new("psql")
+                .args(["-X", "-q", "-d"])
+                .arg(c.dsn(DB))
+                .args(["-c", QUERY])
+                .env("PGAPPNAME", APP)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    // Commits in the payload database, so it has a series of its own.
+    for _ in 0..20 {
+        c.psql(DB, "select 1");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let o = rec.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for mut s in sessions {
+        let _ = s.wait();
+    }
+    let page = d.path().join("xss.html");
+    write(
+        &["report", out.to_str().unwrap(), "--format", "html"],
+        &page,
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains(DB) && !html.contains(APP),
+        "a payload went in raw"
+    );
+    let res = chromium(&[(&page, Some(artifacts().join("report-xss.png")))]);
+    let r = &res[0];
+    assert_eq!(r["xss"], Value::Null, "a payload ran: {}", r["xss"]);
+    assert!(
+        r["dialogs"].as_array().unwrap().is_empty(),
+        "{}",
+        r["dialogs"]
+    );
+    assert_page(r, &["waits"]);
+    let visible = r["body_text"].as_str().unwrap();
+    assert!(visible.contains(APP), "application_name not shown as text");
+    let text = r["text_content"].as_str().unwrap();
+    assert!(text.contains(DB), "database name not in the page's text");
+}

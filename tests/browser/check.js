@@ -86,6 +86,10 @@ async function check(browser, cfg, p) {
   res.not_recorded = await page.$$eval("[data-not-recorded]", (els) => els.map((e) => e.getAttribute("data-not-recorded")));
   res.findings = await page.$$eval("[data-finding]", (els) => els.map((e) => e.getAttribute("data-finding")));
   res.body_text = await page.evaluate(() => document.body.innerText);
+  res.text_content = await page.evaluate(() => document.body.textContent);
+  // Any dialog before the flame graphs' search prompt is a payload's.
+  let searching = false;
+  page.on("dialog", (d) => { if (!searching) { res.dialogs.push(d.message()); d.dismiss(); } });
   // Selecting a finding with a window marks it.
   const card = await page.$(".finding[data-window]");
   if (card) {
@@ -93,6 +97,7 @@ async function check(browser, cfg, p) {
     res.selected = await page.$$eval(".finding.selected", (els) => els.map((e) => e.getAttribute("data-finding")));
   }
   res.flames = [];
+  searching = true;
   for (const el of await page.$$("iframe[data-chart]")) {
     res.flames.push(await flameChecks(page, el));
   }
