@@ -37,23 +37,11 @@ pub fn by_role(stacks: &[FoldedStack]) -> BTreeMap<String, Vec<String>> {
     out
 }
 
-fn options(title: &str, subtitle: &str) -> inferno::flamegraph::Options<'static> {
-    use inferno::flamegraph::color::{MultiPalette, Palette};
-    let mut o = inferno::flamegraph::Options::default();
-    o.title = title.to_string();
-    o.subtitle = Some(subtitle.to_string());
-    o.count_name = "samples".into();
-    o.colors = Palette::Multi(MultiPalette::Perl);
-    o.hash = true;
-    o.deterministic = true;
-    o
-}
-
 /// An inferno SVG from folded lines (one or two counts per line).
 fn svg(title: &str, subtitle: &str, lines: &[String]) -> Option<String> {
     let mut out = Vec::new();
     inferno::flamegraph::from_lines(
-        &mut options(title, subtitle),
+        &mut crate::collect::profile::flame_options(title, subtitle),
         lines.iter().map(String::as_str),
         &mut out,
     )

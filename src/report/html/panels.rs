@@ -99,6 +99,18 @@ fn line(label: impl Into<String>, s: &Series) -> Line {
     }
 }
 
+/// Plain lines from labelled points.
+fn plain_lines(acc: BTreeMap<String, Vec<(f64, f64)>>) -> Vec<Line> {
+    acc.into_iter()
+        .map(|(label, points)| Line {
+            label,
+            points,
+            step: false,
+            dash: false,
+        })
+        .collect()
+}
+
 /// Keep the `MAX_SERIES` largest lines by sum, largest first.
 fn largest(mut lines: Vec<Line>) -> Vec<Line> {
     let sum = |l: &Line| l.points.iter().map(|p| p.1).sum::<f64>();
@@ -209,15 +221,7 @@ fn waits(ev: &Evidence) -> Option<Panel> {
                 .push((s.t, n as f64 / ticks));
         }
     }
-    let lines = acc
-        .into_iter()
-        .map(|(label, points)| Line {
-            label,
-            points,
-            step: false,
-            dash: false,
-        })
-        .collect();
+    let lines = plain_lines(acc);
     panel(
         "waits",
         "sessions",
@@ -373,15 +377,7 @@ fn syscalls(r: &Report, ev: &Evidence) -> Option<Panel> {
             acc.entry(k).or_default().push((s.t, n as f64 / dt));
         }
     }
-    let lines = acc
-        .into_iter()
-        .map(|(label, points)| Line {
-            label,
-            points,
-            step: false,
-            dash: false,
-        })
-        .collect();
+    let lines = plain_lines(acc);
     panel(
         "syscalls",
         "calls/s",
@@ -406,15 +402,7 @@ fn replay_lag(ev: &Evidence) -> Option<Panel> {
             }
         }
     }
-    let lines = acc
-        .into_iter()
-        .map(|(label, points)| Line {
-            label,
-            points,
-            step: false,
-            dash: false,
-        })
-        .collect();
+    let lines = plain_lines(acc);
     panel(
         "replay-lag",
         "s",
