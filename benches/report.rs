@@ -1,7 +1,9 @@
 //! Cost of `pgbelow report`: reading a recording into the evidence model
 //! (every file once) and building the report from it. The recording is
 //! `PGBELOW_BENCH_RECORDING` (e.g. a 60 s `lab run --scenario tpcb` with
-//! every collector), else the largest fixture.
+//! every collector), else the largest fixture. `html_render` writes the
+//! HTML page; tests/browser/first-chart.js measures its first chart in
+//! chromium.
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -29,6 +31,12 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("load_and_build", |b| {
         b.iter(|| pgbelow::report::build(&Evidence::load(std::hint::black_box(&dir)).unwrap()))
+    });
+    // The HTML page from the loaded evidence and built report (panels,
+    // flame graphs per role, tables): the target is ≤ 1 s for 60 s.
+    let rep = pgbelow::report::build(&ev);
+    g.bench_function("html_render", |b| {
+        b.iter(|| pgbelow::report::html::render(std::hint::black_box(&rep), &ev))
     });
     g.finish();
 }

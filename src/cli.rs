@@ -329,6 +329,13 @@ pub struct CompareArgs {
     pub dir_b: PathBuf,
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
+    /// Write the comparison to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Exit 1 when recording B (the "after") raises a finding of this
+    /// severity or worse.
+    #[arg(long, value_enum)]
+    pub fail_on: Option<SeverityArg>,
 }
 
 #[derive(Args, Debug)]

@@ -27,9 +27,90 @@ pub struct Comparison {
     /// A vs B (did the change soften it?).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub persisting_evidence: Vec<EvidenceChange>,
-    /// Machine-wide Dirty+Writeback peak, MB, A vs B.
+    /// Machine-wide Dirty+Writeback peak, MB, A vs B (when either side
+    /// recorded it; null for the side that did not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub writeback_peak_mb: Option<[f64; 2]>,
+    pub writeback_peak_mb: Option<[Option<f64>; 2]>,
+    /// Differences between A and B that make the comparison less than like
+    /// for like (scenario, clients, version, collectors), one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// Data one side has and the other did not record, one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_recorded: Vec<String>,
+}
+
+/// What a side recorded, by collector name (on and not failed).
+fn recorded_collectors(r: &Report) -> BTreeSet<String> {
+    r.collectors
+        .iter()
+        .filter(|c| c.status != "failed" && c.status != "off")
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+/// A and B should differ only in what is being compared.
+fn mismatches(a: &Report, b: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    let scenario = |r: &Report| {
+        r.workload
+            .as_ref()
+            .map(|w| w.scenario.clone())
+            .unwrap_or_else(|| format!("{} (no workload)", r.recording.mode))
+    };
+    if scenario(a) != scenario(b) {
+        out.push(format!(
+            "scenario differs: A {} vs B {}",
+            scenario(a),
+            scenario(b)
+        ));
+    }
+    let clients = |r: &Report| r.workload.as_ref().map(|w| w.clients);
+    if let (Some(x), Some(y)) = (clients(a), clients(b)) {
+        if x != y {
+            out.push(format!("clients differ: A {x} vs B {y}"));
+        }
+    }
+    let version = |r: &Report| r.postgres.version.clone().unwrap_or_else(|| "?".into());
+    if version(a) != version(b) {
+        out.push(format!(
+            "PostgreSQL version differs: A {} vs B {}",
+            version(a),
+            version(b)
+        ));
+    }
+    let (ca, cb) = (recorded_collectors(a), recorded_collectors(b));
+    if ca != cb {
+        let list = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(",");
+        out.push(format!(
+            "collectors differ: A {} vs B {}",
+            list(&ca),
+            list(&cb)
+        ));
+    }
+    out
+}
+
+/// Data only one side recorded: named, with the side lacking it.
+fn not_recorded(a: &Report, b: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |what: &str, x: bool, y: bool| {
+        if x != y {
+            out.push(format!(
+                "{what}: not recorded in {}",
+                if x { "B" } else { "A" }
+            ));
+        }
+    };
+    let syscalls = |r: &Report| r.syscalls.by_role.contains_key(&Role::Backend);
+    check("backend syscalls", syscalls(a), syscalls(b));
+    check("Dirty/Writeback", a.system.is_some(), b.system.is_some());
+    check("process states", a.procfs.is_some(), b.procfs.is_some());
+    check("on-CPU profile", a.profile.is_some(), b.profile.is_some());
+    check("server statistics", a.pgstat.is_some(), b.pgstat.is_some());
+    let tput = |r: &Report| r.timeline.as_ref().is_some_and(|t| t.throughput.is_some());
+    check("per-second throughput", tput(a), tput(b));
+    out
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -97,9 +178,11 @@ pub struct TpsChange {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SyscallChange {
     pub syscall: String,
-    pub a: f64,
-    pub b: f64,
-    pub delta: f64,
+    /// Null when that side recorded no backend syscalls.
+    pub a: Option<f64>,
+    pub b: Option<f64>,
+    /// B − A, null when either side is not recorded.
+    pub delta: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -171,17 +254,15 @@ pub fn tps_change(a: &[f64], b: &[f64]) -> Option<TpsChange> {
     })
 }
 
-fn per_statement(r: &Report) -> BTreeMap<String, f64> {
-    r.syscalls
-        .by_role
-        .get(&Role::Backend)
-        .map(|t| {
-            t.top
-                .iter()
-                .filter_map(|row| Some((row.syscall.clone(), row.per_statement?)))
-                .collect()
-        })
-        .unwrap_or_default()
+/// Backend syscalls per statement; `None` when none were recorded.
+fn per_statement(r: &Report) -> Option<BTreeMap<String, f64>> {
+    let t = r.syscalls.by_role.get(&Role::Backend)?;
+    let m: BTreeMap<String, f64> = t
+        .top
+        .iter()
+        .filter_map(|row| Some((row.syscall.clone(), row.per_statement?)))
+        .collect();
+    (!m.is_empty()).then_some(m)
 }
 
 /// Drop the first and last second of pgbench progress: ramp-up and the partial tail.
@@ -254,27 +335,28 @@ pub fn compare(a_name: &str, a: &Report, b_name: &str, b: &Report) -> Comparison
         }
     }
     let (pa, pb) = (per_statement(a), per_statement(b));
-    let names: BTreeSet<&String> = pa.keys().chain(pb.keys()).collect();
+    let names: BTreeSet<&String> = pa.iter().chain(pb.iter()).flat_map(|m| m.keys()).collect();
+    // A call one side recorded and did not see ran 0 times there; a side
+    // without syscall data at all has no number.
+    let value = |m: &Option<BTreeMap<String, f64>>, n: &String| {
+        m.as_ref().map(|m| m.get(n).copied().unwrap_or(0.0))
+    };
     let mut syscalls: Vec<SyscallChange> = names
         .into_iter()
         .map(|n| {
-            let (x, y) = (
-                pa.get(n).copied().unwrap_or(0.0),
-                pb.get(n).copied().unwrap_or(0.0),
-            );
+            let (x, y) = (value(&pa, n), value(&pb, n));
             SyscallChange {
                 syscall: n.clone(),
                 a: x,
                 b: y,
-                delta: ((y - x) * 1000.0).round() / 1000.0,
+                delta: x.zip(y).map(|(x, y)| ((y - x) * 1000.0).round() / 1000.0),
             }
         })
-        .filter(|c| c.a > 0.0 || c.b > 0.0)
+        .filter(|c| c.a.unwrap_or(0.0) > 0.0 || c.b.unwrap_or(0.0) > 0.0)
         .collect();
     syscalls.sort_by(|x, y| {
-        y.delta
-            .abs()
-            .total_cmp(&x.delta.abs())
+        let d = |c: &SyscallChange| c.delta.unwrap_or(0.0).abs();
+        d(y).total_cmp(&d(x))
             .then_with(|| x.syscall.cmp(&y.syscall))
     });
     let ida: BTreeSet<&String> = a.findings.iter().map(|f| &f.id).collect();
@@ -293,13 +375,16 @@ pub fn compare(a_name: &str, a: &Report, b_name: &str, b: &Report) -> Comparison
             persisting: persisting.clone(),
         },
         persisting_evidence: persisting_evidence(a, b, &persisting),
-        writeback_peak_mb: match (&a.system, &b.system) {
-            (Some(x), Some(y)) => Some([
-                crate::round3(x.dirty_writeback_peak.mb()),
-                crate::round3(y.dirty_writeback_peak.mb()),
-            ]),
-            _ => None,
+        writeback_peak_mb: {
+            let peak = |r: &Report| {
+                r.system
+                    .as_ref()
+                    .map(|s| crate::round3(s.dirty_writeback_peak.mb()))
+            };
+            (a.system.is_some() || b.system.is_some()).then(|| [peak(a), peak(b)])
         },
+        warnings: mismatches(a, b),
+        not_recorded: not_recorded(a, b),
     }
 }
 
@@ -308,6 +393,12 @@ pub fn render(c: &Comparison) -> String {
     let v = |s: &Side| s.postgres_version.clone().unwrap_or_else(|| "?".into());
     let _ = writeln!(o, "A: {} (PostgreSQL {})", c.a.recording, v(&c.a));
     let _ = writeln!(o, "B: {} (PostgreSQL {})", c.b.recording, v(&c.b));
+    for w in &c.warnings {
+        let _ = writeln!(o, "warning: {w}: not a like-for-like comparison");
+    }
+    for n in &c.not_recorded {
+        let _ = writeln!(o, "{n}");
+    }
     if let Some(t) = &c.tps {
         let _ = writeln!(
             o,
@@ -340,15 +431,21 @@ pub fn render(c: &Comparison) -> String {
         for s in c.syscalls_per_statement.iter().take(12) {
             let _ = writeln!(
                 o,
-                "  {:<18} {:>9.3} → {:>9.3} ({:+.3})",
-                s.syscall, s.a, s.b, s.delta
+                "  {:<18} {:>9} → {:>9} ({})",
+                s.syscall,
+                or_not_recorded(s.a, |x| format!("{x:.3}")),
+                or_not_recorded(s.b, |x| format!("{x:.3}")),
+                or_not_recorded(s.delta, |x| format!("{x:+.3}"))
             );
         }
     }
     if let Some([x, y]) = c.writeback_peak_mb {
+        let mb = |v: Option<f64>| or_not_recorded(v, |x| format!("{x:.1} MB"));
         let _ = writeln!(
             o,
-            "\nDirty+Writeback peak (machine-wide): {x:.1} MB → {y:.1} MB"
+            "\nDirty+Writeback peak (machine-wide): {} → {}",
+            mb(x),
+            mb(y)
         );
     }
     let f = &c.findings;
@@ -378,6 +475,11 @@ pub fn render(c: &Comparison) -> String {
         }
     }
     o
+}
+
+/// A number, or "not recorded" for a side without the data.
+pub fn or_not_recorded(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or_else(|| "not recorded".into(), f)
 }
 
 /// Shortest faithful form: integers without decimals, others to 3 places.
@@ -415,7 +517,10 @@ mod tests {
             .iter()
             .find(|s| s.syscall == "setitimer")
             .unwrap();
-        assert_eq!((s.a, s.b), (1.0, 0.0));
+        assert_eq!((s.a, s.b), (Some(1.0), Some(0.0)));
+        // Same scenario, version differs: said.
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert!(c.warnings[0].starts_with("PostgreSQL version differs: A 13"));
         assert!(c.tps.is_some());
         assert!(render(&c).contains("resolved in B: timer-syscalls-per-statement"));
     }

@@ -72,12 +72,12 @@ fn severity(s: SeverityArg) -> Severity {
     }
 }
 
-/// `dir` is the recording (the HTML page inlines its flame graphs).
+/// `dir` is the recording (the HTML page draws its series and flame graphs).
 fn render(r: &Report, format: Format, dir: &std::path::Path) -> Result<String> {
     Ok(match format {
-        Format::Text => report::text::render(r),
+        Format::Text => colour(report::text::render(r)),
         Format::Json => serde_json::to_string_pretty(r)? + "\n",
-        Format::Html => report::html::render(r, dir),
+        Format::Html => report::html::render(r, &Evidence::load(dir)?),
     })
 }
 
@@ -86,6 +86,25 @@ fn exit_for(r: &Report, fail_on: Option<SeverityArg>) -> ExitCode {
     match (fail_on, doctor::worst(r)) {
         (Some(min), Some(w)) if w >= severity(min) => ExitCode::from(1),
         _ => ExitCode::SUCCESS,
+    }
+}
+
+/// `--output FILE` (written whole or not at all), else stdout.
+fn write_or_print(path: Option<&std::path::Path>, body: &str) -> Result<()> {
+    match path {
+        Some(path) => write_output(path, body.as_bytes()),
+        None => print(body),
+    }
+}
+
+/// Severities in colour only on a terminal, and never with NO_COLOR set
+/// (no-color.org: present and not empty).
+fn colour(text: String) -> String {
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    if !no_color && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        report::text::colour_severities(&text)
+    } else {
+        text
     }
 }
 
@@ -285,35 +304,38 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ReportFormat::Pprof => return pprof(&loaded, a.output.as_deref()),
             };
             let rep = report::build(&loaded);
-            let body = render(&rep, format, &a.dir)?;
-            match &a.output {
-                Some(path) => write_output(path, body.as_bytes())?,
-                None => print(&body)?,
-            }
+            let body = match format {
+                Format::Html => report::html::render(&rep, &loaded),
+                // A file gets no terminal colours.
+                Format::Text if a.output.is_some() => report::text::render(&rep),
+                f => render(&rep, f, &a.dir)?,
+            };
+            write_or_print(a.output.as_deref(), &body)?;
             Ok(exit_for(&rep, a.fail_on))
         }
         Command::Compare(a) => {
-            let ra = report::build(&Evidence::load(&a.dir_a)?);
-            let rb = report::build(&Evidence::load(&a.dir_b)?);
+            let (ea, eb) = (Evidence::load(&a.dir_a)?, Evidence::load(&a.dir_b)?);
+            let (ra, rb) = (report::build(&ea), report::build(&eb));
             let c = pgbelow::compare::compare(
                 &a.dir_a.display().to_string(),
                 &ra,
                 &a.dir_b.display().to_string(),
                 &rb,
             );
-            print(&match a.format {
+            let body = match a.format {
+                Format::Text if a.output.is_none() => colour(pgbelow::compare::render(&c)),
                 Format::Text => pgbelow::compare::render(&c),
                 Format::Json => serde_json::to_string_pretty(&c)? + "\n",
-                Format::Html => report::html::page(
-                    &format!(
-                        "pgbelow compare: {} vs {}",
-                        a.dir_a.display(),
-                        a.dir_b.display()
-                    ),
-                    &pgbelow::compare::render(&c),
-                ),
-            })?;
-            Ok(ExitCode::SUCCESS)
+                Format::Html => report::html::compare::render(&c, (&ra, &ea), (&rb, &eb)),
+            };
+            // The warnings go to stderr too: a JSON or HTML on stdout hides them.
+            if a.format != Format::Text {
+                for w in &c.warnings {
+                    eprintln!("pgbelow: warning: {w}: not a like-for-like comparison");
+                }
+            }
+            write_or_print(a.output.as_deref(), &body)?;
+            Ok(exit_for(&rb, a.fail_on))
         }
         Command::Watch(a) => {
             let collectors = match a.collectors.as_deref() {
@@ -369,7 +391,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 syscall_mechanism: mechanism(a.syscall_mechanism),
                 show_progress: show,
             })?;
-            print(&res.text)?;
+            print(&colour(res.text))?;
             Ok(match (a.fail_on, doctor::worst_of(&res.findings)) {
                 (Some(min), Some(w)) if w >= severity(min) => ExitCode::from(1),
                 _ => ExitCode::SUCCESS,

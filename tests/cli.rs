@@ -315,6 +315,72 @@ fn report_and_compare_as_html_pages() {
     );
 }
 
+// compare writes --output whole, exits 1 with --fail-on when B raises a
+// finding that severe, and says when A and B are not like for like (text,
+// JSON, and on stderr beside a JSON or HTML).
+#[test]
+fn compare_output_fail_on_and_mismatch_warnings() {
+    let fx = |n: &str| {
+        format!(
+            "{}/tests/fixtures/recordings/{n}",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    };
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("c.json");
+    let (a, b) = (fx("pg13-select-only-timeout"), fx("pg15-checkpoint-stall"));
+    let o = pgbelow()
+        .args([
+            "compare",
+            &a,
+            &b,
+            "--format",
+            "json",
+            "--fail-on",
+            "critical",
+            "--output",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(o.stdout.is_empty());
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let w: Vec<&str> = c["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for what in [
+        "scenario differs",
+        "clients differ",
+        "PostgreSQL version differs",
+        "collectors differ",
+    ] {
+        assert!(w.iter().any(|l| l.starts_with(what)), "{what}: {w:?}");
+    }
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("warning: scenario differs"), "{err}");
+    // A recorded backend syscalls, B did not: null, not 0.
+    let row = &c["syscalls_per_statement"][0];
+    assert!(row["a"].is_number() && row["b"].is_null(), "{row}");
+    let text = pgbelow().args(["compare", &a, &b]).output().unwrap();
+    assert_eq!(text.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("backend syscalls: not recorded in B"),
+        "{text}"
+    );
+    assert!(text.contains("not recorded"), "{text}");
+    // Only a warning in B: no exit 1 at critical.
+    let o = pgbelow()
+        .args(["compare", &b, &a, "--fail-on", "critical"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+}
+
 #[test]
 fn a_flag_of_another_scenario_is_refused() {
     let o = pgbelow()
@@ -429,4 +495,52 @@ fn a_damaged_stream_is_reported_around_and_named() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("manifest.json"), "{err}");
+}
+
+// Severities are coloured on a terminal only: never when piped, never with
+// NO_COLOR; on a terminal (a pty from util-linux `script`) they are.
+#[test]
+fn severities_coloured_only_on_a_terminal() {
+    let dir = format!(
+        "{}/tests/fixtures/recordings/pg15-checkpoint-stall",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    for no_color in [false, true] {
+        let mut cmd = pgbelow();
+        cmd.args(["report", &dir]);
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        }
+        let o = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains("[critical] checkpoint-writeback-stall"),
+            "{text}"
+        );
+        assert!(!text.contains('\x1b'), "escape codes in a pipe: {text:?}");
+    }
+    if !std::path::Path::new("/usr/bin/script").is_file() {
+        panic!("/usr/bin/script (util-linux) is missing: run scripts/setup");
+    }
+    let bin = assert_cmd::cargo::cargo_bin("pgbelow");
+    for (no_color, coloured) in [(None, true), (Some("1"), false)] {
+        let mut cmd = std::process::Command::new("script");
+        cmd.args([
+            "-qec",
+            &format!("{} report {dir}", bin.display()),
+            "/dev/null",
+        ])
+        .env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        let o = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("checkpoint-writeback-stall"), "{text}");
+        assert_eq!(
+            text.contains("[\x1b[1;31mcritical\x1b[0m]"),
+            coloured,
+            "NO_COLOR={no_color:?}: {text:?}"
+        );
+    }
 }

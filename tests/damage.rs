@@ -217,7 +217,7 @@ fn one(seed: u64, fixtures: &[PathBuf], work: &Path) -> Result<(), String> {
                 let rep = pgbelow::report::build(&ev);
                 let text = pgbelow::report::text::render(&rep);
                 let _ = serde_json::to_string(&rep).unwrap();
-                let _ = pgbelow::report::html::render(&rep, &dst);
+                let _ = pgbelow::report::html::render(&rep, &ev);
                 match &d.must_name {
                     Some(n)
                         if !text

@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
             let rep = pgbelow::report::build(&ev);
             let _ = pgbelow::report::text::render(&rep);
             let _ = serde_json::to_string(&rep).unwrap();
-            let _ = pgbelow::report::html::render(&rep, dir);
+            let _ = pgbelow::report::html::render(&rep, &ev);
         }
     });
 });

@@ -244,6 +244,44 @@ pub fn render(r: &Report) -> String {
     o
 }
 
+/// The severities of finding lines (`  [warning] id — title`, and
+/// compare's `  id [critical → warning]`) in colour, for a terminal: the
+/// text is otherwise unchanged.
+pub fn colour_severities(text: &str) -> String {
+    const SEV: [(&str, &str); 3] = [
+        ("critical", "\x1b[1;31m"),
+        ("warning", "\x1b[33m"),
+        ("info", "\x1b[36m"),
+    ];
+    let mut out = String::with_capacity(text.len() + 64);
+    for line in text.split_inclusive('\n') {
+        let bracket = line
+            .find('[')
+            .and_then(|i| Some((i, i + line[i..].find(']')?)));
+        let Some((a, b)) = bracket else {
+            out.push_str(line);
+            continue;
+        };
+        let inner = &line[a + 1..b];
+        let words: Vec<&str> = inner.split(" → ").collect();
+        if !words.iter().all(|w| SEV.iter().any(|(s, _)| s == w)) {
+            out.push_str(line);
+            continue;
+        }
+        let coloured: Vec<String> = words
+            .iter()
+            .map(|w| {
+                let code = SEV.iter().find(|(s, _)| s == w).map_or("", |(_, c)| c);
+                format!("{code}{w}\x1b[0m")
+            })
+            .collect();
+        out.push_str(&line[..=a]);
+        out.push_str(&coloured.join(" → "));
+        out.push_str(&line[b..]);
+    }
+    out
+}
+
 /// A finding's severity, id and title, then its summary: two indented lines.
 pub(crate) fn finding_head(f: &crate::analyse::Finding, o: &mut String) {
     let _ = writeln!(o, "  [{}] {} — {}", f.severity.as_str(), f.id, f.title);
@@ -317,4 +355,22 @@ fn series_line(label: &str, s: &crate::evidence::Series, decimals: usize, o: &mu
         s.source,
         unit = s.unit,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn severities_in_colour() {
+        let t = "Findings\n  [critical] x — y\n  z [critical → warning]\n  [not] a\n";
+        let c = super::colour_severities(t);
+        assert!(c.contains("  [\x1b[1;31mcritical\x1b[0m] x — y\n"), "{c:?}");
+        assert!(
+            c.contains("z [\x1b[1;31mcritical\x1b[0m → \x1b[33mwarning\x1b[0m]"),
+            "{c:?}"
+        );
+        assert!(
+            c.contains("  [not] a\n") && c.starts_with("Findings\n"),
+            "{c:?}"
+        );
+    }
 }

@@ -899,13 +899,9 @@ fn quality_notes(s: &Summary, ctx: &Context) -> Vec<String> {
     notes
 }
 
-/// Write one SVG flame graph from folded lines (without counts' role prefix as given).
-pub(crate) fn flame<'a>(
-    path: &Path,
-    title: &str,
-    subtitle: &str,
-    lines: impl Iterator<Item = &'a str>,
-) -> Result<()> {
+/// inferno's options for pgbelow's flame graphs: titled, frames coloured
+/// by name (stable across graphs), deterministic output.
+pub fn flame_options(title: &str, subtitle: &str) -> inferno::flamegraph::Options<'static> {
     use inferno::flamegraph::color::{MultiPalette, Palette};
     let mut o = inferno::flamegraph::Options::default();
     o.title = title.to_string();
@@ -914,6 +910,17 @@ pub(crate) fn flame<'a>(
     o.colors = Palette::Multi(MultiPalette::Perl);
     o.hash = true;
     o.deterministic = true;
+    o
+}
+
+/// Write one SVG flame graph from folded lines (without counts' role prefix as given).
+pub(crate) fn flame<'a>(
+    path: &Path,
+    title: &str,
+    subtitle: &str,
+    lines: impl Iterator<Item = &'a str>,
+) -> Result<()> {
+    let mut o = flame_options(title, subtitle);
     let tmp = path.with_extension("svg.tmp");
     let f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     inferno::flamegraph::from_lines(&mut o, lines, BufWriter::new(f))

@@ -1,0 +1,375 @@
+//! `--format html`: one self-contained page, readable offline — the
+//! verdict, the finding cards, one timeline of every recorded series
+//! (uPlot, vendored in assets/vendor/uplot, one shared x axis), inferno's
+//! flame graphs per role, and the text report's tables as tables. Nothing
+//! is fetched: scripts, styles and data are inline, and a
+//! Content-Security-Policy allows only the page's own code (by hash).
+//! Every string a server gave (names, query text, settings, frames) is
+//! escaped, in HTML and in the page's JSON.
+pub mod compare;
+pub mod flame;
+pub mod panels;
+mod tables;
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::Report;
+use crate::evidence::Evidence;
+
+const UPLOT_JS: &str = include_str!("../../../assets/vendor/uplot/uPlot.iife.min.js");
+const UPLOT_CSS: &str = include_str!("../../../assets/vendor/uplot/uPlot.min.css");
+/// uPlot's version, as vendored (assets/vendor/uplot/README.md).
+pub const UPLOT_VERSION: &str = "1.6.32";
+const PAGE_JS: &str = include_str!("../../../assets/html/page.js");
+const PAGE_CSS: &str = include_str!("../../../assets/html/page.css");
+
+/// Escape text for HTML element content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// JSON safe inside `<script type="application/json">`: no `<`, `>`, `&`
+/// (no `</script>` or `<!--` can end the element) and no U+2028/U+2029.
+pub fn script_json<T: Serialize>(v: &T) -> String {
+    let s = serde_json::to_string(v).unwrap_or_else(|_| "null".into());
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => o.push_str("\\u003c"),
+            '>' => o.push_str("\\u003e"),
+            '&' => o.push_str("\\u0026"),
+            '\u{2028}' => o.push_str("\\u2028"),
+            '\u{2029}' => o.push_str("\\u2029"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// The page's policy: the hashes of every inline script and style it (and
+/// its flame graph documents, which inherit it) carries; nothing else.
+#[derive(Default)]
+pub struct Csp {
+    scripts: BTreeSet<String>,
+    styles: BTreeSet<String>,
+}
+
+fn sha256(text: &str) -> String {
+    format!(
+        "'sha256-{}'",
+        openssl::base64::encode_block(&openssl::sha::sha256(text.as_bytes()))
+    )
+}
+
+impl Csp {
+    pub fn script(&mut self, text: &str) {
+        self.scripts.insert(sha256(text));
+    }
+    pub fn style(&mut self, text: &str) {
+        self.styles.insert(sha256(text));
+    }
+    fn header(&self) -> String {
+        let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(" ");
+        format!(
+            "default-src 'none'; script-src {}; style-src {}; img-src data:; frame-src data:; base-uri 'none'; form-action 'none'",
+            join(&self.scripts),
+            join(&self.styles)
+        )
+    }
+}
+
+/// A page being written: its body, and the policy its parts need.
+pub struct Page {
+    pub body: String,
+    pub csp: Csp,
+}
+
+impl Page {
+    pub fn new() -> Page {
+        Page {
+            body: String::new(),
+            csp: Csp::default(),
+        }
+    }
+
+    /// The data the script reads and the scripts, placed right after the
+    /// timeline so the charts are drawn before the flame graphs and
+    /// tables are parsed.
+    pub fn scripts<T: Serialize>(&mut self, data: &T) {
+        for s in [UPLOT_JS, PAGE_JS] {
+            self.csp.script(s);
+        }
+        let _ = writeln!(
+            self.body,
+            "<script type=\"application/json\" id=\"pgbelow-data\">{}</script>\n\
+             <script>{UPLOT_JS}</script>\n<script>{PAGE_JS}</script>",
+            script_json(data)
+        );
+    }
+
+    /// The whole document: head (policy, styles) and body.
+    pub fn finish(mut self, title: &str) -> String {
+        let style = format!("{UPLOT_CSS}\n{PAGE_CSS}");
+        self.csp.style(&style);
+        format!(
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+             <meta http-equiv=\"Content-Security-Policy\" content=\"{}\">\
+             <meta name=\"viewport\" content=\"width=device-width\">\
+             <title>{}</title><style>{style}</style></head><body>\n{}</body></html>\n",
+            escape(&self.csp.header()),
+            escape(title),
+            self.body
+        )
+    }
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Page::new()
+    }
+}
+
+/// What the page's script draws: the panels, the checkpoint windows shaded
+/// on every panel, each finding's window, the x range.
+#[derive(Serialize)]
+pub struct ChartData {
+    pub end: f64,
+    pub panels: Vec<panels::Panel>,
+    pub checkpoints: Vec<panels::Window>,
+}
+
+/// The timeline section: each panel drawn, or "not recorded".
+pub fn timeline(o: &mut String, panels: &[panels::Panel], absent: &dyn Fn(&str) -> String) {
+    let _ = writeln!(
+        o,
+        "<section id=\"timeline\"><h2>Timeline</h2><p class=\"hint\">One time axis (recording seconds): drag across a panel to zoom all of them, double-click to zoom out; shaded: checkpoints; select a finding to mark its window.</p>"
+    );
+    for (name, title) in panels::PANELS {
+        match panels.iter().position(|p| p.name == *name) {
+            Some(i) => {
+                let p = &panels[i];
+                let _ = writeln!(
+                    o,
+                    "<div class=\"panel\"><h3>{} <small>{} · {}</small></h3><div class=\"chart\" data-chart=\"{name}\" data-panel=\"{i}\"></div></div>",
+                    escape(title),
+                    escape(&p.unit),
+                    escape(&p.source)
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    o,
+                    "<div class=\"panel absent\" data-not-recorded=\"{name}\"><h3>{}</h3><p>{}</p></div>",
+                    escape(title),
+                    escape(&absent(name))
+                );
+            }
+        }
+    }
+    let _ = writeln!(o, "</section>");
+}
+
+fn finding_card(o: &mut String, f: &crate::analyse::Finding, end: f64) {
+    let sev = f.severity.as_str();
+    let window = panels::finding_window(f, end)
+        .map(|[a, b]| format!(" data-window=\"{a},{b}\""))
+        .unwrap_or_default();
+    let _ = writeln!(
+        o,
+        "<article class=\"finding {sev}\" tabindex=\"0\" data-finding=\"{}\"{window}>\
+         <p><span class=\"sev\">{sev}</span> <code>{}</code>{}</p><h3>{}</h3><p>{}</p>\
+         <details><summary>evidence</summary>{}</details><p><b>Remedy.</b> {}</p></article>",
+        escape(&f.id),
+        escape(&f.id),
+        panels::finding_window(f, end)
+            .map(|[a, b]| format!(" <span class=\"when\">t = {a:.0}–{b:.0} s</span>"))
+            .unwrap_or_default(),
+        escape(&f.title),
+        escape(&f.summary),
+        tables::evidence(&f.evidence),
+        escape(&f.remedy)
+    );
+}
+
+/// The verdict: findings by severity.
+fn verdict(findings: &[crate::analyse::Finding]) -> String {
+    if findings.is_empty() {
+        return "No findings: no rule's evidence threshold was met.".into();
+    }
+    let mut parts = Vec::new();
+    for sev in ["critical", "warning", "info"] {
+        let n = findings
+            .iter()
+            .filter(|f| f.severity.as_str() == sev)
+            .count();
+        if n > 0 {
+            parts.push(format!("<span class=\"sev-{sev}\">{n} {sev}</span>"));
+        }
+    }
+    parts.join(" · ")
+}
+
+fn header(o: &mut String, r: &Report) {
+    let pg = r.postgres.version.as_deref().unwrap_or("?");
+    let _ = writeln!(
+        o,
+        "<header><h1>pgbelow — {} recording of PostgreSQL {}</h1><p class=\"verdict\">{}</p>",
+        escape(&r.recording.mode),
+        escape(pg),
+        verdict(&r.findings)
+    );
+    let mut facts: Vec<(String, String)> = vec![
+        ("server".into(), format!("PostgreSQL {pg}")),
+        (
+            "host".into(),
+            format!(
+                "{} {}, {} CPUs, clocksource {}",
+                r.host.kernel,
+                r.host.arch,
+                r.host.cpus,
+                r.host.clocksource.as_deref().unwrap_or("?")
+            ),
+        ),
+        (
+            "recording".into(),
+            format!(
+                "{} · {:?} · started {} · {}",
+                r.recording.mode,
+                r.recording.status,
+                r.recording.started_at,
+                r.recording
+                    .duration_s
+                    .map_or("duration unknown".into(), |d| format!("{d:.1} s"))
+            ),
+        ),
+    ];
+    if let Some(w) = &r.workload {
+        facts.push((
+            "workload".into(),
+            format!(
+                "{} · {} client(s) · {:.1} tps · {} transactions",
+                w.scenario, w.clients, w.tps, w.transactions
+            ),
+        ));
+    }
+    let collectors: Vec<String> = r
+        .collectors
+        .iter()
+        .map(|c| {
+            format!(
+                "{} ({}, {}, {:.2} s CPU)",
+                c.name, c.mechanism, c.status, c.cpu_s
+            )
+        })
+        .collect();
+    facts.push(("collectors".into(), collectors.join("; ")));
+    if let Some(c) = r.recording.pgbelow_cpu_s {
+        facts.push((
+            "pgbelow's own cost".into(),
+            format!(
+                "{c:.2} s CPU{}{}",
+                r.recording
+                    .pgbelow_cpu_share
+                    .map_or(String::new(), |s| format!(
+                        " ({:.1}% of one CPU)",
+                        s * 100.0
+                    )),
+                r.recording
+                    .pgbelow_peak_rss_kb
+                    .map_or(String::new(), |k| format!(", peak RSS {} MB", k / 1024))
+            ),
+        ));
+    }
+    let _ = writeln!(o, "<table class=\"facts\">");
+    for (k, v) in facts {
+        let _ = writeln!(o, "<tr><th>{}</th><td>{}</td></tr>", escape(&k), escape(&v));
+    }
+    let _ = writeln!(o, "</table></header>");
+}
+
+/// Why a panel is missing from a report.
+fn absent_reason(ev: &Evidence, name: &str) -> String {
+    let collector = match name {
+        "throughput" | "latency" | "checkpoints" | "waits" | "replay-lag" => "pgstat",
+        "states" => "procfs",
+        "writeback" => "system",
+        "syscalls" => "syscalls",
+        _ => "",
+    };
+    if name == "replay-lag" && ev.recorded("pgstat") {
+        "not recorded: no standby in the recording".into()
+    } else {
+        format!("not recorded (collector {collector} was off or failed)")
+    }
+}
+
+/// The page of one recording.
+pub fn render(r: &Report, ev: &Evidence) -> String {
+    let mut page = Page::new();
+    let o = &mut page.body;
+    header(o, r);
+    let _ = writeln!(o, "<section id=\"findings\"><h2>Findings</h2>");
+    if r.findings.is_empty() {
+        let _ = writeln!(o, "<p>None: no rule's evidence threshold was met.</p>");
+    }
+    let end = panels::end_of(r, ev);
+    for f in &r.findings {
+        finding_card(o, f, end);
+    }
+    let _ = writeln!(o, "</section>");
+    let panels = panels::build(r, ev);
+    timeline(o, &panels, &|name| absent_reason(ev, name));
+    page.scripts(&ChartData {
+        end,
+        checkpoints: panels::checkpoint_windows(ev, end),
+        panels,
+    });
+    let graphs = flame::per_role(ev.stacks(), &mut page.csp);
+    let o = &mut page.body;
+    let _ = writeln!(o, "<section id=\"flamegraphs\"><h2>Flame graphs</h2>");
+    if graphs.is_empty() {
+        let _ = writeln!(
+            o,
+            "<p>not recorded (collector profile was off or failed, or no samples)</p>"
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "<p class=\"hint\">On-CPU, per role (inferno): click a frame to zoom, “Search” to highlight a function.</p>"
+        );
+    }
+    for (role, f) in &graphs {
+        let _ = writeln!(o, "<h3>{}</h3>{f}", escape(role));
+    }
+    let _ = writeln!(o, "</section>");
+    tables::all(o, r, ev);
+    let _ = writeln!(
+        o,
+        "<details id=\"text-report\"><summary>The text report</summary><pre>{}</pre></details>\
+         <footer>pgbelow {} · charts: uPlot {UPLOT_VERSION} (MIT) · flame graphs: inferno</footer>",
+        escape(&super::text::render(r)),
+        escape(&r.pgbelow_version)
+    );
+    page.finish(&format!(
+        "pgbelow — {} recording of PostgreSQL {}",
+        r.recording.mode,
+        r.postgres.version.as_deref().unwrap_or("?")
+    ))
+}
+
+#[cfg(test)]
+mod tests;

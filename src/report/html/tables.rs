@@ -1,0 +1,243 @@
+//! The text report's tables as HTML tables: syscalls per role, process
+//! states and where blocked processes were in the kernel, the profile's
+//! hottest functions, waits, checkpoints, settings. Every cell escaped.
+use std::fmt::Write;
+
+use std::collections::BTreeMap;
+
+use super::escape;
+use crate::evidence::Evidence;
+use crate::procinfo::Role;
+use crate::report::Report;
+
+/// A table: caption, header cells, rows of cells (text, escaped here).
+pub fn table(o: &mut String, caption: &str, head: &[&str], rows: &[Vec<String>]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = write!(o, "<table><caption>{}</caption><tr>", escape(caption));
+    for h in head {
+        let _ = write!(o, "<th>{}</th>", escape(h));
+    }
+    let _ = writeln!(o, "</tr>");
+    for r in rows {
+        let _ = write!(o, "<tr>");
+        for c in r {
+            let _ = write!(o, "<td>{}</td>", escape(c));
+        }
+        let _ = writeln!(o, "</tr>");
+    }
+    let _ = writeln!(o, "</table>");
+}
+
+/// A finding's evidence (a JSON object) as a two-column table; nested
+/// values as compact JSON.
+pub fn evidence(v: &serde_json::Value) -> String {
+    let mut o = String::from("<table class=\"evidence\">");
+    match v.as_object() {
+        Some(m) => {
+            for (k, v) in m {
+                let text = match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                };
+                let _ = write!(
+                    o,
+                    "<tr><th>{}</th><td>{}</td></tr>",
+                    escape(k),
+                    escape(&text)
+                );
+            }
+        }
+        None => {
+            let _ = write!(o, "<tr><td>{}</td></tr>", escape(&v.to_string()));
+        }
+    }
+    o + "</table>"
+}
+
+fn f1(x: f64) -> String {
+    format!("{x:.1}")
+}
+
+/// Sessions seen in pg_stat_activity by application and role: samples
+/// busy (waiting or on CPU, not idle) and in all.
+fn sessions(o: &mut String, ev: &Evidence) {
+    let mut acc: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for s in &ev.waits {
+        for r in s.rows.iter().filter(|r| r.role != Role::Observer) {
+            let e = acc
+                .entry((r.application_name.clone(), r.role.to_string()))
+                .or_default();
+            e.1 += r.samples;
+            if r.state.as_deref() == Some("active") {
+                e.0 += r.samples;
+            }
+        }
+    }
+    let mut rows: Vec<[String; 4]> = acc
+        .into_iter()
+        .map(|((app, role), (active, all))| [app, role, active.to_string(), all.to_string()])
+        .collect();
+    // Most samples first (the sort is stable: ties keep name order).
+    rows.sort_by_key(|r| std::cmp::Reverse(r[3].parse::<u64>().unwrap_or(0)));
+    let rows: Vec<Vec<String>> = rows.into_iter().take(20).map(Vec::from).collect();
+    table(
+        o,
+        "Sessions by application_name (pg_stat_activity samples)",
+        &["application_name", "role", "samples active", "samples"],
+        &rows,
+    );
+}
+
+pub fn all(o: &mut String, r: &Report, ev: &Evidence) {
+    let _ = writeln!(o, "<section id=\"tables\"><h2>Tables</h2>");
+    sessions(o, ev);
+    let rows: Vec<Vec<String>> = r
+        .syscalls
+        .by_role
+        .iter()
+        .flat_map(|(role, t)| {
+            t.top.iter().map(move |s| {
+                vec![
+                    role.to_string(),
+                    s.syscall.clone(),
+                    s.count.to_string(),
+                    f1(s.per_second),
+                    s.per_statement.map_or(String::new(), |x| format!("{x:.3}")),
+                ]
+            })
+        })
+        .collect();
+    table(
+        o,
+        "Syscalls per role (most frequent, and the watched ones for backends)",
+        &["role", "syscall", "calls", "per second", "per statement"],
+        &rows,
+    );
+    if let Some(p) = &r.procfs {
+        let rows: Vec<Vec<String>> = p
+            .roles
+            .iter()
+            .map(|(role, s)| {
+                let st = |k: &str| s.state_s.get(k).map_or("0.0".into(), |v| f1(*v));
+                vec![
+                    role.to_string(),
+                    s.pids.to_string(),
+                    f1(s.cpu_s),
+                    f1(s.runq_s),
+                    st("R"),
+                    st("S"),
+                    st("D"),
+                ]
+            })
+            .collect();
+        table(
+            o,
+            "Process states (procfs, process-seconds)",
+            &[
+                "role",
+                "processes",
+                "CPU s",
+                "run queue s",
+                "R s",
+                "S s",
+                "D s",
+            ],
+            &rows,
+        );
+        let rows: Vec<Vec<String>> = p
+            .roles
+            .iter()
+            .flat_map(|(role, s)| {
+                s.blocked_stacks
+                    .iter()
+                    .map(move |st| vec![role.to_string(), f1(st.s), st.frames.join(" ← ")])
+            })
+            .collect();
+        table(
+            o,
+            "Kernel stacks of blocked processes (D), innermost frame first",
+            &["role", "seconds", "stack"],
+            &rows,
+        );
+    }
+    if let Some(p) = &r.profile {
+        let rows: Vec<Vec<String>> = p
+            .roles
+            .iter()
+            .flat_map(|role| {
+                role.top_functions.iter().map(move |f| {
+                    vec![
+                        role.role.clone(),
+                        f.name.clone(),
+                        f.samples.to_string(),
+                        format!("{:.1}%", f.share * 100.0),
+                    ]
+                })
+            })
+            .collect();
+        table(
+            o,
+            "On-CPU profile: functions on the stack (inclusive), per role",
+            &["role", "function", "samples", "share of role"],
+            &rows,
+        );
+    }
+    if let Some(s) = &r.pgstat {
+        let rows: Vec<Vec<String>> = s
+            .waits
+            .iter()
+            .flat_map(|w| {
+                w.top.iter().map(move |t| {
+                    vec![
+                        w.role.to_string(),
+                        t.wait.clone(),
+                        format!("{:.2}", t.avg_backends),
+                        format!("{:.1}%", t.pct),
+                        t.max_backends.to_string(),
+                    ]
+                })
+            })
+            .collect();
+        table(
+            o,
+            "Wait events (busy processes)",
+            &["role", "wait", "average processes", "share", "most at once"],
+            &rows,
+        );
+        let opt = |x: Option<f64>| x.map_or("–".into(), f1);
+        let rows: Vec<Vec<String>> = s
+            .checkpoints
+            .iter()
+            .map(|c| {
+                vec![
+                    c.kind.clone(),
+                    c.flags.clone().unwrap_or_default(),
+                    opt(c.start_t),
+                    opt(c.end_t),
+                    opt(c.write_s),
+                    opt(c.sync_s),
+                    c.buffers.map_or("–".into(), |b| b.to_string()),
+                    c.source.clone(),
+                ]
+            })
+            .collect();
+        table(
+            o,
+            "Checkpoints",
+            &[
+                "kind", "flags", "start s", "end s", "write s", "sync s", "buffers", "source",
+            ],
+            &rows,
+        );
+    }
+    let rows: Vec<Vec<String>> = r
+        .postgres
+        .settings
+        .iter()
+        .map(|(k, v)| vec![k.clone(), v.clone()])
+        .collect();
+    table(o, "Settings", &["setting", "value"], &rows);
+    let _ = writeln!(o, "</section>");
+}
