@@ -93,10 +93,17 @@ fn damage_one(dst: &Path, files: &[PathBuf], rng: &mut Rng) -> Damage {
         must_name: READ.contains(&name.as_str()).then(|| name.clone()),
         what,
     };
-    let mut bytes = match std::fs::read(&victim) {
-        Ok(b) => b,
-        // Already replaced by an earlier damage of this copy.
-        Err(_) => {
+    // A file an earlier damage of this copy replaced (a FIFO would block
+    // the read, a directory fails it) is not damaged again.
+    let regular = std::fs::symlink_metadata(&victim).is_ok_and(|m| m.is_file());
+    let read = if regular {
+        std::fs::read(&victim).ok()
+    } else {
+        None
+    };
+    let mut bytes = match read {
+        Some(b) => b,
+        None => {
             return Damage {
                 what: format!("{name}: already damaged"),
                 must_name: None,
@@ -217,7 +224,7 @@ fn one(seed: u64, fixtures: &[PathBuf], work: &Path) -> Result<(), String> {
                 let rep = pgbelow::report::build(&ev);
                 let text = pgbelow::report::text::render(&rep);
                 let _ = serde_json::to_string(&rep).unwrap();
-                let _ = pgbelow::report::html::render(&rep, &ev);
+                let html = pgbelow::report::html::render(&rep, &ev);
                 match &d.must_name {
                     Some(n)
                         if !text
@@ -225,6 +232,13 @@ fn one(seed: u64, fixtures: &[PathBuf], work: &Path) -> Result<(), String> {
                             .any(|l| l.contains("not read:") && l.contains(n)) =>
                     {
                         Err(format!("the text report does not name {n}:\n{text}"))
+                    }
+                    Some(n)
+                        if !html
+                            .lines()
+                            .any(|l| l.contains("<th>not read</th>") && l.contains(n.as_str())) =>
+                    {
+                        Err(format!("the HTML report does not name {n}"))
                     }
                     _ => Ok(()),
                 }

@@ -155,11 +155,23 @@ pub fn from_parts(o: &OffCpu) -> OffcpuSection {
 pub fn load(dir: &std::path::Path, cut: &mut usize, notes: &mut Vec<String>) -> Option<OffCpu> {
     use crate::collect::offcpu::files;
     let summary: Summary = super::json_file(dir, files::SUMMARY, notes)?;
-    let stacks = match std::fs::read_to_string(dir.join(&summary.folded)) {
-        Ok(t) => parse_folded(&t),
-        Err(e) => {
-            notes.push(format!("{}: {e}", summary.folded));
-            Vec::new()
+    // Only a regular file of this recording, bounded (a crafted summary
+    // could name `/dev/zero`, `../…` or a FIFO).
+    let name = std::path::Path::new(&summary.folded);
+    let stacks = if name.file_name() != Some(name.as_os_str()) {
+        notes.push(format!(
+            "{}: names folded stacks outside the recording ({:?}); left out",
+            files::SUMMARY,
+            summary.folded
+        ));
+        Vec::new()
+    } else {
+        match crate::recording::reader::read_small(&dir.join(name)) {
+            Ok(b) => parse_folded(&String::from_utf8_lossy(&b)),
+            Err(e) => {
+                notes.push(format!("{}: {e}", summary.folded));
+                Vec::new()
+            }
         }
     };
     let ticks = crate::recording::reader::read_stream(dir, files::STREAM, cut, notes);

@@ -294,6 +294,14 @@ fn header(o: &mut String, r: &Report) {
             ),
         ));
     }
+    // What the recording could not read, as the text report lists it: a
+    // damaged recording's page says so instead of looking complete.
+    if let Some(e) = &r.recording.error {
+        facts.push(("error".into(), e.clone()));
+    }
+    for u in &r.recording.unreadable {
+        facts.push(("not read".into(), u.clone()));
+    }
     let _ = writeln!(o, "<table class=\"facts\">");
     for (k, v) in facts {
         let _ = writeln!(o, "<tr><th>{}</th><td>{}</td></tr>", escape(&k), escape(&v));
