@@ -205,8 +205,20 @@ impl<'obj> Loaded<'obj> {
             ring_full: self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).ring_full) }),
             copy_failed: self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).copy_failed) }),
             kstack_lost: self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).kstack_lost) }),
-            short_blocks: self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).short_blocks) }),
+            short_blocks: self.short_blocks(),
         }
+    }
+
+    /// The per-CPU short-block slots, summed.
+    fn short_blocks(&self) -> u64 {
+        // SAFETY: the array is part of the live mapping; each slot is read
+        // atomically while BPF programs may increment it.
+        let slots = unsafe { std::ptr::addr_of_mut!((*self.bss).short_blocks) };
+        let n = unsafe { (*slots).len() };
+        (0..n)
+            .map(|i| unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*slots)[i].n)) })
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// (tgid, state, kernel stack hash) -> (ns, blocks), cumulative.
