@@ -440,7 +440,7 @@ fn run_on(
         });
     }
     let mut follow_up: Result<()> = Ok(());
-    if opts.sweep && opts.scenario == Scenario::SyncrepCommit {
+    if opts.sweep && opts.scenario == Scenario::SyncrepCommit && !interrupt::requested() {
         let sync = cluster
             .psql("bench", "show synchronous_standby_names")
             .ok()
