@@ -72,12 +72,13 @@ fn severity(s: SeverityArg) -> Severity {
     }
 }
 
-/// `dir` is the recording (the HTML page draws its series and flame graphs).
-fn render(r: &Report, format: Format, dir: &std::path::Path) -> Result<String> {
+/// `ev` is what the report was built from (the HTML page draws its series
+/// and flame graphs).
+fn render(r: &Report, format: Format, ev: &Evidence) -> Result<String> {
     Ok(match format {
         Format::Text => colour(report::text::render(r)),
         Format::Json => serde_json::to_string_pretty(r)? + "\n",
-        Format::Html => report::html::render(r, &Evidence::load(dir)?),
+        Format::Html => report::html::render(r, ev),
     })
 }
 
@@ -276,7 +277,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 checkpoint_at: a.checkpoint_at,
             };
             let res = pgbelow::app::lab(&opts)?;
-            print(&render(&res.report, a.output.format, &res.dir)?)?;
+            print(&render(&res.report, a.output.format, &res.evidence)?)?;
             say_where(&res.dir, a.output.format)?;
             Ok(exit_for(&res.report, a.output.fail_on))
         }
@@ -291,7 +292,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 show_progress: show,
             };
             let res = pgbelow::app::record(&opts)?;
-            print(&render(&res.report, a.output.format, &res.dir)?)?;
+            print(&render(&res.report, a.output.format, &res.evidence)?)?;
             say_where(&res.dir, a.output.format)?;
             Ok(exit_for(&res.report, a.output.fail_on))
         }
@@ -305,10 +306,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let rep = report::build(&loaded);
             let body = match format {
-                Format::Html => report::html::render(&rep, &loaded),
                 // A file gets no terminal colours.
                 Format::Text if a.output.is_some() => report::text::render(&rep),
-                f => render(&rep, f, &a.dir)?,
+                f => render(&rep, f, &loaded)?,
             };
             write_or_print(a.output.as_deref(), &body)?;
             Ok(exit_for(&rep, a.fail_on))
