@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::profile::{parse_folded, FoldedStack};
 use super::Evidence;
 use crate::collect::offcpu::{Summary, Tick};
+use crate::round3;
 
 /// Stacks shown per role.
 pub const TOP_STACKS: usize = 10;
@@ -69,10 +70,6 @@ pub struct OffStack {
     pub share: f64,
     /// Root first: user frames, then kernel frames (`_[k]`).
     pub frames: Vec<String>,
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// The section, when the recording has off-CPU data.
