@@ -764,12 +764,7 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
         0.0
     };
 
-    let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let mut text = lines.join("\n");
-    if !text.is_empty() {
-        text.push('\n');
-    }
-    write_text_atomic(&dir.join(files::FOLDED), &text)?;
+    let lines = write_folded(&dir.join(files::FOLDED), &folded)?;
     if s.samples > 0 {
         let sub = subtitle(&s);
         let title = format!(
@@ -787,11 +782,7 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
     for (role, (pids, mut rs)) in per_role {
         rs.role = role.as_str().to_string();
         rs.pids = pids.len();
-        let prefix = format!("{};", rs.role);
-        let own: Vec<&str> = lines
-            .iter()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .collect();
+        let own = role_lines(&lines, &rs.role);
         if !own.is_empty() {
             let file = files::svg_for(&rs.role);
             let title = format!(
@@ -897,6 +888,27 @@ fn quality_notes(s: &Summary, ctx: &Context) -> Vec<String> {
         ));
     }
     notes
+}
+
+/// Writes `folded` (stack → count) as `stack count` lines; the lines.
+pub(crate) fn write_folded(path: &Path, folded: &BTreeMap<String, u64>) -> Result<Vec<String>> {
+    let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let mut text = lines.join("\n");
+    if !text.is_empty() {
+        text.push('\n');
+    }
+    write_text_atomic(path, &text)?;
+    Ok(lines)
+}
+
+/// The folded lines of `role` (`role;…`), without the role's frame: the
+/// lines of its flame graph.
+pub(crate) fn role_lines<'a>(lines: &'a [String], role: &str) -> Vec<&'a str> {
+    let prefix = format!("{role};");
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .collect()
 }
 
 /// inferno's options for pgbelow's flame graphs: titled, frames coloured
