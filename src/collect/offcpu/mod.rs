@@ -552,6 +552,7 @@ fn write_outputs(dir: &Path, ctx: &Context, o: &Outcome) -> Result<Summary> {
                 &dir.join(&file),
                 &title,
                 "D = uninterruptible, S = sleeping, runq = runnable, waiting for a CPU",
+                "µs",
                 own.into_iter(),
             )?;
             rs.flamegraph = Some(file);

@@ -775,6 +775,7 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
             &dir.join(files::SVG_ALL),
             &title,
             &sub,
+            "samples",
             lines.iter().map(|l| l.as_str()),
         )?;
         s.flamegraph = Some(files::SVG_ALL.to_string());
@@ -789,7 +790,13 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
                 "on-CPU stacks: {} ({} samples at {} Hz)",
                 rs.role, rs.samples, opts.hz
             );
-            flame(&dir.join(&file), &title, &subtitle(&s), own.into_iter())?;
+            flame(
+                &dir.join(&file),
+                &title,
+                &subtitle(&s),
+                "samples",
+                own.into_iter(),
+            )?;
             rs.flamegraph = Some(file);
         }
         s.roles.push(rs);
@@ -925,14 +932,17 @@ pub fn flame_options(title: &str, subtitle: &str) -> inferno::flamegraph::Option
     o
 }
 
-/// Write one SVG flame graph from folded lines (without counts' role prefix as given).
+/// Write one SVG flame graph from folded lines (without counts' role prefix
+/// as given) whose counts are `count_name` (shown on hover: "samples", "µs").
 pub(crate) fn flame<'a>(
     path: &Path,
     title: &str,
     subtitle: &str,
+    count_name: &str,
     lines: impl Iterator<Item = &'a str>,
 ) -> Result<()> {
     let mut o = flame_options(title, subtitle);
+    o.count_name = count_name.to_string();
     let tmp = path.with_extension("svg.tmp");
     let f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     inferno::flamegraph::from_lines(&mut o, lines, BufWriter::new(f))
