@@ -154,21 +154,13 @@ pub fn load(dir: &std::path::Path, cut: &mut usize, notes: &mut Vec<String>) -> 
     let summary: Summary = super::json_file(dir, files::SUMMARY, notes)?;
     // Only a regular file of this recording, bounded (a crafted summary
     // could name `/dev/zero`, `../…` or a FIFO).
-    let name = std::path::Path::new(&summary.folded);
-    let stacks = if name.file_name() != Some(name.as_os_str()) {
-        notes.push(format!(
-            "{}: names folded stacks outside the recording ({:?}); left out",
-            files::SUMMARY,
-            summary.folded
-        ));
-        Vec::new()
-    } else {
-        match crate::recording::reader::read_small(&dir.join(name)) {
-            Ok(b) => parse_folded(&String::from_utf8_lossy(&b)),
-            Err(e) => {
-                notes.push(format!("{}: {e}", summary.folded));
-                Vec::new()
-            }
+    let folded = super::folded_file(dir, files::SUMMARY, &summary.folded, notes);
+    let stacks = match folded.map(|p| crate::recording::reader::read_small(&p)) {
+        None => Vec::new(),
+        Some(Ok(b)) => parse_folded(&String::from_utf8_lossy(&b)),
+        Some(Err(e)) => {
+            notes.push(format!("{}: {e}", summary.folded));
+            Vec::new()
         }
     };
     let ticks = crate::recording::reader::read_stream(dir, files::STREAM, cut, notes);
