@@ -11,6 +11,7 @@ pub mod profile;
 pub mod session;
 pub mod syscalls;
 pub mod system;
+pub mod tracked;
 
 use anyhow::Result;
 

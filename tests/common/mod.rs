@@ -46,6 +46,14 @@ pub fn lab_json(args: &[&str], out: &Path) -> Value {
     run_json(Command::cargo_bin("pgbelow").unwrap(), args, out)
 }
 
+/// `lab run --scenario select-only ARGS --format json` (see [`lab_json`]).
+pub fn lab_select_only(args: &[&str], out: &Path) -> Value {
+    let mut all = vec!["lab", "run", "--scenario", "select-only"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--format", "json"]);
+    lab_json(&all, out)
+}
+
 pub fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
     r["findings"]
         .as_array()
