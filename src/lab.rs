@@ -294,12 +294,8 @@ fn start_stall_device(
         .with_context(|| format!("reading {}", primary.data_dir().display()))?;
     let mut dev =
         crate::scenarios::checkpoint_stall::StallDevice::create(meta.uid(), meta.gid(), status)?;
-    let parents = crate::procinfo::all_parents();
-    let all: Vec<u32> = topo
-        .nodes()
-        .into_iter()
-        .flat_map(|(_, p)| crate::procinfo::descendants_in(&parents, p))
-        .collect();
+    let roots: Vec<u32> = topo.nodes().into_iter().map(|(_, p)| p).collect();
+    let all: Vec<u32> = crate::procinfo::subtree(&roots).into_keys().collect();
     dev.adopt(&all)?;
     Ok(dev)
 }

@@ -476,12 +476,8 @@ impl ProfileCollector {
             frames: Vec::new(),
             user: Vec::new(),
         };
-        let parents = procinfo::all_parents();
-        for root in ctx.roots() {
-            for pid in procinfo::descendants_in(&parents, root) {
-                let ppid = parents.get(&pid).copied().unwrap_or(0);
-                tracker.add(pid, ppid);
-            }
+        for (pid, ppid) in procinfo::subtree(&ctx.roots()) {
+            tracker.add(pid, ppid);
         }
         let thread = std::thread::Builder::new()
             .name("pgbelow-profile".into())
