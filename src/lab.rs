@@ -53,6 +53,8 @@ pub struct LabOptions {
     /// `--checkpoint-at S`: issue CHECKPOINT this many seconds into a
     /// pgbench workload, to see what one does under load.
     pub checkpoint_at: Option<u32>,
+    /// `cgroup-cpu-throttling`'s CFS quota in CPUs (None: its default; 0: none).
+    pub cpu_quota: Option<f64>,
 }
 
 impl LabOptions {
@@ -78,6 +80,7 @@ impl LabOptions {
             drop_many: Default::default(),
             stall: Default::default(),
             checkpoint_at: None,
+            cpu_quota: None,
         }
     }
 }
@@ -144,6 +147,12 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             with_defaults = crate::scenarios::checkpoint_stall::with_defaults(opts);
             &with_defaults
         }
+        Scenario::CgroupCpuThrottling => {
+            if cpu_quota(opts).is_some() {
+                crate::scenarios::cgroup_cpu_throttling::require_root()?;
+            }
+            opts
+        }
         _ => opts,
     };
     crate::collect::preflight(&opts.collectors)?;
@@ -175,6 +184,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     // Declared before the topology so that it is dropped after it: the
     // device can only be unmounted once the server is gone.
     let mut stall: Option<crate::scenarios::checkpoint_stall::StallDevice> = None;
+    let mut cpu_cgroup: Option<crate::scenarios::cgroup_cpu_throttling::CpuCgroup> = None;
     let topo = Topology::start(
         &install,
         &TopologyOptions {
@@ -203,6 +213,16 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         start_stall_device(&topo, &status).map(|d| {
             stall = Some(d);
         })
+    } else if let Some(q) = cpu_quota(opts) {
+        crate::scenarios::cgroup_cpu_throttling::CpuCgroup::create(q).and_then(|cg| {
+            status(&format!(
+                "the cluster runs in {} with a quota of {q} CPU",
+                cg.path.display()
+            ));
+            let r = cg.adopt(&cluster_pids(&topo));
+            cpu_cgroup = Some(cg);
+            r
+        })
     } else {
         Ok(())
     }
@@ -221,6 +241,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let unlimited = stall.as_mut().map_or(Ok(()), |d| d.unlimit());
     let stopped = topo.stop();
     let torn = stall.take().map_or(Ok(()), |mut d| d.teardown());
+    let torn = match cpu_cgroup.take().map_or(Ok(()), |mut c| c.teardown()) {
+        Ok(()) => torn,
+        Err(e) => torn.and(Err(e)),
+    };
     let removed = match (unlimited, torn) {
         (Ok(()), r) | (r, Ok(())) => r,
         (Err(a), Err(b)) => Err(a.context(format!("{b:#}"))),
@@ -294,14 +318,27 @@ fn start_stall_device(
         .with_context(|| format!("reading {}", primary.data_dir().display()))?;
     let mut dev =
         crate::scenarios::checkpoint_stall::StallDevice::create(meta.uid(), meta.gid(), status)?;
+    dev.adopt(&cluster_pids(topo))?;
+    Ok(dev)
+}
+
+/// Every process of every node (postmasters and their children).
+fn cluster_pids(topo: &Topology) -> Vec<u32> {
     let parents = crate::procinfo::all_parents();
-    let all: Vec<u32> = topo
-        .nodes()
+    topo.nodes()
         .into_iter()
         .flat_map(|(_, p)| crate::procinfo::descendants_in(&parents, p))
-        .collect();
-    dev.adopt(&all)?;
-    Ok(dev)
+        .collect()
+}
+
+/// The CFS quota the run puts the cluster under, if any.
+fn cpu_quota(opts: &LabOptions) -> Option<f64> {
+    (opts.scenario == Scenario::CgroupCpuThrottling)
+        .then(|| {
+            opts.cpu_quota
+                .unwrap_or(crate::scenarios::cgroup_cpu_throttling::DEFAULT_QUOTA_CPUS)
+        })
+        .filter(|q| *q > 0.0)
 }
 
 // The lab's context, passed through as is.

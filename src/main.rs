@@ -193,6 +193,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ScenarioArg::CheckpointStall => {
                     pgbelow::scenarios::checkpoint_stall::DEFAULT_DURATION_S
                 }
+                ScenarioArg::CgroupCpuThrottling => {
+                    pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_DURATION_S
+                }
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -232,6 +235,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::SyncrepCommit => Scenario::SyncrepCommit,
                     ScenarioArg::DropMany => Scenario::DropMany,
                     ScenarioArg::CheckpointStall => Scenario::CheckpointStall,
+                    ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -244,6 +248,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::SyncrepCommit => 8,
                     ScenarioArg::CheckpointStall => {
                         pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS
+                    }
+                    ScenarioArg::CgroupCpuThrottling => {
+                        pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS
                     }
                     _ => 1,
                 }),
@@ -274,6 +281,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     dirty_cap_mb: a.dirty_cap,
                 },
                 checkpoint_at: a.checkpoint_at,
+                cpu_quota: a.cpu_quota,
             };
             let res = pgbelow::app::lab(&opts)?;
             print(&render(&res.report, a.output.format, &res.dir)?)?;

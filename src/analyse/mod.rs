@@ -3,6 +3,7 @@
 //! the text. Rules see the evidence model only: never the lab, its
 //! scenarios, the workload runner or the reports.
 
+pub mod cgroup_throttling;
 pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
@@ -28,6 +29,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(clock_reads::ClockReads),
         Box::new(replay_drop::ReplayDropCost),
         Box::new(syncrep_wait::SyncrepWait),
+        Box::new(cgroup_throttling::CgroupThrottling),
     ]
 }
 
