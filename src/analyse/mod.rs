@@ -11,6 +11,7 @@ pub mod replay_drop;
 pub mod statements;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
+pub mod wal_fsync;
 
 pub use finding::{Finding, Severity};
 
@@ -30,6 +31,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(replay_drop::ReplayDropCost),
         Box::new(syncrep_wait::SyncrepWait),
         Box::new(cgroup_throttling::CgroupThrottling),
+        Box::new(wal_fsync::WalFsync),
     ]
 }
 
