@@ -147,6 +147,7 @@ pub enum ScenarioArg {
     DropMany,
     CheckpointStall,
     CgroupCpuThrottling,
+    WalFsyncLatency,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -395,9 +396,10 @@ impl LabRunArgs {
                 "syncrep-commit and drop-many",
             ),
             (
-                (self.write_limit.is_some() || self.dirty_cap.is_some()) && s != CheckpointStall,
+                (self.write_limit.is_some() || self.dirty_cap.is_some())
+                    && !matches!(s, CheckpointStall | WalFsyncLatency),
                 "--write-limit/--dirty-cap",
-                "checkpoint-stall",
+                "checkpoint-stall and wal-fsync-latency",
             ),
             (
                 self.cpu_quota.is_some() && s != CgroupCpuThrottling,

@@ -147,6 +147,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             with_defaults = crate::scenarios::checkpoint_stall::with_defaults(opts);
             &with_defaults
         }
+        Scenario::WalFsyncLatency => {
+            crate::scenarios::checkpoint_stall::require_root()?;
+            opts
+        }
         Scenario::CgroupCpuThrottling => {
             if cpu_quota(opts).is_some() {
                 crate::scenarios::cgroup_cpu_throttling::require_root()?;
@@ -212,6 +216,15 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let result = if opts.scenario == Scenario::CheckpointStall {
         start_stall_device(&topo, &status).map(|d| {
             stall = Some(d);
+        })
+    } else if opts.scenario == Scenario::WalFsyncLatency {
+        start_stall_device(&topo, &status).and_then(|d| {
+            let wal = d.mount.join("pg_wal");
+            stall = Some(d);
+            status(&format!("moving pg_wal to {}", wal.display()));
+            topo.primary_mut().move_wal_to(&wal)?;
+            let pids = cluster_pids(&topo);
+            stall.as_mut().map_or(Ok(()), |d| d.adopt(&pids))
         })
     } else if let Some(q) = cpu_quota(opts) {
         crate::scenarios::cgroup_cpu_throttling::CpuCgroup::create(q).and_then(|cg| {
@@ -367,6 +380,16 @@ fn run_on(
         // A stop that came before a command started does not end it: check.
         check_interrupt()?;
         pgbench.init(&target, opts.scale)?;
+        if let (Scenario::WalFsyncLatency, Some(dev)) = (opts.scenario, stall.as_deref_mut()) {
+            let l = crate::scenarios::wal_fsync::limits(&opts.stall);
+            // The copied segments and the load's WAL are written back before
+            // the limit, so only the workload's own flushes are slowed.
+            // SAFETY: sync has no preconditions.
+            unsafe { libc::sync() };
+            check_interrupt()?;
+            dev.limit(&l, status)?;
+            limits = Some(l);
+        }
     } else if let Some(dev) = stall.as_deref_mut() {
         status("creating the hot table on the limited device");
         crate::scenarios::checkpoint_stall::prepare(

@@ -196,6 +196,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ScenarioArg::CgroupCpuThrottling => {
                     pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_DURATION_S
                 }
+                ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_DURATION_S,
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -236,6 +237,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::DropMany => Scenario::DropMany,
                     ScenarioArg::CheckpointStall => Scenario::CheckpointStall,
                     ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
+                    ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -252,6 +254,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::CgroupCpuThrottling => {
                         pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS
                     }
+                    ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
                     _ => 1,
                 }),
                 scale: a.scale,

@@ -6,6 +6,7 @@ pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
 pub mod syncrep_commit;
+pub mod wal_fsync;
 
 use anyhow::Result;
 

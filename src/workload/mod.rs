@@ -19,10 +19,11 @@ pub enum Scenario {
     DropMany,
     CheckpointStall,
     CgroupCpuThrottling,
+    WalFsyncLatency,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -30,6 +31,7 @@ impl Scenario {
         Scenario::DropMany,
         Scenario::CheckpointStall,
         Scenario::CgroupCpuThrottling,
+        Scenario::WalFsyncLatency,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +43,7 @@ impl Scenario {
             Scenario::DropMany => "drop-many",
             Scenario::CheckpointStall => "checkpoint-stall",
             Scenario::CgroupCpuThrottling => "cgroup-cpu-throttling",
+            Scenario::WalFsyncLatency => "wal-fsync-latency",
         }
     }
 
@@ -91,6 +94,13 @@ impl Scenario {
                  runnable for the next one. --cpu-quota CPUS sets it, --cpu-quota 0 runs without one \
                  (the healthy baseline)"
             }
+            Scenario::WalFsyncLatency => {
+                "pgbench's TPC-B-like transaction, 4 clients, 15 s, with pg_wal moved onto an ext4 loop \
+                 device limited to 1 MB/s of writes and a 16 MB dirty cap (root only; all removed \
+                 afterwards): each commit waits for its WAL flush (IO:WALSync). --write-limit MBPS / \
+                 --dirty-cap MB set the limits; --write-limit 100000 is the same device unthrottled \
+                 (the baseline)"
+            }
         }
     }
 
@@ -102,7 +112,8 @@ impl Scenario {
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
             | Scenario::DropMany
-            | Scenario::CheckpointStall => &[],
+            | Scenario::CheckpointStall
+            | Scenario::WalFsyncLatency => &[],
         }
     }
 
@@ -119,7 +130,10 @@ impl Scenario {
     pub fn pgbench_init(self) -> bool {
         matches!(
             self,
-            Scenario::SelectOnly | Scenario::Tpcb | Scenario::CgroupCpuThrottling
+            Scenario::SelectOnly
+                | Scenario::Tpcb
+                | Scenario::CgroupCpuThrottling
+                | Scenario::WalFsyncLatency
         )
     }
 
@@ -139,7 +153,7 @@ impl Scenario {
             | Scenario::CheckpointStall
             | Scenario::CgroupCpuThrottling => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
-            Scenario::Tpcb => 7,
+            Scenario::Tpcb | Scenario::WalFsyncLatency => 7,
         }
     }
 }
