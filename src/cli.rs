@@ -146,6 +146,8 @@ pub enum ScenarioArg {
     SyncrepCommit,
     DropMany,
     CheckpointStall,
+    CgroupCpuThrottling,
+    WalFsyncLatency,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -262,6 +264,10 @@ pub struct LabRunArgs {
     /// calibrated, 4 s of the workload's dirtying, 16–256 MB).
     #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u32).range(1..=1000000))]
     pub dirty_cap: Option<u32>,
+    /// cgroup-cpu-throttling: the cluster's CFS quota in CPUs per 100 ms
+    /// period (default 0.25; 0: no quota, the healthy baseline).
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_quota)]
+    pub cpu_quota: Option<f64>,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -362,7 +368,7 @@ impl LabRunArgs {
         use ScenarioArg::*;
         let s = self.scenario;
         let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 8] = [
+        let checks: [(bool, &str, &str); 9] = [
             (self.tables.is_some() && !drop_many, "--tables", "drop-many"),
             (
                 self.empty_tables && !drop_many,
@@ -390,9 +396,15 @@ impl LabRunArgs {
                 "syncrep-commit and drop-many",
             ),
             (
-                (self.write_limit.is_some() || self.dirty_cap.is_some()) && s != CheckpointStall,
+                (self.write_limit.is_some() || self.dirty_cap.is_some())
+                    && !matches!(s, CheckpointStall | WalFsyncLatency),
                 "--write-limit/--dirty-cap",
-                "checkpoint-stall",
+                "checkpoint-stall and wal-fsync-latency",
+            ),
+            (
+                self.cpu_quota.is_some() && s != CgroupCpuThrottling,
+                "--cpu-quota",
+                "cgroup-cpu-throttling",
             ),
             (
                 self.checkpoint_at.is_some() && !matches!(s, SelectOnly | Tpcb | CheckpointStall),
@@ -404,6 +416,16 @@ impl LabRunArgs {
             .into_iter()
             .find(|c| c.0)
             .map(|(_, flag, owners)| (flag, owners))
+    }
+}
+
+/// `--cpu-quota 0.5`: CPUs, 0 (none) or 0.01–1024.
+fn parse_cpu_quota(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(q) if q == 0.0 || (0.01..=1024.0).contains(&q) => Ok(q),
+        _ => Err(format!(
+            "'{s}' is not a CPU count: give 0 (no quota) or 0.01 to 1024"
+        )),
     }
 }
 

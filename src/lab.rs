@@ -53,6 +53,8 @@ pub struct LabOptions {
     /// `--checkpoint-at S`: issue CHECKPOINT this many seconds into a
     /// pgbench workload, to see what one does under load.
     pub checkpoint_at: Option<u32>,
+    /// `cgroup-cpu-throttling`'s CFS quota in CPUs (None: its default; 0: none).
+    pub cpu_quota: Option<f64>,
 }
 
 impl LabOptions {
@@ -78,6 +80,7 @@ impl LabOptions {
             drop_many: Default::default(),
             stall: Default::default(),
             checkpoint_at: None,
+            cpu_quota: None,
         }
     }
 }
@@ -144,6 +147,16 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             with_defaults = crate::scenarios::checkpoint_stall::with_defaults(opts);
             &with_defaults
         }
+        Scenario::WalFsyncLatency => {
+            crate::scenarios::checkpoint_stall::require_root()?;
+            opts
+        }
+        Scenario::CgroupCpuThrottling => {
+            if cpu_quota(opts).is_some() {
+                crate::scenarios::cgroup_cpu_throttling::require_root()?;
+            }
+            opts
+        }
         _ => opts,
     };
     crate::collect::preflight(&opts.collectors)?;
@@ -175,6 +188,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     // Declared before the topology so that it is dropped after it: the
     // device can only be unmounted once the server is gone.
     let mut stall: Option<crate::scenarios::checkpoint_stall::StallDevice> = None;
+    let mut cpu_cgroup: Option<crate::scenarios::cgroup_cpu_throttling::CpuCgroup> = None;
     let topo = Topology::start(
         &install,
         &TopologyOptions {
@@ -203,6 +217,25 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         start_stall_device(&topo, &status).map(|d| {
             stall = Some(d);
         })
+    } else if opts.scenario == Scenario::WalFsyncLatency {
+        start_stall_device(&topo, &status).and_then(|d| {
+            let wal = d.mount.join("pg_wal");
+            stall = Some(d);
+            status(&format!("moving pg_wal to {}", wal.display()));
+            topo.primary_mut().move_wal_to(&wal)?;
+            let pids = cluster_pids(&topo);
+            stall.as_mut().map_or(Ok(()), |d| d.adopt(&pids))
+        })
+    } else if let Some(q) = cpu_quota(opts) {
+        crate::scenarios::cgroup_cpu_throttling::CpuCgroup::create(q).and_then(|cg| {
+            status(&format!(
+                "the cluster runs in {} with a quota of {q} CPU",
+                cg.path.display()
+            ));
+            let r = cg.adopt(&cluster_pids(&topo));
+            cpu_cgroup = Some(cg);
+            r
+        })
     } else {
         Ok(())
     }
@@ -221,6 +254,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let unlimited = stall.as_mut().map_or(Ok(()), |d| d.unlimit());
     let stopped = topo.stop();
     let torn = stall.take().map_or(Ok(()), |mut d| d.teardown());
+    let torn = match cpu_cgroup.take().map_or(Ok(()), |mut c| c.teardown()) {
+        Ok(()) => torn,
+        Err(e) => torn.and(Err(e)),
+    };
     let removed = match (unlimited, torn) {
         (Ok(()), r) | (r, Ok(())) => r,
         (Err(a), Err(b)) => Err(a.context(format!("{b:#}"))),
@@ -294,10 +331,24 @@ fn start_stall_device(
         .with_context(|| format!("reading {}", primary.data_dir().display()))?;
     let mut dev =
         crate::scenarios::checkpoint_stall::StallDevice::create(meta.uid(), meta.gid(), status)?;
-    let roots: Vec<u32> = topo.nodes().into_iter().map(|(_, p)| p).collect();
-    let all: Vec<u32> = crate::procinfo::subtree(&roots).into_keys().collect();
-    dev.adopt(&all)?;
+    dev.adopt(&cluster_pids(topo))?;
     Ok(dev)
+}
+
+/// Every process of every node (postmasters and their children).
+fn cluster_pids(topo: &Topology) -> Vec<u32> {
+    let roots: Vec<u32> = topo.nodes().into_iter().map(|(_, p)| p).collect();
+    crate::procinfo::subtree(&roots).into_keys().collect()
+}
+
+/// The CFS quota the run puts the cluster under, if any.
+fn cpu_quota(opts: &LabOptions) -> Option<f64> {
+    (opts.scenario == Scenario::CgroupCpuThrottling)
+        .then(|| {
+            opts.cpu_quota
+                .unwrap_or(crate::scenarios::cgroup_cpu_throttling::DEFAULT_QUOTA_CPUS)
+        })
+        .filter(|q| *q > 0.0)
 }
 
 // The lab's context, passed through as is.
@@ -326,6 +377,16 @@ fn run_on(
         // A stop that came before a command started does not end it: check.
         check_interrupt()?;
         pgbench.init(&target, opts.scale)?;
+        if let (Scenario::WalFsyncLatency, Some(dev)) = (opts.scenario, stall.as_deref_mut()) {
+            let l = crate::scenarios::wal_fsync::limits(&opts.stall);
+            // The copied segments and the load's WAL are written back before
+            // the limit, so only the workload's own flushes are slowed.
+            // SAFETY: sync has no preconditions.
+            unsafe { libc::sync() };
+            check_interrupt()?;
+            dev.limit(&l, status)?;
+            limits = Some(l);
+        }
     } else if let Some(dev) = stall.as_deref_mut() {
         status("creating the hot table on the limited device");
         crate::scenarios::checkpoint_stall::prepare(

@@ -202,6 +202,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ScenarioArg::CheckpointStall => {
                     pgbelow::scenarios::checkpoint_stall::DEFAULT_DURATION_S
                 }
+                ScenarioArg::CgroupCpuThrottling => {
+                    pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_DURATION_S
+                }
+                ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_DURATION_S,
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -241,6 +245,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::SyncrepCommit => Scenario::SyncrepCommit,
                     ScenarioArg::DropMany => Scenario::DropMany,
                     ScenarioArg::CheckpointStall => Scenario::CheckpointStall,
+                    ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
+                    ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -254,6 +260,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::CheckpointStall => {
                         pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS
                     }
+                    ScenarioArg::CgroupCpuThrottling => {
+                        pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS
+                    }
+                    ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
                     _ => 1,
                 }),
                 scale: a.scale,
@@ -283,6 +293,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     dirty_cap_mb: a.dirty_cap,
                 },
                 checkpoint_at: a.checkpoint_at,
+                cpu_quota: a.cpu_quota,
             };
             let res = pgbelow::app::lab(&opts)?;
             print_rendered(

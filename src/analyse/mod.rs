@@ -3,6 +3,7 @@
 //! the text. Rules see the evidence model only: never the lab, its
 //! scenarios, the workload runner or the reports.
 
+pub mod cgroup_throttling;
 pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
@@ -10,6 +11,7 @@ pub mod replay_drop;
 pub mod statements;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
+pub mod wal_fsync;
 
 pub use finding::{Finding, Severity};
 
@@ -28,6 +30,8 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(clock_reads::ClockReads),
         Box::new(replay_drop::ReplayDropCost),
         Box::new(syncrep_wait::SyncrepWait),
+        Box::new(cgroup_throttling::CgroupThrottling),
+        Box::new(wal_fsync::WalFsync),
     ]
 }
 

@@ -61,6 +61,8 @@ pub struct Evidence {
     pub rec: Loaded,
     pub procfs: Vec<ProcfsSample>,
     pub system: Vec<SystemSample>,
+    /// The postmaster's cpu cgroup: CFS periods and throttling per second.
+    pub cgroup: Vec<crate::collect::cgroup::CgroupSample>,
     pub waits: Vec<WaitSample>,
     pub server: Vec<ServerSample>,
     /// Checkpoint lines of the server log, as recorded.
@@ -110,6 +112,7 @@ impl Evidence {
         use crate::recording::reader::read_stream;
         let procfs = read_stream(&dir, crate::collect::procfs::STREAM, &mut cut, &mut notes);
         let system = read_stream(&dir, crate::collect::system::STREAM, &mut cut, &mut notes);
+        let cgroup = read_stream(&dir, crate::collect::cgroup::STREAM, &mut cut, &mut notes);
         let waits = read_stream(&dir, crate::collect::pgstat::WAITS, &mut cut, &mut notes);
         let server = read_stream(&dir, crate::collect::pgstat::SERVER, &mut cut, &mut notes);
         let log_events: Vec<LogEvent> = read_stream(
@@ -142,6 +145,7 @@ impl Evidence {
             rec,
             procfs,
             system,
+            cgroup,
             waits,
             server,
             log_events,

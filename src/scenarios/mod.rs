@@ -1,10 +1,12 @@
 //! Scenarios with their own workload driver instead of pgbench. Each runs
 //! under the lab's once-a-second collector tick ([`crate::lab::tick_while`]).
+pub mod cgroup_cpu_throttling;
 pub mod checkpoint_stall;
 pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
 pub mod syncrep_commit;
+pub mod wal_fsync;
 
 use anyhow::Result;
 

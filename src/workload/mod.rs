@@ -18,16 +18,20 @@ pub enum Scenario {
     SyncrepCommit,
     DropMany,
     CheckpointStall,
+    CgroupCpuThrottling,
+    WalFsyncLatency,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
         Scenario::SyncrepCommit,
         Scenario::DropMany,
         Scenario::CheckpointStall,
+        Scenario::CgroupCpuThrottling,
+        Scenario::WalFsyncLatency,
     ];
 
     pub fn name(self) -> &'static str {
@@ -38,6 +42,8 @@ impl Scenario {
             Scenario::SyncrepCommit => "syncrep-commit",
             Scenario::DropMany => "drop-many",
             Scenario::CheckpointStall => "checkpoint-stall",
+            Scenario::CgroupCpuThrottling => "cgroup-cpu-throttling",
+            Scenario::WalFsyncLatency => "wal-fsync-latency",
         }
     }
 
@@ -81,18 +87,33 @@ impl Scenario {
                  *_flush_after=0: checkpoints drain a large dirty backlog and tps dips (seed 001). \
                  Override with --set (e.g. checkpoint_flush_after=256kB)"
             }
+            Scenario::CgroupCpuThrottling => {
+                "pgbench -S -M prepared, 2 clients, 15 s, against a cluster moved into a cpu cgroup \
+                 with a CFS quota of 0.25 CPU per 100 ms period (root only; the cgroup is removed \
+                 afterwards): the quota is spent early in each period and every server process waits \
+                 runnable for the next one. --cpu-quota CPUS sets it, --cpu-quota 0 runs without one \
+                 (the healthy baseline)"
+            }
+            Scenario::WalFsyncLatency => {
+                "pgbench's TPC-B-like transaction, 4 clients, 15 s, with pg_wal moved onto an ext4 loop \
+                 device limited to 1 MB/s of writes and a 16 MB dirty cap (root only; all removed \
+                 afterwards): each commit waits for its WAL flush (IO:WALSync). --write-limit MBPS / \
+                 --dirty-cap MB set the limits; --write-limit 100000 is the same device unthrottled \
+                 (the baseline)"
+            }
         }
     }
 
     /// pgbench arguments for the run itself.
     pub fn pgbench_args(self) -> &'static [&'static str] {
         match self {
-            Scenario::SelectOnly => &["-S", "-M", "prepared"],
+            Scenario::SelectOnly | Scenario::CgroupCpuThrottling => &["-S", "-M", "prepared"],
             Scenario::Tpcb
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
             | Scenario::DropMany
-            | Scenario::CheckpointStall => &[],
+            | Scenario::CheckpointStall
+            | Scenario::WalFsyncLatency => &[],
         }
     }
 
@@ -107,7 +128,13 @@ impl Scenario {
 
     /// Whether the lab runs `pgbench -i` first (else the scenario prepares its own tables).
     pub fn pgbench_init(self) -> bool {
-        matches!(self, Scenario::SelectOnly | Scenario::Tpcb)
+        matches!(
+            self,
+            Scenario::SelectOnly
+                | Scenario::Tpcb
+                | Scenario::CgroupCpuThrottling
+                | Scenario::WalFsyncLatency
+        )
     }
 
     /// Whether pgbench drives this scenario (the others have their own driver).
@@ -123,9 +150,10 @@ impl Scenario {
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
             | Scenario::DropMany
-            | Scenario::CheckpointStall => 1,
+            | Scenario::CheckpointStall
+            | Scenario::CgroupCpuThrottling => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
-            Scenario::Tpcb => 7,
+            Scenario::Tpcb | Scenario::WalFsyncLatency => 7,
         }
     }
 }
