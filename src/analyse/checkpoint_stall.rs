@@ -45,6 +45,68 @@ type Candidate = (
     f64,
 );
 
+/// The throughput outside checkpoints that dips are measured against.
+struct Baseline {
+    run_end: f64,
+    /// Each recorded checkpoint's window (start, end or the run's end, plus
+    /// a second).
+    windows: Vec<(f64, f64)>,
+    med: f64,
+    source: &'static str,
+}
+
+fn baseline(rec: &Evidence, tput: &crate::evidence::timeline::Throughput) -> Option<Baseline> {
+    let series = &tput.points;
+    if series.len() < MIN_SECONDS {
+        return None;
+    }
+    let run_end = series.last().map_or(0.0, |p| p.t);
+    // A second (t-dt, t] overlapping a checkpoint's window is inside it;
+    // the baseline is the throughput outside every window.
+    let windows: Vec<(f64, f64)> = rec
+        .checkpoints
+        .iter()
+        .filter_map(|c| Some((c.start_t?, c.end_t.unwrap_or(run_end) + 1.0)))
+        .collect();
+    let outside: Vec<f64> = series
+        .iter()
+        .filter(|p| !inside(&windows, p))
+        .map(|p| p.value)
+        .collect();
+    let (med, source) = if outside.len() >= MIN_OUTSIDE_SECONDS {
+        (crate::stats::quantile(outside, 0.5), "outside checkpoints")
+    } else {
+        (crate::stats::quantile(tput.values(), 0.5), "whole run")
+    };
+    (med > 0.0).then_some(Baseline {
+        run_end,
+        windows,
+        med,
+        source,
+    })
+}
+
+fn inside(windows: &[(f64, f64)], p: &crate::evidence::timeline::Point) -> bool {
+    windows.iter().any(|(a, b)| p.t >= *a && p.t - p.dt <= *b)
+}
+
+/// The throughput of the worst tenth of the seconds inside checkpoints (its
+/// 10th percentile) over the baseline: 1 when checkpoints cost nothing, near
+/// 0 when they stall writers (a stall is a few seconds of a long checkpoint,
+/// so the median would hide it). None without
+/// a recorded checkpoint or enough seconds. `watch` exports it as a gauge.
+pub fn throughput_ratio(rec: &Evidence) -> Option<f64> {
+    let tput = rec.throughput()?;
+    let b = baseline(rec, &tput)?;
+    let during: Vec<f64> = tput
+        .points
+        .iter()
+        .filter(|p| inside(&b.windows, p))
+        .map(|p| p.value)
+        .collect();
+    (!during.is_empty()).then(|| crate::stats::quantile(during, 0.1) / b.med)
+}
+
 impl Rule for CheckpointStall {
     fn id(&self) -> &'static str {
         ID
@@ -53,30 +115,13 @@ impl Rule for CheckpointStall {
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
         let tput = rec.throughput()?;
         let series = &tput.points;
-        if series.len() < MIN_SECONDS {
-            return None;
-        }
-        let run_end = series.last().map_or(0.0, |p| p.t);
+        let Baseline {
+            run_end,
+            med,
+            source: baseline_source,
+            ..
+        } = baseline(rec, &tput)?;
         let checkpoints = &rec.checkpoints;
-        // A second (t-dt, t] overlapping a checkpoint's window is inside it;
-        // the baseline is the throughput outside every window.
-        let windows: Vec<(f64, f64)> = checkpoints
-            .iter()
-            .filter_map(|c| Some((c.start_t?, c.end_t.unwrap_or(run_end) + 1.0)))
-            .collect();
-        let outside: Vec<f64> = series
-            .iter()
-            .filter(|p| !windows.iter().any(|(a, b)| p.t >= *a && p.t - p.dt <= *b))
-            .map(|p| p.value)
-            .collect();
-        let (med, baseline_source) = if outside.len() >= MIN_OUTSIDE_SECONDS {
-            (crate::stats::quantile(outside, 0.5), "outside checkpoints")
-        } else {
-            (crate::stats::quantile(tput.values(), 0.5), "whole run")
-        };
-        if med <= 0.0 {
-            return None;
-        }
         // Writers (backends, checkpointer) blocked in D during a window, with
         // the frame they waited in. Only the window counts: WAL fsyncs
         // elsewhere in a long run add up to seconds of D that say nothing
@@ -311,6 +356,19 @@ mod tests {
             "{frames}"
         );
         assert_eq!(f.evidence["checkpoint"]["flags"], "time");
+    }
+
+    // The key figure `watch` exports: checkpoints cut the stall run's
+    // throughput far more than the spread, flushed one's.
+    #[test]
+    fn throughput_ratio_is_low_in_the_stall() {
+        let stall = throughput_ratio(&fixture("pg15-checkpoint-stall")).expect("ratio");
+        let spread =
+            throughput_ratio(&fixture("pg15-checkpoint-stall-flush-spread")).expect("ratio");
+        assert!(stall < 0.5, "stall {stall}, spread {spread}");
+        assert!(spread > stall, "stall {stall}, spread {spread}");
+        // Without a checkpoint or throughput there is no ratio, not a 1.
+        assert_eq!(throughput_ratio(&fixture("pg13-select-only-timeout")), None);
     }
 
     // What if the offcpu collector had recorded the same run: its exact

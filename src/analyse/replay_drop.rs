@@ -124,6 +124,52 @@ fn standby_shared_buffers(rec: &Evidence) -> Option<String> {
         })
 }
 
+/// The startup process's CPU per dropped relation: the rule's key figure.
+struct PerDrop {
+    startup_cpu_s: f64,
+    unlinks: u64,
+    drops_all: u64,
+    drops_source: String,
+    /// None with too few drops to divide by.
+    cpu_ms_per_drop: Option<f64>,
+}
+
+fn per_drop(rec: &Evidence) -> PerDrop {
+    // The role table only: no per-node split needed for one number.
+    let startup_cpu_s = rec
+        .procfs_in(None)
+        .roles
+        .get(&Role::Startup)
+        .map_or(0.0, |r| r.cpu_s);
+    // Dropped relations: the scenario's count, else what the startup
+    // process did — every replayed drop unlinks the relation's forks.
+    let unlinks = startup_unlinks(rec);
+    let (drops_all, drops_source) = match rec.lab.drop.as_ref() {
+        Some(d) => (d.drops + d.baseline_drops, "drop-many scenario".to_string()),
+        None => (
+            unlinks.div_ceil(UNLINKS_PER_RELATION),
+            format!(
+                "startup process unlink/unlinkat syscalls ({unlinks}): one per dropped relation's file (an fsm or vm fork adds one)"
+            ),
+        ),
+    };
+    let cpu_ms_per_drop =
+        (drops_all >= MIN_DROPS).then(|| startup_cpu_s * 1e3 / drops_all.max(1) as f64);
+    PerDrop {
+        startup_cpu_s,
+        unlinks,
+        drops_all,
+        drops_source,
+        cpu_ms_per_drop,
+    }
+}
+
+/// Replay CPU in ms per dropped relation, when enough drops were replayed
+/// to divide by (`watch` exports it as a gauge).
+pub fn cpu_ms_per_drop(rec: &Evidence) -> Option<f64> {
+    per_drop(rec).cpu_ms_per_drop
+}
+
 impl Rule for ReplayDropCost {
     fn id(&self) -> &'static str {
         ID
@@ -133,28 +179,15 @@ impl Rule for ReplayDropCost {
         // The lab's drop-many summary only sharpens the finding (client ms
         // per DROP, the exact count); the standby's own processes decide.
         let d = rec.lab.drop.as_ref();
-        // The role table only: no per-node split needed for one number.
-        let startup_cpu_s = rec
-            .procfs_in(None)
-            .roles
-            .get(&Role::Startup)
-            .map_or(0.0, |r| r.cpu_s);
+        let PerDrop {
+            startup_cpu_s,
+            unlinks,
+            drops_all,
+            drops_source,
+            cpu_ms_per_drop,
+        } = per_drop(rec);
         let (samples, hot, scan, top_fn) = startup_profile(rec.stacks());
         let share = (samples >= MIN_STARTUP_SAMPLES).then(|| hot as f64 / samples as f64);
-        // Dropped relations: the scenario's count, else what the startup
-        // process did — every replayed drop unlinks the relation's forks.
-        let unlinks = startup_unlinks(rec);
-        let (drops_all, drops_source) = match d {
-            Some(d) => (d.drops + d.baseline_drops, "drop-many scenario".to_string()),
-            None => (
-                unlinks.div_ceil(UNLINKS_PER_RELATION),
-                format!(
-                    "startup process unlink/unlinkat syscalls ({unlinks}): one per dropped relation's file (an fsm or vm fork adds one)"
-                ),
-            ),
-        };
-        let countable = drops_all >= MIN_DROPS;
-        let cpu_ms_per_drop = countable.then(|| startup_cpu_s * 1e3 / drops_all.max(1) as f64);
         let by_cpu = cpu_ms_per_drop.is_some_and(|c| c >= WARN_STARTUP_MS_PER_DROP);
         let by_profile = share.is_some_and(|s| s >= WARN_PROFILE_SHARE);
         // The profile says where the startup process's time goes; the CPU
@@ -386,6 +419,19 @@ mod tests {
             .evaluate(&fixture("pg13-drop-many-1row-1g"))
             .unwrap();
         assert!(plain.evidence["sweep_exponent_tables"].is_null());
+    }
+
+    // The key figure `watch` exports: 13 replays a drop with a scan of the
+    // standby's buffer pool, 15 does not.
+    #[test]
+    fn cpu_ms_per_drop_13_vs_15() {
+        let ev13 = fixture("pg13-drop-many-1row-1g");
+        let ev15 = fixture("pg15-drop-many-1row-1g");
+        let (a, b) = (cpu_ms_per_drop(&ev13), cpu_ms_per_drop(&ev15));
+        let (Some(a), Some(b)) = (a, b) else {
+            panic!("13: {a:?}, 15: {b:?}");
+        };
+        assert!(a > 2.0 * b, "13: {a} ms per drop, 15: {b}");
     }
 
     #[test]

@@ -50,6 +50,14 @@ const RATIOS: &[(&str, &str)] = &[
         "pgbelow_statements_per_second",
         "Statements per second over the last window.",
     ),
+    (
+        "pgbelow_replay_cpu_ms_per_dropped_relation",
+        "Startup process CPU ms per dropped relation it replayed over the last window (absent with too few drops).",
+    ),
+    (
+        "pgbelow_checkpoint_throughput_ratio",
+        "Throughput of the worst tenth of the seconds inside checkpoints over the throughput outside them, over the last window (absent without a checkpoint).",
+    ),
 ];
 
 impl Metrics {
@@ -145,6 +153,14 @@ impl Metrics {
         put(
             "pgbelow_statements_per_second",
             statements.zip(secs_n).map(|(n, s)| n as f64 / s),
+        );
+        put(
+            "pgbelow_replay_cpu_ms_per_dropped_relation",
+            crate::analyse::replay_drop::cpu_ms_per_drop(ev),
+        );
+        put(
+            "pgbelow_checkpoint_throughput_ratio",
+            crate::analyse::checkpoint_stall::throughput_ratio(ev),
         );
         for sev in self.findings.values_mut() {
             *sev = None;
@@ -397,6 +413,29 @@ mod tests {
         assert!(m
             .render(false, 0.0, 0)
             .contains("pgbelow_collector_up{collector=\"syscalls\"} 0"));
+    }
+
+    // The rules' key figures as gauges: present where the window holds what
+    // they divide by, absent (not 0) where it does not.
+    #[test]
+    fn replay_and_checkpoint_gauges() {
+        let gauge = |fixture: &str, name: &str| -> Option<f64> {
+            let ev = crate::evidence::fixture(fixture);
+            let rep = crate::report::build(&ev);
+            let mut m = Metrics::new(&[]);
+            m.add_window(&ev, &rep, true);
+            m.render(false, 0.0, 0)
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
+        };
+        let replay = "pgbelow_replay_cpu_ms_per_dropped_relation";
+        let ckpt = "pgbelow_checkpoint_throughput_ratio";
+        let drop13 = gauge("pg13-drop-many-1row-1g", replay).expect("replay gauge");
+        assert!(drop13 > 1.0, "{drop13}");
+        let stall = gauge("pg15-checkpoint-stall", ckpt).expect("checkpoint gauge");
+        assert!(stall < 0.5, "{stall}");
+        assert_eq!(gauge("pg13-select-only-timeout-all", ckpt), None);
+        assert_eq!(gauge("pg13-select-only-timeout-all", replay), None);
     }
 
     #[test]
