@@ -139,9 +139,15 @@ impl Watch {
     }
 
     /// SIGTERM: exit 0 within a window's end work.
-    fn stop(mut self) {
+    fn stop(self) {
+        self.stop_with(libc::SIGTERM)
+    }
+
+    /// `sig` (SIGTERM, or SIGINT as Ctrl-C sends): exit 0 within a
+    /// window's end work.
+    fn stop_with(mut self, sig: i32) {
         let pid = self.child.id() as i32;
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        unsafe { libc::kill(pid, sig) };
         let t0 = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
@@ -150,7 +156,7 @@ impl Watch {
             }
             assert!(
                 t0.elapsed().as_secs() < 30,
-                "watch did not stop on SIGTERM: {}",
+                "watch did not stop on signal {sig}: {}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(100));
@@ -292,7 +298,16 @@ fn prometheus_sees_the_finding_on_13_not_on_15() {
         c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
     }
     let mut loads = vec![load(&c13, 90), load(&c15, 90)];
-    let w13 = Watch::start(&c13, 10, logs.path(), &[]);
+    let bpf_before: std::collections::BTreeSet<u64> =
+        common::bpf_programs().into_keys().collect();
+    let keep = tempfile::tempdir().unwrap();
+    let keep_arg = keep.path().to_str().unwrap();
+    let w13 = Watch::start(
+        &c13,
+        10,
+        logs.path(),
+        &["--keep", keep_arg, "--keep-max-mb", "50"],
+    );
     let w15 = Watch::start(&c15, 10, logs.path(), &[]);
     let prom = Prometheus::start(&[("13", w13.port), ("15", w15.port)]);
 
@@ -354,8 +369,53 @@ fn prometheus_sees_the_finding_on_13_not_on_15() {
         let _ = l.kill();
         let _ = l.wait();
     }
-    w13.stop();
+    // Ctrl-C stops it as SIGTERM does.
+    w13.stop_with(libc::SIGINT);
     w15.stop();
+    // Every program the agents loaded is gone with them.
+    if common::bpftool() {
+        let t0 = Instant::now();
+        let leaked = loop {
+            let now: std::collections::BTreeSet<u64> =
+                common::bpf_programs().into_keys().collect();
+            let leaked: Vec<u64> = now.difference(&bpf_before).copied().collect();
+            if leaked.is_empty() || t0.elapsed().as_secs() > 10 {
+                break leaked;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(leaked.is_empty(), "BPF programs left loaded: {leaked:?}");
+    }
+    // The windows that raised the finding were kept as recordings that
+    // `pgbelow report` opens.
+    let kept: Vec<std::path::PathBuf> = std::fs::read_dir(keep.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    assert!(!kept.is_empty(), "no window kept in {}", keep.path().display());
+    let rep = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+        .args(["report", "--format", "json"])
+        .arg(&kept[0])
+        .output()
+        .unwrap();
+    assert!(
+        rep.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rep.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let ids: Vec<&str> = r["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["id"].as_str())
+        .collect();
+    assert!(
+        ids.contains(&"timer-syscalls-per-statement"),
+        "kept window {}: findings {ids:?}",
+        kept[0].display()
+    );
 }
 
 /// The server restarts under the agent: collectors down, then up again on
