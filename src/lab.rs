@@ -53,6 +53,9 @@ pub struct LabOptions {
     /// `--checkpoint-at S`: issue CHECKPOINT this many seconds into a
     /// pgbench workload, to see what one does under load.
     pub checkpoint_at: Option<u32>,
+    /// `snapshot-scaling`: idle connections held during the run (default
+    /// [`crate::scenarios::snapshot_scaling::DEFAULT_IDLE`]).
+    pub idle_connections: Option<u32>,
 }
 
 impl LabOptions {
@@ -78,6 +81,7 @@ impl LabOptions {
             drop_many: Default::default(),
             stall: Default::default(),
             checkpoint_at: None,
+            idle_connections: None,
         }
     }
 }
@@ -142,6 +146,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         Scenario::CheckpointStall => {
             crate::scenarios::checkpoint_stall::require_root()?;
             with_defaults = crate::scenarios::checkpoint_stall::with_defaults(opts);
+            &with_defaults
+        }
+        Scenario::SnapshotScaling => {
+            with_defaults = crate::scenarios::snapshot_scaling::with_defaults(opts);
             &with_defaults
         }
         _ => opts,
@@ -319,6 +327,7 @@ fn run_on(
     check_interrupt()?;
     cluster.psql("postgres", "CREATE DATABASE bench")?;
     let mut limits = None;
+    let mut idle = None;
     let target = PgbenchTarget {
         host: cluster.socket_dir().display().to_string(),
         port: cluster.port(),
@@ -330,6 +339,15 @@ fn run_on(
         // A stop that came before a command started does not end it: check.
         check_interrupt()?;
         pgbench.init(&target, opts.scale)?;
+        if opts.scenario == Scenario::SnapshotScaling {
+            use crate::scenarios::snapshot_scaling as snap;
+            // Held until this function returns: after the recording is written.
+            idle = Some(snap::open_idle(
+                &cluster.conninfo("bench"),
+                snap::idle_count(opts),
+                status,
+            )?);
+        }
     } else if let Some(dev) = stall.as_deref_mut() {
         status("creating the hot table on the limited device");
         crate::scenarios::checkpoint_stall::prepare(
@@ -402,6 +420,11 @@ fn run_on(
         });
     }
     manifest.scenario = Some(scenario_info(opts));
+    if let Some(i) = &idle {
+        manifest
+            .facts
+            .insert("idle_connections".into(), serde_json::json!(i.len()));
+    }
     let nodes = topo
         .nodes()
         .into_iter()

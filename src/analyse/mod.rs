@@ -7,6 +7,7 @@ pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
 pub mod replay_drop;
+pub mod snapshot_scaling;
 pub mod statements;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
@@ -28,6 +29,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(clock_reads::ClockReads),
         Box::new(replay_drop::ReplayDropCost),
         Box::new(syncrep_wait::SyncrepWait),
+        Box::new(snapshot_scaling::SnapshotScaling),
     ]
 }
 

@@ -4,6 +4,7 @@ pub mod checkpoint_stall;
 pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
+pub mod snapshot_scaling;
 pub mod syncrep_commit;
 
 use anyhow::Result;

@@ -18,16 +18,18 @@ pub enum Scenario {
     SyncrepCommit,
     DropMany,
     CheckpointStall,
+    SnapshotScaling,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
         Scenario::SyncrepCommit,
         Scenario::DropMany,
         Scenario::CheckpointStall,
+        Scenario::SnapshotScaling,
     ];
 
     pub fn name(self) -> &'static str {
@@ -38,6 +40,7 @@ impl Scenario {
             Scenario::SyncrepCommit => "syncrep-commit",
             Scenario::DropMany => "drop-many",
             Scenario::CheckpointStall => "checkpoint-stall",
+            Scenario::SnapshotScaling => "snapshot-scaling",
         }
     }
 
@@ -81,13 +84,19 @@ impl Scenario {
                  *_flush_after=0: checkpoints drain a large dirty backlog and tps dips (seed 001). \
                  Override with --set (e.g. checkpoint_flush_after=256kB)"
             }
+            Scenario::SnapshotScaling => {
+                "pgbench -S -M prepared on 2 clients while --idle-connections N (default 1000) \
+                 further connections sit idle (max_connections set to fit): up to PostgreSQL 13 \
+                 every snapshot walks all connected backends, idle ones included, so the backends' \
+                 CPU goes to GetSnapshotData and tps falls with N; 14 does not"
+            }
         }
     }
 
     /// pgbench arguments for the run itself.
     pub fn pgbench_args(self) -> &'static [&'static str] {
         match self {
-            Scenario::SelectOnly => &["-S", "-M", "prepared"],
+            Scenario::SelectOnly | Scenario::SnapshotScaling => &["-S", "-M", "prepared"],
             Scenario::Tpcb
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
@@ -107,7 +116,10 @@ impl Scenario {
 
     /// Whether the lab runs `pgbench -i` first (else the scenario prepares its own tables).
     pub fn pgbench_init(self) -> bool {
-        matches!(self, Scenario::SelectOnly | Scenario::Tpcb)
+        matches!(
+            self,
+            Scenario::SelectOnly | Scenario::Tpcb | Scenario::SnapshotScaling
+        )
     }
 
     /// Whether pgbench drives this scenario (the others have their own driver).
@@ -123,7 +135,8 @@ impl Scenario {
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
             | Scenario::DropMany
-            | Scenario::CheckpointStall => 1,
+            | Scenario::CheckpointStall
+            | Scenario::SnapshotScaling => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb => 7,
         }
