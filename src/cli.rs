@@ -151,6 +151,7 @@ pub enum ScenarioArg {
     DropMany,
     CheckpointStall,
     SnapshotScaling,
+    RelationExtension,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -454,9 +455,12 @@ impl LabRunArgs {
             ),
             (
                 self.checkpoint_at.is_some()
-                    && !matches!(s, SelectOnly | Tpcb | CheckpointStall | SnapshotScaling),
+                    && !matches!(
+                        s,
+                        SelectOnly | Tpcb | CheckpointStall | SnapshotScaling | RelationExtension
+                    ),
                 "--checkpoint-at",
-                "select-only, tpcb, checkpoint-stall and snapshot-scaling (the pgbench workloads)",
+                "select-only, tpcb, checkpoint-stall, snapshot-scaling and relation-extension (the pgbench workloads)",
             ),
         ];
         checks

@@ -152,6 +152,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             with_defaults = crate::scenarios::snapshot_scaling::with_defaults(opts);
             &with_defaults
         }
+        Scenario::RelationExtension => {
+            with_defaults = crate::scenarios::relation_extension::with_defaults(opts);
+            &with_defaults
+        }
         _ => opts,
     };
     crate::collect::preflight(&opts.collectors)?;

@@ -176,6 +176,7 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
     base.duration_s = a.duration;
     base.clients = a.clients.unwrap_or(match scenario {
         Scenario::SnapshotScaling => pgbelow::scenarios::snapshot_scaling::DEFAULT_CLIENTS,
+        Scenario::RelationExtension => pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS,
         Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
         Scenario::SyncrepCommit => 8,
         _ => 1,
@@ -283,6 +284,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::DropMany => Scenario::DropMany,
                     ScenarioArg::CheckpointStall => Scenario::CheckpointStall,
                     ScenarioArg::SnapshotScaling => Scenario::SnapshotScaling,
+                    ScenarioArg::RelationExtension => Scenario::RelationExtension,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -298,6 +300,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     }
                     ScenarioArg::SnapshotScaling => {
                         pgbelow::scenarios::snapshot_scaling::DEFAULT_CLIENTS
+                    }
+                    ScenarioArg::RelationExtension => {
+                        pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS
                     }
                     _ => 1,
                 }),

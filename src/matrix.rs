@@ -41,6 +41,18 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
+        scenario: Scenario::RelationExtension,
+        finding: crate::analyse::relation_extension::ID,
+        figure: "Lock:extend share of backend busy samples",
+        measure: extend_share,
+        set: &[],
+        changes: &[(
+            16,
+            "00d1e02be2",
+            "hio: extend in bulk with ExtendBufferedRelBy (31966b151e6), fallocate (4d330a61bb)",
+        )],
+    },
+    Case {
         scenario: Scenario::SelectOnly,
         finding: crate::analyse::timer_syscalls::ID,
         figure: "timer syscalls per statement",
@@ -62,6 +74,11 @@ pub fn case(s: Scenario) -> Option<&'static Case> {
 fn snapshot_share(ev: &Evidence) -> Option<f64> {
     let (all, snap) = crate::analyse::snapshot_scaling::snapshot_samples(ev.stacks());
     (all > 0).then(|| crate::round3(snap as f64 / all as f64))
+}
+
+fn extend_share(ev: &Evidence) -> Option<f64> {
+    let (w, _, _) = crate::analyse::relation_extension::extend_wait(ev)?;
+    Some(crate::round3(w.pct / 100.0))
 }
 
 fn timer_per_statement(ev: &Evidence) -> Option<f64> {

@@ -6,6 +6,7 @@
 pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
+pub mod relation_extension;
 pub mod replay_drop;
 pub mod snapshot_scaling;
 pub mod statements;
@@ -30,6 +31,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(replay_drop::ReplayDropCost),
         Box::new(syncrep_wait::SyncrepWait),
         Box::new(snapshot_scaling::SnapshotScaling),
+        Box::new(relation_extension::RelationExtension),
     ]
 }
 

@@ -19,10 +19,11 @@ pub enum Scenario {
     DropMany,
     CheckpointStall,
     SnapshotScaling,
+    RelationExtension,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -30,6 +31,7 @@ impl Scenario {
         Scenario::DropMany,
         Scenario::CheckpointStall,
         Scenario::SnapshotScaling,
+        Scenario::RelationExtension,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +43,7 @@ impl Scenario {
             Scenario::DropMany => "drop-many",
             Scenario::CheckpointStall => "checkpoint-stall",
             Scenario::SnapshotScaling => "snapshot-scaling",
+            Scenario::RelationExtension => "relation-extension",
         }
     }
 
@@ -90,6 +93,12 @@ impl Scenario {
                  every snapshot walks all connected backends, idle ones included, so the backends' \
                  CPU goes to GetSnapshotData and tps falls with N; 14 does not"
             }
+            Scenario::RelationExtension => {
+                "pgbench -f: 4 clients each COPY the same 10,000 rows into one table, over and \
+                 over (autovacuum=off): the table grows as fast as they load, each new block under \
+                 the relation's extension lock (Lock:extend waits); up to PostgreSQL 15 one 8 kB \
+                 pwrite per block, 16 extends in bulk (fallocate)"
+            }
         }
     }
 
@@ -101,7 +110,8 @@ impl Scenario {
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
             | Scenario::DropMany
-            | Scenario::CheckpointStall => &[],
+            | Scenario::CheckpointStall
+            | Scenario::RelationExtension => &[],
         }
     }
 
@@ -110,6 +120,7 @@ impl Scenario {
         match self {
             Scenario::SyncrepCommit => Some(crate::scenarios::syncrep_commit::SCRIPT),
             Scenario::CheckpointStall => Some(crate::scenarios::checkpoint_stall::SCRIPT),
+            Scenario::RelationExtension => Some(crate::scenarios::relation_extension::SCRIPT),
             _ => None,
         }
     }
@@ -136,7 +147,8 @@ impl Scenario {
             | Scenario::SyncrepCommit
             | Scenario::DropMany
             | Scenario::CheckpointStall
-            | Scenario::SnapshotScaling => 1,
+            | Scenario::SnapshotScaling
+            | Scenario::RelationExtension => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb => 7,
         }
