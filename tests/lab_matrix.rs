@@ -6,33 +6,37 @@ use predicates::prelude::*;
 
 mod common;
 
+fn matrix_cmd(args: &[&str]) -> Command {
+    let mut c = Command::cargo_bin("pgbelow").unwrap();
+    c.args(["lab", "matrix"]).args(args);
+    c
+}
+
+fn matrix(args: &[&str]) -> assert_cmd::assert::Assert {
+    matrix_cmd(args).assert()
+}
+
 #[test]
 fn a_scenario_without_a_key_figure_is_refused_up_front() {
     let d = tempfile::tempdir().unwrap();
-    Command::cargo_bin("pgbelow")
-        .unwrap()
-        .args(["lab", "matrix", "--scenario", "tpcb", "--pg", "13", "--out"])
-        .arg(d.path().join("m"))
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("no key figure for scenario tpcb"))
-        .stderr(predicate::str::contains("snapshot-scaling"));
+    let out = d.path().join("m");
+    matrix(&[
+        "--scenario",
+        "tpcb",
+        "--pg",
+        "13",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .code(2)
+    .stderr(predicate::str::contains("no key figure for scenario tpcb"))
+    .stderr(predicate::str::contains("snapshot-scaling"));
     assert!(!d.path().join("m").exists(), "nothing written");
 }
 
 #[test]
 fn a_major_outside_10_to_18_is_a_usage_error() {
-    Command::cargo_bin("pgbelow")
-        .unwrap()
-        .args([
-            "lab",
-            "matrix",
-            "--scenario",
-            "snapshot-scaling",
-            "--pg",
-            "13,9",
-        ])
-        .assert()
+    matrix(&["--scenario", "snapshot-scaling", "--pg", "13,9"])
         .code(2)
         .stderr(predicate::str::contains("not a PostgreSQL major"));
 }
@@ -44,25 +48,21 @@ fn snapshot_scaling_across_13_and_14() {
     let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("m");
-    let o = Command::cargo_bin("pgbelow")
-        .unwrap()
-        .args([
-            "lab",
-            "matrix",
-            "--scenario",
-            "snapshot-scaling",
-            "--pg",
-            "13,14",
-            "--duration",
-            "10",
-            "--format",
-            "json",
-            "--out",
-        ])
-        .arg(&out)
-        .timeout(std::time::Duration::from_secs(600))
-        .output()
-        .unwrap();
+    let o = matrix_cmd(&[
+        "--scenario",
+        "snapshot-scaling",
+        "--pg",
+        "13,14",
+        "--duration",
+        "10",
+        "--format",
+        "json",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .timeout(std::time::Duration::from_secs(600))
+    .output()
+    .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let m: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let rows = m["rows"].as_array().unwrap();

@@ -35,6 +35,24 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
     ]
 }
 
+/// The server's version as recorded, for a finding's text.
+pub(crate) fn server_version(ev: &Evidence) -> String {
+    ev.manifest
+        .postgres
+        .version
+        .clone()
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Critical from `critical` on, else a warning.
+pub(crate) fn severity_at(value: f64, critical: f64) -> Severity {
+    if value >= critical {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    }
+}
+
 /// Every rule's findings, most severe first, then by id.
 pub fn analyse(ev: &Evidence) -> Vec<Finding> {
     let mut out: Vec<Finding> = rules().iter().filter_map(|r| r.evaluate(ev)).collect();

@@ -13,7 +13,7 @@
 //! go into the explanation with the version.
 use serde_json::json;
 
-use super::{Finding, Rule, Severity};
+use super::{Finding, Rule};
 use crate::evidence::pgstat::summarize_waits;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -66,11 +66,7 @@ impl Rule for RelationExtension {
         if w.samples < MIN_SAMPLES || share < WARN_SHARE {
             return None;
         }
-        let severity = if share >= CRITICAL_SHARE {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        };
+        let severity = super::severity_at(share, CRITICAL_SHARE);
         let by_role = ev.syscalls_by_role(None);
         let sc = by_role.get(&Role::Backend);
         let count = |n: &str| sc.map_or(0, |s| s.get(n));
@@ -94,12 +90,7 @@ impl Rule for RelationExtension {
                  {pwritev} pwritev: they extend in bulk, yet still queue for the lock."
             )
         };
-        let version = ev
-            .manifest
-            .postgres
-            .version
-            .clone()
-            .unwrap_or_else(|| "unknown".into());
+        let version = super::server_version(ev);
         let why = match ev.manifest.postgres.major {
             Some(m) if m <= 15 => format!(
                 "This server is PostgreSQL {version}: up to 15 a relation grows block by block \

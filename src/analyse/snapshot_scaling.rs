@@ -11,7 +11,7 @@
 //! samples. The version goes into the explanation, never into the decision.
 use serde_json::json;
 
-use super::{Finding, Rule, Severity};
+use super::{Finding, Rule};
 use crate::collect::pgstat::WaitSample;
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
@@ -89,20 +89,11 @@ impl Rule for SnapshotScaling {
         if share < WARN_SHARE {
             return None;
         }
-        let severity = if share >= CRITICAL_SHARE {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        };
+        let severity = super::severity_at(share, CRITICAL_SHARE);
         let conns = connections(&ev.waits);
         let settings = &ev.manifest.postgres.settings;
         let max_connections = settings.get("max_connections").cloned();
-        let version = ev
-            .manifest
-            .postgres
-            .version
-            .clone()
-            .unwrap_or_else(|| "unknown".into());
+        let version = super::server_version(ev);
         let conn_text = match conns {
             Some((all, idle)) => format!(
                 "{all} client connections were open, {idle} of them idle (pg_stat_activity)"
