@@ -152,6 +152,8 @@ pub enum ScenarioArg {
     CheckpointStall,
     SnapshotScaling,
     RelationExtension,
+    CgroupCpuThrottling,
+    WalFsyncLatency,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -272,6 +274,10 @@ pub struct LabRunArgs {
     /// max_connections is set to fit unless --set gives it).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100000))]
     pub idle_connections: Option<u32>,
+    /// cgroup-cpu-throttling: the cluster's CFS quota in CPUs per 100 ms
+    /// period (default 0.25; 0: no quota, the healthy baseline).
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_quota)]
+    pub cpu_quota: Option<f64>,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -416,7 +422,7 @@ impl LabRunArgs {
         use ScenarioArg::*;
         let s = self.scenario;
         let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 9] = [
+        let checks: [(bool, &str, &str); 10] = [
             (
                 self.idle_connections.is_some() && s != SnapshotScaling,
                 "--idle-connections",
@@ -449,9 +455,15 @@ impl LabRunArgs {
                 "syncrep-commit and drop-many",
             ),
             (
-                (self.write_limit.is_some() || self.dirty_cap.is_some()) && s != CheckpointStall,
+                (self.write_limit.is_some() || self.dirty_cap.is_some())
+                    && !matches!(s, CheckpointStall | WalFsyncLatency),
                 "--write-limit/--dirty-cap",
-                "checkpoint-stall",
+                "checkpoint-stall and wal-fsync-latency",
+            ),
+            (
+                self.cpu_quota.is_some() && s != CgroupCpuThrottling,
+                "--cpu-quota",
+                "cgroup-cpu-throttling",
             ),
             (
                 self.checkpoint_at.is_some()
@@ -467,6 +479,16 @@ impl LabRunArgs {
             .into_iter()
             .find(|c| c.0)
             .map(|(_, flag, owners)| (flag, owners))
+    }
+}
+
+/// `--cpu-quota 0.5`: CPUs, 0 (none) or 0.01–1024.
+fn parse_cpu_quota(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(q) if q == 0.0 || (0.01..=1024.0).contains(&q) => Ok(q),
+        _ => Err(format!(
+            "'{s}' is not a CPU count: give 0 (no quota) or 0.01 to 1024"
+        )),
     }
 }
 

@@ -175,6 +175,25 @@ pub struct TpsChange {
     pub source: String,
 }
 
+impl TpsChange {
+    /// `95% CI -1.2% … +3.4%, 60 vs 60 s`: the interval and the seconds
+    /// behind it, as the text and the HTML comparison both show them.
+    pub fn interval(&self) -> String {
+        format!(
+            "95% CI {:+.1}% … {:+.1}%, {} vs {} s",
+            self.ci95_pct[0], self.ci95_pct[1], self.seconds_a, self.seconds_b
+        )
+    }
+
+    pub fn verdict(&self) -> &'static str {
+        if self.significant {
+            "significant"
+        } else {
+            "within noise"
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SyscallChange {
     pub syscall: String,
@@ -402,19 +421,12 @@ pub fn render(c: &Comparison) -> String {
     if let Some(t) = &c.tps {
         let _ = writeln!(
             o,
-            "\ntps: {:.1} → {:.1} ({:+.1}%, 95% CI {:+.1}% … {:+.1}%, {} vs {} s) — {}",
+            "\ntps: {:.1} → {:.1} ({:+.1}%, {}) — {}",
             t.mean_a,
             t.mean_b,
             t.change_pct,
-            t.ci95_pct[0],
-            t.ci95_pct[1],
-            t.seconds_a,
-            t.seconds_b,
-            if t.significant {
-                "significant"
-            } else {
-                "within noise"
-            }
+            t.interval(),
+            t.verdict()
         );
         if !t.source.is_empty() {
             let _ = writeln!(o, "  per-second series: {}", t.source);

@@ -56,6 +56,8 @@ pub struct LabOptions {
     /// `snapshot-scaling`: idle connections held during the run (default
     /// [`crate::scenarios::snapshot_scaling::DEFAULT_IDLE`]).
     pub idle_connections: Option<u32>,
+    /// `cgroup-cpu-throttling`'s CFS quota in CPUs (None: its default; 0: none).
+    pub cpu_quota: Option<f64>,
 }
 
 impl LabOptions {
@@ -82,6 +84,7 @@ impl LabOptions {
             stall: Default::default(),
             checkpoint_at: None,
             idle_connections: None,
+            cpu_quota: None,
         }
     }
 }
@@ -156,6 +159,16 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             with_defaults = crate::scenarios::relation_extension::with_defaults(opts);
             &with_defaults
         }
+        Scenario::WalFsyncLatency => {
+            crate::scenarios::checkpoint_stall::require_root()?;
+            opts
+        }
+        Scenario::CgroupCpuThrottling => {
+            if cpu_quota(opts).is_some() {
+                crate::scenarios::cgroup_cpu_throttling::require_root()?;
+            }
+            opts
+        }
         _ => opts,
     };
     crate::collect::preflight(&opts.collectors)?;
@@ -187,6 +200,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     // Declared before the topology so that it is dropped after it: the
     // device can only be unmounted once the server is gone.
     let mut stall: Option<crate::scenarios::checkpoint_stall::StallDevice> = None;
+    let mut cpu_cgroup: Option<crate::scenarios::cgroup_cpu_throttling::CpuCgroup> = None;
     let topo = Topology::start(
         &install,
         &TopologyOptions {
@@ -215,6 +229,25 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         start_stall_device(&topo, &status).map(|d| {
             stall = Some(d);
         })
+    } else if opts.scenario == Scenario::WalFsyncLatency {
+        start_stall_device(&topo, &status).and_then(|d| {
+            let wal = d.mount.join("pg_wal");
+            stall = Some(d);
+            status(&format!("moving pg_wal to {}", wal.display()));
+            topo.primary_mut().move_wal_to(&wal)?;
+            let pids = cluster_pids(&topo);
+            stall.as_mut().map_or(Ok(()), |d| d.adopt(&pids))
+        })
+    } else if let Some(q) = cpu_quota(opts) {
+        crate::scenarios::cgroup_cpu_throttling::CpuCgroup::create(q).and_then(|cg| {
+            status(&format!(
+                "the cluster runs in {} with a quota of {q} CPU",
+                cg.path.display()
+            ));
+            let r = cg.adopt(&cluster_pids(&topo));
+            cpu_cgroup = Some(cg);
+            r
+        })
     } else {
         Ok(())
     }
@@ -233,6 +266,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let unlimited = stall.as_mut().map_or(Ok(()), |d| d.unlimit());
     let stopped = topo.stop();
     let torn = stall.take().map_or(Ok(()), |mut d| d.teardown());
+    let torn = match cpu_cgroup.take().map_or(Ok(()), |mut c| c.teardown()) {
+        Ok(()) => torn,
+        Err(e) => torn.and(Err(e)),
+    };
     let removed = match (unlimited, torn) {
         (Ok(()), r) | (r, Ok(())) => r,
         (Err(a), Err(b)) => Err(a.context(format!("{b:#}"))),
@@ -306,14 +343,24 @@ fn start_stall_device(
         .with_context(|| format!("reading {}", primary.data_dir().display()))?;
     let mut dev =
         crate::scenarios::checkpoint_stall::StallDevice::create(meta.uid(), meta.gid(), status)?;
-    let parents = crate::procinfo::all_parents();
-    let all: Vec<u32> = topo
-        .nodes()
-        .into_iter()
-        .flat_map(|(_, p)| crate::procinfo::descendants_in(&parents, p))
-        .collect();
-    dev.adopt(&all)?;
+    dev.adopt(&cluster_pids(topo))?;
     Ok(dev)
+}
+
+/// Every process of every node (postmasters and their children).
+fn cluster_pids(topo: &Topology) -> Vec<u32> {
+    let roots: Vec<u32> = topo.nodes().into_iter().map(|(_, p)| p).collect();
+    crate::procinfo::subtree(&roots).into_keys().collect()
+}
+
+/// The CFS quota the run puts the cluster under, if any.
+fn cpu_quota(opts: &LabOptions) -> Option<f64> {
+    (opts.scenario == Scenario::CgroupCpuThrottling)
+        .then(|| {
+            opts.cpu_quota
+                .unwrap_or(crate::scenarios::cgroup_cpu_throttling::DEFAULT_QUOTA_CPUS)
+        })
+        .filter(|q| *q > 0.0)
 }
 
 // The lab's context, passed through as is.
@@ -351,6 +398,16 @@ fn run_on(
                 snap::idle_count(opts),
                 status,
             )?);
+        }
+        if let (Scenario::WalFsyncLatency, Some(dev)) = (opts.scenario, stall.as_deref_mut()) {
+            let l = crate::scenarios::wal_fsync::limits(&opts.stall);
+            // The copied segments and the load's WAL are written back before
+            // the limit, so only the workload's own flushes are slowed.
+            // SAFETY: sync has no preconditions.
+            unsafe { libc::sync() };
+            check_interrupt()?;
+            dev.limit(&l, status)?;
+            limits = Some(l);
         }
     } else if let Some(dev) = stall.as_deref_mut() {
         status("creating the hot table on the limited device");
@@ -467,7 +524,7 @@ fn run_on(
         });
     }
     let mut follow_up: Result<()> = Ok(());
-    if opts.sweep && opts.scenario == Scenario::SyncrepCommit {
+    if opts.sweep && opts.scenario == Scenario::SyncrepCommit && !interrupt::requested() {
         let sync = cluster
             .psql("bench", "show synchronous_standby_names")
             .ok()

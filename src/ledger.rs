@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::collect::procfs::parse;
+
 /// Overrides the ledger directory (tests).
 pub const DIR_ENV: &str = "PGBELOW_LEDGER_DIR";
 
@@ -238,22 +240,14 @@ fn create_dir(d: &Path) -> std::io::Result<()> {
 /// The start time of `pid` in clock ticks after boot.
 fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after "(comm)": state is field 3, starttime field 22.
-    stat[stat.rfind(')')? + 1..]
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
+    parse::parse_stat(&stat).map(|s| s.starttime)
 }
 
 fn zombie(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| {
-            let i = s.rfind(')')?;
-            s[i + 1..].split_whitespace().next().map(|st| st == "Z")
-        })
-        .unwrap_or(true)
+        .and_then(|s| parse::parse_stat_state(&s))
+        .is_none_or(|state| state == 'Z')
 }
 
 /// What a reclaim did: one line per object undone, and what it could not do.

@@ -72,12 +72,13 @@ fn severity(s: SeverityArg) -> Severity {
     }
 }
 
-/// `dir` is the recording (the HTML page draws its series and flame graphs).
-fn render(r: &Report, format: Format, dir: &std::path::Path) -> Result<String> {
+/// `ev` is what the report was built from (the HTML page draws its series
+/// and flame graphs).
+fn render(r: &Report, format: Format, ev: &Evidence) -> Result<String> {
     Ok(match format {
-        Format::Text => colour(report::text::render(r)),
+        Format::Text => report::text::render(r),
         Format::Json => serde_json::to_string_pretty(r)? + "\n",
-        Format::Html => report::html::render(r, &Evidence::load(dir)?),
+        Format::Html => report::html::render(r, ev),
     })
 }
 
@@ -89,11 +90,19 @@ fn exit_for(r: &Report, fail_on: Option<SeverityArg>) -> ExitCode {
     }
 }
 
-/// `--output FILE` (written whole or not at all), else stdout.
-fn write_or_print(path: Option<&std::path::Path>, body: &str) -> Result<()> {
+/// `--output FILE` (written whole or not at all, never in colour), else [`print_rendered`].
+fn write_or_print(path: Option<&std::path::Path>, body: String, format: Format) -> Result<()> {
     match path {
         Some(path) => write_output(path, body.as_bytes()),
-        None => print(body),
+        None => print_rendered(body, format),
+    }
+}
+
+/// A rendering on stdout: a text with its severities in colour (see [`colour`]).
+fn print_rendered(body: String, format: Format) -> Result<()> {
+    match format {
+        Format::Text => print(&colour(body)),
+        _ => print(&body),
     }
 }
 
@@ -244,6 +253,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ScenarioArg::CheckpointStall => {
                     pgbelow::scenarios::checkpoint_stall::DEFAULT_DURATION_S
                 }
+                ScenarioArg::CgroupCpuThrottling => {
+                    pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_DURATION_S
+                }
+                ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_DURATION_S,
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -285,6 +298,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::CheckpointStall => Scenario::CheckpointStall,
                     ScenarioArg::SnapshotScaling => Scenario::SnapshotScaling,
                     ScenarioArg::RelationExtension => Scenario::RelationExtension,
+                    ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
+                    ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -304,6 +319,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::RelationExtension => {
                         pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS
                     }
+                    ScenarioArg::CgroupCpuThrottling => {
+                        pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS
+                    }
+                    ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
                     _ => 1,
                 }),
                 scale: a.scale,
@@ -334,9 +353,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 },
                 checkpoint_at: a.checkpoint_at,
                 idle_connections: a.idle_connections,
+                cpu_quota: a.cpu_quota,
             };
             let res = pgbelow::app::lab(&opts)?;
-            print(&render(&res.report, a.output.format, &res.dir)?)?;
+            print_rendered(
+                render(&res.report, a.output.format, &res.evidence)?,
+                a.output.format,
+            )?;
             say_where(&res.dir, a.output.format)?;
             Ok(exit_for(&res.report, a.output.fail_on))
         }
@@ -351,7 +374,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 show_progress: show,
             };
             let res = pgbelow::app::record(&opts)?;
-            print(&render(&res.report, a.output.format, &res.dir)?)?;
+            print_rendered(
+                render(&res.report, a.output.format, &res.evidence)?,
+                a.output.format,
+            )?;
             say_where(&res.dir, a.output.format)?;
             Ok(exit_for(&res.report, a.output.fail_on))
         }
@@ -364,13 +390,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ReportFormat::Pprof => return pprof(&loaded, a.output.as_deref()),
             };
             let rep = report::build(&loaded);
-            let body = match format {
-                Format::Html => report::html::render(&rep, &loaded),
-                // A file gets no terminal colours.
-                Format::Text if a.output.is_some() => report::text::render(&rep),
-                f => render(&rep, f, &a.dir)?,
-            };
-            write_or_print(a.output.as_deref(), &body)?;
+            write_or_print(a.output.as_deref(), render(&rep, format, &loaded)?, format)?;
             Ok(exit_for(&rep, a.fail_on))
         }
         Command::Compare(a) => {
@@ -383,7 +403,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 &rb,
             );
             let body = match a.format {
-                Format::Text if a.output.is_none() => colour(pgbelow::compare::render(&c)),
                 Format::Text => pgbelow::compare::render(&c),
                 Format::Json => serde_json::to_string_pretty(&c)? + "\n",
                 Format::Html => report::html::compare::render(&c, (&ra, &ea), (&rb, &eb)),
@@ -394,7 +413,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     eprintln!("pgbelow: warning: {w}: not a like-for-like comparison");
                 }
             }
-            write_or_print(a.output.as_deref(), &body)?;
+            write_or_print(a.output.as_deref(), body, a.format)?;
             Ok(exit_for(&rb, a.fail_on))
         }
         Command::Watch(a) => {
@@ -451,7 +470,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 syscall_mechanism: mechanism(a.syscall_mechanism),
                 show_progress: show,
             })?;
-            print(&colour(res.text))?;
+            print_rendered(res.text, Format::Text)?;
             Ok(match (a.fail_on, doctor::worst_of(&res.findings)) {
                 (Some(min), Some(w)) if w >= severity(min) => ExitCode::from(1),
                 _ => ExitCode::SUCCESS,

@@ -2,6 +2,8 @@
 //! descendants of a postmaster found by walking /proc.
 use std::collections::BTreeMap;
 use std::fs;
+use std::path::Path;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -169,6 +171,69 @@ pub fn all_parents() -> BTreeMap<u32, u32> {
     out
 }
 
+/// The thread ids of process `pid`; empty if it is gone.
+pub fn threads(pid: u32) -> Vec<u32> {
+    match fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(dir) => dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Whether the kernel has /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN).
+pub fn have_children_files() -> bool {
+    static HAVE: OnceLock<bool> = OnceLock::new();
+    *HAVE.get_or_init(|| {
+        let me = std::process::id();
+        Path::new(&format!("/proc/{me}/task/{me}/children")).exists()
+    })
+}
+
+/// The child processes (tgids) of process `pid`, from the children files of
+/// each of its threads.
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for tid in threads(pid) {
+        if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
+            out.extend(parse_children(&text));
+        }
+    }
+    out
+}
+
+pub fn parse_children(text: &str) -> impl Iterator<Item = u32> + '_ {
+    text.split_ascii_whitespace().filter_map(|s| s.parse().ok())
+}
+
+/// `roots` and their live descendants, pid → parent pid. With children
+/// files this walks only the tree under the roots (a cluster's few dozen
+/// processes), not every process on the host, which a sampler doing it
+/// every tick on a busy host cannot afford; without them, one /proc scan.
+pub fn subtree(roots: &[u32]) -> BTreeMap<u32, u32> {
+    if !have_children_files() {
+        let parents = all_parents();
+        return roots
+            .iter()
+            .flat_map(|&r| descendants_in(&parents, r))
+            .map(|pid| (pid, parents.get(&pid).copied().unwrap_or(0)))
+            .collect();
+    }
+    let mut out: BTreeMap<u32, u32> = roots
+        .iter()
+        .map(|&r| (r, read_ppid(r).unwrap_or(0)))
+        .collect();
+    let mut queue: Vec<u32> = roots.to_vec();
+    while let Some(pid) = queue.pop() {
+        for child in children(pid) {
+            if out.insert(child, pid).is_none() {
+                queue.push(child);
+            }
+        }
+    }
+    out
+}
+
 /// `root` and all its live descendants, sorted.
 pub fn descendants(root: u32) -> Vec<u32> {
     descendants_in(&all_parents(), root)
@@ -232,6 +297,39 @@ pub fn looks_like_postmaster(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn children_list() {
+        assert_eq!(parse_children("12 34 \n").collect::<Vec<_>>(), [12, 34]);
+        assert_eq!(parse_children("").count(), 0);
+    }
+
+    #[test]
+    fn subtree_has_own_grandchild() {
+        // sh -c 'sleep 5; :' keeps sh as the parent of sleep.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5; :"])
+            .spawn()
+            .expect("spawn sh");
+        let me = std::process::id();
+        let sh = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let tree = loop {
+            let t = subtree(&[me]);
+            if t.values().any(|&p| p == sh) || std::time::Instant::now() > deadline {
+                break t;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        child.kill().ok();
+        child.wait().ok();
+        assert_eq!(tree.get(&sh), Some(&me), "{tree:?}");
+        assert!(
+            tree.iter().any(|(_, &p)| p == sh),
+            "no grandchild: {tree:?}"
+        );
+        assert_eq!(tree.get(&me), read_ppid(me).as_ref());
+    }
 
     #[test]
     fn titles_of_pg15_processes() {

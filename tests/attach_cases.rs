@@ -807,3 +807,87 @@ fn snapshot_scaling_found_attached() {
     assert!(f["evidence"]["idle_connections"].as_u64().unwrap() >= 1400);
     assert!(results[1].is_none(), "raised on 14: {:?}", results[1]);
 }
+
+/// A cpu cgroup with a CFS quota made by the test (not by pgbelow), as a
+/// container runtime would; removed on drop, its processes moved back.
+struct QuotaCgroup(std::path::PathBuf);
+
+impl QuotaCgroup {
+    fn new(quota_us: u32) -> Option<QuotaCgroup> {
+        let root = Path::new("/sys/fs/cgroup/cpu");
+        if !root.join("cpu.cfs_quota_us").exists() {
+            return None;
+        }
+        let p = root.join(format!("pgbelow-test-cpu-{}", std::process::id()));
+        std::fs::create_dir(&p).unwrap();
+        let cg = QuotaCgroup(p);
+        std::fs::write(cg.0.join("cpu.cfs_quota_us"), quota_us.to_string()).unwrap();
+        Some(cg)
+    }
+}
+
+impl Drop for QuotaCgroup {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+        for p in procs.lines() {
+            let _ = std::fs::write("/sys/fs/cgroup/cpu/cgroup.procs", p);
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// `cgroup-cpu-throttling` attached: a cluster that was moved into a cpu
+/// cgroup with a 0.25 CPU quota by someone else (cgroup v1 here); the
+/// system collector finds the postmaster's cgroup from /proc and the rule
+/// fires from its throttling counters. The cgroup is the test's, not
+/// pgbelow's, and is still there, untouched, after the recording.
+#[test]
+fn cgroup_throttling_found_attached() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (a cpu cgroup)");
+        return;
+    }
+    let c = UserCluster::start(&[], &[]);
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    let Some(cg) = QuotaCgroup::new(25_000) else {
+        eprintln!("skipped: no cgroup v1 cpu hierarchy");
+        return;
+    };
+    let pm = c.postmaster_pid();
+    let mut pids = vec![pm];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pm) {
+            pids.push(pid);
+        }
+    }
+    for p in &pids {
+        let _ = std::fs::write(cg.0.join("cgroup.procs"), p.to_string());
+    }
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(&c, &d.path().join("rec"), 7, "procfs,system,pgstat", || {
+        c.pgbench("postgres", &["-S", "-M", "prepared", "-c", "2", "-T", "4"]);
+    });
+    let f = common::finding(&r, "cgroup-cpu-throttling")
+        .unwrap_or_else(|| panic!("no cgroup-cpu-throttling finding: {:#}", r["findings"]));
+    let ev = &f["evidence"];
+    assert_eq!(ev["quota_cpus"], 0.25, "{ev}");
+    assert_eq!(
+        ev["cgroup"].as_str().unwrap(),
+        format!("/{}", cg.0.file_name().unwrap().to_string_lossy()),
+        "{ev}"
+    );
+    assert!(ev["throttled_periods"].as_u64().unwrap() >= 10, "{ev}");
+    // Attach mode changed nothing: the quota and the cgroup are as they were.
+    let quota = std::fs::read_to_string(cg.0.join("cpu.cfs_quota_us")).unwrap();
+    assert_eq!(quota.trim(), "25000");
+    eprintln!("attached: {ev}");
+}

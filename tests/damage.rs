@@ -34,7 +34,7 @@ fn fixtures() -> Vec<PathBuf> {
 /// Files the report reads (others, such as the lab's raw `drop.jsonl`, are
 /// kept for people and tools, not read back; `clock.json` only when the
 /// manifest lacks the clock facts).
-const READ: [&str; 16] = [
+const READ: [&str; 17] = [
     "workload.json",
     "progress.jsonl",
     "processes.jsonl",
@@ -42,6 +42,7 @@ const READ: [&str; 16] = [
     "pgstat.jsonl",
     "procfs.jsonl",
     "system.jsonl",
+    "cgroup.jsonl",
     "pgstat_waits.jsonl",
     "pgstat_server.jsonl",
     "checkpoints.jsonl",

@@ -387,7 +387,8 @@ fn assert_nothing_left(what: &str, seen: &BTreeSet<String>, bpf_before: &BTreeSe
 }
 
 /// Kill a `lab run ARGS` with `sig` at `phase`, then check what is left.
-fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&str]) {
+/// Returns the seconds from the signal to the exit.
+fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&str]) -> f64 {
     let what = format!("{args:?} {sig:?} @ {phase:?}");
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
@@ -524,6 +525,7 @@ fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&
         }
     }
     assert_nothing_left(&what, &seen, &bpf_before);
+    stop_s
 }
 
 /// A ledger of the test's own, so that no other pgbelow on the machine
@@ -667,4 +669,34 @@ fn checkpoint_stall_killed_with_its_device_and_limits() {
     );
     kill_at(l.path(), &args, Phase::Workload, Sig::Term, &[]);
     eprintln!("checkpoint-stall: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// A scenario's own set-up (here drop-many creating 100k tables on a
+/// downloaded PostgreSQL 13, with its standby) stops at Ctrl-C between its
+/// steps rather than running to the end first (minutes here).
+#[test]
+fn drop_many_setup_stops_at_ctrl_c() {
+    let _alone = common::exclusive();
+    let l = ledger_dir();
+    let args = [
+        "--scenario",
+        "drop-many",
+        "--pg",
+        "13",
+        "--tables",
+        "100000",
+        "--duration",
+        "30",
+    ];
+    let stop_s = kill_at(
+        l.path(),
+        &args,
+        Phase::Init("creating 100000"),
+        Sig::IntGroup,
+        &[],
+    );
+    assert!(
+        stop_s < 30.0,
+        "drop-many took {stop_s:.1} s to stop after Ctrl-C during its set-up"
+    );
 }

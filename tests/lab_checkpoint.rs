@@ -48,36 +48,6 @@ fn run_in(out: &Path, extra: &[&str], backing: Option<&Path>) -> Value {
     common::run_json(cmd, &args, out)
 }
 
-/// The device, its mount and its limits are gone.
-fn assert_device_removed(out: &Path) {
-    common::assert_torn_down(out);
-    let m = common::manifest(out);
-    let dev = &m["facts"]["stall_device"];
-    let mount = dev["mount"].as_str().expect("stall_device fact");
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-    assert!(!mounts.contains(mount), "{mount} still mounted");
-    let image = Path::new(mount).parent().unwrap();
-    assert!(!image.exists(), "{} left behind", image.display());
-    let loops = std::process::Command::new("losetup")
-        .arg("-a")
-        .output()
-        .unwrap();
-    let loops = String::from_utf8_lossy(&loops.stdout);
-    assert!(
-        !loops.contains(image.to_str().unwrap()),
-        "loop device still attached: {loops}"
-    );
-    let mm = dev["maj_min"].as_str().unwrap();
-    let v1 = Path::new("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device");
-    if v1.exists() {
-        let limits = std::fs::read_to_string(v1).unwrap();
-        assert!(
-            !limits.lines().any(|l| l.starts_with(&format!("{mm} "))),
-            "write limit on {mm} left: {limits}"
-        );
-    }
-}
-
 #[test]
 fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
     if !root_or_skip() {
@@ -132,7 +102,7 @@ fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
     let cap = limits["bdi_dirty_cap_mb"].as_f64().unwrap();
     assert!((16.0..=256.0).contains(&cap), "{limits}");
     assert_eq!(ev["settings"]["checkpoint_flush_after"], "0");
-    assert_device_removed(&out);
+    common::assert_stall_device_removed(&out);
 }
 
 #[test]
@@ -168,5 +138,5 @@ fn with_bandwidth_to_spare_the_same_checkpoint_passes() {
     assert!(m["facts"]["stall_device"]["calibration"].is_null());
     let log = std::fs::read_to_string(out.join("checkpoints.jsonl")).unwrap();
     assert!(log.contains("\"time\""), "no timed checkpoint: {log}");
-    assert_device_removed(&out);
+    common::assert_stall_device_removed(&out);
 }

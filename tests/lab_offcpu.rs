@@ -16,12 +16,8 @@ fn stack_has(st: &Value, name: &str) -> bool {
 fn pgbench_backends_off_cpu_by_state() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
-    let r = common::lab_json(
+    let r = common::lab_select_only(
         &[
-            "lab",
-            "run",
-            "--scenario",
-            "select-only",
             "--duration",
             "6",
             "--scale",
@@ -30,8 +26,6 @@ fn pgbench_backends_off_cpu_by_state() {
             "13",
             "--collectors",
             "offcpu,procfs",
-            "--format",
-            "json",
         ],
         &out,
     );

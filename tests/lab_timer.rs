@@ -15,20 +15,7 @@ use common::{assert_torn_down, finding, per_statement};
 const ID: &str = "timer-syscalls-per-statement";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        "select-only",
-        "--duration",
-        "6",
-        "--scale",
-        "1",
-        "--format",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    common::lab_json(&args, out)
+    common::lab_select_only(&[&["--duration", "6", "--scale", "1"], extra].concat(), out)
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! the text. Rules see the evidence model only: never the lab, its
 //! scenarios, the workload runner or the reports.
 
+pub mod cgroup_throttling;
 pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
@@ -12,6 +13,7 @@ pub mod snapshot_scaling;
 pub mod statements;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
+pub mod wal_fsync;
 
 pub use finding::{Finding, Severity};
 
@@ -32,6 +34,8 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(syncrep_wait::SyncrepWait),
         Box::new(snapshot_scaling::SnapshotScaling),
         Box::new(relation_extension::RelationExtension),
+        Box::new(cgroup_throttling::CgroupThrottling),
+        Box::new(wal_fsync::WalFsync),
     ]
 }
 

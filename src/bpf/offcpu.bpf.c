@@ -74,7 +74,7 @@ const volatile __u32 max_copies_per_cpu_s = 200;
 struct start {
 	__u64 ts;
 	__u32 state;
-	__u32 in_syscall;
+	__u32 pad;
 };
 
 // Per thread: switch-out time (0: not switched out by us) and state. Task
@@ -182,8 +182,25 @@ __u64 pending_full;
 __u64 copy_failed;
 // Long blocks whose kernel stack could not be read or stored.
 __u64 kstack_lost;
-// Blocks below the threshold (counted, not measured).
-__u64 short_blocks;
+// Blocks below the threshold (counted, not measured), per CPU (a slot of
+// its own cache line each) so the short path touches no shared line;
+// userspace sums the slots.
+#define MAX_CPUS 512
+struct cpu_count {
+	__u64 n;
+	__u64 pad[7];
+};
+struct cpu_count short_blocks[MAX_CPUS];
+
+// Threads with long blocks parked for their current system call: one bit
+// per tid, so sys_exit of every other call of a tracked process is two
+// bitmap tests, not a task storage lookup.
+__u64 pending_bits[BITMAP_WORDS];
+
+static __always_inline int bit_test(__u64 *bits, __u32 id)
+{
+	return (bits[(id / 64) & (BITMAP_WORDS - 1)] >> (id & 63)) & 1;
+}
 
 static __always_inline void add_total(struct key *k, __u64 ns)
 {
@@ -241,6 +258,8 @@ static __always_inline void park(struct task_struct *task, struct block *b)
 	if (n < MAX_PENDING) {
 		p->b[n] = *b;
 		p->n = n + 1;
+		__u32 tid = BPF_CORE_READ(task, pid);
+		__sync_fetch_and_or(&pending_bits[(tid / 64) & (BITMAP_WORDS - 1)], 1ULL << (tid & 63));
 	} else {
 		__sync_fetch_and_add(&pending_full, 1);
 	}
@@ -250,35 +269,37 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	__u32 tgid = prev->tgid;
-	if (is_tracked(tgid) && !(prev_state & TASK_DEAD)) {
+	int prev_tracked = is_tracked(prev->tgid) && !(prev_state & TASK_DEAD);
+	__u32 tgid = next->tgid;
+	int next_tracked = is_tracked(tgid);
+	if (!prev_tracked && !next_tracked)
+		return 0;
+	// One clock read serves both ends of the switch.
+	__u64 now = bpf_ktime_get_ns();
+	if (prev_tracked) {
 		struct start *s =
 			bpf_task_storage_get(&starts, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (s) {
-			s->ts = bpf_ktime_get_ns();
+			s->ts = now;
 			if (preempt || !(prev_state & (TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE)))
 				s->state = STATE_RUNQ;
 			else if ((prev_state & TASK_UNINTERRUPTIBLE) && !(prev_state & TASK_NOLOAD))
 				s->state = STATE_D;
 			else
 				s->state = STATE_S;
-			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(prev);
-			s->in_syscall = (long)BPF_CORE_READ(regs, orig_ax) >= 0;
 		}
 	}
 
-	tgid = next->tgid;
-	if (!is_tracked(tgid))
+	if (!next_tracked)
 		return 0;
 	struct start *s = bpf_task_storage_get(&starts, next, 0, 0);
 	if (!s || !s->ts)
 		return 0;
-	__u64 ns = bpf_ktime_get_ns() - s->ts;
+	__u64 ns = now - s->ts;
 	struct block b = {.state = s->state, .ns = ns};
-	__u32 in_syscall = s->in_syscall;
 	s->ts = 0;
 	if (ns < min_block_ns) {
-		__sync_fetch_and_add(&short_blocks, 1);
+		short_blocks[bpf_get_smp_processor_id() & (MAX_CPUS - 1)].n++;
 		return 0;
 	}
 	b.kstack = store_kstack(next);
@@ -286,6 +307,11 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 		__sync_fetch_and_add(&kstack_lost, 1);
 	struct key k = {.tgid = tgid, .state = b.state, .kstack = b.kstack};
 	add_total(&k, ns);
+	// Whether it blocked inside a system call: its saved user registers
+	// have not changed while it was off the CPU, so they are read here,
+	// for long blocks only, rather than at every switch-out.
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(next);
+	int in_syscall = (long)BPF_CORE_READ(regs, orig_ax) >= 0;
 	if (in_syscall && next->mm)
 		park(next, &b);
 	else
@@ -317,8 +343,9 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
-	if (!is_tracked(tgid))
+	if (!is_tracked(tgid) || !bit_test(pending_bits, tid))
 		return 0;
+	__sync_fetch_and_and(&pending_bits[(tid / 64) & (BITMAP_WORDS - 1)], ~(1ULL << (tid & 63)));
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pending *p = bpf_task_storage_get(&pendings, task, 0, 0);
 	if (!p || !p->n)

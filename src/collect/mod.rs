@@ -1,6 +1,7 @@
 //! Collectors: one module per source of evidence, behind [`Collector`].
 //! A [`session::Session`] drives them on one clock and writes the recording.
 
+pub mod cgroup;
 pub mod clock;
 pub mod context;
 pub mod cpu;
@@ -11,6 +12,7 @@ pub mod profile;
 pub mod session;
 pub mod syscalls;
 pub mod system;
+pub mod tracked;
 
 use anyhow::Result;
 

@@ -127,10 +127,8 @@ impl Session {
             .collect();
         let just_forked =
             |p: &ProcessInfo| p.role == Role::Other && postmaster_titles.contains(&p.title);
-        // One /proc scan per tick, however many servers.
-        let parents = procinfo::all_parents();
         for node in &nodes {
-            for pid in procinfo::descendants_in(&parents, node.pid) {
+            for &pid in procinfo::subtree(&[node.pid]).keys() {
                 if !known.contains(&pid) && !new.iter().any(|p| p.pid == pid) {
                     if let Some(mut p) = procinfo::describe(pid, node.pid) {
                         if just_forked(&p) {

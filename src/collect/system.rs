@@ -18,6 +18,9 @@ pub const STREAM: &str = "system.jsonl";
 /// Manifest fact naming the data directory's mount ([`DataDirMount`]).
 pub const DATA_DIR_MOUNT: &str = "data_dir_mount";
 
+/// Manifest fact naming the postmaster's cpu cgroup (or why there is none).
+pub const CGROUP_CPU: &str = "cgroup_cpu";
+
 /// The `vm.*` sysctls that decide when writers are throttled and when the
 /// flusher starts (file names under /proc/sys/vm).
 pub const DIRTY_SYSCTLS: &[&str] = &[
@@ -213,6 +216,8 @@ pub struct SystemCollector {
     last_pgpgout: Option<u64>,
     last_t: f64,
     page_kb: u64,
+    /// The postmaster's cpu cgroup (`cgroup.jsonl`), when one is mounted.
+    cgroup: Option<super::cgroup::CgroupCpu>,
 }
 
 impl SystemCollector {
@@ -261,7 +266,19 @@ impl SystemCollector {
         let pgpgout = std::fs::read_to_string("/proc/vmstat")
             .ok()
             .and_then(|s| parse_vmstat(&s).get("pgpgout").copied());
+        let cgroup = super::cgroup::CgroupCpu::start(ctx.postmaster, ctx.t());
+        facts.push((
+            CGROUP_CPU.into(),
+            match &cgroup {
+                Ok(c) => serde_json::json!({
+                    "dir": c.dir().display().to_string(),
+                    "version": c.version,
+                }),
+                Err(why) => serde_json::json!({ "unavailable": why }),
+            },
+        ));
         Ok(SystemCollector {
+            cgroup: cgroup.ok(),
             facts,
             problem,
             last_pgpgout: pgpgout,
@@ -304,6 +321,9 @@ impl Collector for SystemCollector {
         );
         self.last_pgpgout = pgpgout.or(self.last_pgpgout);
         self.last_t = t;
+        if let Some(c) = &mut self.cgroup {
+            out.append(super::cgroup::STREAM, &c.sample(t))?;
+        }
         out.append(STREAM, &s)
     }
 

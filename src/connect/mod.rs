@@ -761,9 +761,15 @@ fn attempt(
         Encryption::Require(v) => (postgres::config::SslMode::Require, v),
     };
     cfg.ssl_mode(mode);
-    let tls = tls::connector(verify, spec.root_cert.as_ref(), spec.client_cert.as_ref())
-        .map_err(AttemptError::Setup)?;
-    let client = with_deadline(spec.connect_timeout, move || cfg.connect(tls))?;
+    // A plain session (every unix socket) needs no TLS connector: building
+    // one parses the system's CA bundle, which `watch` did every window.
+    let client = if enc == Encryption::Plain {
+        with_deadline(spec.connect_timeout, move || cfg.connect(postgres::NoTls))?
+    } else {
+        let tls = tls::connector(verify, spec.root_cert.as_ref(), spec.client_cert.as_ref())
+            .map_err(AttemptError::Setup)?;
+        with_deadline(spec.connect_timeout, move || cfg.connect(tls))?
+    };
     Ok(Connected {
         client,
         target: t.clone(),

@@ -61,6 +61,8 @@ pub struct Evidence {
     pub rec: Loaded,
     pub procfs: Vec<ProcfsSample>,
     pub system: Vec<SystemSample>,
+    /// The postmaster's cpu cgroup: CFS periods and throttling per second.
+    pub cgroup: Vec<crate::collect::cgroup::CgroupSample>,
     pub waits: Vec<WaitSample>,
     pub server: Vec<ServerSample>,
     /// Checkpoint lines of the server log, as recorded.
@@ -110,6 +112,7 @@ impl Evidence {
         use crate::recording::reader::read_stream;
         let procfs = read_stream(&dir, crate::collect::procfs::STREAM, &mut cut, &mut notes);
         let system = read_stream(&dir, crate::collect::system::STREAM, &mut cut, &mut notes);
+        let cgroup = read_stream(&dir, crate::collect::cgroup::STREAM, &mut cut, &mut notes);
         let waits = read_stream(&dir, crate::collect::pgstat::WAITS, &mut cut, &mut notes);
         let server = read_stream(&dir, crate::collect::pgstat::SERVER, &mut cut, &mut notes);
         let log_events: Vec<LogEvent> = read_stream(
@@ -142,6 +145,7 @@ impl Evidence {
             rec,
             procfs,
             system,
+            cgroup,
             waits,
             server,
             log_events,
@@ -184,33 +188,47 @@ impl Evidence {
     }
 }
 
+/// The folded-stacks file a collector's summary (`summary`) names, when the
+/// name is one of a file in the recording: a crafted summary could name
+/// `/dev/zero` or `../../etc/…`. A note instead, when it is not.
+pub(crate) fn folded_file(
+    dir: &Path,
+    summary: &str,
+    named: &str,
+    notes: &mut Vec<String>,
+) -> Option<std::path::PathBuf> {
+    let name = Path::new(named);
+    if name.file_name() == Some(name.as_os_str()) {
+        return Some(dir.join(name));
+    }
+    notes.push(format!(
+        "{summary}: names folded stacks outside the recording ({named:?}); left out"
+    ));
+    None
+}
+
 fn load_profile(dir: &Path, notes: &mut Vec<String>) -> Option<Profile> {
     let summary: crate::collect::profile::Summary =
         json_file(dir, crate::collect::profile::files::SUMMARY, notes)?;
-    // The summary names its stacks file: only a file of this recording is
-    // read (not `/dev/zero` or `../../etc/…` from a crafted summary).
-    let name = std::path::Path::new(&summary.folded);
-    let stacks = if name.file_name() != Some(name.as_os_str()) {
-        notes.push(format!(
-            "{}: names folded stacks outside the recording ({:?}); left out",
-            crate::collect::profile::files::SUMMARY,
-            summary.folded
-        ));
-        Vec::new()
-    } else {
-        match crate::recording::reader::open_file(&dir.join(name)) {
-            Ok(f) => {
-                let (stacks, damage) = profile::read_folded(std::io::BufReader::new(f));
-                if let Some(d) = damage {
-                    notes.push(format!("{}: {d}", summary.folded));
-                }
-                stacks
+    let folded = folded_file(
+        dir,
+        crate::collect::profile::files::SUMMARY,
+        &summary.folded,
+        notes,
+    );
+    let stacks = match folded.map(|p| crate::recording::reader::open_file(&p)) {
+        None => Vec::new(),
+        Some(Ok(f)) => {
+            let (stacks, damage) = profile::read_folded(std::io::BufReader::new(f));
+            if let Some(d) = damage {
+                notes.push(format!("{}: {d}", summary.folded));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => {
-                notes.push(format!("{}: {e}", summary.folded));
-                Vec::new()
-            }
+            stacks
+        }
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Some(Err(e)) => {
+            notes.push(format!("{}: {e}", summary.folded));
+            Vec::new()
         }
     };
     let mut cut = 0;

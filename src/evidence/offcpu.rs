@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::profile::{parse_folded, FoldedStack};
 use super::Evidence;
 use crate::collect::offcpu::{Summary, Tick};
+use crate::round3;
 
 /// Stacks shown per role.
 pub const TOP_STACKS: usize = 10;
@@ -69,10 +70,6 @@ pub struct OffStack {
     pub share: f64,
     /// Root first: user frames, then kernel frames (`_[k]`).
     pub frames: Vec<String>,
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// The section, when the recording has off-CPU data.
@@ -157,21 +154,13 @@ pub fn load(dir: &std::path::Path, cut: &mut usize, notes: &mut Vec<String>) -> 
     let summary: Summary = super::json_file(dir, files::SUMMARY, notes)?;
     // Only a regular file of this recording, bounded (a crafted summary
     // could name `/dev/zero`, `../…` or a FIFO).
-    let name = std::path::Path::new(&summary.folded);
-    let stacks = if name.file_name() != Some(name.as_os_str()) {
-        notes.push(format!(
-            "{}: names folded stacks outside the recording ({:?}); left out",
-            files::SUMMARY,
-            summary.folded
-        ));
-        Vec::new()
-    } else {
-        match crate::recording::reader::read_small(&dir.join(name)) {
-            Ok(b) => parse_folded(&String::from_utf8_lossy(&b)),
-            Err(e) => {
-                notes.push(format!("{}: {e}", summary.folded));
-                Vec::new()
-            }
+    let folded = super::folded_file(dir, files::SUMMARY, &summary.folded, notes);
+    let stacks = match folded.map(|p| crate::recording::reader::read_small(&p)) {
+        None => Vec::new(),
+        Some(Ok(b)) => parse_folded(&String::from_utf8_lossy(&b)),
+        Some(Err(e)) => {
+            notes.push(format!("{}: {e}", summary.folded));
+            Vec::new()
         }
     };
     let ticks = crate::recording::reader::read_stream(dir, files::STREAM, cut, notes);

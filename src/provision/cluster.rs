@@ -154,6 +154,21 @@ impl Cluster {
         Ok(())
     }
 
+    /// Move pg_wal into `dir` (on another filesystem: files are copied) and
+    /// leave a symlink in its place, the server stopped meanwhile. `dir`
+    /// must be absent or empty, its parent writable by root.
+    pub fn move_wal_to(&mut self, dir: &Path) -> Result<()> {
+        self.shutdown_for_copy()?;
+        let wal = self.data_dir.join("pg_wal");
+        let account = &self.account;
+        copy_tree(&wal, dir, &|p| account.chown(p))
+            .with_context(|| format!("copying {} to {}", wal.display(), dir.display()))?;
+        std::fs::remove_dir_all(&wal).with_context(|| format!("removing {}", wal.display()))?;
+        std::os::unix::fs::symlink(dir, &wal)
+            .with_context(|| format!("linking {} to {}", wal.display(), dir.display()))?;
+        self.relaunch()
+    }
+
     /// Start again after [`Cluster::shutdown_for_copy`], same configuration.
     pub(super) fn relaunch(&mut self) -> Result<()> {
         self.launch(&[])
@@ -502,6 +517,24 @@ impl Drop for Cluster {
 
 /// A fresh `pgbelow-*` directory (mode 0700) in the temp dir, noted in the
 /// ledger before it is made.
+/// Copy a tree of plain files (pg_wal: segments, archive_status), each
+/// entry then given to `chown`.
+fn copy_tree(from: &Path, to: &Path, chown: &dyn Fn(&Path) -> Result<()>) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    chown(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let dest = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_tree(&e.path(), &dest, chown)?;
+        } else {
+            std::fs::copy(e.path(), &dest)?;
+            chown(&dest)?;
+        }
+    }
+    Ok(())
+}
+
 fn new_temp_dir() -> Result<(PathBuf, crate::ledger::Noted)> {
     use std::os::unix::fs::DirBuilderExt;
     let base = std::env::temp_dir();

@@ -212,6 +212,11 @@ impl Topology {
         self.primary.as_ref().expect("primary runs until stop")
     }
 
+    /// The primary, to change it before the workload (e.g. move pg_wal).
+    pub fn primary_mut(&mut self) -> &mut Cluster {
+        self.primary.as_mut().expect("primary runs until stop")
+    }
+
     pub fn standbys(&self) -> &[Standby] {
         &self.standbys
     }

@@ -254,6 +254,10 @@ pub fn prepare(dsn: &str, p: &Params, status: &dyn Fn(&str)) -> Result<()> {
         .chain((1..=p.tables).map(|i| format!("{PREFIX}{i}")))
         .collect();
     for chunk in names.chunks(CREATE_BATCH as usize) {
+        // 10k tables take a while: Ctrl-C stops between batches.
+        if interrupt::requested() {
+            bail!("interrupted while creating the drop-many tables");
+        }
         let mut sql = String::from("begin;\n");
         for t in chunk {
             sql += &format!("drop table if exists {t}; create table {t} (id int);\n");

@@ -126,11 +126,17 @@ pub fn prepare(dsn: &str, p: &Params, status: &dyn Fn(&str)) -> Result<()> {
         p.table_rows
     ))
     .context("creating the explain-timing table")?;
+    if interrupt::requested() {
+        anyhow::bail!("interrupted while preparing explain-timing");
+    }
     // VACUUM refuses a multi-statement (implicitly transactional) batch.
     c.batch_execute(&format!("vacuum analyze {TABLE}"))
         .context("vacuuming the explain-timing table")?;
     session_settings(&mut c);
     for (_, q) in p.queries() {
+        if interrupt::requested() {
+            anyhow::bail!("interrupted while preparing explain-timing");
+        }
         c.simple_query(&q).context("warming up")?;
     }
     Ok(())

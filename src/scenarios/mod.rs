@@ -1,5 +1,6 @@
 //! Scenarios with their own workload driver instead of pgbench. Each runs
 //! under the lab's once-a-second collector tick ([`crate::lab::tick_while`]).
+pub mod cgroup_cpu_throttling;
 pub mod checkpoint_stall;
 pub mod drop_many;
 pub mod drop_sweep;
@@ -7,6 +8,7 @@ pub mod explain_timing;
 pub mod relation_extension;
 pub mod snapshot_scaling;
 pub mod syncrep_commit;
+pub mod wal_fsync;
 
 use anyhow::Result;
 

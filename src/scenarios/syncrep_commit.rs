@@ -87,6 +87,10 @@ pub fn sweep(
             std::thread::sleep(Duration::from_millis(50));
         }
         let (s, _) = run.wait()?;
+        // A level cut short by Ctrl-C is not a measurement of that level.
+        if interrupt::requested() {
+            break;
+        }
         out.levels.push(Level {
             synchronous_commit: level.to_string(),
             tps: (s.tps.unwrap_or(0.0) * 10.0).round() / 10.0,

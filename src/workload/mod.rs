@@ -20,10 +20,12 @@ pub enum Scenario {
     CheckpointStall,
     SnapshotScaling,
     RelationExtension,
+    CgroupCpuThrottling,
+    WalFsyncLatency,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -32,6 +34,8 @@ impl Scenario {
         Scenario::CheckpointStall,
         Scenario::SnapshotScaling,
         Scenario::RelationExtension,
+        Scenario::CgroupCpuThrottling,
+        Scenario::WalFsyncLatency,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +48,8 @@ impl Scenario {
             Scenario::CheckpointStall => "checkpoint-stall",
             Scenario::SnapshotScaling => "snapshot-scaling",
             Scenario::RelationExtension => "relation-extension",
+            Scenario::CgroupCpuThrottling => "cgroup-cpu-throttling",
+            Scenario::WalFsyncLatency => "wal-fsync-latency",
         }
     }
 
@@ -99,19 +105,36 @@ impl Scenario {
                  the relation's extension lock (Lock:extend waits); up to PostgreSQL 15 one 8 kB \
                  pwrite per block, 16 extends in bulk (fallocate)"
             }
+            Scenario::CgroupCpuThrottling => {
+                "pgbench -S -M prepared, 2 clients, 15 s, against a cluster moved into a cpu cgroup \
+                 with a CFS quota of 0.25 CPU per 100 ms period (root only; the cgroup is removed \
+                 afterwards): the quota is spent early in each period and every server process waits \
+                 runnable for the next one. --cpu-quota CPUS sets it, --cpu-quota 0 runs without one \
+                 (the healthy baseline)"
+            }
+            Scenario::WalFsyncLatency => {
+                "pgbench's TPC-B-like transaction, 4 clients, 15 s, with pg_wal moved onto an ext4 loop \
+                 device limited to 1 MB/s of writes and a 16 MB dirty cap (root only; all removed \
+                 afterwards): each commit waits for its WAL flush (IO:WALSync). --write-limit MBPS / \
+                 --dirty-cap MB set the limits; --write-limit 100000 is the same device unthrottled \
+                 (the baseline)"
+            }
         }
     }
 
     /// pgbench arguments for the run itself.
     pub fn pgbench_args(self) -> &'static [&'static str] {
         match self {
-            Scenario::SelectOnly | Scenario::SnapshotScaling => &["-S", "-M", "prepared"],
+            Scenario::SelectOnly | Scenario::SnapshotScaling | Scenario::CgroupCpuThrottling => {
+                &["-S", "-M", "prepared"]
+            }
             Scenario::Tpcb
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
             | Scenario::DropMany
             | Scenario::CheckpointStall
-            | Scenario::RelationExtension => &[],
+            | Scenario::RelationExtension
+            | Scenario::WalFsyncLatency => &[],
         }
     }
 
@@ -129,7 +152,11 @@ impl Scenario {
     pub fn pgbench_init(self) -> bool {
         matches!(
             self,
-            Scenario::SelectOnly | Scenario::Tpcb | Scenario::SnapshotScaling
+            Scenario::SelectOnly
+                | Scenario::Tpcb
+                | Scenario::SnapshotScaling
+                | Scenario::CgroupCpuThrottling
+                | Scenario::WalFsyncLatency
         )
     }
 
@@ -148,9 +175,10 @@ impl Scenario {
             | Scenario::DropMany
             | Scenario::CheckpointStall
             | Scenario::SnapshotScaling
-            | Scenario::RelationExtension => 1,
+            | Scenario::RelationExtension
+            | Scenario::CgroupCpuThrottling => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
-            Scenario::Tpcb => 7,
+            Scenario::Tpcb | Scenario::WalFsyncLatency => 7,
         }
     }
 }

@@ -46,6 +46,14 @@ pub fn lab_json(args: &[&str], out: &Path) -> Value {
     run_json(Command::cargo_bin("pgbelow").unwrap(), args, out)
 }
 
+/// `lab run --scenario select-only ARGS --format json` (see [`lab_json`]).
+pub fn lab_select_only(args: &[&str], out: &Path) -> Value {
+    let mut all = vec!["lab", "run", "--scenario", "select-only"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--format", "json"]);
+    lab_json(&all, out)
+}
+
 pub fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
     r["findings"]
         .as_array()
@@ -218,5 +226,36 @@ pub fn bpf_leaked(
             return (after, leaked);
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// checkpoint-stall's device (also wal-fsync-latency's), its mount and
+/// its limits are gone, and the lab's cluster.
+pub fn assert_stall_device_removed(out: &Path) {
+    assert_torn_down(out);
+    let m = manifest(out);
+    let dev = &m["facts"]["stall_device"];
+    let mount = dev["mount"].as_str().expect("stall_device fact");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(mount), "{mount} still mounted");
+    let image = Path::new(mount).parent().unwrap();
+    assert!(!image.exists(), "{} left behind", image.display());
+    let loops = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .unwrap();
+    let loops = String::from_utf8_lossy(&loops.stdout);
+    assert!(
+        !loops.contains(image.to_str().unwrap()),
+        "loop device still attached: {loops}"
+    );
+    let mm = dev["maj_min"].as_str().unwrap();
+    let v1 = Path::new("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device");
+    if v1.exists() {
+        let limits = std::fs::read_to_string(v1).unwrap();
+        assert!(
+            !limits.lines().any(|l| l.starts_with(&format!("{mm} "))),
+            "write limit on {mm} left: {limits}"
+        );
     }
 }

@@ -11,6 +11,7 @@ use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject};
 
 use crate::collect::syscalls::counter::procwalk;
+use crate::collect::tracked;
 
 #[allow(
     clippy::all,
@@ -122,8 +123,6 @@ fn prog_stats(fd: i32) -> (u64, u64) {
 pub struct Loaded<'obj> {
     pub skel: OffcpuSkel<'obj>,
     bss: *mut types::bss,
-    bits: *mut u64,
-    words: usize,
 }
 
 impl<'obj> Loaded<'obj> {
@@ -148,20 +147,7 @@ impl<'obj> Loaded<'obj> {
             .as_deref_mut()
             .map(|b| b as *mut types::bss)
             .context("the BPF .bss section is not mmap'ed")?;
-        // SAFETY: only a field address inside the live mapping.
-        let bits = unsafe { std::ptr::addr_of_mut!((*bss).tracked_bits) };
-        let words = {
-            fn len<const N: usize>(_: *mut [u64; N]) -> usize {
-                N
-            }
-            len(bits)
-        };
-        let me = Loaded {
-            skel,
-            bss,
-            bits: bits.cast::<u64>(),
-            words,
-        };
+        let me = Loaded { skel, bss };
         for &r in roots {
             me.track(r);
         }
@@ -179,16 +165,12 @@ impl<'obj> Loaded<'obj> {
         Ok(me)
     }
 
-    fn word(&self, i: usize) -> Option<&AtomicU64> {
-        // SAFETY: in bounds of the mmap'ed .bss that lives as long as the
-        // skeleton; the kernel writes it too, so access is atomic only.
-        (i < self.words).then(|| unsafe { AtomicU64::from_ptr(self.bits.add(i)) })
-    }
-
     fn track(&self, tgid: u32) {
-        if let Some(w) = self.word(tgid as usize / 64) {
-            w.fetch_or(1u64 << (tgid % 64), Ordering::SeqCst);
-        }
+        // SAFETY: a field address inside the mmap'ed .bss, which lives as
+        // long as the skeleton; the kernel writes it too, so access is
+        // atomic only.
+        let words = unsafe { tracked::words(std::ptr::addr_of_mut!((*self.bss).tracked_bits)) };
+        tracked::set(words, tgid, true);
     }
 
     fn load(&self, field: fn(*mut types::bss) -> *mut u64) -> u64 {
@@ -205,8 +187,20 @@ impl<'obj> Loaded<'obj> {
             ring_full: self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).ring_full) }),
             copy_failed: self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).copy_failed) }),
             kstack_lost: self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).kstack_lost) }),
-            short_blocks: self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).short_blocks) }),
+            short_blocks: self.short_blocks(),
         }
+    }
+
+    /// The per-CPU short-block slots, summed.
+    fn short_blocks(&self) -> u64 {
+        // SAFETY: the array is part of the live mapping; each slot is read
+        // atomically while BPF programs may increment it.
+        let slots = unsafe { std::ptr::addr_of_mut!((*self.bss).short_blocks) };
+        let n = unsafe { (*slots).len() };
+        (0..n)
+            .map(|i| unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*slots)[i].n)) })
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// (tgid, state, kernel stack hash) -> (ns, blocks), cumulative.

@@ -34,10 +34,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
-use super::profile::{symbols, unwind};
+use super::profile::{self, symbols, unwind};
 use super::{Collector, Context};
 use crate::procinfo::{self, Role};
-use crate::recording::writer::write_text_atomic;
 use crate::recording::{CollectorInfo, Writer};
 
 /// Files this collector writes into the recording.
@@ -534,23 +533,14 @@ fn write_outputs(dir: &Path, ctx: &Context, o: &Outcome) -> Result<Summary> {
             *folded.entry(line).or_default() += us;
         }
     }
-    let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let mut text = lines.join("\n");
-    if !text.is_empty() {
-        text.push('\n');
-    }
-    write_text_atomic(&dir.join(files::FOLDED), &text)?;
+    let lines = profile::write_folded(&dir.join(files::FOLDED), &folded)?;
     for (role, (pids, mut rs)) in per_role {
         rs.role = role.as_str().to_string();
         rs.pids = pids.len();
         for v in rs.off_cpu_s.values_mut() {
             *v = round6(*v);
         }
-        let prefix = format!("{};", rs.role);
-        let own: Vec<&str> = lines
-            .iter()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .collect();
+        let own = profile::role_lines(&lines, &rs.role);
         if !own.is_empty() {
             let file = files::svg_for(&rs.role);
             let total: f64 = rs.off_cpu_s.values().sum();
@@ -558,10 +548,11 @@ fn write_outputs(dir: &Path, ctx: &Context, o: &Outcome) -> Result<Summary> {
                 "off-CPU stacks: {} ({total:.2} s off the CPU; widths in µs, state first)",
                 rs.role
             );
-            super::profile::flame(
+            profile::flame(
                 &dir.join(&file),
                 &title,
                 "D = uninterruptible, S = sleeping, runq = runnable, waiting for a CPU",
+                "µs",
                 own.into_iter(),
             )?;
             rs.flamegraph = Some(file);

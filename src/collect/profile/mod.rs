@@ -476,12 +476,8 @@ impl ProfileCollector {
             frames: Vec::new(),
             user: Vec::new(),
         };
-        let parents = procinfo::all_parents();
-        for root in ctx.roots() {
-            for pid in procinfo::descendants_in(&parents, root) {
-                let ppid = parents.get(&pid).copied().unwrap_or(0);
-                tracker.add(pid, ppid);
-            }
+        for (pid, ppid) in procinfo::subtree(&ctx.roots()) {
+            tracker.add(pid, ppid);
         }
         let thread = std::thread::Builder::new()
             .name("pgbelow-profile".into())
@@ -764,12 +760,7 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
         0.0
     };
 
-    let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let mut text = lines.join("\n");
-    if !text.is_empty() {
-        text.push('\n');
-    }
-    write_text_atomic(&dir.join(files::FOLDED), &text)?;
+    let lines = write_folded(&dir.join(files::FOLDED), &folded)?;
     if s.samples > 0 {
         let sub = subtitle(&s);
         let title = format!(
@@ -780,6 +771,7 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
             &dir.join(files::SVG_ALL),
             &title,
             &sub,
+            "samples",
             lines.iter().map(|l| l.as_str()),
         )?;
         s.flamegraph = Some(files::SVG_ALL.to_string());
@@ -787,18 +779,20 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
     for (role, (pids, mut rs)) in per_role {
         rs.role = role.as_str().to_string();
         rs.pids = pids.len();
-        let prefix = format!("{};", rs.role);
-        let own: Vec<&str> = lines
-            .iter()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .collect();
+        let own = role_lines(&lines, &rs.role);
         if !own.is_empty() {
             let file = files::svg_for(&rs.role);
             let title = format!(
                 "on-CPU stacks: {} ({} samples at {} Hz)",
                 rs.role, rs.samples, opts.hz
             );
-            flame(&dir.join(&file), &title, &subtitle(&s), own.into_iter())?;
+            flame(
+                &dir.join(&file),
+                &title,
+                &subtitle(&s),
+                "samples",
+                own.into_iter(),
+            )?;
             rs.flamegraph = Some(file);
         }
         s.roles.push(rs);
@@ -899,6 +893,27 @@ fn quality_notes(s: &Summary, ctx: &Context) -> Vec<String> {
     notes
 }
 
+/// Writes `folded` (stack → count) as `stack count` lines; the lines.
+pub(crate) fn write_folded(path: &Path, folded: &BTreeMap<String, u64>) -> Result<Vec<String>> {
+    let lines: Vec<String> = folded.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let mut text = lines.join("\n");
+    if !text.is_empty() {
+        text.push('\n');
+    }
+    write_text_atomic(path, &text)?;
+    Ok(lines)
+}
+
+/// The folded lines of `role` (`role;…`), without the role's frame: the
+/// lines of its flame graph.
+pub(crate) fn role_lines<'a>(lines: &'a [String], role: &str) -> Vec<&'a str> {
+    let prefix = format!("{role};");
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .collect()
+}
+
 /// inferno's options for pgbelow's flame graphs: titled, frames coloured
 /// by name (stable across graphs), deterministic output.
 pub fn flame_options(title: &str, subtitle: &str) -> inferno::flamegraph::Options<'static> {
@@ -913,14 +928,17 @@ pub fn flame_options(title: &str, subtitle: &str) -> inferno::flamegraph::Option
     o
 }
 
-/// Write one SVG flame graph from folded lines (without counts' role prefix as given).
+/// Write one SVG flame graph from folded lines (without counts' role prefix
+/// as given) whose counts are `count_name` (shown on hover: "samples", "µs").
 pub(crate) fn flame<'a>(
     path: &Path,
     title: &str,
     subtitle: &str,
+    count_name: &str,
     lines: impl Iterator<Item = &'a str>,
 ) -> Result<()> {
     let mut o = flame_options(title, subtitle);
+    o.count_name = count_name.to_string();
     let tmp = path.with_extension("svg.tmp");
     let f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     inferno::flamegraph::from_lines(&mut o, lines, BufWriter::new(f))

@@ -12,6 +12,7 @@ use libbpf_rs::{MapCore, MapFlags, OpenObject};
 
 use super::procwalk;
 use super::CountSnapshot;
+use crate::collect::tracked;
 
 #[allow(
     clippy::all,
@@ -74,19 +75,12 @@ struct Bss(NonNull<types::bss>);
 unsafe impl Send for Bss {}
 
 impl Bss {
-    /// Word `i` of the tracked bitmap, if in range.
-    fn word(&self, i: usize) -> Option<&AtomicU64> {
-        fn len<const N: usize>(_: *mut [u64; N]) -> usize {
-            N
-        }
+    /// The tracked bitmap (src/bpf/tracked.h).
+    fn tracked(&self) -> &[AtomicU64] {
         // SAFETY: only a field address is computed (no reference to memory
-        // the kernel writes); the word is in bounds, 8-aligned in a
-        // page-aligned mapping that lives as long as `self`, and all access
-        // to it is atomic.
-        unsafe {
-            let words = std::ptr::addr_of_mut!((*self.0.as_ptr()).tracked_bits);
-            (i < len(words)).then(|| AtomicU64::from_ptr(words.cast::<u64>().add(i)))
-        }
+        // the kernel writes); the array lives in the mapping as long as
+        // `self`, and all access to it is atomic.
+        unsafe { tracked::words(std::ptr::addr_of_mut!((*self.0.as_ptr()).tracked_bits)) }
     }
 
     /// Loads one of the kernel-written u64 counters of the .bss.
@@ -110,15 +104,7 @@ impl Bss {
     }
 
     fn set_tracked(&self, tgid: u32, on: bool) {
-        let Some(w) = self.word(tgid as usize / 64) else {
-            return; // pids are below PID_MAX_LIMIT; nothing to do for others
-        };
-        let bit = 1u64 << (tgid % 64);
-        if on {
-            w.fetch_or(bit, Ordering::SeqCst);
-        } else {
-            w.fetch_and(!bit, Ordering::SeqCst);
-        }
+        tracked::set(self.tracked(), tgid, on);
     }
 }
 

@@ -1,47 +1,13 @@
 //! Finding the descendants of tracked processes in /proc.
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::fs;
 use std::path::Path;
-use std::sync::OnceLock;
+
+pub(super) use crate::procinfo::threads;
+use crate::procinfo::{children, have_children_files};
 
 /// Whether `/proc/<pid>` exists (a zombie not yet reaped by its parent still does).
 pub(super) fn exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// The thread ids of process `pid`; empty if it is gone.
-pub(super) fn threads(pid: u32) -> Vec<u32> {
-    match fs::read_dir(format!("/proc/{pid}/task")) {
-        Ok(dir) => dir
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
-/// Whether the kernel has /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN).
-fn have_children_files() -> bool {
-    static HAVE: OnceLock<bool> = OnceLock::new();
-    *HAVE.get_or_init(|| {
-        let me = std::process::id();
-        Path::new(&format!("/proc/{me}/task/{me}/children")).exists()
-    })
-}
-
-/// The child processes (tgids) of process `pid`, from the children files of
-/// each of its threads.
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for tid in threads(pid) {
-        if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
-            out.extend(parse_children(&text));
-        }
-    }
-    out
-}
-
-pub fn parse_children(text: &str) -> impl Iterator<Item = u32> + '_ {
-    text.split_ascii_whitespace().filter_map(|s| s.parse().ok())
 }
 
 /// parent pid -> child pids, for every process in /proc.
@@ -125,12 +91,6 @@ mod tests {
         assert_eq!(parse_stat_ppid("garbage"), None);
         assert_eq!(parse_stat_ppid("1 (x) S"), None);
         assert_eq!(parse_stat_ppid(""), None);
-    }
-
-    #[test]
-    fn children_list() {
-        assert_eq!(parse_children("12 34 \n").collect::<Vec<_>>(), [12, 34]);
-        assert_eq!(parse_children("").count(), 0);
     }
 
     #[test]

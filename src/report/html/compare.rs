@@ -104,15 +104,12 @@ pub fn render(c: &Comparison, a: (&Report, &Evidence), b: (&Report, &Evidence)) 
         Some(t) => {
             let _ = writeln!(
                 o,
-                "<p class=\"verdict\" id=\"tps-change\">tps {:.1} → {:.1}: <b>{:+.1}%</b> (95% CI {:+.1}% … {:+.1}%, {} vs {} s) — {}<br><small>{}</small></p>",
+                "<p class=\"verdict\" id=\"tps-change\">tps {:.1} → {:.1}: <b>{:+.1}%</b> ({}) — {}<br><small>{}</small></p>",
                 t.mean_a,
                 t.mean_b,
                 t.change_pct,
-                t.ci95_pct[0],
-                t.ci95_pct[1],
-                t.seconds_a,
-                t.seconds_b,
-                if t.significant { "significant" } else { "within noise" },
+                t.interval(),
+                t.verdict(),
                 escape(&t.source)
             );
         }

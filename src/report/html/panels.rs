@@ -90,24 +90,26 @@ pub fn panel(name: &'static str, unit: &str, source: &str, lines: Vec<Line>) -> 
     })
 }
 
-fn line(label: impl Into<String>, s: &Series) -> Line {
-    Line {
-        label: label.into(),
-        points: s.points.iter().map(|p| (p.t, p.value)).collect(),
-        step: false,
-        dash: false,
+impl Line {
+    /// A solid line (not steps, not dashed).
+    fn plain(label: impl Into<String>, points: Vec<(f64, f64)>) -> Line {
+        Line {
+            label: label.into(),
+            points,
+            step: false,
+            dash: false,
+        }
     }
+}
+
+fn line(label: impl Into<String>, s: &Series) -> Line {
+    Line::plain(label, s.points.iter().map(|p| (p.t, p.value)).collect())
 }
 
 /// Plain lines from labelled points.
 fn plain_lines(acc: BTreeMap<String, Vec<(f64, f64)>>) -> Vec<Line> {
     acc.into_iter()
-        .map(|(label, points)| Line {
-            label,
-            points,
-            step: false,
-            dash: false,
-        })
+        .map(|(label, points)| Line::plain(label, points))
         .collect()
 }
 
@@ -154,12 +156,10 @@ fn latency(r: &Report, ev: &Evidence) -> Option<Panel> {
         sources.push(s.source.clone());
     }
     if !ev.progress.is_empty() {
-        lines.push(Line {
-            label: "pgbench latency".into(),
-            points: ev.progress.iter().map(|p| (p.t, p.lat_ms)).collect(),
-            step: false,
-            dash: false,
-        });
+        lines.push(Line::plain(
+            "pgbench latency",
+            ev.progress.iter().map(|p| (p.t, p.lat_ms)).collect(),
+        ));
         sources.push("pgbench progress (-P 1)".into());
     }
     panel("latency", "ms", &sources.join("; "), lines)
@@ -181,12 +181,7 @@ fn states(ev: &Evidence) -> Option<Panel> {
     }
     let lines = acc
         .into_iter()
-        .map(|((role, state), points)| Line {
-            label: format!("{role} {state}"),
-            points,
-            step: false,
-            dash: false,
-        })
+        .map(|((role, state), points)| Line::plain(format!("{role} {state}"), points))
         .collect();
     let hz = ev.procfs.first().map_or(0.0, |s| s.hz);
     panel(
@@ -239,24 +234,12 @@ fn writeback(ev: &Evidence) -> Option<Panel> {
             .collect::<Vec<_>>()
     };
     let lines = vec![
-        Line {
-            label: "Dirty MB".into(),
-            points: pts(&|s| Some(mb(s.dirty_kb))),
-            step: false,
-            dash: false,
-        },
-        Line {
-            label: "Writeback MB".into(),
-            points: pts(&|s| Some(mb(s.writeback_kb))),
-            step: false,
-            dash: false,
-        },
-        Line {
-            label: "dirty background threshold MB".into(),
-            points: pts(&|s| s.dirty_background_threshold_kb.map(mb)),
-            step: false,
-            dash: false,
-        },
+        Line::plain("Dirty MB", pts(&|s| Some(mb(s.dirty_kb)))),
+        Line::plain("Writeback MB", pts(&|s| Some(mb(s.writeback_kb)))),
+        Line::plain(
+            "dirty background threshold MB",
+            pts(&|s| s.dirty_background_threshold_kb.map(mb)),
+        ),
     ];
     panel("writeback", "MB", "/proc/meminfo, /proc/vmstat", lines)
 }

@@ -3,9 +3,6 @@ use std::fmt::Write as _;
 
 pub use crate::evidence::offcpu::*;
 
-/// Frames shown per stack, innermost first.
-const FRAMES_SHOWN: usize = 8;
-
 /// The text rendering.
 pub fn render(s: &OffcpuSection, out: &mut String) {
     let _ = writeln!(
@@ -40,23 +37,13 @@ pub fn render(s: &OffcpuSection, out: &mut String) {
                 .map_or(String::new(), |f| format!("; flame graph {f}"))
         );
         for st in &r.top_stacks {
-            let mut shown: Vec<&str> = st
-                .frames
-                .iter()
-                .rev()
-                .take(FRAMES_SHOWN)
-                .map(String::as_str)
-                .collect();
-            if st.frames.len() > FRAMES_SHOWN {
-                shown.push("…");
-            }
             let _ = writeln!(
                 out,
                 "    {:>4} {:>8.3} s {:>5.1}%  {}",
                 st.state,
                 st.seconds,
                 st.share * 100.0,
-                shown.join(" ← ")
+                super::profile::leaf_first(&st.frames)
             );
         }
     }

@@ -64,29 +64,34 @@ pub fn render(s: &ProfileSection, out: &mut String) {
         rows("on the CPU (leaf frames):", &r.top_leaves, out);
         let _ = writeln!(out, "    top stacks (leaf ← callers):");
         for st in &r.top_stacks {
-            let mut shown: Vec<&str> = st
-                .frames
-                .iter()
-                .rev()
-                .take(STACK_FRAMES_SHOWN)
-                .map(String::as_str)
-                .collect();
-            if st.frames.len() > STACK_FRAMES_SHOWN {
-                shown.push("…");
-            }
             let _ = writeln!(
                 out,
                 "      {:>5.1}%  {:>7}  {}",
                 st.share * 100.0,
                 st.samples,
-                shown.join(" ← ")
+                leaf_first(&st.frames)
             );
         }
     }
 }
 
 /// Frames shown of a stack in the text report, leaf first.
-pub(crate) const STACK_FRAMES_SHOWN: usize = 8;
+const STACK_FRAMES_SHOWN: usize = 8;
+
+/// A root-first stack as the text report shows it: leaf first, the first
+/// [`STACK_FRAMES_SHOWN`] frames, `…` when there are more.
+pub(crate) fn leaf_first(frames: &[String]) -> String {
+    let mut shown: Vec<&str> = frames
+        .iter()
+        .rev()
+        .take(STACK_FRAMES_SHOWN)
+        .map(String::as_str)
+        .collect();
+    if frames.len() > STACK_FRAMES_SHOWN {
+        shown.push("…");
+    }
+    shown.join(" ← ")
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,262 @@
+//! `cgroup-cpu-throttling`: a CFS quota below the cluster's demand stops
+//! every process of the cgroup for the rest of each enforcement period once
+//! the quota is spent — lock holders included — so statements wait runnable
+//! (run-queue time) though the host has idle CPUs.
+//!
+//! Raised from the postmaster's cgroup counters (`cpu.stat` nr_throttled,
+//! throttled time, at its own level or an ancestor's) together with the
+//! run-queue delay of the server's processes (/proc/PID/schedstat), never
+//! from the quota setting alone: a quota the cluster stays under says
+//! nothing.
+use serde_json::json;
+
+use super::{Finding, Rule, Severity};
+use crate::collect::cgroup::CgroupSample;
+use crate::evidence::Evidence;
+use crate::procinfo::Role;
+use crate::round3;
+
+pub const ID: &str = "cgroup-cpu-throttling";
+
+/// Seconds in which some period was throttled, before anything is said.
+const MIN_THROTTLED_SECONDS: usize = 3;
+/// Share of enforcement periods throttled.
+const WARN_SHARE: f64 = 0.2;
+const CRITICAL_SHARE: f64 = 0.5;
+/// The server's processes must wait for a CPU at least this many seconds per
+/// second of recording (throttled tasks count as runnable in schedstat).
+const MIN_RUNQ_PER_S: f64 = 0.05;
+
+/// Throttling of one cgroup level over the recording.
+#[derive(Debug, Default)]
+struct Level {
+    cgroup: String,
+    quota_cpus: Option<f64>,
+    seconds: f64,
+    periods: u64,
+    throttled: u64,
+    throttled_s: f64,
+    throttled_seconds: usize,
+    /// Highest share of periods throttled in one sample, and when.
+    worst: (f64, f64),
+}
+
+fn levels(samples: &[CgroupSample]) -> Vec<Level> {
+    let mut out: Vec<Level> = Vec::new();
+    for s in samples {
+        for l in &s.levels {
+            let i = match out.iter().position(|x| x.cgroup == l.cgroup) {
+                Some(i) => i,
+                None => {
+                    out.push(Level {
+                        cgroup: l.cgroup.clone(),
+                        ..Default::default()
+                    });
+                    out.len() - 1
+                }
+            };
+            let x = &mut out[i];
+            x.quota_cpus = l.quota_cpus.or(x.quota_cpus);
+            x.seconds += s.dt;
+            x.periods += l.periods;
+            x.throttled += l.throttled_periods;
+            x.throttled_s += l.throttled_s;
+            if l.throttled_periods > 0 {
+                x.throttled_seconds += 1;
+            }
+            let share = l.throttled_periods as f64 / l.periods.max(1) as f64;
+            if share > x.worst.0 {
+                x.worst = (share, s.t);
+            }
+        }
+    }
+    out
+}
+
+pub struct CgroupThrottling;
+
+impl Rule for CgroupThrottling {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
+        let worst = levels(&rec.cgroup)
+            .into_iter()
+            .filter(|l| l.throttled_seconds >= MIN_THROTTLED_SECONDS && l.periods > 0)
+            .max_by(|a, b| a.throttled_s.total_cmp(&b.throttled_s))?;
+        let share = worst.throttled as f64 / worst.periods as f64;
+        if share < WARN_SHARE {
+            return None;
+        }
+        let (a, b) = (
+            rec.cgroup.first().map_or(0.0, |s| s.t - s.dt),
+            rec.cgroup.last().map_or(0.0, |s| s.t),
+        );
+        let secs = (b - a).max(1e-9);
+        // Run-queue time of the server's processes in the same window.
+        let procfs = rec.recorded("procfs").then(|| rec.procfs_in(Some((a, b))));
+        let server = |f: fn(&crate::evidence::procfs::RoleProcfs) -> f64| {
+            procfs.as_ref().map(|p| {
+                p.roles
+                    .iter()
+                    .filter(|(r, _)| !matches!(r, Role::Observer | Role::Other))
+                    .map(|(_, x)| f(x))
+                    .sum::<f64>()
+            })
+        };
+        let runq_s = server(|x| x.runq_s);
+        let cpu_s = server(|x| x.cpu_s);
+        let backend = procfs
+            .as_ref()
+            .and_then(|p| p.roles.get(&Role::Backend))
+            .map(|x| (x.runq_s, x.cpu_s));
+        if runq_s.is_some_and(|r| r / secs < MIN_RUNQ_PER_S) {
+            return None;
+        }
+        let severity = if share >= CRITICAL_SHARE {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
+        let quota = worst
+            .quota_cpus
+            .map_or("no quota recorded at this level".to_string(), |q| {
+                format!("a quota of {q} CPU")
+            });
+        let runq_text = match (runq_s, cpu_s) {
+            (Some(r), Some(c)) => format!(
+                " Meanwhile the server's processes waited {r:.1} s runnable for a CPU ({:.2} s per second) against \
+                 {c:.1} s on a CPU{}.",
+                r / secs,
+                backend.map_or(String::new(), |(br, bc)| format!(
+                    "; the backends {br:.1} s waiting against {bc:.1} s running"
+                )),
+            ),
+            _ => " (run-queue time not recorded: the procfs collector was off)".into(),
+        };
+        let latency = rec
+            .workload
+            .as_ref()
+            .and_then(|w| w.latency_avg_ms.map(|l| (l, w.tps)));
+        Some(Finding {
+            id: ID.into(),
+            severity,
+            title: "The cluster's CPU quota throttles it".into(),
+            summary: format!(
+                "The cgroup {cg} ({quota}) was throttled in {thr} of {per} CFS periods ({pct:.0} %), \
+                 {ts:.1} s in all ({tps:.2} s per second): every process in it, lock holders included, \
+                 stopped until the next period.{runq_text}{lat}",
+                cg = worst.cgroup,
+                thr = worst.throttled,
+                per = worst.periods,
+                pct = share * 100.0,
+                ts = worst.throttled_s,
+                tps = worst.throttled_s / secs,
+                lat = latency.map_or(String::new(), |(l, t)| format!(
+                    " pgbench: {t:.0} tps, {l:.2} ms average latency."
+                )),
+            ),
+            evidence: json!({
+                "cgroup": worst.cgroup,
+                "quota_cpus": worst.quota_cpus,
+                "periods": worst.periods,
+                "throttled_periods": worst.throttled,
+                "throttled_share": round3(share),
+                "throttled_s": round3(worst.throttled_s),
+                "throttled_s_per_s": round3(worst.throttled_s / secs),
+                "throttled_seconds": worst.throttled_seconds,
+                "worst_second": {"t": round3(worst.worst.1), "throttled_share": round3(worst.worst.0)},
+                "server_runq_s": runq_s.map(round3),
+                "server_runq_s_per_s": runq_s.map(|r| round3(r / secs)),
+                "server_cpu_s": cpu_s.map(round3),
+                // Throttled cgroup time against the processes' run-queue
+                // time: the rest of the wait is the host's own contention.
+                "throttled_share_of_runq": runq_s.filter(|r| *r > 0.0).map(|r| round3((worst.throttled_s / r).min(1.0))),
+                "backend_runq_s": backend.map(|b| round3(b.0)),
+                "backend_cpu_s": backend.map(|b| round3(b.1)),
+                "latency_avg_ms": latency.map(|l| l.0),
+                "window_s": [round3(a), round3(b)],
+            }),
+            remedy: "Give the cluster the CPU it uses or stop the quota from cutting it into periods: raise the \
+                     quota to at least the cluster's peak demand (cgroup v1: cpu.cfs_quota_us / cpu.cfs_period_us; \
+                     v2: cpu.max; Kubernetes: the container's CPU limit), or remove it (-1 / max) and share CPU \
+                     by weight instead (cpu.shares / cpu.weight; Kubernetes: requests without a limit). Where a \
+                     quota must stay, allow bursts (cpu.cfs_burst_us / cpu.max.burst, kernel 5.14+) and keep \
+                     the cluster's own parallelism within it: max_connections through a pooler, \
+                     max_parallel_workers_per_gather and autovacuum_max_workers no higher than the CPUs the \
+                     quota gives. Prove the change with `pgbelow compare A B`."
+                .into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyse::fixture;
+
+    // Real lab runs on PostgreSQL 15.18, this 2-vCPU VM under load 8 from
+    // other jobs: `pgbelow lab run --scenario cgroup-cpu-throttling
+    // [--cpu-quota 0.25|0.5|0]` (15 s, 2 clients, select-only).
+    #[test]
+    fn fires_critical_under_a_quarter_cpu_quota() {
+        let rec = fixture("pg15-cgroup-cpu-quota-0.25");
+        let f = CgroupThrottling.evaluate(&rec).expect("finding");
+        assert_eq!(f.id, ID);
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.evidence["quota_cpus"], 0.25);
+        assert_eq!(f.evidence["periods"], 154);
+        assert_eq!(f.evidence["throttled_periods"], 150);
+        assert_eq!(f.evidence["throttled_s"], 9.547);
+        assert!(f.evidence["cgroup"]
+            .as_str()
+            .unwrap()
+            .starts_with("/pgbelow-cpu-"));
+        let runq = f.evidence["backend_runq_s"].as_f64().unwrap();
+        let cpu = f.evidence["backend_cpu_s"].as_f64().unwrap();
+        assert!(runq > cpu, "{runq} {cpu}");
+        assert!(f.summary.contains("0.25 CPU"), "{}", f.summary);
+        assert!(f.remedy.contains("cpu.cfs_quota_us") && f.remedy.contains("cpu.max"));
+    }
+
+    #[test]
+    fn a_warning_when_less_than_half_the_periods_are_throttled() {
+        let f = CgroupThrottling
+            .evaluate(&fixture("pg15-cgroup-cpu-quota-0.5"))
+            .expect("finding");
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(f.evidence["throttled_periods"], 67);
+        // Most of the run-queue wait there was the loaded host's own.
+        assert!(f.evidence["throttled_share_of_runq"].as_f64().unwrap() < 0.2);
+    }
+
+    #[test]
+    fn silent_without_a_quota() {
+        let rec = fixture("pg15-cgroup-cpu-no-quota");
+        assert!(!rec.cgroup.is_empty());
+        assert!(rec.cgroup.iter().all(|s| s.levels[0].periods == 0));
+        assert!(CgroupThrottling.evaluate(&rec).is_none());
+    }
+
+    #[test]
+    fn decided_by_the_counters_not_the_quota() {
+        // The same quota, but the cluster never spent it: nothing to say.
+        let mut rec = fixture("pg15-cgroup-cpu-quota-0.25");
+        for s in &mut rec.cgroup {
+            for l in &mut s.levels {
+                l.throttled_periods = 0;
+                l.throttled_s = 0.0;
+            }
+        }
+        assert!(CgroupThrottling.evaluate(&rec).is_none());
+        // Throttled, but the server's processes never waited for a CPU.
+        let mut rec = fixture("pg15-cgroup-cpu-quota-0.25");
+        for s in &mut rec.procfs {
+            for d in s.procs.values_mut() {
+                d.runq_s = 0.0;
+            }
+        }
+        assert!(CgroupThrottling.evaluate(&rec).is_none());
+    }
+}

@@ -1,0 +1,220 @@
+//! `wal-fsync-latency`: commits wait on a slow fdatasync/fsync of WAL.
+//! Every commit (synchronous_commit on) flushes WAL up to its record before
+//! it returns; when the device is slow the committing backend waits in
+//! `IO:WALSync` (or on `LWLock:WALWrite` behind the one flushing), and
+//! transactions waiting on its row locks wait with it.
+//!
+//! Raised from what any server yields: `pg_stat_activity` wait samples of
+//! the backends (and the WAL writer), and `pg_stat_wal` sync counts and time
+//! where the server has them (14+; time with track_wal_io_timing). Neither
+//! the version nor a setting decides it.
+use serde_json::json;
+
+use super::{Finding, Rule, Severity};
+use crate::evidence::pgstat::summarize_waits;
+use crate::evidence::Evidence;
+use crate::procinfo::Role;
+use crate::round3;
+
+pub const ID: &str = "wal-fsync-latency";
+
+/// Waits that mean "flushing WAL, or queued behind the flush".
+const WAL_WAITS: &[&str] = &[
+    "IO:WALSync",
+    "IO:WALWrite",
+    "LWLock:WALWrite",
+    "LWLock:WALWriteLock",
+];
+/// Backends in WAL waits on average, and their share of busy backends.
+const MIN_AVG_BACKENDS: f64 = 0.2;
+const MIN_SHARE: f64 = 0.1;
+/// A measured mean WAL sync below this is not slow, whatever the waits say.
+const MIN_SYNC_MS: f64 = 2.0;
+/// Critical from this mean sync, or this share of busy backends.
+const CRITICAL_SYNC_MS: f64 = 20.0;
+const CRITICAL_SHARE: f64 = 0.5;
+
+/// `pg_stat_wal` over the recording: syncs, and their time when timed.
+fn wal_syncs(rec: &Evidence) -> Option<(u64, Option<f64>, f64)> {
+    let rows: Vec<_> = rec
+        .server
+        .iter()
+        .filter_map(|s| Some((s.t, s.wal.as_ref()?)))
+        .filter(|(_, w)| w.sync.is_some())
+        .collect();
+    let (t0, a) = rows.first()?;
+    let (t1, b) = rows.last()?;
+    if t1 <= t0 {
+        return None;
+    }
+    let n = b.sync?.saturating_sub(a.sync?);
+    let ms = match (a.sync_time_ms, b.sync_time_ms) {
+        (Some(x), Some(y)) if y > 0.0 => Some((y - x).max(0.0)),
+        _ => None,
+    };
+    Some((n, ms, t1 - t0))
+}
+
+pub struct WalFsync;
+
+impl Rule for WalFsync {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
+        let (ticks, roles) = summarize_waits(&rec.waits);
+        if ticks == 0 {
+            return None;
+        }
+        let in_wal = |role: Role| {
+            roles.iter().find(|r| r.role == role).map(|r| {
+                let avg: f64 = r
+                    .top
+                    .iter()
+                    .filter(|w| WAL_WAITS.contains(&w.wait.as_str()))
+                    .map(|w| w.avg_backends)
+                    .sum();
+                (avg, r.avg_busy)
+            })
+        };
+        let (avg, busy) = in_wal(Role::Backend)?;
+        let share = avg / busy.max(1e-9);
+        if avg < MIN_AVG_BACKENDS || share < MIN_SHARE {
+            return None;
+        }
+        let syncs = wal_syncs(rec);
+        let ms_per_sync = syncs.and_then(|(n, ms, _)| ms.filter(|_| n > 0).map(|m| m / n as f64));
+        if ms_per_sync.is_some_and(|m| m < MIN_SYNC_MS) {
+            return None;
+        }
+        let lock_waits: f64 = roles
+            .iter()
+            .find(|r| r.role == Role::Backend)
+            .map_or(0.0, |r| {
+                r.top
+                    .iter()
+                    .filter(|w| w.wait.starts_with("Lock:transactionid") || w.wait == "Lock:tuple")
+                    .map(|w| w.avg_backends)
+                    .sum()
+            });
+        let severity =
+            if ms_per_sync.is_some_and(|m| m >= CRITICAL_SYNC_MS) || share >= CRITICAL_SHARE {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            };
+        let sync_text = match (syncs, ms_per_sync) {
+            (Some((n, _, s)), Some(m)) => format!(
+                " pg_stat_wal: {n} WAL syncs in {s:.0} s ({:.1}/s), {m:.1} ms each on average.",
+                n as f64 / s
+            ),
+            (Some((n, _, s)), None) => format!(
+                " pg_stat_wal: {n} WAL syncs in {s:.0} s ({:.1}/s); their time is not measured \
+                 (track_wal_io_timing is off).",
+                n as f64 / s
+            ),
+            _ => String::new(),
+        };
+        let lock_text = if lock_waits >= 0.1 {
+            format!(
+                " Another {lock_waits:.2} backends on average waited on row locks \
+                 (Lock:transactionid/tuple) held by transactions that were committing."
+            )
+        } else {
+            String::new()
+        };
+        let latency = rec
+            .workload
+            .as_ref()
+            .and_then(|w| w.latency_avg_ms.map(|l| (l, w.tps)));
+        let walwriter = in_wal(Role::Walwriter).map(|w| w.0);
+        Some(Finding {
+            id: ID.into(),
+            severity,
+            title: "Commits wait on slow WAL flushes".into(),
+            summary: format!(
+                "On average {avg:.2} of {busy:.2} busy backends ({pct:.0} %) were flushing WAL or queued \
+                 behind the flush (IO:WALSync, IO:WALWrite, LWLock:WALWrite in pg_stat_activity).\
+                 {sync_text}{lock_text}{lat}",
+                pct = share * 100.0,
+                lat = latency.map_or(String::new(), |(l, t)| format!(
+                    " pgbench: {t:.0} tps, {l:.1} ms average latency."
+                )),
+            ),
+            evidence: json!({
+                "backends_in_wal_waits": round3(avg),
+                "backends_busy": round3(busy),
+                "share_of_busy_backends": round3(share),
+                "backends_in_row_lock_waits": round3(lock_waits),
+                "walwriter_in_wal_waits": walwriter.map(round3),
+                "wal_syncs": syncs.map(|s| s.0),
+                "wal_syncs_per_s": syncs.map(|(n, _, s)| round3(n as f64 / s)),
+                "wal_sync_ms_mean": ms_per_sync.map(round3),
+                "wait_samples": ticks,
+                "latency_avg_ms": latency.map(|l| l.0),
+            }),
+            remedy: "Put WAL on storage with a low flush latency: pg_wal on its own fast device (initdb \
+                     --waldir, or move pg_wal and symlink it while the server is stopped), a device with a \
+                     power-loss-protected write cache, no I/O throttle on it; check wal_sync_method with \
+                     pg_test_fsync on that device. To need fewer flushes: commit_delay (e.g. 1000 µs with \
+                     commit_siblings=5) groups concurrent commits into one flush; synchronous_commit=off for \
+                     transactions that may lose their last ~3× wal_writer_delay on a crash (no corruption) \
+                     — per session or per transaction, not server-wide for data that must survive. \
+                     track_wal_io_timing=on makes pg_stat_wal measure the sync time (14+; in pg_stat_io on 18)."
+                .into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyse::fixture;
+
+    // Real attach-mode recordings (`pgbelow record --pid PM --dsn … --duration
+    // 10 --collectors procfs,system,pgstat`) of PostgreSQL 15.18 under
+    // `pgbench -c 4 -T 16` (tpcb, scale 1), track_wal_io_timing=on, pg_wal
+    // on an ext4 loop device with blkio.throttle.write_iops_device=40 vs on
+    // tmpfs: 19 vs 1062 tps, 209 vs 3.8 ms.
+    #[test]
+    fn fires_with_pg_wal_on_a_slow_device() {
+        let f = WalFsync
+            .evaluate(&fixture("pg15-attach-wal-slow-device"))
+            .expect("finding");
+        assert_eq!(f.id, ID);
+        assert_eq!(f.severity, Severity::Critical);
+        let ms = f.evidence["wal_sync_ms_mean"].as_f64().unwrap();
+        assert!(ms > 20.0, "{}", f.evidence);
+        assert!(f.evidence["backends_in_wal_waits"].as_f64().unwrap() >= 0.5);
+        assert!(f.evidence["backends_in_row_lock_waits"].as_f64().unwrap() > 1.0);
+        assert!(f.remedy.contains("commit_delay") && f.remedy.contains("synchronous_commit"));
+    }
+
+    #[test]
+    fn silent_with_pg_wal_on_tmpfs() {
+        let rec = fixture("pg15-attach-wal-tmpfs");
+        assert!(!rec.waits.is_empty());
+        assert!(WalFsync.evaluate(&rec).is_none());
+    }
+
+    #[test]
+    fn decided_by_the_waits_not_the_sync_timing() {
+        // Without pg_stat_wal (before 14, or no connection rights): the
+        // waits alone still raise it, as a warning or worse.
+        let mut rec = fixture("pg15-attach-wal-slow-device");
+        for s in &mut rec.server {
+            s.wal = None;
+        }
+        let f = WalFsync.evaluate(&rec).expect("finding from waits");
+        assert_eq!(f.evidence["wal_sync_ms_mean"], serde_json::Value::Null);
+        // A fast measured sync overrules a few WAL waits.
+        let mut rec = fixture("pg15-attach-wal-slow-device");
+        for s in &mut rec.server {
+            if let Some(w) = s.wal.as_mut() {
+                w.sync_time_ms = w.sync.map(|n| n as f64 * 0.1);
+            }
+        }
+        assert!(WalFsync.evaluate(&rec).is_none());
+    }
+}

@@ -1,0 +1,73 @@
+//! Case `cgroup-cpu-throttling` end to end on real PostgreSQL: the lab puts
+//! the cluster in a cpu cgroup with a CFS quota below its demand, the
+//! system collector reads the cgroup's cpu.stat, and the finding follows
+//! the measured throttling — raised with the quota, not without it. The
+//! cgroup is gone afterwards. Root only (cgroups); machine-wide state, so
+//! `common::exclusive()` (through `lab_json`).
+use std::path::Path;
+
+use serde_json::Value;
+
+mod common;
+use common::{assert_torn_down, finding};
+
+const ID: &str = "cgroup-cpu-throttling";
+
+fn lab_run(extra: &[&str], out: &Path) -> Value {
+    let mut args = vec![
+        "lab",
+        "run",
+        "--scenario",
+        "cgroup-cpu-throttling",
+        "--duration",
+        "8",
+        "--collectors",
+        "procfs,system,pgstat",
+        "--format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    common::lab_json(&args, out)
+}
+
+fn no_cgroup_left() {
+    for root in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup"] {
+        let left: Vec<String> = std::fs::read_dir(root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("pgbelow-cpu-"))
+            .collect();
+        assert!(left.is_empty(), "cgroups left in {root}: {left:?}");
+    }
+}
+
+#[test]
+fn quota_below_demand_raises_the_finding_and_none_does_not() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: cgroup-cpu-throttling needs root (a cpu cgroup)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("quota");
+    let r = lab_run(&[], &out);
+    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    let ev = &f["evidence"];
+    assert_eq!(ev["quota_cpus"], 0.25, "{ev}");
+    let share = ev["throttled_share"].as_f64().unwrap();
+    assert!(share >= 0.5, "throttled share {share}: {ev}");
+    assert_eq!(f["severity"], "critical", "{ev}");
+    let tps_quota = r["workload"]["tps"].as_f64().unwrap();
+    assert_torn_down(&out);
+    no_cgroup_left();
+
+    let out = d.path().join("none");
+    let r = lab_run(&["--cpu-quota", "0"], &out);
+    assert!(finding(&r, ID).is_none(), "finding without a quota: {r:#}");
+    let tps_none = r["workload"]["tps"].as_f64().unwrap();
+    assert_torn_down(&out);
+    no_cgroup_left();
+    eprintln!("tps with a 0.25 CPU quota {tps_quota:.0}, without {tps_none:.0}");
+}
