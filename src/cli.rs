@@ -133,6 +133,10 @@ pub enum LabCommand {
     Run(LabRunArgs),
     /// List the built-in scenarios.
     List,
+    /// Run one scenario on several PostgreSQL majors (K runs each) and print
+    /// one row per major: its key figure (median), whether the finding fired,
+    /// and the commit that changed it.
+    Matrix(LabMatrixArgs),
     /// Undo what killed pgbelow runs left (servers, loop devices, mounts,
     /// cgroups, I/O limits, temp dirs), as their cleanup ledger lists it.
     Cleanup,
@@ -146,6 +150,8 @@ pub enum ScenarioArg {
     SyncrepCommit,
     DropMany,
     CheckpointStall,
+    SnapshotScaling,
+    RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
 }
@@ -264,6 +270,10 @@ pub struct LabRunArgs {
     /// calibrated, 4 s of the workload's dirtying, 16–256 MB).
     #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u32).range(1..=1000000))]
     pub dirty_cap: Option<u32>,
+    /// snapshot-scaling: connections held idle during the run (default 1000;
+    /// max_connections is set to fit unless --set gives it).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100000))]
+    pub idle_connections: Option<u32>,
     /// cgroup-cpu-throttling: the cluster's CFS quota in CPUs per 100 ms
     /// period (default 0.25; 0: no quota, the healthy baseline).
     #[arg(long, value_name = "CPUS", value_parser = parse_cpu_quota)]
@@ -272,6 +282,50 @@ pub struct LabRunArgs {
     pub collection: Collection,
     #[command(flatten)]
     pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct LabMatrixArgs {
+    /// Scenario with a key figure: snapshot-scaling, relation-extension, select-only (with statement_timeout=10s).
+    #[arg(long, value_enum)]
+    pub scenario: ScenarioArg,
+    /// PostgreSQL majors, comma-separated (10–18; fetched from npm unless the system's).
+    #[arg(long, value_name = "LIST", value_parser = pgbelow::matrix::parse_majors)]
+    pub pg: ::std::vec::Vec<u32>,
+    /// Runs per major; the table shows the median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub repeat: u32,
+    /// Seconds of workload per run.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=86400))]
+    pub duration: u32,
+    /// pgbench clients (default: the scenario's, as `lab run`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub clients: Option<u32>,
+    /// pgbench scale factor.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100000))]
+    pub scale: u32,
+    /// A server setting for every run, repeatable.
+    #[arg(long = "set", value_name = "GUC=VALUE", value_parser = parse_guc)]
+    pub set: Vec<(String, String)>,
+    /// snapshot-scaling: idle connections (default 1000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100000))]
+    pub idle_connections: Option<u32>,
+    /// Collectors to run in every run (default: the lab's).
+    #[arg(long, value_name = "LIST")]
+    pub collectors: Option<String>,
+    /// Directory for the runs' recordings and matrix.json (default:
+    /// ./pgbelow-runs/matrix-<scenario>-<time>).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Table format on stdout (text is a Markdown table).
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: MatrixFormat,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum MatrixFormat {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -368,7 +422,12 @@ impl LabRunArgs {
         use ScenarioArg::*;
         let s = self.scenario;
         let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 9] = [
+        let checks: [(bool, &str, &str); 10] = [
+            (
+                self.idle_connections.is_some() && s != SnapshotScaling,
+                "--idle-connections",
+                "snapshot-scaling",
+            ),
             (self.tables.is_some() && !drop_many, "--tables", "drop-many"),
             (
                 self.empty_tables && !drop_many,
@@ -407,9 +466,13 @@ impl LabRunArgs {
                 "cgroup-cpu-throttling",
             ),
             (
-                self.checkpoint_at.is_some() && !matches!(s, SelectOnly | Tpcb | CheckpointStall),
+                self.checkpoint_at.is_some()
+                    && !matches!(
+                        s,
+                        SelectOnly | Tpcb | CheckpointStall | SnapshotScaling | RelationExtension
+                    ),
                 "--checkpoint-at",
-                "select-only, tpcb and checkpoint-stall (the pgbench workloads)",
+                "select-only, tpcb, checkpoint-stall, snapshot-scaling and relation-extension (the pgbench workloads)",
             ),
         ];
         checks

@@ -53,6 +53,9 @@ pub struct LabOptions {
     /// `--checkpoint-at S`: issue CHECKPOINT this many seconds into a
     /// pgbench workload, to see what one does under load.
     pub checkpoint_at: Option<u32>,
+    /// `snapshot-scaling`: idle connections held during the run (default
+    /// [`crate::scenarios::snapshot_scaling::DEFAULT_IDLE`]).
+    pub idle_connections: Option<u32>,
     /// `cgroup-cpu-throttling`'s CFS quota in CPUs (None: its default; 0: none).
     pub cpu_quota: Option<f64>,
 }
@@ -80,6 +83,7 @@ impl LabOptions {
             drop_many: Default::default(),
             stall: Default::default(),
             checkpoint_at: None,
+            idle_connections: None,
             cpu_quota: None,
         }
     }
@@ -145,6 +149,14 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         Scenario::CheckpointStall => {
             crate::scenarios::checkpoint_stall::require_root()?;
             with_defaults = crate::scenarios::checkpoint_stall::with_defaults(opts);
+            &with_defaults
+        }
+        Scenario::SnapshotScaling => {
+            with_defaults = crate::scenarios::snapshot_scaling::with_defaults(opts);
+            &with_defaults
+        }
+        Scenario::RelationExtension => {
+            with_defaults = crate::scenarios::relation_extension::with_defaults(opts);
             &with_defaults
         }
         Scenario::WalFsyncLatency => {
@@ -366,6 +378,7 @@ fn run_on(
     check_interrupt()?;
     cluster.psql("postgres", "CREATE DATABASE bench")?;
     let mut limits = None;
+    let mut idle = None;
     let target = PgbenchTarget {
         host: cluster.socket_dir().display().to_string(),
         port: cluster.port(),
@@ -377,6 +390,15 @@ fn run_on(
         // A stop that came before a command started does not end it: check.
         check_interrupt()?;
         pgbench.init(&target, opts.scale)?;
+        if opts.scenario == Scenario::SnapshotScaling {
+            use crate::scenarios::snapshot_scaling as snap;
+            // Held until this function returns: after the recording is written.
+            idle = Some(snap::open_idle(
+                &cluster.conninfo("bench"),
+                snap::idle_count(opts),
+                status,
+            )?);
+        }
         if let (Scenario::WalFsyncLatency, Some(dev)) = (opts.scenario, stall.as_deref_mut()) {
             let l = crate::scenarios::wal_fsync::limits(&opts.stall);
             // The copied segments and the load's WAL are written back before
@@ -459,6 +481,11 @@ fn run_on(
         });
     }
     manifest.scenario = Some(scenario_info(opts));
+    if let Some(i) = &idle {
+        manifest
+            .facts
+            .insert("idle_connections".into(), serde_json::json!(i.len()));
+    }
     let nodes = topo
         .nodes()
         .into_iter()

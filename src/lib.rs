@@ -15,6 +15,7 @@ pub mod evidence;
 pub mod interrupt;
 pub mod lab;
 pub mod ledger;
+pub mod matrix;
 pub mod procinfo;
 pub mod provision;
 pub mod recording;

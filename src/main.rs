@@ -170,6 +170,56 @@ fn pprof(ev: &Evidence, output: Option<&std::path::Path>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `pgbelow lab matrix`: the runs, then the table on stdout and
+/// `matrix.json` beside the recordings.
+fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
+    let name = a
+        .scenario
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    let scenario = Scenario::parse(&name)
+        .ok_or_else(|| anyhow::anyhow!("scenario {name} has no lab workload"))?;
+    let mut base = LabOptions::new(scenario, PgChoice::System);
+    base.set = a.set;
+    base.duration_s = a.duration;
+    base.clients = a.clients.unwrap_or(match scenario {
+        Scenario::SnapshotScaling => pgbelow::scenarios::snapshot_scaling::DEFAULT_CLIENTS,
+        Scenario::RelationExtension => pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS,
+        Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
+        Scenario::SyncrepCommit => 8,
+        _ => 1,
+    });
+    base.scale = a.scale;
+    base.idle_connections = a.idle_connections;
+    base.collectors = collect::parse_list(a.collectors.as_deref())?;
+    base.show_progress = show;
+    let out = a.out.unwrap_or_else(|| {
+        let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+        std::path::PathBuf::from("pgbelow-runs").join(format!("matrix-{name}-{stamp}"))
+    });
+    let opts = pgbelow::matrix::MatrixOptions {
+        base,
+        majors: a.pg,
+        repeat: a.repeat,
+        out: out.clone(),
+    };
+    let m = pgbelow::matrix::run(&opts, &|s: &str| {
+        if show {
+            eprintln!("pgbelow: {s}");
+        }
+    })?;
+    let json = serde_json::to_string_pretty(&m)? + "\n";
+    std::fs::create_dir_all(&out)?;
+    pgbelow::recording::writer::write_text_atomic(&out.join("matrix.json"), &json)?;
+    print(&match a.format {
+        cli::MatrixFormat::Text => pgbelow::matrix::render_text(&m),
+        cli::MatrixFormat::Json => json,
+    })?;
+    eprintln!("pgbelow: matrix and recordings in {}", out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     let show = std::io::IsTerminal::is_terminal(&std::io::stderr())
         || std::env::var_os("PGBELOW_PROGRESS").is_some();
@@ -182,6 +232,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             print(&s)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Lab(LabCommand::Matrix(a)) => lab_matrix(a, show),
         Command::Lab(LabCommand::Cleanup) => {
             let r = ledger::reclaim_dead();
             let mut s = String::new();
@@ -245,6 +296,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::SyncrepCommit => Scenario::SyncrepCommit,
                     ScenarioArg::DropMany => Scenario::DropMany,
                     ScenarioArg::CheckpointStall => Scenario::CheckpointStall,
+                    ScenarioArg::SnapshotScaling => Scenario::SnapshotScaling,
+                    ScenarioArg::RelationExtension => Scenario::RelationExtension,
                     ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
                     ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
                 },
@@ -259,6 +312,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::SyncrepCommit => 8,
                     ScenarioArg::CheckpointStall => {
                         pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS
+                    }
+                    ScenarioArg::SnapshotScaling => {
+                        pgbelow::scenarios::snapshot_scaling::DEFAULT_CLIENTS
+                    }
+                    ScenarioArg::RelationExtension => {
+                        pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS
                     }
                     ScenarioArg::CgroupCpuThrottling => {
                         pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS
@@ -293,6 +352,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     dirty_cap_mb: a.dirty_cap,
                 },
                 checkpoint_at: a.checkpoint_at,
+                idle_connections: a.idle_connections,
                 cpu_quota: a.cpu_quota,
             };
             let res = pgbelow::app::lab(&opts)?;

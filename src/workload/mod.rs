@@ -18,18 +18,22 @@ pub enum Scenario {
     SyncrepCommit,
     DropMany,
     CheckpointStall,
+    SnapshotScaling,
+    RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
         Scenario::SyncrepCommit,
         Scenario::DropMany,
         Scenario::CheckpointStall,
+        Scenario::SnapshotScaling,
+        Scenario::RelationExtension,
         Scenario::CgroupCpuThrottling,
         Scenario::WalFsyncLatency,
     ];
@@ -42,6 +46,8 @@ impl Scenario {
             Scenario::SyncrepCommit => "syncrep-commit",
             Scenario::DropMany => "drop-many",
             Scenario::CheckpointStall => "checkpoint-stall",
+            Scenario::SnapshotScaling => "snapshot-scaling",
+            Scenario::RelationExtension => "relation-extension",
             Scenario::CgroupCpuThrottling => "cgroup-cpu-throttling",
             Scenario::WalFsyncLatency => "wal-fsync-latency",
         }
@@ -87,6 +93,18 @@ impl Scenario {
                  *_flush_after=0: checkpoints drain a large dirty backlog and tps dips (seed 001). \
                  Override with --set (e.g. checkpoint_flush_after=256kB)"
             }
+            Scenario::SnapshotScaling => {
+                "pgbench -S -M prepared on 2 clients while --idle-connections N (default 1000) \
+                 further connections sit idle (max_connections set to fit): up to PostgreSQL 13 \
+                 every snapshot walks all connected backends, idle ones included, so the backends' \
+                 CPU goes to GetSnapshotData and tps falls with N; 14 does not"
+            }
+            Scenario::RelationExtension => {
+                "pgbench -f: 4 clients each COPY the same 10,000 rows into one table, over and \
+                 over (autovacuum=off): the table grows as fast as they load, each new block under \
+                 the relation's extension lock (Lock:extend waits); up to PostgreSQL 15 one 8 kB \
+                 pwrite per block, 16 extends in bulk (fallocate)"
+            }
             Scenario::CgroupCpuThrottling => {
                 "pgbench -S -M prepared, 2 clients, 15 s, against a cluster moved into a cpu cgroup \
                  with a CFS quota of 0.25 CPU per 100 ms period (root only; the cgroup is removed \
@@ -107,12 +125,15 @@ impl Scenario {
     /// pgbench arguments for the run itself.
     pub fn pgbench_args(self) -> &'static [&'static str] {
         match self {
-            Scenario::SelectOnly | Scenario::CgroupCpuThrottling => &["-S", "-M", "prepared"],
+            Scenario::SelectOnly | Scenario::SnapshotScaling | Scenario::CgroupCpuThrottling => {
+                &["-S", "-M", "prepared"]
+            }
             Scenario::Tpcb
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
             | Scenario::DropMany
             | Scenario::CheckpointStall
+            | Scenario::RelationExtension
             | Scenario::WalFsyncLatency => &[],
         }
     }
@@ -122,6 +143,7 @@ impl Scenario {
         match self {
             Scenario::SyncrepCommit => Some(crate::scenarios::syncrep_commit::SCRIPT),
             Scenario::CheckpointStall => Some(crate::scenarios::checkpoint_stall::SCRIPT),
+            Scenario::RelationExtension => Some(crate::scenarios::relation_extension::SCRIPT),
             _ => None,
         }
     }
@@ -132,6 +154,7 @@ impl Scenario {
             self,
             Scenario::SelectOnly
                 | Scenario::Tpcb
+                | Scenario::SnapshotScaling
                 | Scenario::CgroupCpuThrottling
                 | Scenario::WalFsyncLatency
         )
@@ -151,6 +174,8 @@ impl Scenario {
             | Scenario::SyncrepCommit
             | Scenario::DropMany
             | Scenario::CheckpointStall
+            | Scenario::SnapshotScaling
+            | Scenario::RelationExtension
             | Scenario::CgroupCpuThrottling => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb | Scenario::WalFsyncLatency => 7,

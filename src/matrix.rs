@@ -1,0 +1,356 @@
+//! `pgbelow lab matrix`: one scenario on several PostgreSQL majors, K runs
+//! each, one row per major: the scenario's key figure (median of the K
+//! runs), how many runs raised its finding, and the commit that changed the
+//! behaviour where known. Thin orchestration over `lab run` ([`crate::app::lab`]):
+//! every run is an ordinary recording under the matrix's directory.
+use std::path::PathBuf;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::evidence::Evidence;
+use crate::lab::{LabOptions, PgChoice};
+use crate::workload::Scenario;
+
+/// A scenario the matrix knows: what to set, what to measure, which finding
+/// to look for and which commits changed it.
+pub struct Case {
+    pub scenario: Scenario,
+    /// The finding whose presence the table shows.
+    pub finding: &'static str,
+    /// The key figure's name in the table (and JSON).
+    pub figure: &'static str,
+    pub measure: fn(&Evidence) -> Option<f64>,
+    /// Settings the case needs for its finding to be possible at all.
+    pub set: &'static [(&'static str, &'static str)],
+    /// (first major with the change, commit, what it did).
+    pub changes: &'static [(u32, &'static str, &'static str)],
+}
+
+pub const CASES: &[Case] = &[
+    Case {
+        scenario: Scenario::SnapshotScaling,
+        finding: crate::analyse::snapshot_scaling::ID,
+        figure: "GetSnapshotData share of backend samples",
+        measure: snapshot_share,
+        set: &[],
+        changes: &[(
+            14,
+            "dc7420c2c9",
+            "snapshot scalability series (941697c3c1 dense xid arrays, 623a9ba79b snapshot reuse)",
+        )],
+    },
+    Case {
+        scenario: Scenario::RelationExtension,
+        finding: crate::analyse::relation_extension::ID,
+        figure: "Lock:extend share of backend busy samples",
+        measure: extend_share,
+        set: &[],
+        changes: &[(
+            16,
+            "00d1e02be2",
+            "hio: extend in bulk with ExtendBufferedRelBy (31966b151e6), fallocate (4d330a61bb)",
+        )],
+    },
+    Case {
+        scenario: Scenario::SelectOnly,
+        finding: crate::analyse::timer_syscalls::ID,
+        figure: "timer syscalls per statement",
+        measure: timer_per_statement,
+        set: &[("statement_timeout", "10s")],
+        changes: &[(
+            14,
+            "09cf1d5226",
+            "keep the interval timer armed across statements",
+        )],
+    },
+];
+
+/// The case for a scenario, if the matrix knows it.
+pub fn case(s: Scenario) -> Option<&'static Case> {
+    CASES.iter().find(|c| c.scenario == s)
+}
+
+fn snapshot_share(ev: &Evidence) -> Option<f64> {
+    let (all, snap) = crate::analyse::snapshot_scaling::snapshot_samples(ev.stacks());
+    (all > 0).then(|| crate::round3(snap as f64 / all as f64))
+}
+
+fn extend_share(ev: &Evidence) -> Option<f64> {
+    let (w, _, _) = crate::analyse::relation_extension::extend_wait(ev)?;
+    Some(crate::round3(w.pct / 100.0))
+}
+
+fn timer_per_statement(ev: &Evidence) -> Option<f64> {
+    let stmts = crate::analyse::statements::statements(ev)?;
+    let by_role = ev.syscalls_by_role(None);
+    let b = by_role.get(&crate::procinfo::Role::Backend)?;
+    let calls = b.get("setitimer") + b.get("timer_settime");
+    (stmts.count > 0).then(|| crate::round3(calls as f64 / stmts.count as f64))
+}
+
+#[derive(Clone, Debug)]
+pub struct MatrixOptions {
+    /// The lab options every run starts from (scenario, duration, clients,
+    /// settings, collectors); `pg` and `out` are set per run.
+    pub base: LabOptions,
+    pub majors: Vec<u32>,
+    pub repeat: u32,
+    pub out: PathBuf,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Matrix {
+    pub scenario: String,
+    pub finding: String,
+    pub figure: String,
+    pub repeat: u32,
+    pub duration_s: u32,
+    pub clients: u32,
+    pub set: Vec<String>,
+    pub rows: Vec<Row>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub major: u32,
+    pub version: Option<String>,
+    /// The key figure per completed run, and their median.
+    pub figures: Vec<f64>,
+    pub figure_median: Option<f64>,
+    pub tps_median: Option<f64>,
+    /// Runs that raised the finding, of `runs`.
+    pub fired: u32,
+    pub runs: u32,
+    /// The change this major has, when the case's table knows one.
+    pub changed_by: Option<String>,
+    pub recordings: Vec<String>,
+    /// Runs that failed, one line each.
+    pub errors: Vec<String>,
+}
+
+/// `--pg 13,14,15`: majors 10–18.
+pub fn parse_majors(s: &str) -> Result<Vec<u32>, String> {
+    let v: Result<Vec<u32>, String> = s
+        .split(',')
+        .map(|p| {
+            let p = p.trim();
+            match p.parse::<u32>() {
+                Ok(m) if (10..=18).contains(&m) => Ok(m),
+                _ => Err(format!("{p:?} is not a PostgreSQL major 10–18")),
+            }
+        })
+        .collect();
+    let v = v?;
+    if v.is_empty() {
+        return Err("no major given".into());
+    }
+    Ok(v)
+}
+
+/// The commit a major has, from the case's table: the latest change at or
+/// below it.
+fn changed_by(case: &Case, major: u32) -> Option<String> {
+    case.changes
+        .iter()
+        .filter(|(m, _, _)| *m <= major)
+        .max_by_key(|(m, _, _)| *m)
+        .map(|(m, c, what)| format!("{c} ({m}: {what})"))
+}
+
+/// Run the matrix: each major, `repeat` times, in order.
+pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
+    let Some(case) = case(opts.base.scenario) else {
+        return Err(crate::error::fixable(
+            format!(
+                "lab matrix has no key figure for scenario {}",
+                opts.base.scenario.name()
+            ),
+            format!(
+                "use one of: {}",
+                CASES
+                    .iter()
+                    .map(|c| c.scenario.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    };
+    let mut base = opts.base.clone();
+    for (k, v) in case.set {
+        if !base.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
+            base.set.push(((*k).into(), (*v).into()));
+        }
+    }
+    let mut rows = Vec::new();
+    for &major in &opts.majors {
+        let mut row = Row {
+            major,
+            version: None,
+            figures: Vec::new(),
+            figure_median: None,
+            tps_median: None,
+            fired: 0,
+            runs: 0,
+            changed_by: changed_by(case, major),
+            recordings: Vec::new(),
+            errors: Vec::new(),
+        };
+        let mut tps = Vec::new();
+        for k in 1..=opts.repeat {
+            crate::lab::check_interrupt()?;
+            status(&format!(
+                "{} on PostgreSQL {major}, run {k} of {}",
+                case.scenario.name(),
+                opts.repeat
+            ));
+            let mut o = base.clone();
+            o.pg = PgChoice::Major(major);
+            let dir = opts.out.join(format!("pg{major}-{k}"));
+            o.out = Some(dir.clone());
+            row.recordings.push(dir.display().to_string());
+            match crate::app::lab(&o) {
+                Ok(a) => {
+                    row.runs += 1;
+                    let ev = &a.evidence;
+                    row.version = ev.manifest.postgres.version.clone();
+                    if let Some(f) = (case.measure)(ev) {
+                        row.figures.push(f);
+                    }
+                    if let Some(w) = &ev.workload {
+                        tps.push(w.tps);
+                    }
+                    if a.report.findings.iter().any(|f| f.id == case.finding) {
+                        row.fired += 1;
+                    }
+                }
+                Err(e) => {
+                    crate::lab::check_interrupt()?;
+                    row.errors.push(format!("run {k}: {e:#}"));
+                }
+            }
+        }
+        row.figure_median = crate::stats::median(row.figures.clone()).map(crate::round3);
+        row.tps_median = crate::stats::median(tps).map(|t| t.round());
+        rows.push(row);
+    }
+    Ok(Matrix {
+        scenario: case.scenario.name().into(),
+        finding: case.finding.into(),
+        figure: case.figure.into(),
+        repeat: opts.repeat,
+        duration_s: base.duration_s,
+        clients: base.clients,
+        set: base.set.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        rows,
+    })
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |x| format!("{x}"))
+}
+
+/// The table as text (also the Markdown of docs/matrix.md).
+pub fn render_text(m: &Matrix) -> String {
+    let mut s = format!(
+        "lab matrix: {} ({} s, {} client(s){}), median of {} run(s) per major\n\
+         key figure: {}; finding: {}\n\n",
+        m.scenario,
+        m.duration_s,
+        m.clients,
+        if m.set.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", m.set.join(" "))
+        },
+        m.repeat,
+        m.figure,
+        m.finding
+    );
+    s += "| major | version | key figure | tps | fired | changed by |\n";
+    s += "|---|---|---|---|---|---|\n";
+    for r in &m.rows {
+        s += &format!(
+            "| {} | {} | {} | {} | {}/{} | {} |\n",
+            r.major,
+            r.version.as_deref().unwrap_or("-"),
+            opt(r.figure_median),
+            opt(r.tps_median),
+            r.fired,
+            r.runs,
+            r.changed_by.as_deref().unwrap_or("-"),
+        );
+    }
+    for r in &m.rows {
+        for e in &r.errors {
+            s += &format!("\nPostgreSQL {}: {}", r.major, e.replace('\n', " "));
+        }
+    }
+    if m.rows.iter().any(|r| !r.errors.is_empty()) {
+        s += "\n";
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn majors_parse_and_refuse() {
+        assert_eq!(parse_majors("13,14, 16").unwrap(), vec![13, 14, 16]);
+        assert!(parse_majors("9").is_err());
+        assert!(parse_majors("13,x").is_err());
+    }
+
+    #[test]
+    fn the_change_shows_from_its_major_on() {
+        let c = case(Scenario::SnapshotScaling).unwrap();
+        assert_eq!(changed_by(c, 13), None);
+        assert!(changed_by(c, 14).unwrap().starts_with("dc7420c2c9"));
+        assert!(changed_by(c, 16).unwrap().starts_with("dc7420c2c9"));
+    }
+
+    #[test]
+    fn the_text_has_one_row_per_major() {
+        let m = Matrix {
+            scenario: "snapshot-scaling".into(),
+            finding: "f".into(),
+            figure: "share".into(),
+            repeat: 1,
+            duration_s: 10,
+            clients: 2,
+            set: vec![],
+            rows: vec![
+                Row {
+                    major: 13,
+                    version: Some("13.23".into()),
+                    figures: vec![0.05],
+                    figure_median: Some(0.05),
+                    tps_median: Some(2691.0),
+                    fired: 1,
+                    runs: 1,
+                    changed_by: None,
+                    recordings: vec![],
+                    errors: vec![],
+                },
+                Row {
+                    major: 14,
+                    version: None,
+                    figures: vec![],
+                    figure_median: None,
+                    tps_median: None,
+                    fired: 0,
+                    runs: 0,
+                    changed_by: Some("x".into()),
+                    recordings: vec![],
+                    errors: vec!["run 1: boom".into()],
+                },
+            ],
+        };
+        let t = render_text(&m);
+        assert!(t.contains("| 13 | 13.23 | 0.05 | 2691 | 1/1 | - |"), "{t}");
+        assert!(t.contains("| 14 | - | - | - | 0/0 | x |"), "{t}");
+        assert!(t.contains("PostgreSQL 14: run 1: boom"), "{t}");
+    }
+}
