@@ -298,8 +298,7 @@ fn prometheus_sees_the_finding_on_13_not_on_15() {
         c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
     }
     let mut loads = vec![load(&c13, 90), load(&c15, 90)];
-    let bpf_before: std::collections::BTreeSet<u64> =
-        common::bpf_programs().into_keys().collect();
+    let bpf_before: std::collections::BTreeSet<u64> = common::bpf_programs().into_keys().collect();
     let keep = tempfile::tempdir().unwrap();
     let keep_arg = keep.path().to_str().unwrap();
     let w13 = Watch::start(
@@ -376,8 +375,7 @@ fn prometheus_sees_the_finding_on_13_not_on_15() {
     if common::bpftool() {
         let t0 = Instant::now();
         let leaked = loop {
-            let now: std::collections::BTreeSet<u64> =
-                common::bpf_programs().into_keys().collect();
+            let now: std::collections::BTreeSet<u64> = common::bpf_programs().into_keys().collect();
             let leaked: Vec<u64> = now.difference(&bpf_before).copied().collect();
             if leaked.is_empty() || t0.elapsed().as_secs() > 10 {
                 break leaked;
@@ -393,7 +391,11 @@ fn prometheus_sees_the_finding_on_13_not_on_15() {
         .map(|e| e.unwrap().path())
         .filter(|p| p.is_dir())
         .collect();
-    assert!(!kept.is_empty(), "no window kept in {}", keep.path().display());
+    assert!(
+        !kept.is_empty(),
+        "no window kept in {}",
+        keep.path().display()
+    );
     let rep = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
         .args(["report", "--format", "json"])
         .arg(&kept[0])
