@@ -8,4 +8,5 @@ pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;
 pub mod profile;
+pub mod queries;
 pub mod system;
