@@ -96,6 +96,10 @@ impl Rule for TimerSyscalls {
         } else {
             format!("timeouts armed: {}", armed.join(", "))
         };
+        // Which statements re-arm the timer (with pgstat's query timeline).
+        let sources =
+            crate::evidence::queries::by_syscalls(rec, &["setitimer", "timer_settime"], 3);
+        let from = crate::evidence::queries::sentence(&sources, "timer syscalls");
         Some(Finding {
             id: ID.into(),
             severity,
@@ -103,7 +107,7 @@ impl Rule for TimerSyscalls {
             summary: format!(
                 "Backends made {timer_calls} timer syscalls (setitimer {setitimer}, timer_settime {timer_settime}) for \
                  {count} statements: {per_statement:.2} per statement, {rate:.0}/s, {pct:.1}% of their {total} \
-                 syscalls ({settings_text}). {why}",
+                 syscalls ({settings_text}).{from} {why}",
                 count = stmts.count,
                 rate = timer_calls as f64 / secs,
                 pct = share * 100.0,
@@ -122,6 +126,7 @@ impl Rule for TimerSyscalls {
                 "window_s": [round3(a), round3(b)],
                 "timer_settings": settings,
                 "postgres_version": version,
+                "queries": sources,
             }),
             remedy: "Upgrade to PostgreSQL 14 or later, which re-arms the interval timer only when the next \
                      timeout moves earlier (09cf1d5226; 15 adds d37776e451). Until then, weigh the cost — one \

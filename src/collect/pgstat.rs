@@ -394,7 +394,7 @@ struct Prepared {
 
 /// `pg_stat_activity` grouped, without pgbelow's own backend. `None` before
 /// 9.6 (no wait events).
-/// One row per backend: the text of active backends only (the per-query
+/// One row per backend: the text of client backends (the per-query
 /// timeline normalizes it at once and never stores it), `query_id` on 14+.
 pub fn activity_sql(version_num: i32) -> Option<String> {
     let backend_type = match version_num {
@@ -410,7 +410,7 @@ pub fn activity_sql(version_num: i32) -> Option<String> {
     Some(format!(
         "select /* {OWN_MARK} */ {backend_type}, coalesce(application_name, ''), state, wait_event_type, wait_event, \
          pid, coalesce(query, '') <> '<insufficient privilege>', {query_id}, \
-         case when state = 'active' then query end \
+         case when state is not null then query end \
          from pg_stat_activity where pid <> pg_backend_pid()"
     ))
 }

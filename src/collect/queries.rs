@@ -61,6 +61,11 @@ pub struct PidRow {
     /// transaction: the last query is not what the backend is doing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query: Option<String>,
+    /// When not active, the key of the last query it ran (what
+    /// `pg_stat_activity.query` shows then): short statements are seldom
+    /// caught active, their system calls still belong to them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// `Type:Event`, or `CPU` without a wait event.
@@ -75,12 +80,12 @@ pub struct Seen {
     pub state: Option<String>,
     pub wait: String,
     pub query_id: Option<i64>,
-    /// The raw text, read only while `active`; dropped after normalizing.
+    /// The raw text; dropped after normalizing.
     pub text: Option<String>,
 }
 
 /// (query key, state, wait) of a [`PidRow`].
-type RowKey = (Option<String>, Option<String>, String);
+type RowKey = (Option<String>, Option<String>, Option<String>, String);
 
 /// Collects the looks of one interval and names queries.
 #[derive(Default)]
@@ -96,15 +101,17 @@ impl Timeline {
     pub fn add(&mut self, seen: Vec<Seen>) {
         self.ticks += 1;
         for s in seen {
-            let key = match (s.state.as_deref(), s.text) {
-                (Some("active"), Some(text)) => Some(self.key(s.query_id, text)),
+            let active = s.state.as_deref() == Some("active");
+            let key = match s.text {
+                Some(text) if !text.is_empty() => Some(self.key(s.query_id, text)),
                 _ => None,
             };
+            let (query, last) = if active { (key, None) } else { (None, key) };
             *self
                 .rows
                 .entry(s.pid)
                 .or_default()
-                .entry((key, s.state, s.wait))
+                .entry((query, last, s.state, s.wait))
                 .or_default() += 1;
         }
     }
@@ -167,8 +174,9 @@ impl Timeline {
                 .map(|(pid, m)| {
                     let v = m
                         .into_iter()
-                        .map(|((query, state, wait), n)| PidRow {
+                        .map(|((query, last, state, wait), n)| PidRow {
                             query,
+                            last,
                             state,
                             wait,
                             n,
@@ -197,7 +205,7 @@ mod tests {
             state: Some(state.into()),
             wait: "CPU".into(),
             query_id: qid,
-            text: (state == "active").then(|| text.to_string()),
+            text: Some(text.to_string()),
         }
     }
 
@@ -220,6 +228,8 @@ mod tests {
         assert_eq!(t.pids[&10].len(), 1);
         assert_eq!(t.pids[&10][0].n, 2);
         assert_eq!(t.pids[&11].len(), 2);
+        let idle = t.pids[&11].iter().find(|r| r.query.is_none()).unwrap();
+        assert_eq!(idle.last.as_deref(), Some("77"));
         let line = serde_json::to_string(&t).unwrap();
         assert!(!line.contains("0.5") && !line.contains("a = 1"), "{line}");
         tl.add(vec![seen(11, "active", Some(77), "select pg_sleep(1)")]);

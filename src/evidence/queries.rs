@@ -131,26 +131,46 @@ impl QueryRow {
     }
 }
 
+/// What is split over a pid's looks.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// Over the active looks; without any, over the statements it ran
+    /// between looks (the last query of idle looks).
+    OnCpu,
+    /// Over all looks, idle ones to no query (waiting for the client).
+    OffCpu,
+    /// Over all looks, idle ones to the last query (its calls end there).
+    Syscalls,
+}
+
 /// How a pid's value in one interval is split: (query key or None, share).
-fn shares(rows: &[PidRow], on_cpu: bool) -> Vec<(Option<&str>, f64)> {
-    let active: u32 = rows.iter().filter(|r| r.query.is_some()).map(|r| r.n).sum();
-    let all: u32 = rows.iter().map(|r| r.n).sum();
-    let (pool, total) = if on_cpu && active > 0 {
-        (
-            rows.iter()
-                .filter(|r| r.query.is_some())
-                .collect::<Vec<_>>(),
-            active,
-        )
-    } else {
-        (rows.iter().collect(), all)
-    };
+fn shares(rows: &[PidRow], kind: Kind) -> Vec<(Option<&str>, f64)> {
+    fn key(r: &PidRow, kind: Kind) -> Option<&str> {
+        match kind {
+            Kind::OffCpu => r.query.as_deref(),
+            Kind::OnCpu | Kind::Syscalls => r.query.as_deref().or(r.last.as_deref()),
+        }
+    }
+    let any_active = rows.iter().any(|r| r.query.is_some());
+    let pool: Vec<&PidRow> = rows
+        .iter()
+        .filter(|r| match kind {
+            Kind::OnCpu if any_active => r.query.is_some(),
+            Kind::OnCpu => r.last.is_some(),
+            _ => true,
+        })
+        .collect();
+    let total: u32 = pool.iter().map(|r| r.n).sum();
     if total == 0 {
-        return Vec::new();
+        return if kind == Kind::OnCpu {
+            shares(rows, Kind::OffCpu)
+        } else {
+            Vec::new()
+        };
     }
     let mut m: BTreeMap<Option<&str>, u32> = BTreeMap::new();
     for r in pool {
-        *m.entry(r.query.as_deref()).or_default() += r.n;
+        *m.entry(key(r, kind)).or_default() += r.n;
     }
     m.into_iter()
         .map(|(k, n)| (k, f64::from(n) / f64::from(total)))
@@ -178,24 +198,24 @@ struct Acc {
     from_pid: BTreeMap<u32, f64>,
 }
 
-/// Join everything recorded per pid and interval with the timeline.
-pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
+/// Join everything recorded per pid and interval with the timeline: what
+/// each query got (None: not in a query).
+fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
     let act = ev.activity.as_ref()?;
     let ticks = &act.ticks;
     let mut acc: BTreeMap<Option<String>, Acc> = BTreeMap::new();
-    let mut give = |rows: &[PidRow], on_cpu: bool, f: &mut dyn FnMut(&mut Acc, f64)| {
-        for (k, share) in shares(rows, on_cpu) {
+    let mut give = |rows: &[PidRow], kind: Kind, f: &mut dyn FnMut(&mut Acc, f64)| {
+        for (k, share) in shares(rows, kind) {
             f(acc.entry(k.map(String::from)).or_default(), share);
         }
     };
-    let hz = ev.profile.as_ref().map_or(0, |p| p.summary.hz);
     for pt in &ev.profile_ticks {
         let Some(a) = tick_at(ticks, pt.t) else {
             continue;
         };
         for (pid, &n) in &pt.by_pid {
             if let Some(rows) = a.pids.get(pid) {
-                give(rows, true, &mut |q, s| {
+                give(rows, Kind::OnCpu, &mut |q, s| {
                     q.on_cpu_samples += n as f64 * s;
                     *q.from_pid.entry(*pid).or_default() += n as f64 * s;
                 });
@@ -209,7 +229,7 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
             };
             for (pid, states) in &ot.by_pid {
                 if let Some(rows) = a.pids.get(pid) {
-                    give(rows, false, &mut |q, s| {
+                    give(rows, Kind::OffCpu, &mut |q, s| {
                         for (st, secs) in states {
                             *q.off.entry(st.clone()).or_default() += secs * s;
                         }
@@ -224,7 +244,7 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
         };
         for (pid, calls) in &st.counts {
             if let Some(rows) = a.pids.get(pid) {
-                give(rows, false, &mut |q, s| {
+                give(rows, Kind::Syscalls, &mut |q, s| {
                     for (name, n) in calls {
                         *q.syscalls.entry(name.clone()).or_default() += *n as f64 * s;
                     }
@@ -233,6 +253,90 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
         }
     }
     // Looks and waits per query.
+    Some(acc)
+}
+
+/// A query a finding's evidence comes from, and how much of it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Source {
+    pub query_id: String,
+    pub query: String,
+    pub count: u64,
+}
+
+fn named(act: &Activity, mut v: Vec<(String, f64)>, n: usize) -> Vec<Source> {
+    v.retain(|(_, c)| c.round() >= 1.0);
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.into_iter()
+        .take(n)
+        .map(|(id, c)| Source {
+            query: act
+                .names
+                .get(&id)
+                .map_or_else(String::new, |q| q.query.clone()),
+            query_id: id,
+            count: c.round() as u64,
+        })
+        .collect()
+}
+
+/// A query's text cut to `n` characters.
+pub fn short(text: &str, n: usize) -> String {
+    match text.char_indices().nth(n) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
+/// " Most of it from: `text` (n), …" for a finding's summary; empty
+/// without sources. `unit` names what `count` counts.
+pub fn sentence(sources: &[Source], unit: &str) -> String {
+    if sources.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = sources
+        .iter()
+        .map(|s| format!("`{}` ({} {unit})", short(&s.query, 80), s.count))
+        .collect();
+    format!(" Most of it from the queries {}.", list.join(", "))
+}
+
+/// The `n` queries that made the most of the system calls `names`.
+pub fn by_syscalls(ev: &super::Evidence, names: &[&str], n: usize) -> Vec<Source> {
+    let (Some(act), Some(acc)) = (ev.activity.as_ref(), join(ev)) else {
+        return Vec::new();
+    };
+    let v = acc
+        .into_iter()
+        .filter_map(|(k, a)| {
+            let c: f64 = names.iter().filter_map(|s| a.syscalls.get(*s)).sum();
+            Some((k?, c))
+        })
+        .collect();
+    named(act, v, n)
+}
+
+/// The `n` queries most often seen waiting on `wait` (`Type:Event`); the
+/// count is looks at pg_stat_activity.
+pub fn by_wait(ev: &super::Evidence, wait: &str, n: usize) -> Vec<Source> {
+    let Some(act) = ev.activity.as_ref() else {
+        return Vec::new();
+    };
+    let mut m: BTreeMap<String, f64> = BTreeMap::new();
+    for r in act.ticks.iter().flat_map(|t| t.pids.values().flatten()) {
+        if let (Some(q), true) = (&r.query, r.wait == wait) {
+            *m.entry(q.clone()).or_default() += f64::from(r.n);
+        }
+    }
+    named(act, m.into_iter().collect(), n)
+}
+
+/// Join everything recorded per pid and interval with the timeline.
+pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
+    let act = ev.activity.as_ref()?;
+    let ticks = &act.ticks;
+    let mut acc = join(ev)?;
+    let hz = ev.profile.as_ref().map_or(0, |p| p.summary.hz);
     // (looks, backend-seconds: each look stands for dt / ticks, so a
     // sampler that fell behind on a loaded server does not shrink it, waits)
     let mut looks: BTreeMap<&str, (u64, f64, BTreeMap<String, u64>)> = BTreeMap::new();
@@ -268,7 +372,17 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
         }
     };
     let mut rows: Vec<QueryRow> = Vec::new();
-    for (key, (n, active_s, waits)) in &looks {
+    // Queries seen running, and those only seen as a backend's last one
+    // (too short to be caught active) that got time or calls.
+    let keys: std::collections::BTreeSet<String> = looks
+        .keys()
+        .map(|k| k.to_string())
+        .chain(acc.keys().flatten().cloned())
+        .collect();
+    let none = (0, 0.0, BTreeMap::new());
+    for key in &keys {
+        let (n, active_s, waits) = looks.get(key.as_str()).unwrap_or(&none);
+        let key = &key.as_str();
         let a = acc.remove(&Some(key.to_string())).unwrap_or_default();
         let calls = act.calls.as_ref().and_then(|c| c.get(*key).copied());
         let mut sys: Vec<(String, u64)> = a
@@ -392,6 +506,7 @@ mod tests {
     fn row(q: Option<&str>, n: u32) -> PidRow {
         PidRow {
             query: q.map(String::from),
+            last: None,
             state: Some(if q.is_some() { "active" } else { "idle" }.into()),
             wait: "CPU".into(),
             n,
@@ -401,11 +516,21 @@ mod tests {
     #[test]
     fn on_cpu_goes_to_active_looks_the_rest_to_all() {
         let rows = [row(Some("1"), 3), row(Some("2"), 1), row(None, 6)];
-        let on = shares(&rows, true);
+        let on = shares(&rows, Kind::OnCpu);
         assert_eq!(on, vec![(Some("1"), 0.75), (Some("2"), 0.25)]);
-        let off = shares(&rows, false);
+        let off = shares(&rows, Kind::OffCpu);
         assert_eq!(off, vec![(None, 0.6), (Some("1"), 0.3), (Some("2"), 0.1)]);
-        assert_eq!(shares(&[row(None, 2)], true), vec![(None, 1.0)]);
-        assert!(shares(&[], false).is_empty());
+        assert_eq!(shares(&[row(None, 2)], Kind::OnCpu), vec![(None, 1.0)]);
+        assert!(shares(&[], Kind::OffCpu).is_empty());
+        // A short statement never caught active: its CPU and calls go to
+        // it (the last query of the idle looks), its idle time does not.
+        let mut idle = row(None, 10);
+        idle.last = Some("3".into());
+        assert_eq!(shares(&[idle.clone()], Kind::OnCpu), vec![(Some("3"), 1.0)]);
+        assert_eq!(
+            shares(&[idle.clone()], Kind::Syscalls),
+            vec![(Some("3"), 1.0)]
+        );
+        assert_eq!(shares(&[idle], Kind::OffCpu), vec![(None, 1.0)]);
     }
 }

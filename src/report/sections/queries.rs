@@ -8,14 +8,6 @@ const TEXT_SHOWN: usize = 100;
 /// Frames shown per stack, innermost first.
 const FRAMES_SHOWN: usize = 6;
 
-/// A query's text cut to `n` characters.
-pub fn short(text: &str, n: usize) -> String {
-    match text.char_indices().nth(n) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text.to_string(),
-    }
-}
-
 /// The text rendering.
 pub fn render(s: &QueriesSection, out: &mut String) {
     let _ = writeln!(
