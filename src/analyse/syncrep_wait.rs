@@ -267,7 +267,7 @@ impl Rule for SyncrepWait {
                 ))
             )
         });
-        Some(Finding {
+        let mut f = Finding {
             id: ID.into(),
             severity,
             title: "An epoll set built and freed on every commit wait".into(),
@@ -305,8 +305,6 @@ impl Rule for SyncrepWait {
                     "share_in_kernel": p.share(p.kernel),
                 })),
                 "postgres_version": version,
-                "epoll_setup": setup,
-                "queries": sources,
             }),
             remedy: "Upgrade to PostgreSQL 14 or later, where WaitLatch() uses a long-lived WaitEventSet \
                      (3347c982ba) and a commit wait costs no epoll set-up. Until then: commit less often \
@@ -316,7 +314,15 @@ impl Rule for SyncrepWait {
                      connections) so the global epmutex is less contended. Prove the change with \
                      `pgbelow lab run --scenario syncrep-commit --sweep` and `pgbelow compare A B`."
                 .into(),
-        })
+        };
+        // Added only when measured: older recordings' evidence is as it was.
+        if let Some(s) = setup {
+            f.evidence["epoll_setup"] = json!(s);
+        }
+        if !sources.is_empty() {
+            f.evidence["queries"] = json!(sources);
+        }
+        Some(f)
     }
 }
 

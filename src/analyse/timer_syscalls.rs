@@ -100,7 +100,7 @@ impl Rule for TimerSyscalls {
         let sources =
             crate::evidence::queries::by_syscalls(rec, &["setitimer", "timer_settime"], 3);
         let from = crate::evidence::queries::sentence(&sources, "timer syscalls");
-        Some(Finding {
+        let mut f = Finding {
             id: ID.into(),
             severity,
             title: "A timer syscall on every statement".into(),
@@ -126,7 +126,6 @@ impl Rule for TimerSyscalls {
                 "window_s": [round3(a), round3(b)],
                 "timer_settings": settings,
                 "postgres_version": version,
-                "queries": sources,
             }),
             remedy: "Upgrade to PostgreSQL 14 or later, which re-arms the interval timer only when the next \
                      timeout moves earlier (09cf1d5226; 15 adds d37776e451). Until then, weigh the cost — one \
@@ -135,7 +134,12 @@ impl Rule for TimerSyscalls {
                      database (ALTER ROLE … SET statement_timeout) rather than server-wide for latency-critical \
                      OLTP sessions, and prove the change with two `pgbelow lab run` recordings and `pgbelow compare A B`."
                 .into(),
-        })
+        };
+        // Only with a query timeline: older recordings' evidence is as it was.
+        if !sources.is_empty() {
+            f.evidence["queries"] = json!(sources);
+        }
+        Some(f)
     }
 }
 

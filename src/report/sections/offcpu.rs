@@ -40,23 +40,14 @@ pub fn render(s: &OffcpuSection, out: &mut String) {
                 .map_or(String::new(), |f| format!("; flame graph {f}"))
         );
         for st in &r.top_stacks {
-            let mut shown: Vec<&str> = st
-                .frames
-                .iter()
-                .rev()
-                .take(FRAMES_SHOWN)
-                .map(String::as_str)
-                .collect();
-            if st.frames.len() > FRAMES_SHOWN {
-                shown.push("…");
-            }
+            let shown = super::leaf_first(&st.frames, FRAMES_SHOWN);
             let _ = writeln!(
                 out,
                 "    {:>4} {:>8.3} s {:>5.1}%  {}",
                 st.state,
                 st.seconds,
                 st.share * 100.0,
-                shown.join(" ← ")
+                shown
             );
         }
     }

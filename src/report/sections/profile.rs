@@ -64,22 +64,13 @@ pub fn render(s: &ProfileSection, out: &mut String) {
         rows("on the CPU (leaf frames):", &r.top_leaves, out);
         let _ = writeln!(out, "    top stacks (leaf ← callers):");
         for st in &r.top_stacks {
-            let mut shown: Vec<&str> = st
-                .frames
-                .iter()
-                .rev()
-                .take(STACK_FRAMES_SHOWN)
-                .map(String::as_str)
-                .collect();
-            if st.frames.len() > STACK_FRAMES_SHOWN {
-                shown.push("…");
-            }
+            let shown = super::leaf_first(&st.frames, STACK_FRAMES_SHOWN);
             let _ = writeln!(
                 out,
                 "      {:>5.1}%  {:>7}  {}",
                 st.share * 100.0,
                 st.samples,
-                shown.join(" ← ")
+                shown
             );
         }
     }

@@ -54,17 +54,8 @@ pub fn render(s: &QueriesSection, out: &mut String) {
             .collect();
         let _ = writeln!(out, "    waits: {}", waits.join(", "));
         for st in &q.top_stacks {
-            let mut shown: Vec<&str> = st
-                .frames
-                .iter()
-                .rev()
-                .take(FRAMES_SHOWN)
-                .map(String::as_str)
-                .collect();
-            if st.frames.len() > FRAMES_SHOWN {
-                shown.push("…");
-            }
-            let _ = writeln!(out, "    {:>5.1}%  {}", st.share * 100.0, shown.join(" ← "));
+            let shown = super::leaf_first(&st.frames, FRAMES_SHOWN);
+            let _ = writeln!(out, "    {:>5.1}%  {}", st.share * 100.0, shown);
         }
     }
     let n = &s.not_in_a_query;
