@@ -24,6 +24,13 @@ for s in waits server; do
         mkdir -p "$C/jsonl_$s"; head -n 4 "$f" > "$C/jsonl_$s/seed-$d"
     done
 done
+mkdir -p $C/jsonl_activity $C/querytext
+cp $F/pgstat/activity-pg15.jsonl $C/jsonl_activity/seed-pg15
+# One captured pg_stat_activity text per seed.
+i=0
+while IFS= read -r q; do
+    i=$((i + 1)); printf '%s' "$q" > "$C/querytext/seed-$i"
+done < $F/pgstat/activity-queries-pg15.txt
 for s in workload clock explain drop drop_sweep syncrep_sweep manifest; do
     for f in $F/recordings/*/$s.json; do
         [ -f "$f" ] || continue

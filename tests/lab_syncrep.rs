@@ -45,6 +45,24 @@ fn pg13_sync_standbys_raise_the_finding_and_sweep() {
     assert!(e["close_per_commit"].as_f64().unwrap() >= 0.8);
     assert!(e["commits"].as_u64().unwrap() >= 200, "{e:#}");
     assert!(f["remedy"].as_str().unwrap().contains("14"));
+    // The INSERTs waiting in SyncRepWaitForLSN (IPC:SyncRep at pgstat's
+    // looks), and the kernel CPU of the epoll set-up per commit.
+    let qs = e["queries"].as_array().expect("queries");
+    assert_eq!(
+        qs.first().map(|q| &q["query"]),
+        Some(&Value::from(
+            "insert into pgbelow_syncrep(info) values (md5(random()::text))"
+        )),
+        "{qs:#?}"
+    );
+    let us = e["epoll_setup"]["on_cpu_us_per_commit"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(
+        us > 0.5 && us < 2000.0,
+        "epoll set-up {:#}",
+        e["epoll_setup"]
+    );
     assert_eq!(r["workload"]["scenario"], "syncrep-commit");
     assert_eq!(r["workload"]["clients"], 8);
     // The sweep ran every level, and commits that wait for nothing are faster.

@@ -36,6 +36,23 @@ fn pg13_with_statement_timeout_raises_the_finding() {
     assert!(f["evidence"]["statements"].as_u64().unwrap() > 1000);
     assert_eq!(f["evidence"]["timer_settings"]["statement_timeout"], "10s");
     assert!(f["remedy"].as_str().unwrap().contains("14"));
+    // The statement that re-arms the timer, by its fingerprint on 13
+    // (pgstat's 10 Hz query timeline joined with the syscall counts).
+    let qs = f["evidence"]["queries"].as_array().expect("queries");
+    assert_eq!(
+        qs.first().map(|q| &q["query"]),
+        Some(&Value::from(
+            "select abalance from pgbench_accounts where aid = ?"
+        )),
+        "{qs:#?}"
+    );
+    assert!(qs[0]["query_id"].as_str().unwrap().starts_with("fp:"));
+    assert!(qs[0]["count"].as_u64().unwrap() > 100, "{qs:#?}");
+    assert!(
+        f["summary"].as_str().unwrap().contains("`select abalance"),
+        "{}",
+        f["summary"]
+    );
     assert_eq!(r["workload"]["scenario"], "select-only");
     assert!(r["workload"]["tps"].as_f64().unwrap() > 100.0);
     assert_eq!(r["collectors"][0]["mechanism"], "ebpf");

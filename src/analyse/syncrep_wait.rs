@@ -93,6 +93,71 @@ impl ProfileShares {
     }
 }
 
+/// Kernel time of the per-commit epoll set-up: the backends' on-CPU
+/// samples in kernel epoll code (profile), and their off-CPU time in
+/// stacks through it (offcpu: the global epmutex), per commit.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct EpollSetup {
+    pub on_cpu_kernel_s: f64,
+    pub on_cpu_us_per_commit: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub off_cpu_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub off_cpu_us_per_commit: Option<f64>,
+}
+
+/// Kernel functions of building, filling and freeing an epoll set (not
+/// of waiting in one: `ep_poll`, `do_epoll_wait`).
+const EPOLL_SETUP: &[&str] = &[
+    "epoll_create",
+    "epoll_ctl",
+    "ep_insert",
+    "ep_remove",
+    "ep_free",
+    "ep_clear_and_put",
+    "eventpoll_release",
+];
+
+fn in_epoll_setup(frames: &[String]) -> bool {
+    let kernel = |x: &&String| x.ends_with(KERNEL_SUFFIX);
+    frames
+        .iter()
+        .filter(kernel)
+        .any(|x| EPOLL_SETUP.iter().any(|f| x.contains(f)))
+        && !frames
+            .iter()
+            .filter(kernel)
+            .any(|x| x.contains("epoll_wait") || x.contains("ep_poll"))
+}
+
+fn epoll_setup(rec: &Evidence, commits: u64) -> Option<EpollSetup> {
+    let hz = rec.profile.as_ref()?.summary.hz;
+    if hz == 0 || commits == 0 {
+        return None;
+    }
+    let samples: u64 = rec
+        .stacks()
+        .iter()
+        .filter(|s| s.role == "backend" && in_epoll_setup(&s.frames))
+        .map(|s| s.samples)
+        .sum();
+    let on = samples as f64 / hz as f64;
+    let off = rec.offcpu.as_ref().map(|o| {
+        o.stacks
+            .iter()
+            .filter(|s| s.role == "backend" && in_epoll_setup(&s.frames))
+            .map(|s| s.samples as f64 / 1e6)
+            .sum::<f64>()
+    });
+    let per = |s: f64| (s / commits as f64 * 1e6 * 10.0).round() / 10.0;
+    Some(EpollSetup {
+        on_cpu_kernel_s: round3(on),
+        on_cpu_us_per_commit: per(on),
+        off_cpu_s: off.map(round3),
+        off_cpu_us_per_commit: off.map(per),
+    })
+}
+
 fn profile_shares(rec: &Evidence) -> Option<ProfileShares> {
     let s = ProfileShares::from_stacks(rec.stacks());
     (s.samples > 0).then_some(s)
@@ -189,7 +254,20 @@ impl Rule for SyncrepWait {
             ),
             None => "standbys seen in the profile".into(),
         };
-        Some(Finding {
+        // The statements whose commits waited (pgstat's query timeline).
+        let sources = crate::evidence::queries::by_wait(rec, "IPC:SyncRep", 3);
+        let from = crate::evidence::queries::sentence(&sources, "looks in SyncRep");
+        let setup = epoll_setup(rec, n);
+        let setup_text = setup.as_ref().map_or(String::new(), |s| {
+            format!(
+                " The epoll set-up cost the backends {:.1} µs of kernel CPU per commit{}.",
+                s.on_cpu_us_per_commit,
+                s.off_cpu_us_per_commit.map_or(String::new(), |o| format!(
+                    " and {o:.1} µs blocked on its locks"
+                ))
+            )
+        });
+        let mut f = Finding {
             id: ID.into(),
             severity,
             title: "An epoll set built and freed on every commit wait".into(),
@@ -198,7 +276,7 @@ impl Rule for SyncrepWait {
                  ({:.2}, {:.2}, {:.2} per commit) at {tps:.0} tps, while commits waited for standbys \
                  ({standby_text}, synchronous_commit={}). Each wait creates an epoll instance, registers \
                  two fds and closes it; closing takes the kernel's global epmutex, which backends contend \
-                 for on many cores.{prof_text} {why}",
+                 for on many cores.{prof_text}{setup_text}{from} {why}",
                 per(create),
                 per(ctl),
                 per(close),
@@ -236,7 +314,15 @@ impl Rule for SyncrepWait {
                      connections) so the global epmutex is less contended. Prove the change with \
                      `pgbelow lab run --scenario syncrep-commit --sweep` and `pgbelow compare A B`."
                 .into(),
-        })
+        };
+        // Added only when measured: older recordings' evidence is as it was.
+        if let Some(s) = setup {
+            f.evidence["epoll_setup"] = json!(s);
+        }
+        if !sources.is_empty() {
+            f.evidence["queries"] = json!(sources);
+        }
+        Some(f)
     }
 }
 
@@ -287,6 +373,12 @@ mod tests {
         assert!(p["share_in_epoll"].as_f64().unwrap() > 0.02);
         assert!(f.summary.contains("13.23"), "{}", f.summary);
         assert!(f.remedy.contains("3347c982ba"));
+        // The set-up's kernel CPU per commit, from the profile (no offcpu
+        // in this recording).
+        let setup = &e["epoll_setup"];
+        let us = setup["on_cpu_us_per_commit"].as_f64().unwrap();
+        assert!(us > 1.0 && us < 1000.0, "{setup}");
+        assert!(setup.get("off_cpu_s").is_none(), "{setup}");
     }
 
     #[test]

@@ -96,14 +96,18 @@ impl Rule for TimerSyscalls {
         } else {
             format!("timeouts armed: {}", armed.join(", "))
         };
-        Some(Finding {
+        // Which statements re-arm the timer (with pgstat's query timeline).
+        let sources =
+            crate::evidence::queries::by_syscalls(rec, &["setitimer", "timer_settime"], 3);
+        let from = crate::evidence::queries::sentence(&sources, "timer syscalls");
+        let mut f = Finding {
             id: ID.into(),
             severity,
             title: "A timer syscall on every statement".into(),
             summary: format!(
                 "Backends made {timer_calls} timer syscalls (setitimer {setitimer}, timer_settime {timer_settime}) for \
                  {count} statements: {per_statement:.2} per statement, {rate:.0}/s, {pct:.1}% of their {total} \
-                 syscalls ({settings_text}). {why}",
+                 syscalls ({settings_text}).{from} {why}",
                 count = stmts.count,
                 rate = timer_calls as f64 / secs,
                 pct = share * 100.0,
@@ -130,7 +134,12 @@ impl Rule for TimerSyscalls {
                      database (ALTER ROLE … SET statement_timeout) rather than server-wide for latency-critical \
                      OLTP sessions, and prove the change with two `pgbelow lab run` recordings and `pgbelow compare A B`."
                 .into(),
-        })
+        };
+        // Only with a query timeline: older recordings' evidence is as it was.
+        if !sources.is_empty() {
+            f.evidence["queries"] = json!(sources);
+        }
+        Some(f)
     }
 }
 

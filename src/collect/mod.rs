@@ -9,6 +9,8 @@ pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;
 pub mod profile;
+pub mod queries;
+pub mod querytext;
 pub mod session;
 pub mod syscalls;
 pub mod system;
@@ -47,6 +49,10 @@ pub trait Collector {
     fn observer_pid(&self) -> Option<u32> {
         None
     }
+    /// Stop measuring: called on every collector at the recording's end
+    /// before any `finish`, so that one collector's slow end work (the
+    /// profile's symbols) does not stretch another's last interval.
+    fn halt(&mut self) {}
     /// End-of-recording work after the last `sample` (e.g. symbolize, write SVGs).
     fn finish(&mut self, _t: f64, _out: &mut Writer) -> Result<()> {
         Ok(())

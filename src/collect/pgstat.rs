@@ -195,7 +195,12 @@ impl ServerConn {
             }
             own_ids = self.own_queryids(src);
         }
+        let calls_at_start = match &pgss {
+            Some(src) if self.version_num >= 140000 => self.calls_by_id(src, None),
+            _ => None,
+        };
         Ok(Prepared {
+            calls_at_start,
             activity,
             server,
             pgss,
@@ -248,7 +253,45 @@ impl ServerConn {
             .unwrap_or_default()
     }
 
-    /// Backends grouped by what they are doing, this instant.
+    /// pg_stat_statements' calls per query id (summed over users and
+    /// databases), of `ids` only when given.
+    fn calls_by_id(&mut self, src: &PgssSource, ids: Option<&[i64]>) -> Option<BTreeMap<i64, u64>> {
+        self.own += 1;
+        let sql = format!(
+            "select queryid, sum(calls)::int8 from {}(false) where queryid is not null \
+             and ($1::int8[] is null or queryid = any($1::int8[])) group by 1",
+            src.function
+        );
+        let ids: Option<Vec<i64>> = ids.map(<[i64]>::to_vec);
+        let rows = self.client.query(&sql, &[&ids]).ok()?;
+        Some(
+            rows.iter()
+                .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1).max(0) as u64))
+                .collect(),
+        )
+    }
+
+    /// Calls of `ids` since `base` was read, by query key.
+    fn calls_since(
+        &mut self,
+        src: &PgssSource,
+        base: &BTreeMap<i64, u64>,
+        ids: &[i64],
+    ) -> Option<BTreeMap<String, u64>> {
+        let now = self.calls_by_id(src, Some(ids))?;
+        Some(
+            now.into_iter()
+                .map(|(id, n)| {
+                    (
+                        id.to_string(),
+                        n.saturating_sub(base.get(&id).copied().unwrap_or(0)),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// Every backend and what it is doing, this instant.
     fn activity(&mut self, stmt: &Statement) -> Result<Vec<ActivityRow>> {
         self.own += 1;
         let rows = self.client.query(stmt, &[])?;
@@ -258,7 +301,11 @@ impl ServerConn {
                 let backend_type: String = r.get(0);
                 let visible: bool = r.get(6);
                 let state: Option<String> = r.get(2);
+                let pid: i32 = r.get(5);
                 ActivityRow {
+                    pid: pid as u32,
+                    query_id: r.get(7),
+                    text: r.get::<_, Option<String>>(8).filter(|_| visible),
                     role: role_of_backend_type(&backend_type),
                     backend_type,
                     application_name: r.get(1),
@@ -269,7 +316,6 @@ impl ServerConn {
                     },
                     wait_event_type: r.get(3),
                     wait_event: r.get(4),
-                    count: r.get::<_, i64>(5) as u64,
                 }
             })
             .collect())
@@ -341,20 +387,31 @@ struct Prepared {
     server: Statement,
     pgss: Option<PgssSource>,
     own_ids: Vec<i64>,
+    /// pg_stat_statements' calls per query id when sampling began (14+:
+    /// query ids match `pg_stat_activity.query_id`).
+    calls_at_start: Option<BTreeMap<i64, u64>>,
 }
 
 /// `pg_stat_activity` grouped, without pgbelow's own backend. `None` before
 /// 9.6 (no wait events).
+/// One row per backend: the text of client backends (the per-query
+/// timeline normalizes it at once and never stores it), `query_id` on 14+.
 pub fn activity_sql(version_num: i32) -> Option<String> {
     let backend_type = match version_num {
         100000.. => "coalesce(backend_type, '')",
         90600.. => "'client backend'::text",
         _ => return None,
     };
+    let query_id = if version_num >= 140000 {
+        "query_id"
+    } else {
+        "null::int8"
+    };
     Some(format!(
         "select /* {OWN_MARK} */ {backend_type}, coalesce(application_name, ''), state, wait_event_type, wait_event, \
-         count(*)::int8, coalesce(query, '') <> '<insufficient privilege>' \
-         from pg_stat_activity where pid <> pg_backend_pid() group by 1, 2, 3, 4, 5, 7"
+         pid, coalesce(query, '') <> '<insufficient privilege>', {query_id}, \
+         case when state is not null then query end \
+         from pg_stat_activity where pid <> pg_backend_pid()"
     ))
 }
 
@@ -486,13 +543,37 @@ pub fn role_of_backend_type(backend_type: &str) -> Role {
 
 #[derive(Clone, Debug, PartialEq)]
 struct ActivityRow {
+    pid: u32,
+    query_id: Option<i64>,
+    /// While active, the raw text (normalized before it is kept).
+    text: Option<String>,
     role: Role,
     backend_type: String,
     application_name: String,
     state: Option<String>,
     wait_event_type: Option<String>,
     wait_event: Option<String>,
-    count: u64,
+}
+
+impl ActivityRow {
+    /// A client backend or a parallel worker: a process that runs queries.
+    fn runs_queries(&self) -> bool {
+        matches!(self.role, Role::Backend | Role::ParallelWorker)
+    }
+
+    fn seen(&self) -> super::queries::Seen {
+        super::queries::Seen {
+            pid: self.pid,
+            state: self.state.clone(),
+            wait: match (&self.wait_event_type, &self.wait_event) {
+                (Some(t), Some(e)) => format!("{t}:{e}"),
+                (Some(t), None) => t.clone(),
+                _ => "CPU".into(),
+            },
+            query_id: self.query_id,
+            text: self.text.clone(),
+        }
+    }
 }
 
 /// The wait profile of one interval: how many times, over `ticks` looks at
@@ -561,9 +642,9 @@ struct WaitAcc {
 impl WaitAcc {
     fn add(&mut self, rows: Vec<ActivityRow>) {
         self.ticks += 1;
+        let mut grouped: BTreeMap<WaitKey, u64> = BTreeMap::new();
         for r in rows {
-            let e = self
-                .rows
+            *grouped
                 .entry((
                     r.role,
                     r.backend_type,
@@ -572,9 +653,12 @@ impl WaitAcc {
                     r.wait_event_type,
                     r.wait_event,
                 ))
-                .or_default();
-            e.0 += r.count;
-            e.1 = e.1.max(r.count);
+                .or_default() += 1;
+        }
+        for (key, count) in grouped {
+            let e = self.rows.entry(key).or_default();
+            e.0 += count;
+            e.1 = e.1.max(count);
         }
     }
 
@@ -1183,6 +1267,10 @@ fn discover_log(conn: &mut ServerConn, ctx: &Context) -> std::result::Result<Pat
 #[derive(Default)]
 struct Pending {
     waits: WaitAcc,
+    /// Kept across intervals (it remembers the queries named).
+    timeline: super::queries::Timeline,
+    /// pg_stat_statements' calls per query id, read when stopping.
+    calls: Option<BTreeMap<String, u64>>,
     server: Vec<ServerSample>,
     pgstat: Vec<PgstatSample>,
     error: Option<String>,
@@ -1302,18 +1390,34 @@ impl PgstatCollector {
     }
 
     fn drain(&mut self, t: f64, out: &mut Writer) -> Result<()> {
-        let p = {
+        let dt = super::session::round_ms(t - self.last_t);
+        let (mut p, activity) = {
             let mut g = self
                 .shared
                 .pending
                 .lock()
                 .map_err(|_| anyhow::anyhow!("pgstat state poisoned"))?;
-            std::mem::take(&mut *g)
+            let calls = g.calls.take();
+            let activity = (!g.timeline.is_empty() || calls.is_some()).then(|| {
+                let mut a = g.timeline.take(t, dt);
+                a.calls = calls;
+                a
+            });
+            let p = Pending {
+                waits: std::mem::take(&mut g.waits),
+                server: std::mem::take(&mut g.server),
+                pgstat: std::mem::take(&mut g.pgstat),
+                error: g.error.take(),
+                ..Pending::default()
+            };
+            (p, activity)
         };
-        let mut p = p;
         if p.waits.ticks > 0 {
-            let w = p.waits.take(t, super::session::round_ms(t - self.last_t));
+            let w = p.waits.take(t, dt);
             out.append(WAITS, &w)?;
+        }
+        if let Some(a) = activity {
+            out.append(super::queries::STREAM, &a)?;
         }
         self.last_t = t;
         for s in &p.server {
@@ -1464,7 +1568,13 @@ fn sampler(mut conn: ServerConn, p: Prepared, t0: Instant, shared: &Shared) {
         if let Some(stmt) = &p.activity {
             match conn.activity(stmt) {
                 Ok(rows) => {
+                    let seen = rows
+                        .iter()
+                        .filter(|r| r.runs_queries())
+                        .map(ActivityRow::seen)
+                        .collect();
                     if let Ok(mut g) = shared.pending.lock() {
+                        g.timeline.add(seen);
                         g.waits.add(rows);
                     }
                 }
@@ -1497,6 +1607,17 @@ fn sampler(mut conn: ServerConn, p: Prepared, t0: Instant, shared: &Shared) {
             .cpu_ns
             .store((super::cpu::thread_cpu_s() * 1e9) as u64, Ordering::Relaxed);
         if stopping {
+            if let (Some(src), Some(base)) = (&p.pgss, &p.calls_at_start) {
+                let ids = shared
+                    .pending
+                    .lock()
+                    .map(|g| g.timeline.query_ids())
+                    .unwrap_or_default();
+                let calls = conn.calls_since(src, base, &ids);
+                if let Ok(mut g) = shared.pending.lock() {
+                    g.calls = calls;
+                }
+            }
             break;
         }
         next += period;
@@ -1655,21 +1776,26 @@ mod tests {
 
     #[test]
     fn wait_rows_aggregate_over_ticks() {
-        let row = |state: Option<&str>, wt: Option<&str>, n| ActivityRow {
-            role: Role::Backend,
-            backend_type: "client backend".into(),
-            application_name: "pgbench".into(),
-            state: state.map(String::from),
-            wait_event_type: wt.map(String::from),
-            wait_event: wt.map(|_| "WALWrite".to_string()),
-            count: n,
+        let row = |state: Option<&str>, wt: Option<&str>, n| -> Vec<ActivityRow> {
+            (0..n)
+                .map(|i| ActivityRow {
+                    pid: 100 + i,
+                    query_id: None,
+                    text: None,
+                    role: Role::Backend,
+                    backend_type: "client backend".into(),
+                    application_name: "pgbench".into(),
+                    state: state.map(String::from),
+                    wait_event_type: wt.map(String::from),
+                    wait_event: wt.map(|_| "WALWrite".to_string()),
+                })
+                .collect()
         };
         let mut acc = WaitAcc::default();
-        acc.add(vec![
-            row(Some("active"), Some("LWLock"), 3),
-            row(Some("active"), None, 1),
-        ]);
-        acc.add(vec![row(Some("active"), Some("LWLock"), 1)]);
+        let mut first = row(Some("active"), Some("LWLock"), 3);
+        first.extend(row(Some("active"), None, 1));
+        acc.add(first);
+        acc.add(row(Some("active"), Some("LWLock"), 1));
         let s = acc.take(1.0, 1.0);
         assert_eq!(s.ticks, 2);
         let lw = s

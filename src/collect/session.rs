@@ -213,6 +213,11 @@ impl Session {
         let t = self.t();
         for (c, cost) in &mut self.collectors {
             let c0 = thread_cpu_s();
+            c.halt();
+            *cost += thread_cpu_s() - c0;
+        }
+        for (c, cost) in &mut self.collectors {
+            let c0 = thread_cpu_s();
             let r = c.finish(t, &mut self.writer);
             *cost += thread_cpu_s() - c0;
             if result.is_ok() {

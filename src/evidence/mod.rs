@@ -16,6 +16,7 @@ pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;
 pub mod profile;
+pub mod queries;
 pub mod system;
 pub mod timeline;
 
@@ -76,6 +77,10 @@ pub struct Evidence {
     pub profile: Option<Profile>,
     /// Off-CPU time by state and stack (the offcpu collector).
     pub offcpu: Option<offcpu::OffCpu>,
+    /// The profile's per-interval counts (with samples per pid).
+    pub profile_ticks: Vec<crate::collect::profile::Tick>,
+    /// Which query each backend ran at the 10 Hz looks (pgstat).
+    pub activity: Option<queries::Activity>,
     pub clock: Option<ClockFacts>,
     pub lab: LabSummaries,
     /// Files, or lines of them, that could not be read: one line each,
@@ -128,6 +133,13 @@ impl Evidence {
         );
         let profile = load_profile(&dir, &mut notes);
         let offcpu = offcpu::load(&dir, &mut cut, &mut notes);
+        let profile_ticks = read_stream(
+            &dir,
+            crate::collect::profile::files::STREAM,
+            &mut cut,
+            &mut notes,
+        );
+        let activity = queries::load(&dir, &mut cut, &mut notes);
         let clock = rec
             .manifest
             .facts
@@ -152,6 +164,8 @@ impl Evidence {
             checkpoints,
             profile,
             offcpu,
+            profile_ticks,
+            activity,
             clock,
             lab,
             unreadable: notes,

@@ -48,6 +48,14 @@ pub struct Report {
     pub offcpu: Option<sections::offcpu::OffcpuSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgstat: Option<sections::pgstat::PgstatSection>,
+    /// Per query (pgstat's 10 Hz timeline joined with the profile, offcpu
+    /// and syscalls collectors): on-/off-CPU seconds, system calls, stacks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queries: Vec<sections::queries::QueryRow>,
+    /// How `queries` was attributed: the key, the looks, the time not in a
+    /// query, and what was missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_attribution: Option<sections::queries::QueriesSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<sections::system::SystemSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -212,6 +220,7 @@ pub fn build(rec: &Evidence) -> Report {
     let findings = analyse::analyse(rec);
     let stmts = statements(rec);
     let span = rec.syscall_span();
+    let queries = sections::queries::build(rec);
     let secs = span.map(|(a, b)| (b - a).max(1e-9)).unwrap_or(1.0);
     let mut by_role = BTreeMap::new();
     // One pass over the samples: per pid (for the per-node split), then per role.
@@ -317,6 +326,13 @@ pub fn build(rec: &Evidence) -> Report {
         profile: sections::profile::build(rec),
         offcpu: sections::offcpu::build(rec),
         pgstat: sections::pgstat::build(rec),
+        queries: queries
+            .as_ref()
+            .map_or_else(Vec::new, |q| q.queries.clone()),
+        query_attribution: queries.map(|mut q| {
+            q.queries.clear();
+            q
+        }),
         system: sections::system::build(rec),
         clock: sections::clock::build(rec),
         explain: sections::explain::build(rec),

@@ -176,6 +176,11 @@ pub fn render(r: &Report) -> String {
     if let Some(s) = &r.offcpu {
         super::sections::offcpu::render(s, &mut o);
     }
+    if let Some(q) = &r.query_attribution {
+        let mut q = q.clone();
+        q.queries = r.queries.clone();
+        super::sections::queries::render(&q, &mut o);
+    }
     if let Some(p) = &r.pgstat {
         super::sections::pgstat::render(p, &mut o);
     }

@@ -274,6 +274,8 @@ pub struct OffcpuCollector {
     min_block_us: u64,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<Option<Outcome>>>,
+    /// What the reader measured until [`Collector::halt`].
+    halted: Option<Option<Outcome>>,
     /// BPF run-time statistics stay on while this is open.
     stats: Option<OwnedFd>,
     started: Instant,
@@ -312,6 +314,7 @@ impl OffcpuCollector {
             min_block_us,
             shared,
             thread: Some(thread),
+            halted: None,
             stats: bpf::enable_stats(),
             started: Instant::now(),
             last: BTreeMap::new(),
@@ -410,9 +413,17 @@ impl Collector for OffcpuCollector {
         self.shared.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9
     }
 
+    fn halt(&mut self) {
+        self.halted = Some(self.stop());
+    }
+
     fn finish(&mut self, t: f64, out: &mut Writer) -> Result<()> {
         let duration_s = self.started.elapsed().as_secs_f64();
-        let Some(o) = self.stop() else {
+        let outcome = match self.halted.take() {
+            Some(o) => o,
+            None => self.stop(),
+        };
+        let Some(o) = outcome else {
             anyhow::bail!("the off-CPU reader thread died");
         };
         // The last blocks since the last tick.

@@ -168,6 +168,11 @@ pub struct Tick {
     pub other: u64,
     pub lost: u64,
     pub unattributed: u64,
+    /// The cluster's samples per process in the interval (what per-query
+    /// attribution joins with the query timeline; absent in recordings
+    /// made before it existed).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_pid: BTreeMap<u32, u64>,
 }
 
 #[derive(Default)]
@@ -184,6 +189,8 @@ struct Shared {
     stop: AtomicBool,
     counters: Counters,
     new_pids: Mutex<Vec<(u32, u32)>>,
+    /// Samples per process since the last interval.
+    by_pid: Mutex<BTreeMap<u32, u64>>,
 }
 
 /// (pid, number of kernel frames, kernel frames then user frames, leaf first).
@@ -311,6 +318,9 @@ impl Tracker {
             return;
         }
         let pid = s.pid;
+        if let Ok(mut m) = self.shared.by_pid.lock() {
+            *m.entry(pid).or_default() += 1;
+        }
         // describe() names a pid equal to its second argument the postmaster.
         let postmaster = if self.roots.contains(&pid) {
             pid
@@ -526,6 +536,7 @@ impl ProfileCollector {
             other: c.other.load(Ordering::Relaxed),
             lost: c.lost.load(Ordering::Relaxed),
             unattributed: c.unattributed.load(Ordering::Relaxed),
+            by_pid: BTreeMap::new(),
         }
     }
 
@@ -581,6 +592,12 @@ impl Collector for ProfileCollector {
             other: now.other - self.last.other,
             lost: now.lost - self.last.lost,
             unattributed: now.unattributed - self.last.unattributed,
+            by_pid: self
+                .shared
+                .by_pid
+                .lock()
+                .map(|mut m| std::mem::take(&mut *m))
+                .unwrap_or_default(),
         };
         out.append(files::STREAM, &tick)?;
         self.last = now;

@@ -115,6 +115,36 @@ pub fn all(o: &mut String, r: &Report, ev: &Evidence) {
         &["role", "syscall", "calls", "per second", "per statement"],
         &rows,
     );
+    if !r.queries.is_empty() {
+        let rows: Vec<Vec<String>> = r
+            .queries
+            .iter()
+            .map(|q| {
+                let mut sys: Vec<(&String, &u64)> = q.syscalls.iter().collect();
+                sys.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+                vec![
+                    q.query_id.clone(),
+                    crate::report::sections::queries::short(&q.query, 120),
+                    q.calls.map_or(String::new(), |c| c.to_string()),
+                    format!("{:.3}", q.on_cpu_s),
+                    format!("{:.3}", q.off("D")),
+                    format!("{:.3}", q.off("S")),
+                    format!("{:.3}", q.off("runq")),
+                    sys.iter()
+                        .take(3)
+                        .map(|(k, n)| format!("{k} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ]
+            })
+            .collect();
+        table(
+            o,
+            "Queries: time on and off the CPU, system calls (attributed by pg_stat_activity at 10 Hz)",
+            &["query id", "query", "calls", "on CPU s", "D s", "S s", "runq s", "top syscalls"],
+            &rows,
+        );
+    }
     if let Some(p) = &r.procfs {
         let rows: Vec<Vec<String>> = p
             .roles

@@ -8,4 +8,15 @@ pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;
 pub mod profile;
+pub mod queries;
 pub mod system;
+
+/// A stack (root first) as text, leaf first: `leaf ← caller ← …`, at most
+/// `n` frames, `…` when cut.
+pub fn leaf_first(frames: &[String], n: usize) -> String {
+    let mut shown: Vec<&str> = frames.iter().rev().take(n).map(String::as_str).collect();
+    if frames.len() > n {
+        shown.push("…");
+    }
+    shown.join(" ← ")
+}

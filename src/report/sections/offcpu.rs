@@ -37,13 +37,14 @@ pub fn render(s: &OffcpuSection, out: &mut String) {
                 .map_or(String::new(), |f| format!("; flame graph {f}"))
         );
         for st in &r.top_stacks {
+            let shown = super::leaf_first(&st.frames, super::profile::STACK_FRAMES_SHOWN);
             let _ = writeln!(
                 out,
                 "    {:>4} {:>8.3} s {:>5.1}%  {}",
                 st.state,
                 st.seconds,
                 st.share * 100.0,
-                super::profile::leaf_first(&st.frames)
+                shown
             );
         }
     }

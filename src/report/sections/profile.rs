@@ -64,34 +64,20 @@ pub fn render(s: &ProfileSection, out: &mut String) {
         rows("on the CPU (leaf frames):", &r.top_leaves, out);
         let _ = writeln!(out, "    top stacks (leaf ← callers):");
         for st in &r.top_stacks {
+            let shown = super::leaf_first(&st.frames, STACK_FRAMES_SHOWN);
             let _ = writeln!(
                 out,
                 "      {:>5.1}%  {:>7}  {}",
                 st.share * 100.0,
                 st.samples,
-                leaf_first(&st.frames)
+                shown
             );
         }
     }
 }
 
 /// Frames shown of a stack in the text report, leaf first.
-const STACK_FRAMES_SHOWN: usize = 8;
-
-/// A root-first stack as the text report shows it: leaf first, the first
-/// [`STACK_FRAMES_SHOWN`] frames, `…` when there are more.
-pub(crate) fn leaf_first(frames: &[String]) -> String {
-    let mut shown: Vec<&str> = frames
-        .iter()
-        .rev()
-        .take(STACK_FRAMES_SHOWN)
-        .map(String::as_str)
-        .collect();
-    if frames.len() > STACK_FRAMES_SHOWN {
-        shown.push("…");
-    }
-    shown.join(" ← ")
-}
+pub(crate) const STACK_FRAMES_SHOWN: usize = 8;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,239 @@
+//! The per-backend query timeline of the pgstat collector (issue 12, item
+//! 2): which query each client backend was running at each 10 Hz look at
+//! `pg_stat_activity`, written once per interval to
+//! `pgstat_activity.jsonl` so that other collectors' per-pid per-interval
+//! measurements can be attributed to queries offline.
+//!
+//! A query is known by `query_id` where the server computes one (14+,
+//! `compute_query_id` on, or auto with pg_stat_statements loaded; pgbelow
+//! never changes the setting), else by the fingerprint of its normalized
+//! text ([`super::querytext`]). Only normalized texts are stored, never a
+//! parameter.
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::querytext;
+
+/// The stream: one [`ActivityTick`] per interval.
+pub const STREAM: &str = "pgstat_activity.jsonl";
+
+/// Distinct queries named at most; later ones are counted as [`OTHER`].
+pub const MAX_QUERIES: usize = 5000;
+/// The key of queries beyond [`MAX_QUERIES`].
+pub const OTHER: &str = "other";
+/// Raw texts whose key is remembered (texts differ by their literals, so
+/// the cache is emptied when full rather than grown).
+const TEXT_CACHE: usize = 10_000;
+
+/// One line of [`STREAM`]: over `ticks` looks in `(t - dt, t]`, what each
+/// client backend (and parallel worker) was doing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ActivityTick {
+    pub t: f64,
+    pub dt: f64,
+    pub ticks: u32,
+    /// Queries seen for the first time in this interval.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queries: Vec<QueryInfo>,
+    pub pids: BTreeMap<u32, Vec<PidRow>>,
+    /// pg_stat_statements' calls per query id during the recording, on the
+    /// last line only (PostgreSQL 14+ with the extension readable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<BTreeMap<String, u64>>,
+}
+
+/// A query as first seen.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueryInfo {
+    /// The key: `query_id` in decimal, or `fp:` and the text's fingerprint.
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_id: Option<i64>,
+    /// Normalized: no literal, number or parameter value.
+    pub query: String,
+}
+
+/// How many of the interval's looks found a backend in this state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PidRow {
+    /// The query's key while `active`; None otherwise (idle, idle in
+    /// transaction: the last query is not what the backend is doing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    /// When not active, the key of the last query it ran (what
+    /// `pg_stat_activity.query` shows then): short statements are seldom
+    /// caught active, their system calls still belong to them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// `Type:Event`, or `CPU` without a wait event.
+    pub wait: String,
+    pub n: u32,
+}
+
+/// One backend at one look, as the collector reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Seen {
+    pub pid: u32,
+    pub state: Option<String>,
+    pub wait: String,
+    pub query_id: Option<i64>,
+    /// The raw text; dropped after normalizing.
+    pub text: Option<String>,
+}
+
+/// (query key, state, wait) of a [`PidRow`].
+type RowKey = (Option<String>, Option<String>, Option<String>, String);
+
+/// Collects the looks of one interval and names queries.
+#[derive(Default)]
+pub struct Timeline {
+    ticks: u32,
+    rows: BTreeMap<u32, BTreeMap<RowKey, u32>>,
+    known: BTreeMap<String, ()>,
+    new: Vec<QueryInfo>,
+    by_text: HashMap<String, String>,
+}
+
+impl Timeline {
+    pub fn add(&mut self, seen: Vec<Seen>) {
+        self.ticks += 1;
+        for s in seen {
+            let active = s.state.as_deref() == Some("active");
+            let key = match s.text {
+                Some(text) if !text.is_empty() => Some(self.key(s.query_id, text)),
+                _ => None,
+            };
+            let (query, last) = if active { (key, None) } else { (None, key) };
+            *self
+                .rows
+                .entry(s.pid)
+                .or_default()
+                .entry((query, last, s.state, s.wait))
+                .or_default() += 1;
+        }
+    }
+
+    /// The key of a query, naming it when new.
+    fn key(&mut self, query_id: Option<i64>, text: String) -> String {
+        if let Some(id) = query_id.filter(|&q| q != 0) {
+            let key = id.to_string();
+            if !self.known.contains_key(&key) {
+                self.name(key.clone(), Some(id), querytext::normalize(&text));
+            }
+            return key;
+        }
+        if let Some(k) = self.by_text.get(&text) {
+            return k.clone();
+        }
+        let normalized = querytext::normalize(&text);
+        let key = format!("fp:{}", querytext::fingerprint(&normalized));
+        let key = if self.known.contains_key(&key) {
+            key
+        } else {
+            self.name(key, None, normalized)
+        };
+        if self.by_text.len() >= TEXT_CACHE {
+            self.by_text.clear();
+        }
+        self.by_text.insert(text, key.clone());
+        key
+    }
+
+    fn name(&mut self, key: String, query_id: Option<i64>, query: String) -> String {
+        if self.known.len() >= MAX_QUERIES {
+            return OTHER.to_string();
+        }
+        self.known.insert(key.clone(), ());
+        self.new.push(QueryInfo {
+            id: key.clone(),
+            query_id,
+            query,
+        });
+        key
+    }
+
+    /// Has anything been seen since the last [`Timeline::take`]?
+    pub fn is_empty(&self) -> bool {
+        self.ticks == 0
+    }
+
+    /// The interval's line; the names stay known.
+    pub fn take(&mut self, t: f64, dt: f64) -> ActivityTick {
+        let rows = std::mem::take(&mut self.rows);
+        let ticks = std::mem::take(&mut self.ticks);
+        ActivityTick {
+            t,
+            dt,
+            ticks,
+            queries: std::mem::take(&mut self.new),
+            pids: rows
+                .into_iter()
+                .map(|(pid, m)| {
+                    let v = m
+                        .into_iter()
+                        .map(|((query, last, state, wait), n)| PidRow {
+                            query,
+                            last,
+                            state,
+                            wait,
+                            n,
+                        })
+                        .collect();
+                    (pid, v)
+                })
+                .collect(),
+            calls: None,
+        }
+    }
+
+    /// Query ids named so far (for pg_stat_statements' calls).
+    pub fn query_ids(&self) -> Vec<i64> {
+        self.known.keys().filter_map(|k| k.parse().ok()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(pid: u32, state: &str, qid: Option<i64>, text: &str) -> Seen {
+        Seen {
+            pid,
+            state: Some(state.into()),
+            wait: "CPU".into(),
+            query_id: qid,
+            text: Some(text.to_string()),
+        }
+    }
+
+    #[test]
+    fn names_each_query_once_and_keeps_no_literal() {
+        let mut tl = Timeline::default();
+        tl.add(vec![
+            seen(10, "active", None, "select * from t where a = 1"),
+            seen(11, "active", Some(77), "select pg_sleep(0.5)"),
+        ]);
+        tl.add(vec![
+            seen(10, "active", None, "select * from t where a = 2"),
+            seen(11, "idle", Some(77), "select pg_sleep(0.5)"),
+        ]);
+        let t = tl.take(1.0, 1.0);
+        assert_eq!(t.ticks, 2);
+        assert_eq!(t.queries.len(), 2, "{t:?}");
+        let fp = t.queries.iter().find(|q| q.query_id.is_none()).unwrap();
+        assert_eq!(fp.query, "select * from t where a = ?");
+        assert_eq!(t.pids[&10].len(), 1);
+        assert_eq!(t.pids[&10][0].n, 2);
+        assert_eq!(t.pids[&11].len(), 2);
+        let idle = t.pids[&11].iter().find(|r| r.query.is_none()).unwrap();
+        assert_eq!(idle.last.as_deref(), Some("77"));
+        let line = serde_json::to_string(&t).unwrap();
+        assert!(!line.contains("0.5") && !line.contains("a = 1"), "{line}");
+        tl.add(vec![seen(11, "active", Some(77), "select pg_sleep(1)")]);
+        assert!(tl.take(2.0, 1.0).queries.is_empty());
+        assert_eq!(tl.query_ids(), vec![77]);
+    }
+}

@@ -1,0 +1,536 @@
+//! Per-query attribution (issue 12, item 2): on-CPU samples, off-CPU
+//! seconds and system calls of each backend, given to the query the
+//! backend was running when they happened.
+//!
+//! The join is per process and per interval (the session's sampling
+//! interval, 1 s by default): every collector writes, per interval, what
+//! each pid did — profile samples (`profile.jsonl` `by_pid`), off-CPU
+//! seconds by state of blocks that ended in it (`offcpu.jsonl`), system
+//! calls by name (`syscalls.jsonl`) — and the pgstat collector what each
+//! backend was doing at its 10 Hz looks (`pgstat_activity.jsonl`). A
+//! pid's interval value is split over the queries it was seen running in
+//! proportion to the looks: exact for a backend that ran one query the
+//! whole interval, a sample for one that switched (statements shorter than
+//! 100 ms are seen in proportion to the time they run). On-CPU samples go
+//! to the active looks only (an idle backend waits for its client off the
+//! CPU); the rest also to "not in a query" (idle, idle in transaction).
+//! Top stacks of a query: its backends' stacks weighted by the query's
+//! share of each backend's samples — exact when a backend ran one query.
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::collect::queries::{ActivityTick, PidRow, QueryInfo};
+
+/// Queries shown, most time first.
+pub const TOP_QUERIES: usize = 20;
+/// System calls listed per query.
+pub const TOP_SYSCALLS: usize = 8;
+/// Stacks listed per query.
+pub const TOP_STACKS: usize = 3;
+/// Frames kept per stack (the leaf end).
+const STACK_FRAMES: usize = 12;
+
+/// The query timeline as recorded.
+#[derive(Clone, Debug, Default)]
+pub struct Activity {
+    pub ticks: Vec<ActivityTick>,
+    pub names: BTreeMap<String, QueryInfo>,
+    pub calls: Option<BTreeMap<String, u64>>,
+}
+
+/// Reads `pgstat_activity.jsonl`; None when it is not there.
+pub fn load(dir: &Path, cut: &mut usize, notes: &mut Vec<String>) -> Option<Activity> {
+    use crate::collect::queries::STREAM;
+    if !dir.join(STREAM).exists() {
+        return None;
+    }
+    let mut ticks: Vec<ActivityTick> =
+        crate::recording::reader::read_stream(dir, STREAM, cut, notes);
+    ticks.sort_by(|a, b| a.t.total_cmp(&b.t));
+    let mut names = BTreeMap::new();
+    let mut calls = None;
+    for t in &mut ticks {
+        for q in t.queries.drain(..) {
+            names.entry(q.id.clone()).or_insert(q);
+        }
+        if let Some(c) = t.calls.take() {
+            calls = Some(c);
+        }
+    }
+    Some(Activity {
+        ticks,
+        names,
+        calls,
+    })
+}
+
+/// The section: per query, time on and off the CPU, system calls, stacks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueriesSection {
+    /// How queries are told apart: "query_id", "fingerprint", or both.
+    pub source: String,
+    /// 10 Hz looks at pg_stat_activity.
+    pub looks: u64,
+    /// Most on+off-CPU time first, at most [`TOP_QUERIES`] (in the JSON
+    /// report, the top-level `queries`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queries: Vec<QueryRow>,
+    /// The backends' time while not running a query (idle, idle in
+    /// transaction), and what could not be joined.
+    pub not_in_a_query: Attributed,
+    pub notes: Vec<String>,
+}
+
+/// What was attributed to one query or to none.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Attributed {
+    pub on_cpu_s: f64,
+    /// "D", "S", "runq".
+    pub off_cpu_s: BTreeMap<String, f64>,
+    pub syscalls: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueryRow {
+    /// `query_id` in decimal, or `fp:` and the fingerprint of the text.
+    pub query_id: String,
+    /// Normalized text.
+    pub query: String,
+    /// pg_stat_statements' calls during the recording (14+ with query_id).
+    pub calls: Option<u64>,
+    /// Looks at pg_stat_activity that found a backend running it.
+    pub samples: u64,
+    /// Backend-seconds running it (each look weighs its share of the interval).
+    pub active_s: f64,
+    pub on_cpu_s: f64,
+    pub off_cpu_s: BTreeMap<String, f64>,
+    /// Most called first, at most [`TOP_SYSCALLS`].
+    pub syscalls: BTreeMap<String, u64>,
+    /// `syscalls` divided by `calls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscalls_per_call: Option<BTreeMap<String, f64>>,
+    /// Wait events at the looks that found it running (`CPU`: none).
+    pub waits: BTreeMap<String, u64>,
+    pub top_stacks: Vec<QueryStack>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueryStack {
+    /// Of the query's on-CPU samples.
+    pub share: f64,
+    /// Root first, the leaf end only.
+    pub frames: Vec<String>,
+}
+
+impl QueryRow {
+    /// Off-CPU seconds in `state`.
+    pub fn off(&self, state: &str) -> f64 {
+        self.off_cpu_s.get(state).copied().unwrap_or(0.0)
+    }
+}
+
+/// What is split over a pid's looks.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// Over the active looks; without any, over the statements it ran
+    /// between looks (the last query of idle looks).
+    OnCpu,
+    /// Over all looks, idle ones to no query (waiting for the client).
+    OffCpu,
+    /// Over all looks, idle ones to the last query (its calls end there).
+    Syscalls,
+}
+
+/// How a pid's value in one interval is split: (query key or None, share).
+fn shares(rows: &[PidRow], kind: Kind) -> Vec<(Option<&str>, f64)> {
+    fn key(r: &PidRow, kind: Kind) -> Option<&str> {
+        match kind {
+            Kind::OffCpu => r.query.as_deref(),
+            Kind::OnCpu | Kind::Syscalls => r.query.as_deref().or(r.last.as_deref()),
+        }
+    }
+    let any_active = rows.iter().any(|r| r.query.is_some());
+    let pool: Vec<&PidRow> = rows
+        .iter()
+        .filter(|r| match kind {
+            Kind::OnCpu if any_active => r.query.is_some(),
+            Kind::OnCpu => r.last.is_some(),
+            _ => true,
+        })
+        .collect();
+    let total: u32 = pool.iter().map(|r| r.n).sum();
+    if total == 0 {
+        return if kind == Kind::OnCpu {
+            shares(rows, Kind::OffCpu)
+        } else {
+            Vec::new()
+        };
+    }
+    let mut m: BTreeMap<Option<&str>, u32> = BTreeMap::new();
+    for r in pool {
+        *m.entry(key(r, kind)).or_default() += r.n;
+    }
+    m.into_iter()
+        .map(|(k, n)| (k, f64::from(n) / f64::from(total)))
+        .collect()
+}
+
+/// The activity tick of the interval ending at `t` (collectors share the
+/// session's clock; a quarter second covers rounding and a late drain).
+fn tick_at(ticks: &[ActivityTick], t: f64) -> Option<&ActivityTick> {
+    let i = ticks.partition_point(|a| a.t < t);
+    [i.checked_sub(1), Some(i)]
+        .into_iter()
+        .flatten()
+        .filter_map(|j| ticks.get(j))
+        .filter(|a| (a.t - t).abs() <= 0.25)
+        .min_by(|a, b| (a.t - t).abs().total_cmp(&(b.t - t).abs()))
+}
+
+#[derive(Default)]
+struct Acc {
+    on_cpu_samples: f64,
+    off: BTreeMap<String, f64>,
+    syscalls: BTreeMap<String, f64>,
+    /// pid -> on-CPU samples given to this query from it.
+    from_pid: BTreeMap<u32, f64>,
+}
+
+/// Join everything recorded per pid and interval with the timeline: what
+/// each query got (None: not in a query).
+fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
+    let act = ev.activity.as_ref()?;
+    let ticks = &act.ticks;
+    let mut acc: BTreeMap<Option<String>, Acc> = BTreeMap::new();
+    let mut give = |rows: &[PidRow], kind: Kind, f: &mut dyn FnMut(&mut Acc, f64)| {
+        for (k, share) in shares(rows, kind) {
+            f(acc.entry(k.map(String::from)).or_default(), share);
+        }
+    };
+    for pt in &ev.profile_ticks {
+        let Some(a) = tick_at(ticks, pt.t) else {
+            continue;
+        };
+        for (pid, &n) in &pt.by_pid {
+            if let Some(rows) = a.pids.get(pid) {
+                give(rows, Kind::OnCpu, &mut |q, s| {
+                    q.on_cpu_samples += n as f64 * s;
+                    *q.from_pid.entry(*pid).or_default() += n as f64 * s;
+                });
+            }
+        }
+    }
+    if let Some(o) = &ev.offcpu {
+        for ot in &o.ticks {
+            let Some(a) = tick_at(ticks, ot.t) else {
+                continue;
+            };
+            for (pid, states) in &ot.by_pid {
+                if let Some(rows) = a.pids.get(pid) {
+                    give(rows, Kind::OffCpu, &mut |q, s| {
+                        for (st, secs) in states {
+                            *q.off.entry(st.clone()).or_default() += secs * s;
+                        }
+                    });
+                }
+            }
+        }
+    }
+    for st in &ev.rec.syscalls {
+        let Some(a) = tick_at(ticks, st.t) else {
+            continue;
+        };
+        for (pid, calls) in &st.counts {
+            if let Some(rows) = a.pids.get(pid) {
+                give(rows, Kind::Syscalls, &mut |q, s| {
+                    for (name, n) in calls {
+                        *q.syscalls.entry(name.clone()).or_default() += *n as f64 * s;
+                    }
+                });
+            }
+        }
+    }
+    // Looks and waits per query.
+    Some(acc)
+}
+
+/// A query a finding's evidence comes from, and how much of it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Source {
+    pub query_id: String,
+    pub query: String,
+    pub count: u64,
+}
+
+fn named(act: &Activity, mut v: Vec<(String, f64)>, n: usize) -> Vec<Source> {
+    v.retain(|(_, c)| c.round() >= 1.0);
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.into_iter()
+        .take(n)
+        .map(|(id, c)| Source {
+            query: act
+                .names
+                .get(&id)
+                .map_or_else(String::new, |q| q.query.clone()),
+            query_id: id,
+            count: c.round() as u64,
+        })
+        .collect()
+}
+
+/// A query's text cut to `n` characters.
+pub fn short(text: &str, n: usize) -> String {
+    match text.char_indices().nth(n) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
+/// " Most of it from: `text` (n), …" for a finding's summary; empty
+/// without sources. `unit` names what `count` counts.
+pub fn sentence(sources: &[Source], unit: &str) -> String {
+    if sources.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = sources
+        .iter()
+        .map(|s| format!("`{}` ({} {unit})", short(&s.query, 80), s.count))
+        .collect();
+    format!(" Most of it from the queries {}.", list.join(", "))
+}
+
+/// The `n` queries that made the most of the system calls `names`.
+pub fn by_syscalls(ev: &super::Evidence, names: &[&str], n: usize) -> Vec<Source> {
+    let (Some(act), Some(acc)) = (ev.activity.as_ref(), join(ev)) else {
+        return Vec::new();
+    };
+    let v = acc
+        .into_iter()
+        .filter_map(|(k, a)| {
+            let c: f64 = names.iter().filter_map(|s| a.syscalls.get(*s)).sum();
+            Some((k?, c))
+        })
+        .collect();
+    named(act, v, n)
+}
+
+/// The `n` queries most often seen waiting on `wait` (`Type:Event`); the
+/// count is looks at pg_stat_activity.
+pub fn by_wait(ev: &super::Evidence, wait: &str, n: usize) -> Vec<Source> {
+    let Some(act) = ev.activity.as_ref() else {
+        return Vec::new();
+    };
+    let mut m: BTreeMap<String, f64> = BTreeMap::new();
+    for r in act.ticks.iter().flat_map(|t| t.pids.values().flatten()) {
+        if let (Some(q), true) = (&r.query, r.wait == wait) {
+            *m.entry(q.clone()).or_default() += f64::from(r.n);
+        }
+    }
+    named(act, m.into_iter().collect(), n)
+}
+
+/// Join everything recorded per pid and interval with the timeline.
+pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
+    let act = ev.activity.as_ref()?;
+    let ticks = &act.ticks;
+    let mut acc = join(ev)?;
+    let hz = ev.profile.as_ref().map_or(0, |p| p.summary.hz);
+    // (looks, backend-seconds: each look stands for dt / ticks, so a
+    // sampler that fell behind on a loaded server does not shrink it, waits)
+    let mut looks: BTreeMap<&str, (u64, f64, BTreeMap<String, u64>)> = BTreeMap::new();
+    let mut all_looks = 0u64;
+    for a in ticks {
+        all_looks += u64::from(a.ticks);
+        let per_look = if a.ticks > 0 {
+            a.dt / f64::from(a.ticks)
+        } else {
+            0.0
+        };
+        for r in a.pids.values().flatten() {
+            if let Some(q) = &r.query {
+                let e = looks.entry(q.as_str()).or_default();
+                e.0 += u64::from(r.n);
+                e.1 += f64::from(r.n) * per_look;
+                *e.2.entry(r.wait.clone()).or_default() += u64::from(r.n);
+            }
+        }
+    }
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let off_map = |m: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
+        ["D", "S", "runq"]
+            .iter()
+            .map(|s| (s.to_string(), round(m.get(*s).copied().unwrap_or(0.0))))
+            .collect()
+    };
+    let on_s = |samples: f64| {
+        if hz > 0 {
+            round(samples / hz as f64)
+        } else {
+            0.0
+        }
+    };
+    let mut rows: Vec<QueryRow> = Vec::new();
+    // Queries seen running, and those only seen as a backend's last one
+    // (too short to be caught active) that got time or calls.
+    let keys: std::collections::BTreeSet<String> = looks
+        .keys()
+        .map(|k| k.to_string())
+        .chain(acc.keys().flatten().cloned())
+        .collect();
+    let none = (0, 0.0, BTreeMap::new());
+    for key in &keys {
+        let (n, active_s, waits) = looks.get(key.as_str()).unwrap_or(&none);
+        let key = &key.as_str();
+        let a = acc.remove(&Some(key.to_string())).unwrap_or_default();
+        let calls = act.calls.as_ref().and_then(|c| c.get(*key).copied());
+        let mut sys: Vec<(String, u64)> = a
+            .syscalls
+            .iter()
+            .map(|(k, v)| (k.clone(), v.round() as u64))
+            .filter(|(_, v)| *v > 0)
+            .collect();
+        sys.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+        sys.truncate(TOP_SYSCALLS);
+        let syscalls: BTreeMap<String, u64> = sys.into_iter().collect();
+        let syscalls_per_call = calls.filter(|&c| c > 0).map(|c| {
+            syscalls
+                .iter()
+                .map(|(k, v)| (k.clone(), round(*v as f64 / c as f64)))
+                .collect()
+        });
+        rows.push(QueryRow {
+            query_id: key.to_string(),
+            query: act
+                .names
+                .get(*key)
+                .map_or_else(String::new, |q| q.query.clone()),
+            calls,
+            samples: *n,
+            active_s: round(*active_s),
+            on_cpu_s: on_s(a.on_cpu_samples),
+            off_cpu_s: off_map(&a.off),
+            syscalls,
+            syscalls_per_call,
+            waits: waits.clone(),
+            top_stacks: top_stacks(ev, &a.from_pid, a.on_cpu_samples),
+        });
+    }
+    rows.sort_by(|a, b| {
+        let total = |r: &QueryRow| r.on_cpu_s + r.off_cpu_s.values().sum::<f64>();
+        total(b)
+            .total_cmp(&total(a))
+            .then(b.samples.cmp(&a.samples))
+            .then(a.query_id.cmp(&b.query_id))
+    });
+    rows.truncate(TOP_QUERIES);
+    let idle = acc.remove(&None).unwrap_or_default();
+    let not_in_a_query = Attributed {
+        on_cpu_s: on_s(idle.on_cpu_samples),
+        off_cpu_s: off_map(&idle.off),
+        syscalls: idle
+            .syscalls
+            .iter()
+            .map(|(k, v)| (k.clone(), v.round() as u64))
+            .filter(|(_, v)| *v > 0)
+            .collect(),
+    };
+    let ids = act.names.values().filter(|q| q.query_id.is_some()).count();
+    let source = match (ids, act.names.len() - ids) {
+        (0, _) => "fingerprint",
+        (_, 0) => "query_id",
+        _ => "query_id and fingerprint",
+    }
+    .to_string();
+    let mut notes = Vec::new();
+    if ev.profile_ticks.iter().all(|t| t.by_pid.is_empty()) {
+        notes.push("no on-CPU time per query: the profile collector was off or recorded no per-process counts".into());
+    }
+    if ev.offcpu.is_none() {
+        notes.push("no off-CPU time per query: the offcpu collector was off".into());
+    }
+    if ev.rec.syscalls.is_empty() {
+        notes.push("no system calls per query: the syscalls collector was off".into());
+    }
+    Some(QueriesSection {
+        source,
+        looks: all_looks,
+        queries: rows,
+        not_in_a_query,
+        notes,
+    })
+}
+
+/// The query's stacks: each backend's stacks weighted by the samples of
+/// that backend the query got.
+fn top_stacks(ev: &super::Evidence, from_pid: &BTreeMap<u32, f64>, total: f64) -> Vec<QueryStack> {
+    let Some(p) = &ev.profile else {
+        return Vec::new();
+    };
+    if total <= 0.0 {
+        return Vec::new();
+    }
+    let mut pid_total: BTreeMap<u32, u64> = BTreeMap::new();
+    for s in &p.pid_stacks {
+        *pid_total.entry(s.pid).or_default() += s.samples;
+    }
+    let mut weighted: BTreeMap<Vec<String>, f64> = BTreeMap::new();
+    for s in &p.pid_stacks {
+        let (Some(got), Some(&all)) = (from_pid.get(&s.pid), pid_total.get(&s.pid)) else {
+            continue;
+        };
+        if all == 0 {
+            continue;
+        }
+        let frames: Vec<String> = s.frames.iter().map(|f| f.name.clone()).collect();
+        let keep = frames.len().saturating_sub(STACK_FRAMES);
+        *weighted.entry(frames[keep..].to_vec()).or_default() +=
+            s.samples as f64 * got / all as f64;
+    }
+    let mut v: Vec<(Vec<String>, f64)> = weighted.into_iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.into_iter()
+        .take(TOP_STACKS)
+        .map(|(frames, w)| QueryStack {
+            share: ((w / total) * 1000.0).round() / 1000.0,
+            frames,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(q: Option<&str>, n: u32) -> PidRow {
+        PidRow {
+            query: q.map(String::from),
+            last: None,
+            state: Some(if q.is_some() { "active" } else { "idle" }.into()),
+            wait: "CPU".into(),
+            n,
+        }
+    }
+
+    #[test]
+    fn on_cpu_goes_to_active_looks_the_rest_to_all() {
+        let rows = [row(Some("1"), 3), row(Some("2"), 1), row(None, 6)];
+        let on = shares(&rows, Kind::OnCpu);
+        assert_eq!(on, vec![(Some("1"), 0.75), (Some("2"), 0.25)]);
+        let off = shares(&rows, Kind::OffCpu);
+        assert_eq!(off, vec![(None, 0.6), (Some("1"), 0.3), (Some("2"), 0.1)]);
+        assert_eq!(shares(&[row(None, 2)], Kind::OnCpu), vec![(None, 1.0)]);
+        assert!(shares(&[], Kind::OffCpu).is_empty());
+        // A short statement never caught active: its CPU and calls go to
+        // it (the last query of the idle looks), its idle time does not.
+        let mut idle = row(None, 10);
+        idle.last = Some("3".into());
+        assert_eq!(shares(&[idle.clone()], Kind::OnCpu), vec![(Some("3"), 1.0)]);
+        assert_eq!(
+            shares(&[idle.clone()], Kind::Syscalls),
+            vec![(Some("3"), 1.0)]
+        );
+        assert_eq!(shares(&[idle], Kind::OffCpu), vec![(None, 1.0)]);
+    }
+}

@@ -1,0 +1,70 @@
+//! The queries section as text (the model is in `crate::evidence::queries`).
+use std::fmt::Write as _;
+
+pub use crate::evidence::queries::*;
+
+/// Characters of a query's text shown.
+const TEXT_SHOWN: usize = 100;
+/// Frames shown per stack, innermost first.
+const FRAMES_SHOWN: usize = 6;
+
+/// The text rendering.
+pub fn render(s: &QueriesSection, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "\nQueries (by {}; {} looks at pg_stat_activity): on-CPU s, off-CPU s D/S/runq, top system calls",
+        s.source, s.looks
+    );
+    for n in &s.notes {
+        let _ = writeln!(out, "  ! {n}");
+    }
+    for q in &s.queries {
+        let _ = writeln!(out, "\n  {}  {}", q.query_id, short(&q.query, TEXT_SHOWN));
+        let _ = writeln!(
+            out,
+            "    {}active {:.1} s; on CPU {:.3} s; off CPU D {:.3} s, S {:.3} s, runq {:.3} s",
+            q.calls.map_or(String::new(), |c| format!("{c} calls; ")),
+            q.active_s,
+            q.on_cpu_s,
+            q.off("D"),
+            q.off("S"),
+            q.off("runq")
+        );
+        if !q.syscalls.is_empty() {
+            let mut v: Vec<(&String, &u64)> = q.syscalls.iter().collect();
+            v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            let per = |name: &str| {
+                q.syscalls_per_call
+                    .as_ref()
+                    .and_then(|m| m.get(name))
+                    .map_or(String::new(), |x| format!(" ({x:.2}/call)"))
+            };
+            let list: Vec<String> = v
+                .iter()
+                .map(|(k, n)| format!("{k} {n}{}", per(k)))
+                .collect();
+            let _ = writeln!(out, "    syscalls: {}", list.join(", "));
+        }
+        let mut waits: Vec<(&String, &u64)> = q.waits.iter().collect();
+        waits.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let waits: Vec<String> = waits
+            .iter()
+            .take(4)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        let _ = writeln!(out, "    waits: {}", waits.join(", "));
+        for st in &q.top_stacks {
+            let shown = super::leaf_first(&st.frames, FRAMES_SHOWN);
+            let _ = writeln!(out, "    {:>5.1}%  {}", st.share * 100.0, shown);
+        }
+    }
+    let n = &s.not_in_a_query;
+    let _ = writeln!(
+        out,
+        "\n  not in a query (idle, idle in transaction): on CPU {:.3} s; off CPU D {:.3} s, S {:.3} s, runq {:.3} s",
+        n.on_cpu_s,
+        n.off_cpu_s.get("D").copied().unwrap_or(0.0),
+        n.off_cpu_s.get("S").copied().unwrap_or(0.0),
+        n.off_cpu_s.get("runq").copied().unwrap_or(0.0)
+    );
+}
