@@ -78,17 +78,44 @@ fn damaged_copy(src: &Path, dst: &Path, rng: &mut Rng) -> Damage {
     for f in &files {
         std::fs::copy(f, dst.join(f.file_name().unwrap())).unwrap();
     }
-    let mut d = damage_one(dst, &files, rng);
-    if rng.below(4) == 0 {
-        let more = damage_one(dst, &files, rng);
+    let (mut d, first) = damage_one(dst, &files, rng);
+    if rng.below(4) == 0 && files.len() > 1 {
+        // Another file: a second damage of the same one could erase the
+        // first (emptying a file garbage was written to leaves nothing to
+        // name).
+        let others: Vec<PathBuf> = files
+            .iter()
+            .filter(|f| f.file_name() != Some(first.as_os_str()))
+            .cloned()
+            .collect();
+        let (more, second) = damage_one(dst, &others, rng);
         d.what = format!("{}; {}", d.what, more.what);
-        d.must_name = d.must_name.or(more.must_name);
+        // A folded-stacks file is reached only through its summary
+        // (profile.json, offcpu.json): with the summary damaged too, only
+        // the summary can be named.
+        let summary_of = |f: &std::ffi::OsStr| {
+            f.to_str()
+                .and_then(|s| s.strip_suffix(".folded"))
+                .map(|b| format!("{b}.json"))
+        };
+        if summary_of(&first).is_some_and(|s| *s == *second) {
+            d.must_name = more.must_name;
+        } else if summary_of(&second).is_none_or(|s| *s != *first) {
+            d.must_name = d.must_name.or(more.must_name);
+        }
     }
     d
 }
 
-fn damage_one(dst: &Path, files: &[PathBuf], rng: &mut Rng) -> Damage {
+/// One damage to one of `files` (in `dst`), and the name of that file.
+fn damage_one(dst: &Path, files: &[PathBuf], rng: &mut Rng) -> (Damage, std::ffi::OsString) {
     let victim = dst.join(files[rng.below(files.len())].file_name().unwrap());
+    let file = victim.file_name().unwrap().to_os_string();
+    (damage_victim(&victim, rng), file)
+}
+
+fn damage_victim(victim: &Path, rng: &mut Rng) -> Damage {
+    let victim = victim.to_path_buf();
     let name = victim.file_name().unwrap().to_string_lossy().to_string();
     let named = |what: String| Damage {
         must_name: READ.contains(&name.as_str()).then(|| name.clone()),
