@@ -1044,7 +1044,12 @@ fn find_time(prefix: &str) -> Option<LogTime> {
             let (s, ms) = w.split_once('.')?;
             let s: i64 = s.parse().ok()?;
             let ms: i64 = ms.parse().ok()?;
-            (s > 1_000_000_000 && ms < 1000).then_some(LogTime::Epoch { ms: s * 1000 + ms })
+            if s <= 1_000_000_000 || ms >= 1000 {
+                return None;
+            }
+            // Damaged digits must not overflow.
+            let ms = s.checked_mul(1000)?.checked_add(ms)?;
+            Some(LogTime::Epoch { ms })
         })
 }
 
@@ -1743,6 +1748,16 @@ mod tests {
         assert_eq!(clock.stamp(cet, 9.0).t, 2.65);
         assert_eq!(zone_offset_s("+0530"), Some(19800));
         assert_eq!(zone_offset_s("-03"), Some(-10800));
+    }
+
+    // Found by the `serverlog` fuzz target: 19 digits of epoch seconds
+    // overflowed seconds × 1000.
+    #[test]
+    fn an_epoch_prefix_too_large_is_no_time() {
+        let p =
+            parse_log_line("2222222222222222220.075 [77] LOG:  checkpoint starting: wal").unwrap();
+        assert_eq!(p.time, None);
+        assert_eq!(p.event.flags.as_deref(), Some("wal"));
     }
 
     #[test]
