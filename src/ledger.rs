@@ -496,12 +496,7 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
             if !path.exists() {
                 return Ok(Vec::new());
             }
-            if let Ok(procs) = fs::read_to_string(path.join("cgroup.procs")) {
-                for p in procs.lines() {
-                    let _ = fs::write(parent.join("cgroup.procs"), p);
-                }
-            }
-            fs::remove_dir(path)
+            remove_cgroup(path, parent)
                 .map(|_| vec![format!("removed cgroup {}", path.display())])
                 .map_err(|e| format!("removing cgroup {}: {e}", path.display()))
         }
@@ -628,6 +623,17 @@ fn signal(pid: u32, sig: libc::c_int) {
 }
 
 /// Is `path` a mount point (per /proc/self/mountinfo)?
+/// Move the processes left in cgroup `path` to `parent` and remove it (a
+/// cgroup with members cannot be removed).
+pub fn remove_cgroup(path: &Path, parent: &Path) -> std::io::Result<()> {
+    if let Ok(procs) = fs::read_to_string(path.join("cgroup.procs")) {
+        for p in procs.lines() {
+            let _ = fs::write(parent.join("cgroup.procs"), p);
+        }
+    }
+    fs::remove_dir(path)
+}
+
 pub fn mounted(path: &Path) -> bool {
     mount_points().iter().any(|m| m == path)
 }

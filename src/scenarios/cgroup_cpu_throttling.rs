@@ -140,15 +140,10 @@ impl CpuCgroup {
         let Some(noted) = self.noted.take() else {
             return Ok(());
         };
-        if let Ok(procs) = std::fs::read_to_string(self.path.join("cgroup.procs")) {
-            for p in procs.lines() {
-                let _ = std::fs::write(self.parent.join("cgroup.procs"), p);
-            }
-        }
         // A process just leaving may keep it busy for a moment.
         let mut last = None;
         for _ in 0..50 {
-            match std::fs::remove_dir(&self.path) {
+            match ledger::remove_cgroup(&self.path, &self.parent) {
                 Ok(()) => {
                     ledger::strike(noted);
                     return Ok(());

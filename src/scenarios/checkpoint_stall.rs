@@ -620,12 +620,7 @@ impl StallDevice {
             limit_noted,
         }) = self.limit.take()
         {
-            if let Ok(procs) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
-                for p in procs.lines() {
-                    let _ = std::fs::write(parent.join("cgroup.procs"), p);
-                }
-            }
-            match std::fs::remove_dir(&cgroup) {
+            match ledger::remove_cgroup(&cgroup, &parent) {
                 Ok(()) => {
                     ledger::strike(noted);
                     if let Some(n) = limit_noted {
