@@ -9,7 +9,7 @@
 //! never changes the setting), else by the fingerprint of its normalized
 //! text ([`super::querytext`]). Only normalized texts are stored, never a
 //! parameter.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -92,7 +92,7 @@ type RowKey = (Option<String>, Option<String>, Option<String>, String);
 pub struct Timeline {
     ticks: u32,
     rows: BTreeMap<u32, BTreeMap<RowKey, u32>>,
-    known: BTreeMap<String, ()>,
+    known: BTreeSet<String>,
     new: Vec<QueryInfo>,
     by_text: HashMap<String, String>,
 }
@@ -120,7 +120,7 @@ impl Timeline {
     fn key(&mut self, query_id: Option<i64>, text: String) -> String {
         if let Some(id) = query_id.filter(|&q| q != 0) {
             let key = id.to_string();
-            if !self.known.contains_key(&key) {
+            if !self.known.contains(&key) {
                 self.name(key.clone(), Some(id), querytext::normalize(&text));
             }
             return key;
@@ -130,7 +130,7 @@ impl Timeline {
         }
         let normalized = querytext::normalize(&text);
         let key = format!("fp:{}", querytext::fingerprint(&normalized));
-        let key = if self.known.contains_key(&key) {
+        let key = if self.known.contains(&key) {
             key
         } else {
             self.name(key, None, normalized)
@@ -146,7 +146,7 @@ impl Timeline {
         if self.known.len() >= MAX_QUERIES {
             return OTHER.to_string();
         }
-        self.known.insert(key.clone(), ());
+        self.known.insert(key.clone());
         self.new.push(QueryInfo {
             id: key.clone(),
             query_id,
@@ -191,7 +191,7 @@ impl Timeline {
 
     /// Query ids named so far (for pg_stat_statements' calls).
     pub fn query_ids(&self) -> Vec<i64> {
-        self.known.keys().filter_map(|k| k.parse().ok()).collect()
+        self.known.iter().filter_map(|k| k.parse().ok()).collect()
     }
 }
 
