@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cost of `pgbelow watch` on a pgbench-loaded cluster: its CPU (share of
 # one CPU, from /proc/PID/stat utime+stime) and RSS, sampled every 30 s.
-# Usage (root): [WATCH_ARGS="--collectors …"] bench/watch-cost.sh [MINUTES] [PGBELOW_BINARY]
+# Usage (root): [WATCH_ARGS="--collectors …"] [RATE=TPS] bench/watch-cost.sh [MINUTES] [PGBELOW_BINARY]
+# RATE throttles pgbench (-R) so a long run leaves the machine usable.
 # Starts its own cluster of the system's PostgreSQL in a temp dir (as the
 # postgres account) and removes it at the end.
 set -euo pipefail
@@ -24,7 +25,7 @@ as_pg "$pgbin/initdb" -A trust -U postgres -D "$dir/data" >/dev/null
 as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" -o "-k $dir -p $port -c listen_addresses=''" start >/dev/null
 pgbench -h "$dir" -p "$port" -U postgres -i -q -s 10 postgres >/dev/null 2>&1
 secs=$((minutes * 60 + 30))
-pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 2 -T "$secs" postgres >"$dir/pgbench.out" 2>&1 &
+pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 2 ${RATE:+-R "$RATE"} -T "$secs" postgres >"$dir/pgbench.out" 2>&1 &
 lpid=$!
 "$bin" watch --dsn "host=$dir port=$port user=postgres dbname=postgres" --listen "127.0.0.1:$mport" ${WATCH_ARGS:-} 2>"$dir/watch.log" &
 wpid=$!

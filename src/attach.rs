@@ -26,6 +26,7 @@ pub struct RecordOptions {
     pub duration_s: u32,
     pub collectors: Vec<String>,
     pub syscall_mechanism: Option<Mechanism>,
+    pub sampling: crate::collect::Sampling,
     pub out: Option<PathBuf>,
     pub show_progress: bool,
 }
@@ -219,6 +220,7 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
     ctx.bin_dir = manifest.postgres.bin_dir.as_ref().map(PathBuf::from);
     ctx.major = manifest.postgres.major;
     ctx.syscall_mechanism = opts.syscall_mechanism;
+    ctx.sampling = opts.sampling;
     let session = Session::start(out, manifest, ctx, &opts.collectors, Vec::new())?;
     Ok((session, pid))
 }

@@ -86,6 +86,8 @@ pub struct WatchArgs {
     pub collectors: Option<String>,
     #[arg(long, value_enum)]
     pub syscall_mechanism: Option<MechanismArg>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 }
 
 #[derive(Args, Debug)]
@@ -187,6 +189,32 @@ pub struct Output {
     pub fail_on: Option<SeverityArg>,
 }
 
+/// The sampling collectors' rates, for lab run, record and watch.
+#[derive(Args, Debug)]
+pub struct SamplingArgs {
+    /// procfs: samples of process states, wait channels and blocked kernel
+    /// stacks per second (0.1–1000).
+    #[arg(long, value_name = "HZ", default_value_t = pgbelow::collect::context::DEFAULT_PROCFS_HZ, value_parser = parse_procfs_hz)]
+    pub procfs_hz: f64,
+    /// profile: on-CPU stack samples per second per CPU (1–10000).
+    #[arg(long, value_name = "HZ", default_value_t = pgbelow::collect::context::DEFAULT_PROFILE_HZ, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub profile_hz: u64,
+    /// offcpu: blocks shorter than this are counted, not timed with their
+    /// stacks (µs, 1–10000000); lower costs more per context switch.
+    #[arg(long, value_name = "US", default_value_t = pgbelow::collect::offcpu::DEFAULT_MIN_BLOCK_US, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub offcpu_min_block: u64,
+}
+
+impl SamplingArgs {
+    pub fn sampling(&self) -> pgbelow::collect::Sampling {
+        pgbelow::collect::Sampling {
+            procfs_hz: self.procfs_hz,
+            profile_hz: self.profile_hz,
+            offcpu_min_us: self.offcpu_min_block,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct Collection {
     /// Collectors to run: a comma-separated list, `all`, or `none` (baseline runs).
@@ -198,6 +226,8 @@ pub struct Collection {
     /// Recording directory (default: ./pgbelow-runs/<name>-<time>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 }
 
 #[derive(Args, Debug)]
@@ -483,6 +513,16 @@ impl LabRunArgs {
 }
 
 /// `--cpu-quota 0.5`: CPUs, 0 (none) or 0.01–1024.
+fn parse_procfs_hz(s: &str) -> Result<f64, String> {
+    let max = pgbelow::collect::procfs::MAX_HZ;
+    match s.trim().parse::<f64>() {
+        Ok(hz) if (0.1..=max).contains(&hz) => Ok(hz),
+        _ => Err(format!(
+            "'{s}' is not a rate: give 0.1 to {max} samples per second"
+        )),
+    }
+}
+
 fn parse_cpu_quota(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(q) if q == 0.0 || (0.01..=1024.0).contains(&q) => Ok(q),

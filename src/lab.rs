@@ -37,6 +37,7 @@ pub struct LabOptions {
     pub scale: u32,
     pub collectors: Vec<String>,
     pub syscall_mechanism: Option<Mechanism>,
+    pub sampling: crate::collect::Sampling,
     pub out: Option<PathBuf>,
     /// Progress bar and status lines on stderr.
     pub show_progress: bool,
@@ -76,6 +77,7 @@ impl LabOptions {
                 .map(|s| s.to_string())
                 .collect(),
             syscall_mechanism: None,
+            sampling: Default::default(),
             out: None,
             show_progress: false,
             replication: Default::default(),
@@ -498,6 +500,7 @@ fn run_on(
     ctx.bin_dir = Some(install.bin_dir.clone());
     ctx.major = Some(install.major);
     ctx.syscall_mechanism = opts.syscall_mechanism;
+    ctx.sampling = opts.sampling;
     let mut session = Session::start(
         out.to_path_buf(),
         manifest,

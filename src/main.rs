@@ -328,6 +328,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 scale: a.scale,
                 collectors: collect::parse_list(a.collection.collectors.as_deref())?,
                 syscall_mechanism: mechanism(a.collection.syscall_mechanism),
+                sampling: a.collection.sampling.sampling(),
                 out: a.collection.out,
                 show_progress: show,
                 replication: Replication {
@@ -370,6 +371,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 duration_s: a.duration,
                 collectors: collect::parse_list(a.collection.collectors.as_deref())?,
                 syscall_mechanism: mechanism(a.collection.syscall_mechanism),
+                sampling: a.collection.sampling.sampling(),
                 out: a.collection.out,
                 show_progress: show,
             };
@@ -433,6 +435,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 keep_max_mb: a.keep_max_mb,
                 collectors,
                 syscall_mechanism: mechanism(a.syscall_mechanism),
+                sampling: a.sampling.sampling(),
             })?;
             Ok(ExitCode::SUCCESS)
         }

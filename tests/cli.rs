@@ -34,6 +34,28 @@ fn set_without_value_is_a_usage_error() {
 }
 
 #[test]
+fn sampling_rates_out_of_range_are_usage_errors() {
+    for (cmd, flag, value, says) in [
+        ("record", "--procfs-hz", "0", "0.1 to 1000"),
+        ("record", "--procfs-hz", "5000", "0.1 to 1000"),
+        ("watch", "--profile-hz", "0", "1..=10000"),
+        ("lab", "--offcpu-min-block", "0", "1..=10000000"),
+    ] {
+        let mut args = vec![cmd];
+        if cmd == "lab" {
+            args.extend(["run", "--scenario", "select-only"]);
+        }
+        args.extend([flag, value]);
+        pgbelow()
+            .args(&args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(flag))
+            .stderr(predicate::str::contains(says));
+    }
+}
+
+#[test]
 fn unknown_collector_is_named() {
     pgbelow()
         .args([

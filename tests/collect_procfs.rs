@@ -193,7 +193,7 @@ fn the_collectors_write_a_recording_and_the_report_sections_read_it() {
     wait_blocked(sleep_kid.pid(), "nanosleep");
     wait_blocked(pipe_kid.pid(), "pipe_read");
     let mut ctx = Context::new(sleep_kid.pid());
-    ctx.procfs_hz = 50.0;
+    ctx.sampling.procfs_hz = 50.0;
     ctx.data_dir = Some(std::env::temp_dir());
     table_with(
         &ctx,
@@ -378,7 +378,7 @@ fn nonroot_inner() {
     let kid = sleeper();
     wait_blocked(kid.pid(), "nanosleep");
     let mut ctx = Context::new(kid.pid());
-    ctx.procfs_hz = 20.0;
+    ctx.sampling.procfs_hz = 20.0;
     table_with(&ctx, &[(&kid, Role::Backend)]);
     let dir = tempfile::tempdir().unwrap();
     let mut w = Writer::create(&dir.path().join("rec"), this_host_manifest("lab")).unwrap();
@@ -431,7 +431,7 @@ fn measure_cost() {
     let none: Vec<u32> = Vec::new();
     for (hz, pids) in [(10.0, &pids), (100.0, &pids), (100.0, &none)] {
         let mut ctx = Context::new(std::process::id());
-        ctx.procfs_hz = hz;
+        ctx.sampling.procfs_hz = hz;
         {
             let mut t = ctx.processes.write().unwrap();
             for p in pids {

@@ -1,6 +1,7 @@
 //! The off-CPU collector on a real pgbench run (select-only on PostgreSQL
 //! 13): the backends' off-CPU seconds by state, with the stack where they
-//! wait for the client (PostgresMain → secure_read → epoll_wait).
+//! wait for the client (PostgresMain → secure_read → epoll_wait); the
+//! sampling flags reach the collectors.
 use serde_json::Value;
 
 mod common;
@@ -26,10 +27,17 @@ fn pgbench_backends_off_cpu_by_state() {
             "13",
             "--collectors",
             "offcpu,procfs",
+            // Not the defaults: the flags must reach the collectors.
+            "--offcpu-min-block",
+            "2000",
+            "--procfs-hz",
+            "20",
         ],
         &out,
     );
     let o = &r["offcpu"];
+    assert_eq!(o["min_block_ms"], 2.0, "--offcpu-min-block 2000: {o:#}");
+    assert_eq!(r["procfs"]["hz"], 20.0, "--procfs-hz 20");
     let backend = o["roles"]
         .as_array()
         .and_then(|rs| rs.iter().find(|x| x["role"] == "backend"))

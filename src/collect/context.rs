@@ -39,12 +39,34 @@ pub struct Context {
     pub bin_dir: Option<PathBuf>,
     pub major: Option<u32>,
     pub syscall_mechanism: Option<Mechanism>,
+    pub sampling: Sampling,
+}
+
+/// How often and how finely the sampling collectors look: `--procfs-hz`,
+/// `--profile-hz`, `--offcpu-min-block`. Each collector checks its own range
+/// when it starts, so a bad value is one line naming the collector.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
     /// Sampling rate of /proc process states (Hz).
     pub procfs_hz: f64,
     /// On-CPU stack sampling frequency (Hz).
     pub profile_hz: u64,
     /// Off-CPU blocks shorter than this are counted, not measured (µs).
     pub offcpu_min_us: u64,
+}
+
+pub const DEFAULT_PROCFS_HZ: f64 = 10.0;
+/// 99, not 100: off the beat of timers that fire at round rates.
+pub const DEFAULT_PROFILE_HZ: u64 = 99;
+
+impl Default for Sampling {
+    fn default() -> Sampling {
+        Sampling {
+            procfs_hz: DEFAULT_PROCFS_HZ,
+            profile_hz: DEFAULT_PROFILE_HZ,
+            offcpu_min_us: super::offcpu::DEFAULT_MIN_BLOCK_US,
+        }
+    }
 }
 
 impl Context {
@@ -63,9 +85,7 @@ impl Context {
             bin_dir: None,
             major: None,
             syscall_mechanism: None,
-            procfs_hz: 10.0,
-            profile_hz: 99,
-            offcpu_min_us: super::offcpu::DEFAULT_MIN_BLOCK_US,
+            sampling: Sampling::default(),
         }
     }
 

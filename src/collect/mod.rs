@@ -18,7 +18,7 @@ pub mod tracked;
 
 use anyhow::Result;
 
-pub use context::{Context, Node, Processes};
+pub use context::{Context, Node, Processes, Sampling};
 
 use crate::error::fixable;
 use crate::recording::{CollectorInfo, Writer};

@@ -38,6 +38,7 @@ pub struct WatchOptions {
     pub keep_max_mb: u64,
     pub collectors: Vec<String>,
     pub syscall_mechanism: Option<Mechanism>,
+    pub sampling: crate::collect::Sampling,
 }
 
 /// Serve `/metrics` until stopped; the stop is the ordinary way out (Ok).
@@ -102,6 +103,7 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
             duration_s: opts.window_s,
             collectors: opts.collectors.clone(),
             syscall_mechanism: opts.syscall_mechanism,
+            sampling: opts.sampling,
             out: Some(dir.clone()),
             show_progress: false,
         };

@@ -286,11 +286,11 @@ pub struct OffcpuCollector {
 
 impl OffcpuCollector {
     pub fn start(ctx: &Context) -> Result<OffcpuCollector> {
-        let min_block_us = ctx.offcpu_min_us;
+        let min_block_us = ctx.sampling.offcpu_min_us;
         if min_block_us == 0 || min_block_us > 10_000_000 {
             return Err(crate::error::fixable(
                 format!("off-CPU minimum block time {min_block_us} µs is out of range"),
-                "use a minimum block time between 1 µs and 10 s (default 1000 µs)",
+                "pass --offcpu-min-block between 1 and 10000000 µs (default 1000)",
             ));
         }
         let shared = Arc::new(Shared::default());

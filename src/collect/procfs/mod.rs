@@ -1,5 +1,5 @@
 //! Process states and kernel stacks, sampled from /proc (after 0x.tools'
-//! psn): for every process of the cluster, at `ctx.procfs_hz`, its state
+//! psn): for every process of the cluster, at `ctx.sampling.procfs_hz`, its state
 //! (R/S/D/…), wait channel, current syscall and kernel stack; aggregated
 //! in memory into "time per role × state × top kernel frame" and written
 //! once per second to `procfs.jsonl` with per-process CPU, I/O and
@@ -54,13 +54,13 @@ pub struct ProcfsCollector {
 }
 
 impl ProcfsCollector {
-    /// Start sampling the processes of `ctx`'s table at `ctx.procfs_hz`.
+    /// Start sampling the processes of `ctx`'s table at `ctx.sampling.procfs_hz`.
     pub fn start(ctx: &Context) -> Result<ProcfsCollector> {
-        let hz = ctx.procfs_hz;
+        let hz = ctx.sampling.procfs_hz;
         if !(hz.is_finite() && hz > 0.0 && hz <= MAX_HZ) {
             return Err(fixable(
                 format!("procfs sampling rate {hz} Hz is out of range"),
-                format!("set the procfs rate between 0.1 and {MAX_HZ} Hz (10 is the default)"),
+                format!("pass --procfs-hz between 0.1 and {MAX_HZ} (10 is the default)"),
             ));
         }
         let problem = sampler::probe_stacks(ctx.postmaster).err();
@@ -261,11 +261,11 @@ mod tests {
     #[test]
     fn a_rate_out_of_range_is_refused_with_a_fix() {
         let mut ctx = Context::new(std::process::id());
-        ctx.procfs_hz = 0.0;
+        ctx.sampling.procfs_hz = 0.0;
         let e = ProcfsCollector::start(&ctx).err().unwrap();
         let f = crate::error::find_fixable(&e).unwrap();
         assert!(f.what.contains("out of range"), "{f}");
-        ctx.procfs_hz = 5000.0;
+        ctx.sampling.procfs_hz = 5000.0;
         assert!(ProcfsCollector::start(&ctx).is_err());
     }
 

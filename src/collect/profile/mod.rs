@@ -77,7 +77,7 @@ pub struct Options {
 impl Options {
     pub fn from_context(ctx: &Context) -> Options {
         Options {
-            hz: ctx.profile_hz,
+            hz: ctx.sampling.profile_hz,
             kernel: true,
             stack_bytes: DEFAULT_STACK_BYTES,
         }
@@ -431,7 +431,7 @@ impl ProfileCollector {
         if opts.hz == 0 || opts.hz > 10_000 {
             return Err(crate::error::fixable(
                 format!("profile frequency {} Hz is out of range", opts.hz),
-                "use a frequency between 1 and 10000 Hz (default 99)",
+                "pass --profile-hz between 1 and 10000 (default 99)",
             ));
         }
         let mut start_notes = Vec::new();
