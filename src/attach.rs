@@ -95,26 +95,13 @@ pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, Strin
             "data_directory is not readable by this role (superuser or pg_read_all_settings)"
                 .into(),
         ),
-        Some(d) => {
-            let file = std::path::Path::new(d).join("postmaster.pid");
-            match std::fs::read_to_string(&file) {
-                Err(e) => why.push(format!("cannot read {}: {e}", file.display())),
-                Ok(text) => match text
-                    .lines()
-                    .next()
-                    .and_then(|l| l.trim().parse::<u32>().ok())
-                {
-                    Some(pm) if procinfo::looks_like_postmaster(pm) && same_dir(pm) => {
-                        return Ok((pm, format!("from {}", file.display())));
-                    }
-                    Some(pm) => why.push(format!(
-                        "{} names pid {pm}, which is not that server's postmaster here",
-                        file.display()
-                    )),
-                    None => why.push(format!("{} has no pid on its first line", file.display())),
-                },
+        Some(d) => match procinfo::postmaster_of_data_dir(std::path::Path::new(d)) {
+            Ok(pm) => {
+                let file = std::path::Path::new(d).join("postmaster.pid");
+                return Ok((pm, format!("from {}", file.display())));
             }
-        }
+            Err(e) => why.push(e),
+        },
     }
     Err(why.join("; "))
 }

@@ -59,8 +59,8 @@ const MAN_EXAMPLES: &str = "Examples:
 
 #[derive(Args, Debug)]
 pub struct WatchArgs {
-    /// Pid of the postmaster to observe; with --dsn too, a restarted server
-    /// (a new pid) is not followed.
+    /// Pid of the postmaster to observe; after a restart the new postmaster
+    /// is found from the postmaster.pid of the data directory it worked in.
     #[arg(long)]
     pub pid: Option<u32>,
     /// libpq connection string for the server's counters (read-only); the

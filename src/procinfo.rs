@@ -279,6 +279,33 @@ pub fn describe(pid: u32, postmaster: u32) -> Option<ProcessInfo> {
     })
 }
 
+/// The postmaster that `data_dir/postmaster.pid` names, when that pid is a
+/// postmaster here working in `data_dir` (a stale file, or one from another
+/// pid namespace, names someone else); else why not, in words.
+pub fn postmaster_of_data_dir(data_dir: &Path) -> Result<u32, String> {
+    let file = data_dir.join("postmaster.pid");
+    let text =
+        fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let Some(pm) = text
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse::<u32>().ok())
+    else {
+        return Err(format!("{} has no pid on its first line", file.display()));
+    };
+    // The postmaster's cwd is its data directory.
+    let cwd = fs::read_link(format!("/proc/{pm}/cwd")).ok();
+    let dir = fs::canonicalize(data_dir).ok();
+    if looks_like_postmaster(pm) && (cwd.is_none() || dir.is_none() || cwd == dir) {
+        Ok(pm)
+    } else {
+        Err(format!(
+            "{} names pid {pm}, which is not that server's postmaster here",
+            file.display()
+        ))
+    }
+}
+
 /// Does this pid look like a postmaster (a `postgres` whose parent is not one)?
 pub fn looks_like_postmaster(pid: u32) -> bool {
     let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else {

@@ -96,10 +96,23 @@ struct Watch {
 
 impl Watch {
     fn start(c: &UserCluster, window: u32, log_dir: &Path, extra: &[&str]) -> Watch {
+        Watch::spawn(&["--dsn", &c.dsn("postgres")], window, log_dir, extra)
+    }
+
+    /// `watch --pid PM` alone: no connection, so no pgstat.
+    fn start_pid(c: &UserCluster, window: u32, log_dir: &Path) -> Watch {
+        let pm = c.postmaster_pid().to_string();
+        let only = ["--collectors", "syscalls,procfs"];
+        Watch::spawn(&["--pid", &pm], window, log_dir, &only)
+    }
+
+    fn spawn(server: &[&str], window: u32, log_dir: &Path, extra: &[&str]) -> Watch {
         let port = free_port();
         let log = log_dir.join(format!("watch-{port}.log"));
         let child = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
-            .args(["watch", "--dsn", &c.dsn("postgres"), "--listen"])
+            .arg("watch")
+            .args(server)
+            .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .args(["--window", &window.to_string()])
             .args(extra)
@@ -421,7 +434,9 @@ fn prometheus_sees_the_finding_on_13_not_on_15() {
 }
 
 /// The server restarts under the agent: collectors down, then up again on
-/// the new postmaster; `--keep` keeps windows with a finding (none here).
+/// the new postmaster, found from the connection (`--dsn`) or, for `--pid`
+/// alone, from the data directory's postmaster.pid; `--keep` keeps windows
+/// with a finding (none here).
 #[test]
 fn watch_survives_a_server_restart() {
     let Some(_) = prometheus_tool("promtool") else {
@@ -442,27 +457,43 @@ fn watch_survives_a_server_restart() {
             "10",
         ],
     );
+    let by_pid = Watch::start_pid(&c, 5, logs.path());
     let up = |m: &str| sample(m, "pgbelow_collector_up{collector=\"syscalls\"}") == Some(1.0);
     let first = w.wait_for(60, "collectors up", up);
     promtool_check(&first);
+    by_pid.wait_for(60, "collectors up (--pid)", up);
     let pm1 = c.postmaster_pid();
     c.stop();
     let down = |m: &str| sample(m, "pgbelow_postgres_up") == Some(0.0);
     w.wait_for(60, "collectors down after the stop", |m| {
         down(m) && sample(m, "pgbelow_collector_up{collector=\"syscalls\"}") == Some(0.0)
     });
-    c.restart_stopped(&[]);
-    assert_ne!(c.postmaster_pid(), pm1);
-    let before = sample(&w.metrics().unwrap(), "pgbelow_windows_total").unwrap();
-    let again = w.wait_for(60, "re-attached", |m| {
-        up(m) && sample(m, "pgbelow_windows_total").unwrap_or(0.0) > before
+    by_pid.wait_for(60, "collectors down after the stop (--pid)", |m| {
+        sample(m, "pgbelow_collector_up{collector=\"syscalls\"}") == Some(0.0)
     });
-    promtool_check(&again);
+    c.restart_stopped(&[]);
+    let pm2 = c.postmaster_pid();
+    assert_ne!(pm2, pm1);
+    for (name, agent) in [("--dsn", &w), ("--pid", &by_pid)] {
+        let before = sample(&agent.metrics().unwrap(), "pgbelow_windows_total").unwrap();
+        let again = agent.wait_for(60, &format!("re-attached ({name})"), |m| {
+            up(m) && sample(m, "pgbelow_windows_total").unwrap_or(0.0) > before
+        });
+        promtool_check(&again);
+        assert!(
+            agent.log().contains("observing the server again"),
+            "{name}: {}",
+            agent.log()
+        );
+    }
     assert!(
-        w.log().contains("observing the server again"),
-        "{}",
-        w.log()
+        by_pid
+            .log()
+            .contains(&format!("is now pid {pm2} (was {pm1})")),
+        "--pid did not follow the restart to {pm2}: {}",
+        by_pid.log()
     );
+    by_pid.stop();
     w.stop();
     // Windows are scratch unless they raised a finding: nothing kept, no scratch left.
     let left: Vec<_> = std::fs::read_dir(keep.path()).unwrap().collect();

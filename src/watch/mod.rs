@@ -19,6 +19,7 @@ use crate::collect::syscalls::Mechanism;
 use crate::error::fixable;
 use crate::evidence::Evidence;
 use crate::interrupt;
+use crate::procinfo;
 use metrics::Metrics;
 
 /// Collectors `watch` runs when `--collectors` is not given: the cheap,
@@ -94,11 +95,26 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
     let mut n = 0u64;
     let mut last_error = String::new();
     let mut last_end: Option<std::time::Instant> = None;
+    // --pid follows a restarted server through the data directory it was
+    // first seen working in (its postmaster.pid names the new postmaster).
+    let mut pid = opts.pid;
+    let mut data_dir: Option<PathBuf> = None;
     while !interrupt::requested() {
         n += 1;
+        if let (Some(old), Some(d)) = (pid, &data_dir) {
+            if !procinfo::looks_like_postmaster(old) {
+                if let Ok(new) = procinfo::postmaster_of_data_dir(d) {
+                    eprintln!(
+                        "pgbelow: watch: the postmaster of {} is now pid {new} (was {old})",
+                        d.display()
+                    );
+                    pid = Some(new);
+                }
+            }
+        }
         let dir = work.join(format!("window-{n}"));
         let ropts = RecordOptions {
-            pid: opts.pid,
+            pid,
             dsn: opts.dsn.clone(),
             duration_s: opts.window_s,
             collectors: opts.collectors.clone(),
@@ -107,12 +123,17 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
             out: Some(dir.clone()),
             show_progress: false,
         };
-        let recorded = attach::attach(&ropts, n == 1).and_then(|(session, pid)| {
+        let recorded = attach::attach(&ropts, n == 1).and_then(|(session, pm)| {
             // Uncounted time: from the end of the last window to this one's start.
             if let Some(end) = last_end.take() {
                 lock(metrics).gap_s = Some(end.elapsed().as_secs_f64());
             }
-            attach::record_for(&ropts, session, pid)
+            if pid.is_some() {
+                data_dir = std::fs::read_link(format!("/proc/{pm}/cwd"))
+                    .ok()
+                    .or(data_dir.take());
+            }
+            attach::record_for(&ropts, session, pm)
         });
         last_end = Some(std::time::Instant::now());
         let rec = match recorded {
