@@ -4,6 +4,8 @@
 //! pg_stat_wal sync time — raised there, not with the same device in RAM
 //! and unthrottled. Device, mount, limits and backing file are gone after
 //! each run (the manifest's `stall_device` fact names them). Machine-wide state: `common::exclusive()` (through `run_json`).
+//! With `offcpu` on, the time in D is attributed to pgbench's `END` (the
+//! commit's WAL fdatasync), not to the statements before it.
 use std::path::Path;
 
 use assert_cmd::Command;
@@ -14,7 +16,7 @@ use common::finding;
 
 const ID: &str = "wal-fsync-latency";
 
-fn lab_run(extra: &[&str], env: Option<(&str, &str)>, out: &Path) -> Value {
+fn lab_run(collectors: &str, extra: &[&str], env: Option<(&str, &str)>, out: &Path) -> Value {
     let mut args = vec![
         "lab",
         "run",
@@ -25,7 +27,7 @@ fn lab_run(extra: &[&str], env: Option<(&str, &str)>, out: &Path) -> Value {
         "--set",
         "track_wal_io_timing=on",
         "--collectors",
-        "procfs,system,pgstat",
+        collectors,
         "--format",
         "json",
     ];
@@ -46,7 +48,7 @@ fn slow_wal_device_raises_the_finding_and_ram_does_not() {
     }
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("slow");
-    let r = lab_run(&[], None, &out);
+    let r = lab_run("procfs,system,pgstat,offcpu", &[], None, &out);
     let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
     let ev = &f["evidence"];
     let ms = ev["wal_sync_ms_mean"].as_f64().unwrap();
@@ -54,9 +56,32 @@ fn slow_wal_device_raises_the_finding_and_ram_does_not() {
     assert!(ev["backends_in_wal_waits"].as_f64().unwrap() >= 1.0, "{ev}");
     let tps_slow = r["workload"]["tps"].as_f64().unwrap();
     common::assert_stall_device_removed(&out);
+    // Per query (issue 12): the commit's WAL fdatasync runs in pgbench's
+    // `END`, so that statement, not the UPDATEs before it, owns the time in D.
+    let queries = r["queries"].as_array().unwrap();
+    let d_of = |q: &Value| q["off_cpu_s"]["D"].as_f64().unwrap_or(0.0);
+    let table: Vec<String> = queries
+        .iter()
+        .map(|q| format!("{:>8.3} s in D: {}", d_of(q), q["query"]))
+        .collect();
+    let end = queries
+        .iter()
+        .find(|q| q["query"] == "end")
+        .unwrap_or_else(|| panic!("no `end` query: {table:#?}"));
+    let others = queries
+        .iter()
+        .filter(|q| q["query"] != "end")
+        .map(d_of)
+        .fold(0.0, f64::max);
+    assert!(
+        d_of(end) >= 0.3 && d_of(end) > 2.0 * others,
+        "END {} s in D, most of another query {others} s: {table:#?}",
+        d_of(end)
+    );
 
     let out = d.path().join("ram");
     let r = lab_run(
+        "procfs,system,pgstat",
         &["--write-limit", "100000"],
         Some(("PGBELOW_STALL_DIR", "/dev/shm")),
         &out,
