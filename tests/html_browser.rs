@@ -186,11 +186,14 @@ fn report_and_compare_pages_in_chromium() {
             Some(art.join("report-attach.png")),
         ),
         (d.path().join("compare.html"), Some(art.join("compare.png"))),
+        (d.path().join("on-off.html"), None),
     ];
     write(&["report", &lab, "--format", "html"], &pages[0].0);
     write(&["report", &stall, "--format", "html"], &pages[1].0);
     write(&["report", &attach, "--format", "html"], &pages[2].0);
     write(&["compare", &ca, &cb, "--format", "html"], &pages[3].0);
+    let on_off = fixture("pg13-select-only-on-off-cpu");
+    write(&["report", &on_off, "--format", "html"], &pages[4].0);
     for (p, _) in &pages {
         let n = std::fs::metadata(p).unwrap().len();
         eprintln!("{}: {n} bytes", p.display());
@@ -201,9 +204,14 @@ fn report_and_compare_pages_in_chromium() {
         .map(|(p, s)| (p.as_path(), s.clone()))
         .collect();
     let res = chromium(&refs);
-    assert_eq!(res.len(), 4);
+    assert_eq!(res.len(), 5);
 
     let [l, s, a, c] = [&res[0], &res[1], &res[2], &res[3]];
+    // profile and offcpu both recorded: per role, on-CPU and both together.
+    assert_page(
+        &res[4],
+        &["flamegraph-backend", "combined-flamegraph-backend"],
+    );
     assert_page(
         l,
         &[

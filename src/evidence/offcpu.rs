@@ -55,6 +55,10 @@ pub struct OffcpuSection {
 pub struct RoleOffcpu {
     pub role: String,
     pub pids: usize,
+    /// Seconds on the CPU (profile samples ÷ frequency), when the profile
+    /// recorded too: beside `off_cpu_s`, where the role's time went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_cpu_s: Option<f64>,
     /// Seconds off the CPU by state: "D", "S", "runq".
     pub off_cpu_s: BTreeMap<String, f64>,
     pub blocks: BTreeMap<String, u64>,
@@ -72,9 +76,56 @@ pub struct OffStack {
     pub frames: Vec<String>,
 }
 
-/// The section, when the recording has off-CPU data.
+/// The section, when the recording has off-CPU data; with each role's
+/// on-CPU seconds when the profile recorded too.
 pub fn build(rec: &Evidence) -> Option<OffcpuSection> {
-    rec.offcpu.as_ref().map(from_parts)
+    let mut s = from_parts(rec.offcpu.as_ref()?);
+    if let Some(p) = rec.profile.as_ref().filter(|p| p.summary.hz > 0) {
+        for r in &mut s.roles {
+            let samples = p
+                .summary
+                .roles
+                .iter()
+                .find(|x| x.role == r.role)
+                .map_or(0, |x| x.samples);
+            r.on_cpu_s = Some(round3(samples as f64 / p.summary.hz as f64));
+        }
+    }
+    Some(s)
+}
+
+/// On- and off-CPU stacks in one folded set, in µs, for a flame graph of
+/// where each role's time went: `frames[0]` is `on-CPU` (a profile sample
+/// weighs 1/hz s) or `off-CPU D` / `off-CPU S` / `off-CPU runq`. Empty
+/// unless both the profile and offcpu recorded. Off-CPU holds only blocks
+/// of at least the collector's minimum, so short sleeps are missing.
+pub fn combined_stacks(rec: &Evidence) -> Vec<FoldedStack> {
+    let (Some(p), Some(o)) = (&rec.profile, &rec.offcpu) else {
+        return Vec::new();
+    };
+    if p.summary.hz == 0 {
+        return Vec::new();
+    }
+    let us_per_sample = 1e6 / p.summary.hz as f64;
+    let on = p.stacks.iter().map(|s| FoldedStack {
+        role: s.role.clone(),
+        frames: std::iter::once("on-CPU".to_string())
+            .chain(s.frames.iter().cloned())
+            .collect(),
+        samples: (s.samples as f64 * us_per_sample).round() as u64,
+    });
+    let off = o
+        .stacks
+        .iter()
+        .filter(|s| !s.frames.is_empty())
+        .map(|s| FoldedStack {
+            role: s.role.clone(),
+            frames: std::iter::once(format!("off-CPU {}", s.frames[0]))
+                .chain(s.frames[1..].iter().cloned())
+                .collect(),
+            samples: s.samples,
+        });
+    on.chain(off).collect()
 }
 
 pub fn from_parts(o: &OffCpu) -> OffcpuSection {
@@ -111,6 +162,7 @@ pub fn from_parts(o: &OffCpu) -> OffcpuSection {
             RoleOffcpu {
                 role: r.role.clone(),
                 pids: r.pids,
+                on_cpu_s: None,
                 off_cpu_s: r
                     .off_cpu_s
                     .iter()
@@ -169,4 +221,58 @@ pub fn load(dir: &std::path::Path, cut: &mut usize, notes: &mut Vec<String>) -> 
         stacks,
         ticks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real select-only run on PostgreSQL 13 with profile and offcpu:
+    /// the combined set is both collectors' stacks, each side's weights
+    /// preserved (a sample weighs 1/99 s), and the section puts each role's
+    /// on-CPU seconds beside its off-CPU ones.
+    #[test]
+    fn on_and_off_cpu_together() {
+        let ev = crate::analyse::fixture("pg13-select-only-on-off-cpu");
+        let (p, o) = (ev.profile.as_ref().unwrap(), ev.offcpu.as_ref().unwrap());
+        let all = combined_stacks(&ev);
+        assert_eq!(all.len(), p.stacks.len() + o.stacks.len());
+        let sum = |f: &dyn Fn(&FoldedStack) -> bool| -> u64 {
+            all.iter().filter(|s| f(s)).map(|s| s.samples).sum()
+        };
+        let on_us = sum(&|s| s.frames[0] == "on-CPU");
+        let samples: u64 = p.stacks.iter().map(|s| s.samples).sum();
+        let want = samples as f64 * 1e6 / p.summary.hz as f64;
+        assert!(
+            (on_us as f64 - want).abs() <= all.len() as f64,
+            "{on_us} µs vs {want}"
+        );
+        let off_us = sum(&|s| s.frames[0].starts_with("off-CPU "));
+        assert_eq!(off_us, o.stacks.iter().map(|s| s.samples).sum::<u64>());
+        assert!(all.iter().all(|s| s.frames[0] == "on-CPU"
+            || ["off-CPU D", "off-CPU S", "off-CPU runq"].contains(&s.frames[0].as_str())));
+
+        let s = build(&ev).unwrap();
+        let backend = s.roles.iter().find(|r| r.role == "backend").unwrap();
+        let on = backend.on_cpu_s.unwrap();
+        let role = p
+            .summary
+            .roles
+            .iter()
+            .find(|r| r.role == "backend")
+            .unwrap();
+        assert_eq!(on, round3(role.samples as f64 / 99.0), "{backend:?}");
+        assert!(on > 0.5, "{backend:?}");
+        // A role the profile never sampled ran for 0 s, not unknown.
+        assert!(s.roles.iter().all(|r| r.on_cpu_s.is_some()));
+        // Without the profile: not known.
+        let mut no_profile = crate::analyse::fixture("pg13-select-only-on-off-cpu");
+        no_profile.profile = None;
+        assert!(combined_stacks(&no_profile).is_empty());
+        assert!(build(&no_profile)
+            .unwrap()
+            .roles
+            .iter()
+            .all(|r| r.on_cpu_s.is_none()));
+    }
 }

@@ -37,15 +37,13 @@ pub fn by_role(stacks: &[FoldedStack]) -> BTreeMap<String, Vec<String>> {
     out
 }
 
-/// An inferno SVG from folded lines (one or two counts per line).
-fn svg(title: &str, subtitle: &str, lines: &[String]) -> Option<String> {
+/// An inferno SVG from folded lines (one or two counts per line) whose
+/// counts are `count_name` (shown on hover).
+fn svg(title: &str, subtitle: &str, count_name: &str, lines: &[String]) -> Option<String> {
     let mut out = Vec::new();
-    inferno::flamegraph::from_lines(
-        &mut crate::collect::profile::flame_options(title, subtitle),
-        lines.iter().map(String::as_str),
-        &mut out,
-    )
-    .ok()?;
+    let mut opt = crate::collect::profile::flame_options(title, subtitle);
+    opt.count_name = count_name.into();
+    inferno::flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), &mut out).ok()?;
     String::from_utf8(out).ok()
 }
 
@@ -71,7 +69,7 @@ fn diff_svg(title: &str, subtitle: &str, a: &[String], b: &[String]) -> Option<S
         .lines()
         .map(str::to_string)
         .collect();
-    svg(title, subtitle, &lines)
+    svg(title, subtitle, "samples", &lines)
 }
 
 fn between<'a>(s: &'a str, open: &str, close: &str) -> Option<&'a str> {
@@ -112,8 +110,47 @@ fn frame(name: &str, title: &str, svg: &str, csp: &mut Csp) -> Option<String> {
     ))
 }
 
-/// One on-CPU flame graph per role.
-pub fn per_role(stacks: &[FoldedStack], csp: &mut Csp) -> Vec<(String, String)> {
+/// What a set of folded stacks shows: its `data-chart` prefix, the title
+/// before the role, and how its weights are counted.
+pub struct Kind {
+    pub chart: &'static str,
+    pub title: &'static str,
+    pub subtitle: fn(u64) -> String,
+    /// What a count is, on hover.
+    pub count_name: &'static str,
+}
+
+pub const ON_CPU: Kind = Kind {
+    chart: "flamegraph",
+    title: "on-CPU",
+    subtitle: |n| format!("{n} samples"),
+    count_name: "samples",
+};
+pub const OFF_CPU: Kind = Kind {
+    chart: "offcpu-flamegraph",
+    title: "off-CPU",
+    subtitle: |us| {
+        format!(
+            "{:.3} s switched out, by state (blocks ≥ the minimum)",
+            us as f64 / 1e6
+        )
+    },
+    count_name: "µs",
+};
+pub const COMBINED: Kind = Kind {
+    chart: "combined-flamegraph",
+    title: "on- and off-CPU",
+    subtitle: |us| {
+        format!(
+            "{:.3} s: on-CPU samples ÷ frequency + off-CPU blocks",
+            us as f64 / 1e6
+        )
+    },
+    count_name: "µs",
+};
+
+/// One flame graph per role: `(role, iframe)`.
+pub fn per_role(stacks: &[FoldedStack], kind: &Kind, csp: &mut Csp) -> Vec<(String, String)> {
     by_role(stacks)
         .into_iter()
         .filter_map(|(role, lines)| {
@@ -121,9 +158,9 @@ pub fn per_role(stacks: &[FoldedStack], csp: &mut Csp) -> Vec<(String, String)> 
                 .iter()
                 .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
                 .sum();
-            let title = format!("on-CPU: {role}");
-            let svg = svg(&title, &format!("{n} samples"), &lines)?;
-            let f = frame(&format!("flamegraph-{role}"), &title, &svg, csp)?;
+            let title = format!("{}: {role}", kind.title);
+            let svg = svg(&title, &(kind.subtitle)(n), kind.count_name, &lines)?;
+            let f = frame(&format!("{}-{role}", kind.chart), &title, &svg, csp)?;
             Some((role, f))
         })
         .collect()

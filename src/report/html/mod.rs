@@ -11,7 +11,7 @@ pub mod flame;
 pub mod panels;
 mod tables;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use serde::Serialize;
@@ -346,22 +346,36 @@ pub fn render(r: &Report, ev: &Evidence) -> String {
         checkpoints: panels::checkpoint_windows(ev, end),
         panels,
     });
-    let graphs = flame::per_role(ev.stacks(), &mut page.csp);
+    // Per role: on-CPU; and off-CPU, which is inside the combined graph
+    // (µs, on and off) when both ran, so it is not drawn twice (a page of
+    // 60 s with every collector stays under 2 MB).
+    let combined = crate::evidence::offcpu::combined_stacks(ev);
+    let off = match (&ev.offcpu, combined.is_empty()) {
+        (_, false) => (&combined[..], &flame::COMBINED),
+        (Some(o), true) => (&o.stacks[..], &flame::OFF_CPU),
+        (None, true) => (&[][..], &flame::OFF_CPU),
+    };
+    let mut graphs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (stacks, kind) in [(ev.stacks(), &flame::ON_CPU), off] {
+        for (role, f) in flame::per_role(stacks, kind, &mut page.csp) {
+            graphs.entry(role).or_default().push(f);
+        }
+    }
     let o = &mut page.body;
     let _ = writeln!(o, "<section id=\"flamegraphs\"><h2>Flame graphs</h2>");
     if graphs.is_empty() {
         let _ = writeln!(
             o,
-            "<p>not recorded (collector profile was off or failed, or no samples)</p>"
+            "<p>not recorded (collectors profile and offcpu were off or failed, or no samples)</p>"
         );
     } else {
         let _ = writeln!(
             o,
-            "<p class=\"hint\">On-CPU, per role (inferno): click a frame to zoom, “Search” to highlight a function.</p>"
+            "<p class=\"hint\">Per role (inferno): on-CPU; off-CPU by state when offcpu ran; both in one graph when both ran. Click a frame to zoom, “Search” to highlight a function.</p>"
         );
     }
-    for (role, f) in &graphs {
-        let _ = writeln!(o, "<h3>{}</h3>{f}", escape(role));
+    for (role, fs) in &graphs {
+        let _ = writeln!(o, "<h3>{}</h3>{}", escape(role), fs.concat());
     }
     let _ = writeln!(o, "</section>");
     tables::all(o, r, ev);

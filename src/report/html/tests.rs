@@ -126,3 +126,35 @@ fn panels_align_their_series() {
         assert!(p.ys.iter().all(|c| c.len() == p.x.len()), "{}", p.name);
     }
 }
+
+// Profile and offcpu both recorded: per role an on-CPU and a combined
+// graph, whose first frames are both sides (the off-CPU graph is in it);
+// offcpu alone: an off-CPU graph.
+#[test]
+fn on_and_off_cpu_graphs_per_role() {
+    let (_, page) = page_of("pg13-select-only-on-off-cpu");
+    assert!(!page.contains("data-chart=\"offcpu-flamegraph-"));
+    for name in ["flamegraph-backend", "combined-flamegraph-backend"] {
+        assert!(
+            page.contains(&format!("data-chart=\"{name}\"")),
+            "{name} missing"
+        );
+    }
+    let at = page
+        .find("data-chart=\"combined-flamegraph-backend\"")
+        .unwrap();
+    let src = &page[at..];
+    let src = &src[src.find("src=\"data:image/svg+xml;base64,").unwrap() + 31..];
+    let svg = openssl::base64::decode_block(&src[..src.find('"').unwrap()]).unwrap();
+    let svg = String::from_utf8(svg).unwrap();
+    for frame in ["on-CPU", "off-CPU S", "off-CPU runq", "PostgresMain"] {
+        assert!(svg.contains(frame), "{frame} not in the combined graph");
+    }
+    let (_, page) = page_of("pg15-checkpoint-stall-offcpu");
+    assert!(page.contains("data-chart=\"offcpu-flamegraph-checkpointer\""));
+    assert!(!page.contains("data-chart=\"combined-flamegraph-"));
+    // Without offcpu (the lab fixture): on-CPU graphs only.
+    let (_, page) = page_of("pg13-select-only-timeout-all");
+    assert!(!page.contains("data-chart=\"combined-flamegraph-"));
+    assert!(!page.contains("data-chart=\"offcpu-flamegraph-"));
+}

@@ -25,10 +25,12 @@ pub fn render(s: &OffcpuSection, out: &mut String) {
         let get = |k: &str| r.off_cpu_s.get(k).copied().unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "\n  {}: {} process{}, off the CPU D {:.3} s, S {:.3} s, runq {:.3} s{}",
+            "\n  {}: {} process{},{} off the CPU D {:.3} s, S {:.3} s, runq {:.3} s{}",
             r.role,
             r.pids,
             if r.pids == 1 { "" } else { "es" },
+            r.on_cpu_s
+                .map_or(String::new(), |s| format!(" on the CPU {s:.3} s,")),
             get("D"),
             get("S"),
             get("runq"),
