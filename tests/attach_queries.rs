@@ -97,6 +97,16 @@ fn attributes_two_queries(bin: &Path, settings: &[(&str, &str)], by_id: bool) {
         "pg_sleep S {s} s in {secs} s"
     );
     assert!(on_sleep < 0.05 * s, "pg_sleep on CPU {on_sleep} s vs S {s}");
+    // Where it sleeps: its backend's latch wait, in S.
+    let top = &sleeping["top_off_cpu_stacks"][0];
+    let frames = top["frames"].as_array().cloned().unwrap_or_default();
+    assert!(
+        top["state"] == "S"
+            && frames
+                .iter()
+                .any(|f| f.as_str().is_some_and(|f| f.contains("epoll_wait"))),
+        "pg_sleep's first off-CPU stack: {top:#}"
+    );
     assert!(on_busy > 10.0 * on_sleep, "{on_busy} vs {on_sleep}");
     // Its latch waits are epoll_wait calls (about 4 a second, one per
     // pg_sleep(0.25)), none of them the aggregate's: the aggregate waits

@@ -19,6 +19,9 @@ pub struct OffCpu {
     pub summary: Summary,
     /// `role;state;frames… µs` lines: `frames[0]` is the state, weights in µs.
     pub stacks: Vec<FoldedStack>,
+    /// The same per process; empty in recordings made before
+    /// `offcpu.stacks.jsonl` existed.
+    pub pid_stacks: Vec<crate::collect::offcpu::PidStack>,
     pub ticks: Vec<Tick>,
 }
 
@@ -216,9 +219,13 @@ pub fn load(dir: &std::path::Path, cut: &mut usize, notes: &mut Vec<String>) -> 
         }
     };
     let ticks = crate::recording::reader::read_stream(dir, files::STREAM, cut, notes);
+    let mut pid_cut = 0;
+    let pid_stacks =
+        crate::recording::reader::read_stream(dir, files::PID_STACKS, &mut pid_cut, notes);
     Some(OffCpu {
         summary,
         stacks,
+        pid_stacks,
         ticks,
     })
 }

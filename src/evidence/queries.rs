@@ -114,6 +114,20 @@ pub struct QueryRow {
     /// Wait events at the looks that found it running (`CPU`: none).
     pub waits: BTreeMap<String, u64>,
     pub top_stacks: Vec<QueryStack>,
+    /// Where it waited off the CPU (offcpu), most time first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_off_cpu_stacks: Vec<QueryOffStack>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueryOffStack {
+    /// "D", "S" or "runq".
+    pub state: String,
+    pub seconds: f64,
+    /// Of the query's off-CPU seconds in all states.
+    pub share: f64,
+    /// Root first, the leaf end only.
+    pub frames: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -196,6 +210,8 @@ struct Acc {
     syscalls: BTreeMap<String, f64>,
     /// pid -> on-CPU samples given to this query from it.
     from_pid: BTreeMap<u32, f64>,
+    /// (pid, state) -> off-CPU seconds given to this query from it.
+    off_from_pid: BTreeMap<(u32, String), f64>,
 }
 
 /// Join everything recorded per pid and interval with the timeline: what
@@ -232,6 +248,7 @@ fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
                     give(rows, Kind::OffCpu, &mut |q, s| {
                         for (st, secs) in states {
                             *q.off.entry(st.clone()).or_default() += secs * s;
+                            *q.off_from_pid.entry((*pid, st.clone())).or_default() += secs * s;
                         }
                     });
                 }
@@ -415,6 +432,7 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
             syscalls_per_call,
             waits: waits.clone(),
             top_stacks: top_stacks(ev, &a.from_pid, a.on_cpu_samples),
+            top_off_cpu_stacks: top_off_cpu_stacks(ev, &a.off_from_pid),
         });
     }
     rows.sort_by(|a, b| {
@@ -499,6 +517,54 @@ fn top_stacks(ev: &super::Evidence, from_pid: &BTreeMap<u32, f64>, total: f64) -
         .collect()
 }
 
+/// The query's off-CPU stacks: each backend's stacks in a state weighted
+/// by the share of that backend's time in the state the query got (a
+/// backend's stacks are not split by time, so a backend that ran several
+/// queries lends each its mix).
+fn top_off_cpu_stacks(
+    ev: &super::Evidence,
+    got: &BTreeMap<(u32, String), f64>,
+) -> Vec<QueryOffStack> {
+    let Some(o) = &ev.offcpu else {
+        return Vec::new();
+    };
+    let total: f64 = got.values().sum();
+    if total <= 0.0 {
+        return Vec::new();
+    }
+    let mut all: BTreeMap<(u32, &str), u64> = BTreeMap::new();
+    for s in &o.pid_stacks {
+        *all.entry((s.pid, s.state.as_str())).or_default() += s.us;
+    }
+    let mut weighted: BTreeMap<(&str, &[String]), f64> = BTreeMap::new();
+    for s in &o.pid_stacks {
+        let (Some(g), Some(&n)) = (
+            got.get(&(s.pid, s.state.clone())),
+            all.get(&(s.pid, s.state.as_str())),
+        ) else {
+            continue;
+        };
+        if n == 0 {
+            continue;
+        }
+        let keep = s.frames.len().saturating_sub(STACK_FRAMES);
+        *weighted
+            .entry((s.state.as_str(), &s.frames[keep..]))
+            .or_default() += g * s.us as f64 / n as f64;
+    }
+    let mut v: Vec<((&str, &[String]), f64)> = weighted.into_iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.into_iter()
+        .take(TOP_STACKS)
+        .map(|((state, frames), secs)| QueryOffStack {
+            state: state.to_string(),
+            seconds: crate::round3(secs),
+            share: ((secs / total) * 1000.0).round() / 1000.0,
+            frames: frames.to_vec(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -532,5 +598,41 @@ mod tests {
             vec![(Some("3"), 1.0)]
         );
         assert_eq!(shares(&[idle], Kind::OffCpu), vec![(None, 1.0)]);
+    }
+
+    /// A real select-only run on 13 with profile, offcpu and pgstat: the
+    /// statement's off-CPU stacks are its backend's, in the states and
+    /// within the seconds the query got; its latch wait for the client
+    /// (epoll_wait) first.
+    #[test]
+    fn a_query_gets_its_backends_off_cpu_stacks() {
+        let ev = crate::analyse::fixture("pg13-select-only-on-off-cpu");
+        let s = build(&ev).unwrap();
+        let q = s
+            .queries
+            .iter()
+            .find(|q| q.query.starts_with("select abalance"))
+            .unwrap();
+        let off: f64 = q.off_cpu_s.values().sum();
+        let listed: f64 = q.top_off_cpu_stacks.iter().map(|x| x.seconds).sum();
+        assert!(!q.top_off_cpu_stacks.is_empty(), "{q:#?}");
+        assert!(listed <= off + 0.01, "{listed} of {off}: {q:#?}");
+        for st in &q.top_off_cpu_stacks {
+            assert!(
+                q.off(&st.state) > 0.0,
+                "{st:?} in a state the query has no time in"
+            );
+        }
+        let top = &q.top_off_cpu_stacks[0];
+        assert_eq!(top.state, "S", "{q:#?}");
+        assert!(
+            top.frames.iter().any(|f| f.contains("epoll_wait")),
+            "{top:?}"
+        );
+        // Without the per-process file (older recordings): none, no error.
+        let mut old = crate::analyse::fixture("pg13-select-only-on-off-cpu");
+        old.offcpu.as_mut().unwrap().pid_stacks.clear();
+        let s = build(&old).unwrap();
+        assert!(s.queries.iter().all(|q| q.top_off_cpu_stacks.is_empty()));
     }
 }

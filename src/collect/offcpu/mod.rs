@@ -47,6 +47,8 @@ pub mod files {
     pub const SUMMARY: &str = "offcpu.json";
     /// Folded stacks, `role;state;root;…;leaf µs`.
     pub const FOLDED: &str = "offcpu.folded";
+    /// The same time per process: [`super::PidStack`] lines (per-query stacks).
+    pub const PID_STACKS: &str = "offcpu.stacks.jsonl";
 
     /// Off-CPU flame graph of one role.
     pub fn svg_for(role: &str) -> String {
@@ -54,7 +56,17 @@ pub mod files {
     }
 }
 
-/// Blocks shorter than this are counted, not measured (`--offcpu-min-us`).
+/// One line of `offcpu.stacks.jsonl`: a process's off-CPU time in one
+/// state and stack (named as in `offcpu.folded`, root first).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PidStack {
+    pub pid: u32,
+    pub state: String,
+    pub us: u64,
+    pub frames: Vec<String>,
+}
+
+/// Blocks shorter than this are counted, not measured (`--offcpu-min-block`).
 pub const DEFAULT_MIN_BLOCK_US: u64 = 1000;
 /// User stack copies per CPU and second at most (16 KiB each).
 pub const MAX_COPIES_PER_CPU_S: u32 = 200;
@@ -492,6 +504,7 @@ fn write_outputs(dir: &Path, ctx: &Context, o: &Outcome) -> Result<Summary> {
     }
     let mut roles: HashMap<u32, Role> = HashMap::new();
     let mut folded: BTreeMap<String, u64> = BTreeMap::new();
+    let mut per_pid: BTreeMap<(u32, &str, Vec<String>), u64> = BTreeMap::new();
     let mut per_role: BTreeMap<Role, (BTreeSet<u32>, RoleSummary)> = BTreeMap::new();
     let mut s = Summary {
         folded: files::FOLDED.to_string(),
@@ -542,9 +555,23 @@ fn write_outputs(dir: &Path, ctx: &Context, o: &Outcome) -> Result<Summary> {
                 line.push_str(f);
             }
             *folded.entry(line).or_default() += us;
+            let frames = user.into_iter().chain(kframes.iter().cloned()).collect();
+            *per_pid.entry((tgid, st, frames)).or_default() += us;
         }
     }
     let lines = profile::write_folded(&dir.join(files::FOLDED), &folded)?;
+    let mut jsonl = String::new();
+    for ((pid, state, frames), us) in per_pid {
+        let line = PidStack {
+            pid,
+            state: state.to_string(),
+            us,
+            frames,
+        };
+        jsonl += &serde_json::to_string(&line)?;
+        jsonl.push('\n');
+    }
+    crate::recording::writer::write_text_atomic(&dir.join(files::PID_STACKS), &jsonl)?;
     for (role, (pids, mut rs)) in per_role {
         rs.role = role.as_str().to_string();
         rs.pids = pids.len();

@@ -57,6 +57,17 @@ pub fn render(s: &QueriesSection, out: &mut String) {
             let shown = super::leaf_first(&st.frames, FRAMES_SHOWN);
             let _ = writeln!(out, "    {:>5.1}%  {}", st.share * 100.0, shown);
         }
+        for st in &q.top_off_cpu_stacks {
+            let shown = super::leaf_first(&st.frames, FRAMES_SHOWN);
+            let _ = writeln!(
+                out,
+                "    off {:>4} {:>7.3} s {:>5.1}%  {}",
+                st.state,
+                st.seconds,
+                st.share * 100.0,
+                shown
+            );
+        }
     }
     let n = &s.not_in_a_query;
     let _ = writeln!(
