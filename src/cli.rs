@@ -356,6 +356,8 @@ pub struct LabMatrixArgs {
 pub enum MatrixFormat {
     Text,
     Json,
+    /// One offline page (also written as matrix.html beside matrix.json).
+    Html,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -212,9 +212,12 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
     let json = serde_json::to_string_pretty(&m)? + "\n";
     std::fs::create_dir_all(&out)?;
     pgbelow::recording::writer::write_text_atomic(&out.join("matrix.json"), &json)?;
+    let html = pgbelow::matrix::render_html(&m);
+    pgbelow::recording::writer::write_text_atomic(&out.join("matrix.html"), &html)?;
     print(&match a.format {
         cli::MatrixFormat::Text => pgbelow::matrix::render_text(&m),
         cli::MatrixFormat::Json => json,
+        cli::MatrixFormat::Html => html,
     })?;
     eprintln!("pgbelow: matrix and recordings in {}", out.display());
     Ok(ExitCode::SUCCESS)

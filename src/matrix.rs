@@ -292,6 +292,75 @@ pub fn render_text(m: &Matrix) -> String {
     s
 }
 
+/// The table as one offline page (the report's policy and style): one row
+/// per major with its key figure drawn as a bar against the largest, the
+/// runs that fired, the change and each run's recording.
+pub fn render_html(m: &Matrix) -> String {
+    use crate::report::html::{escape, tables, Page};
+    use std::fmt::Write as _;
+    let mut page = Page::new();
+    let o = &mut page.body;
+    let _ = writeln!(
+        o,
+        "<header><h1>pgbelow lab matrix: {}</h1><p>{} s, {} client(s){}, median of {} run(s) per major. Key figure: {}. Finding: <code>{}</code>.</p></header>",
+        escape(&m.scenario),
+        m.duration_s,
+        m.clients,
+        if m.set.is_empty() { String::new() } else { format!(", {}", escape(&m.set.join(" "))) },
+        m.repeat,
+        escape(&m.figure),
+        escape(&m.finding)
+    );
+    let max = m
+        .rows
+        .iter()
+        .filter_map(|r| r.figure_median)
+        .fold(0.0_f64, f64::max);
+    // SVG presentation attributes, not style attributes: the policy allows
+    // no inline style.
+    let bar = |v: Option<f64>| {
+        match v {
+        Some(x) if max > 0.0 => format!(
+            "<svg width=\"200\" height=\"12\"><rect width=\"{:.1}\" height=\"12\" fill=\"#c0392b\"/></svg>",
+            200.0 * x / max
+        ),
+        _ => String::new(),
+    }
+    };
+    let _ = writeln!(o, "<section data-chart=\"matrix\">");
+    let _ = write!(
+        o,
+        "<table><caption>One row per major</caption><tr><th>major</th><th>version</th><th>key figure</th><th></th><th>tps</th><th>fired</th><th>changed by</th><th>recordings</th></tr>"
+    );
+    for r in &m.rows {
+        let _ = write!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td></tr>",
+            r.major,
+            escape(r.version.as_deref().unwrap_or("-")),
+            opt(r.figure_median),
+            bar(r.figure_median),
+            opt(r.tps_median),
+            r.fired,
+            r.runs,
+            escape(r.changed_by.as_deref().unwrap_or("-")),
+            escape(&r.recordings.join(" "))
+        );
+    }
+    let _ = writeln!(o, "</table></section>");
+    let errors: Vec<Vec<String>> = m
+        .rows
+        .iter()
+        .flat_map(|r| {
+            r.errors
+                .iter()
+                .map(|e| vec![r.major.to_string(), e.clone()])
+        })
+        .collect();
+    tables::table(o, "Runs that failed", &["major", "error"], &errors);
+    page.finish(&format!("pgbelow lab matrix: {}", m.scenario))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,13 +413,29 @@ mod tests {
                     runs: 0,
                     changed_by: Some("x".into()),
                     recordings: vec![],
-                    errors: vec!["run 1: boom".into()],
+                    errors: vec!["run 1: <script>boom</script>".into()],
                 },
             ],
         };
         let t = render_text(&m);
         assert!(t.contains("| 13 | 13.23 | 0.05 | 2691 | 1/1 | - |"), "{t}");
         assert!(t.contains("| 14 | - | - | - | 0/0 | x |"), "{t}");
-        assert!(t.contains("PostgreSQL 14: run 1: boom"), "{t}");
+        assert!(
+            t.contains("PostgreSQL 14: run 1: <script>boom</script>"),
+            "{t}"
+        );
+        // The page: a row per major, the figure's bar at full width for the
+        // largest, errors escaped, the report's policy.
+        let h = render_html(&m);
+        assert!(h.contains("data-chart=\"matrix\""), "{h}");
+        assert!(h.contains("<td>13</td><td>13.23</td><td>0.05</td>"), "{h}");
+        assert!(h.contains("<rect width=\"200.0\""), "{h}");
+        assert!(
+            h.contains("<td>14</td><td>-</td><td>-</td><td></td>"),
+            "{h}"
+        );
+        assert!(h.contains("&lt;script&gt;boom"), "{h}");
+        assert!(!h.contains("<script>boom"), "{h}");
+        assert!(h.contains("Content-Security-Policy"), "{h}");
     }
 }

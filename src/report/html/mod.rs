@@ -9,7 +9,7 @@
 pub mod compare;
 pub mod flame;
 pub mod panels;
-mod tables;
+pub mod tables;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
