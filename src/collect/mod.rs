@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod clock;
 pub mod context;
 pub mod cpu;
+pub mod memcg;
 pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;

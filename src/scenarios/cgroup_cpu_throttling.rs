@@ -39,6 +39,21 @@ pub fn require_root() -> Result<()> {
     Ok(())
 }
 
+/// Move `pids` into the cgroup `dir` (a process that exited meanwhile is
+/// skipped); their children are born in it.
+pub fn adopt_into(dir: &Path, pids: &[u32]) -> Result<()> {
+    for p in pids {
+        match std::fs::write(dir.join("cgroup.procs"), p.to_string()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("moving pid {p} into {}", dir.display()))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A cpu cgroup pgbelow made, with a quota; removed on drop.
 #[derive(Debug)]
 pub struct CpuCgroup {
@@ -111,18 +126,7 @@ impl CpuCgroup {
     /// Move these processes (the cluster's) into the cgroup; their children
     /// are born in it.
     pub fn adopt(&self, pids: &[u32]) -> Result<()> {
-        for p in pids {
-            match std::fs::write(self.path.join("cgroup.procs"), p.to_string()) {
-                Ok(()) => {}
-                // Exited meanwhile.
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => {
-                    return Err(e)
-                        .with_context(|| format!("moving pid {p} into {}", self.path.display()))
-                }
-            }
-        }
-        Ok(())
+        adopt_into(&self.path, pids)
     }
 
     /// The manifest fact: where the cluster ran and under which quota.
@@ -140,28 +144,16 @@ impl CpuCgroup {
         let Some(noted) = self.noted.take() else {
             return Ok(());
         };
-        // A process just leaving may keep it busy for a moment.
-        let mut last = None;
-        for _ in 0..50 {
-            match ledger::remove_cgroup(&self.path, &self.parent) {
-                Ok(()) => {
-                    ledger::strike(noted);
-                    return Ok(());
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    ledger::strike(noted);
-                    return Ok(());
-                }
-                Err(e) => last = Some(e),
+        match ledger::remove_cgroup_patiently(&self.path, &self.parent) {
+            Ok(()) => {
+                ledger::strike(noted);
+                Ok(())
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            Err(e) => {
+                self.noted = Some(noted);
+                bail!("removing cgroup {}: {e}", self.path.display())
+            }
         }
-        self.noted = Some(noted);
-        bail!(
-            "removing cgroup {}: {}",
-            self.path.display(),
-            last.map_or("busy".into(), |e| e.to_string())
-        )
     }
 }
 
