@@ -588,6 +588,31 @@ mod tests {
     }
 
     #[test]
+    fn memory_limits() {
+        assert_eq!(parse_memory_limit("160MB"), Ok(160));
+        assert_eq!(parse_memory_limit("160"), Ok(160));
+        assert_eq!(parse_memory_limit("1gb"), Ok(1024));
+        assert_eq!(parse_memory_limit("262144kB"), Ok(256));
+        assert_eq!(parse_memory_limit("0"), Ok(0));
+        assert!(parse_memory_limit("8MB").is_err());
+        assert!(parse_memory_limit("lots").is_err());
+        assert!(parse_memory_limit("-5MB").is_err());
+        let a = run_args(&["--scenario", "tpcb", "--memory-limit", "200MB"]);
+        assert_eq!(
+            a.misplaced_flag(),
+            Some(("--memory-limit", "memory-cgroup-reclaim"))
+        );
+        let a = run_args(&[
+            "--scenario",
+            "memory-cgroup-reclaim",
+            "--memory-limit",
+            "200MB",
+        ]);
+        assert_eq!(a.memory_limit, Some(200));
+        assert_eq!(a.misplaced_flag(), None);
+    }
+
+    #[test]
     fn flags_of_another_scenario_are_refused() {
         let a = run_args(&["--scenario", "tpcb", "--tables", "5"]);
         assert_eq!(a.misplaced_flag(), Some(("--tables", "drop-many")));

@@ -188,6 +188,7 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
         Scenario::RelationExtension => pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS,
         Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
         Scenario::SyncrepCommit => 8,
+        Scenario::MemoryCgroupReclaim => pgbelow::scenarios::memory_cgroup::DEFAULT_CLIENTS,
         _ => 1,
     });
     base.scale = a.scale;
