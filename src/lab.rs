@@ -253,9 +253,9 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         crate::scenarios::cgroup_cpu_throttling::CpuCgroup::create(q).and_then(|cg| {
             status(&format!(
                 "the cluster runs in {} with a quota of {q} CPU",
-                cg.path.display()
+                cg.cg.path.display()
             ));
-            let r = cg.adopt(&cluster_pids(&topo));
+            let r = cg.cg.adopt(&cluster_pids(&topo));
             cpu_cgroup = Some(cg);
             r
         })
@@ -263,7 +263,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         // Moved in before the load, limited after it (run_on).
         let pm = topo.primary().postmaster_pid();
         crate::scenarios::memory_cgroup::MemCgroup::create(pm, mb).and_then(|cg| {
-            let r = cg.adopt(&cluster_pids(&topo));
+            let r = cg.cg.adopt(&cluster_pids(&topo));
             mem_cgroup = Some(cg);
             r
         })
@@ -287,8 +287,8 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let stopped = topo.stop();
     let mut torn = stall.take().map_or(Ok(()), |mut d| d.teardown());
     for cg in [
-        cpu_cgroup.take().map(|mut c| c.teardown()),
-        mem_cgroup.take().map(|mut c| c.teardown()),
+        cpu_cgroup.take().map(|mut c| c.cg.teardown()),
+        mem_cgroup.take().map(|mut c| c.cg.teardown()),
     ]
     .into_iter()
     .flatten()

@@ -908,17 +908,7 @@ struct LimitCgroup {
 
 impl LimitCgroup {
     fn new() -> Option<LimitCgroup> {
-        let rel = std::fs::read_to_string("/proc/self/cgroup")
-            .ok()?
-            .lines()
-            .find_map(|l| {
-                let mut f = l.splitn(3, ':');
-                let (_, c, p) = (f.next()?, f.next()?, f.next()?);
-                c.split(',')
-                    .any(|c| c == "memory")
-                    .then(|| p.trim_start_matches('/').to_string())
-            })?;
-        let parent = Path::new("/sys/fs/cgroup/memory").join(rel);
+        let parent = common::own_v1_cgroup("memory")?;
         if !parent.join("memory.limit_in_bytes").exists() {
             return None;
         }
@@ -957,20 +947,25 @@ fn memory_cgroup_reclaim_found_attached() {
         eprintln!("skipped: no cgroup v1 memory hierarchy");
         return;
     };
-    // In the cgroup from before the load, so its pages are charged there.
-    move_cluster_into(&c, &cg.dir);
-    c.pgbench("postgres", &["-i", "-q", "-s", "10"]);
-    c.psql("postgres", "CHECKPOINT");
     let limit = (160u64 << 20).to_string();
-    let mut set = false;
-    for _ in 0..30 {
-        if std::fs::write(cg.dir.join("memory.limit_in_bytes"), &limit).is_ok() {
-            set = true;
-            break;
+    {
+        // The load is heavy: not while another test records (record_while
+        // takes the same lock for the recording).
+        let _one = common::exclusive();
+        // In the cgroup from before the load, so its pages are charged there.
+        move_cluster_into(&c, &cg.dir);
+        c.pgbench("postgres", &["-i", "-q", "-s", "10"]);
+        c.psql("postgres", "CHECKPOINT");
+        let mut set = false;
+        for _ in 0..30 {
+            if std::fs::write(cg.dir.join("memory.limit_in_bytes"), &limit).is_ok() {
+                set = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(set, "could not limit {} to 160 MB", cg.dir.display());
     }
-    assert!(set, "could not limit {} to 160 MB", cg.dir.display());
     let d = tempfile::tempdir().unwrap();
     let r = record_while(&c, &d.path().join("rec"), 8, "procfs,system,pgstat", || {
         c.pgbench("postgres", &["-c", "4", "-T", "6"]);

@@ -16,58 +16,17 @@ use common::{assert_torn_down, finding};
 const ID: &str = "memory-cgroup-reclaim";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        "memory-cgroup-reclaim",
-        "--duration",
-        "8",
-        "--collectors",
-        "procfs,system,pgstat",
-        "--format",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    common::lab_json(&args, out)
+    common::lab_cgroup_case("memory-cgroup-reclaim", extra, out)
 }
 
 /// Where pgbelow makes its memory cgroups: under the (v1) memory cgroup of
 /// the process that starts the cluster — this test's — or v2's root.
-fn parents() -> Vec<PathBuf> {
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, c, p) = (f.next()?, f.next()?, f.next()?);
-            c.split(',')
-                .any(|c| c == "memory")
-                .then(|| PathBuf::from("/sys/fs/cgroup/memory").join(p.trim_start_matches('/')))
-        });
-    own.into_iter()
-        .chain([
-            PathBuf::from("/sys/fs/cgroup/memory"),
-            PathBuf::from("/sys/fs/cgroup"),
-        ])
-        .collect()
-}
-
 fn no_cgroup_left() {
-    for root in parents() {
-        let left: Vec<String> = std::fs::read_dir(&root)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("pgbelow-mem-"))
-            .collect();
-        assert!(
-            left.is_empty(),
-            "cgroups left in {}: {left:?}",
-            root.display()
-        );
-    }
+    let dirs: Vec<PathBuf> = common::own_v1_cgroup("memory")
+        .into_iter()
+        .chain(["/sys/fs/cgroup/memory".into(), "/sys/fs/cgroup".into()])
+        .collect();
+    common::assert_no_cgroups(&dirs, "pgbelow-mem-");
 }
 
 #[test]

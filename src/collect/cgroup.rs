@@ -297,12 +297,7 @@ impl CgroupCpu {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    macro_rules! fixture {
-        ($name:literal) => {
-            include_str!(concat!("../../tests/fixtures/proc/", $name))
-        };
-    }
+    use crate::collect::proc_fixture as fixture;
 
     // Recorded on this VM (cgroup v1 hybrid, kernel 6.18): a shell loop in
     // a cgroup with cpu.cfs_quota_us=20000 for 3 s.

@@ -271,12 +271,7 @@ impl Memcg {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    macro_rules! fixture {
-        ($name:literal) => {
-            include_str!(concat!("../../tests/fixtures/proc/", $name))
-        };
-    }
+    use crate::collect::proc_fixture as fixture;
 
     // Recorded on this VM (cgroup v1 hybrid, kernel 6.18): `dd` writing and
     // `cat` re-reading 100 MB files in a cgroup limited to 32 MB.

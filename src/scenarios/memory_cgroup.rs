@@ -10,19 +10,18 @@
 //! [`MemCgroup`] makes the cgroup (root only) under the postmaster's own
 //! memory cgroup (v1: the limit then sits inside whatever the machine
 //! already gives it; v2: under the root, with the memory controller enabled
-//! for children), noted in the cleanup ledger before it is made. The
-//! cluster moves in before `pgbench -i` with no limit, so the load runs at
-//! full speed and its pages are charged to the cgroup; the limit is set
-//! after it. `Drop` moves what is left back to the parent and removes the
-//! cgroup (and with it the limit). pgbench runs outside it.
+//! for children), an [`OwnedCgroup`] (in the cleanup ledger; removed with
+//! its limit on teardown or drop). The cluster moves in before `pgbench -i`
+//! with no limit, so the load runs at full speed and its pages are charged
+//! to the cgroup; the limit is set after it. pgbench runs outside it.
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
+use super::owned_cgroup::OwnedCgroup;
 use crate::collect::cgroup::Version;
 use crate::error::fixable;
 use crate::lab::LabOptions;
-use crate::ledger::{self, Noted, Object};
 
 /// The limit by default, MB: shared_buffers and 32 MB for everything else.
 pub const DEFAULT_LIMIT_MB: u64 = 160;
@@ -59,11 +58,9 @@ pub fn require_root() -> Result<()> {
 /// A memory cgroup pgbelow made; removed on drop.
 #[derive(Debug)]
 pub struct MemCgroup {
-    pub path: PathBuf,
-    parent: PathBuf,
+    pub cg: OwnedCgroup,
     version: Version,
     pub limit_mb: u64,
-    noted: Option<Noted>,
 }
 
 /// Where to make it: under `pid`'s v1 memory cgroup, else cgroup v2's root
@@ -91,40 +88,25 @@ fn parent_of(pid: u32) -> Result<(PathBuf, Version)> {
 
 impl MemCgroup {
     /// Make `pgbelow-mem-PID` beside where `postmaster` runs, without a
-    /// limit yet ([`MemCgroup::limit`]). On error nothing is left.
+    /// limit yet ([`MemCgroup::limit`]). On error nothing is left. Its
+    /// processes and charged pages go back to the parent on teardown.
     pub fn create(postmaster: u32, limit_mb: u64) -> Result<MemCgroup> {
         crate::lab::check_interrupt()?;
         require_root()?;
         let (parent, version) = parent_of(postmaster)?;
-        let path = parent.join(format!("pgbelow-mem-{}", std::process::id()));
-        let noted = ledger::note(Object::Cgroup {
-            path: path.clone(),
-            parent: parent.clone(),
-        });
-        if let Err(e) = std::fs::create_dir(&path) {
-            ledger::strike(noted);
-            return Err(e).with_context(|| format!("creating cgroup {}", path.display()));
-        }
+        let cg = OwnedCgroup::create(&parent, &format!("pgbelow-mem-{}", std::process::id()))?;
         Ok(MemCgroup {
-            path,
-            parent,
+            cg,
             version,
             limit_mb,
-            noted: Some(noted),
         })
-    }
-
-    /// Move these processes (the cluster's) into the cgroup; their children
-    /// are born in it. Pages they charge from now on count against it.
-    pub fn adopt(&self, pids: &[u32]) -> Result<()> {
-        crate::scenarios::cgroup_cpu_throttling::adopt_into(&self.path, pids)
     }
 
     /// Set the limit. The kernel reclaims down to it first and refuses
     /// (EBUSY) while it cannot, e.g. dirty pages not yet written: retried.
     pub fn limit(&self, status: &dyn Fn(&str)) -> Result<()> {
         let bytes = self.limit_mb * 1024 * 1024;
-        let file = self.path.join(match self.version {
+        let file = self.cg.path.join(match self.version {
             Version::V1 => "memory.limit_in_bytes",
             Version::V2 => "memory.max",
         });
@@ -135,7 +117,7 @@ impl MemCgroup {
                 Ok(()) => {
                     status(&format!(
                         "the cluster runs in {} limited to {} MB",
-                        self.path.display(),
+                        self.cg.path.display(),
                         self.limit_mb
                     ));
                     return Ok(());
@@ -152,7 +134,7 @@ impl MemCgroup {
         Err(fixable(
             format!(
                 "{} cannot be limited to {} MB: the cluster holds more it cannot give back ({})",
-                self.path.display(),
+                self.cg.path.display(),
                 self.limit_mb,
                 last.map_or("busy".into(), |e| e.to_string())
             ),
@@ -163,35 +145,9 @@ impl MemCgroup {
     /// The manifest fact: where the cluster ran and under which limit.
     pub fn fact(&self) -> serde_json::Value {
         serde_json::json!({
-            "cgroup": self.path.display().to_string(),
+            "cgroup": self.cg.path.display().to_string(),
             "limit_mb": self.limit_mb,
             "version": self.version,
         })
-    }
-
-    /// Move what is left back to the parent and remove the cgroup (and with
-    /// it the limit); its charged pages go to the parent.
-    pub fn teardown(&mut self) -> Result<()> {
-        let Some(noted) = self.noted.take() else {
-            return Ok(());
-        };
-        match ledger::remove_cgroup_patiently(&self.path, &self.parent) {
-            Ok(()) => {
-                ledger::strike(noted);
-                Ok(())
-            }
-            Err(e) => {
-                self.noted = Some(noted);
-                bail!("removing cgroup {}: {e}", self.path.display())
-            }
-        }
-    }
-}
-
-impl Drop for MemCgroup {
-    fn drop(&mut self) {
-        if let Err(e) = self.teardown() {
-            eprintln!("pgbelow: {e:#}");
-        }
     }
 }
