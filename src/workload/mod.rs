@@ -127,7 +127,7 @@ impl Scenario {
                  against a cluster moved into a memory cgroup limited to 160 MB after the load (root \
                  only; the cgroup is removed afterwards): the limit counts shared_buffers and the page \
                  cache, so every charge at the limit reclaims first and evicted table pages are read \
-                 back from disk. --memory-limit MB sets it (below shared_buffers: the OOM killer takes \
+                 back from disk. --memory-limit SIZE sets it (below shared_buffers: the OOM killer takes \
                  a backend and the postmaster restarts them all), --memory-limit 0 runs without one \
                  (the healthy baseline)"
             }
