@@ -156,6 +156,7 @@ pub enum ScenarioArg {
     RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
+    MemoryCgroupReclaim,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -308,6 +309,11 @@ pub struct LabRunArgs {
     /// period (default 0.25; 0: no quota, the healthy baseline).
     #[arg(long, value_name = "CPUS", value_parser = parse_cpu_quota)]
     pub cpu_quota: Option<f64>,
+    /// memory-cgroup-reclaim: the cluster's memory cgroup limit (`160MB`,
+    /// `1GB`, a bare number is MB; default 160MB; 0: no limit, the healthy
+    /// baseline).
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
+    pub memory_limit: Option<u64>,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -454,7 +460,7 @@ impl LabRunArgs {
         use ScenarioArg::*;
         let s = self.scenario;
         let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 10] = [
+        let checks: [(bool, &str, &str); 11] = [
             (
                 self.idle_connections.is_some() && s != SnapshotScaling,
                 "--idle-connections",
@@ -498,6 +504,11 @@ impl LabRunArgs {
                 "cgroup-cpu-throttling",
             ),
             (
+                self.memory_limit.is_some() && s != MemoryCgroupReclaim,
+                "--memory-limit",
+                "memory-cgroup-reclaim",
+            ),
+            (
                 self.checkpoint_at.is_some()
                     && !matches!(
                         s,
@@ -530,6 +541,36 @@ fn parse_cpu_quota(s: &str) -> Result<f64, String> {
         Ok(q) if q == 0.0 || (0.01..=1024.0).contains(&q) => Ok(q),
         _ => Err(format!(
             "'{s}' is not a CPU count: give 0 (no quota) or 0.01 to 1024"
+        )),
+    }
+}
+
+/// `--memory-limit 160MB`: MB, 0 (none) or 16 MB to 1 PB; kB, MB, GB, TB
+/// as PostgreSQL writes them (case ignored), a bare number is MB.
+fn parse_memory_limit(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let per_mb = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "mb" => Some((1, 1)),
+        "kb" => Some((1, 1024)),
+        "gb" => Some((1024, 1)),
+        "tb" => Some((1024 * 1024, 1)),
+        _ => None,
+    };
+    match (n.parse::<u64>().ok(), per_mb) {
+        (Some(n), Some((mul, div))) => {
+            let mb = n.saturating_mul(mul) / div;
+            if n == 0 || (16..=1 << 30).contains(&mb) {
+                Ok(if n == 0 { 0 } else { mb })
+            } else {
+                Err(format!(
+                    "'{s}' is outside 16MB to 1PB: give 0 (no limit) or a size such as 160MB"
+                ))
+            }
+        }
+        _ => Err(format!(
+            "'{s}' is not a size: give 0 (no limit) or a number with kB, MB, GB or TB (160MB, 1GB)"
         )),
     }
 }
@@ -586,6 +627,31 @@ mod tests {
             panic!("not lab run");
         };
         a
+    }
+
+    #[test]
+    fn memory_limits() {
+        assert_eq!(parse_memory_limit("160MB"), Ok(160));
+        assert_eq!(parse_memory_limit("160"), Ok(160));
+        assert_eq!(parse_memory_limit("1gb"), Ok(1024));
+        assert_eq!(parse_memory_limit("262144kB"), Ok(256));
+        assert_eq!(parse_memory_limit("0"), Ok(0));
+        assert!(parse_memory_limit("8MB").is_err());
+        assert!(parse_memory_limit("lots").is_err());
+        assert!(parse_memory_limit("-5MB").is_err());
+        let a = run_args(&["--scenario", "tpcb", "--memory-limit", "200MB"]);
+        assert_eq!(
+            a.misplaced_flag(),
+            Some(("--memory-limit", "memory-cgroup-reclaim"))
+        );
+        let a = run_args(&[
+            "--scenario",
+            "memory-cgroup-reclaim",
+            "--memory-limit",
+            "200MB",
+        ]);
+        assert_eq!(a.memory_limit, Some(200));
+        assert_eq!(a.misplaced_flag(), None);
     }
 
     #[test]

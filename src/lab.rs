@@ -59,6 +59,8 @@ pub struct LabOptions {
     pub idle_connections: Option<u32>,
     /// `cgroup-cpu-throttling`'s CFS quota in CPUs (None: its default; 0: none).
     pub cpu_quota: Option<f64>,
+    /// `memory-cgroup-reclaim`'s limit in MB (None: its default; 0: none).
+    pub memory_limit_mb: Option<u64>,
 }
 
 impl LabOptions {
@@ -87,6 +89,7 @@ impl LabOptions {
             checkpoint_at: None,
             idle_connections: None,
             cpu_quota: None,
+            memory_limit_mb: None,
         }
     }
 }
@@ -171,6 +174,13 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             }
             opts
         }
+        Scenario::MemoryCgroupReclaim => {
+            if memory_limit(opts).is_some() {
+                crate::scenarios::memory_cgroup::require_root()?;
+            }
+            with_defaults = crate::scenarios::memory_cgroup::with_defaults(opts);
+            &with_defaults
+        }
         _ => opts,
     };
     crate::collect::preflight(&opts.collectors)?;
@@ -203,6 +213,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     // device can only be unmounted once the server is gone.
     let mut stall: Option<crate::scenarios::checkpoint_stall::StallDevice> = None;
     let mut cpu_cgroup: Option<crate::scenarios::cgroup_cpu_throttling::CpuCgroup> = None;
+    let mut mem_cgroup: Option<crate::scenarios::memory_cgroup::MemCgroup> = None;
     let topo = Topology::start(
         &install,
         &TopologyOptions {
@@ -244,10 +255,18 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         crate::scenarios::cgroup_cpu_throttling::CpuCgroup::create(q).and_then(|cg| {
             status(&format!(
                 "the cluster runs in {} with a quota of {q} CPU",
-                cg.path.display()
+                cg.cg.path.display()
             ));
-            let r = cg.adopt(&cluster_pids(&topo));
+            let r = cg.cg.adopt(&cluster_pids(&topo));
             cpu_cgroup = Some(cg);
+            r
+        })
+    } else if let Some(mb) = memory_limit(opts) {
+        // Moved in before the load, limited after it (run_on).
+        let pm = topo.primary().postmaster_pid();
+        crate::scenarios::memory_cgroup::MemCgroup::create(pm, mb).and_then(|cg| {
+            let r = cg.cg.adopt(&cluster_pids(&topo));
+            mem_cgroup = Some(cg);
             r
         })
     } else {
@@ -262,16 +281,24 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             &out,
             opts,
             stall.as_mut(),
+            mem_cgroup.as_ref(),
             &status,
         )
     });
     let unlimited = stall.as_mut().map_or(Ok(()), |d| d.unlimit());
     let stopped = topo.stop();
-    let torn = stall.take().map_or(Ok(()), |mut d| d.teardown());
-    let torn = match cpu_cgroup.take().map_or(Ok(()), |mut c| c.teardown()) {
-        Ok(()) => torn,
-        Err(e) => torn.and(Err(e)),
-    };
+    let mut torn = stall.take().map_or(Ok(()), |mut d| d.teardown());
+    for cg in [
+        cpu_cgroup.take().map(|mut c| c.cg.teardown()),
+        mem_cgroup.take().map(|mut c| c.cg.teardown()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Err(e) = cg {
+            torn = torn.and(Err(e));
+        }
+    }
     let removed = match (unlimited, torn) {
         (Ok(()), r) | (r, Ok(())) => r,
         (Err(a), Err(b)) => Err(a.context(format!("{b:#}"))),
@@ -355,6 +382,16 @@ fn cluster_pids(topo: &Topology) -> Vec<u32> {
     crate::procinfo::subtree(&roots).into_keys().collect()
 }
 
+/// The memory limit (MB) the run puts the cluster under, if any.
+fn memory_limit(opts: &LabOptions) -> Option<u64> {
+    (opts.scenario == Scenario::MemoryCgroupReclaim)
+        .then(|| {
+            opts.memory_limit_mb
+                .unwrap_or(crate::scenarios::memory_cgroup::DEFAULT_LIMIT_MB)
+        })
+        .filter(|mb| *mb > 0)
+}
+
 /// The CFS quota the run puts the cluster under, if any.
 fn cpu_quota(opts: &LabOptions) -> Option<f64> {
     (opts.scenario == Scenario::CgroupCpuThrottling)
@@ -375,6 +412,7 @@ fn run_on(
     out: &Path,
     opts: &LabOptions,
     mut stall: Option<&mut crate::scenarios::checkpoint_stall::StallDevice>,
+    mem_cgroup: Option<&crate::scenarios::memory_cgroup::MemCgroup>,
     status: &dyn Fn(&str),
 ) -> Result<Recorded> {
     check_interrupt()?;
@@ -400,6 +438,13 @@ fn run_on(
                 snap::idle_count(opts),
                 status,
             )?);
+        }
+        if let Some(cg) = mem_cgroup {
+            // The load's pages written back first, so the limit only has
+            // clean cache to reclaim.
+            check_interrupt()?;
+            cluster.psql("bench", "CHECKPOINT")?;
+            cg.limit(status)?;
         }
         if let (Scenario::WalFsyncLatency, Some(dev)) = (opts.scenario, stall.as_deref_mut()) {
             let l = crate::scenarios::wal_fsync::limits(&opts.stall);
@@ -448,6 +493,9 @@ fn run_on(
     manifest.postgres.postmaster_pid = cluster.postmaster_pid();
     manifest.postgres.data_dir = Some(cluster.data_dir().display().to_string());
     manifest.postgres.settings = settings;
+    if let Some(cg) = mem_cgroup {
+        manifest.facts.insert("memory_cgroup".into(), cg.fact());
+    }
     if let (Some(dev), Some(l)) = (stall.as_deref(), &limits) {
         manifest.facts.insert("stall_device".into(), dev.fact(l));
     }

@@ -634,6 +634,21 @@ pub fn remove_cgroup(path: &Path, parent: &Path) -> std::io::Result<()> {
     fs::remove_dir(path)
 }
 
+/// [`remove_cgroup`], retried for a second while a process just leaving
+/// keeps it busy; a cgroup already gone is removed.
+pub fn remove_cgroup_patiently(path: &Path, parent: &Path) -> std::io::Result<()> {
+    let mut last = None;
+    for _ in 0..50 {
+        match remove_cgroup(path, parent) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("busy")))
+}
+
 pub fn mounted(path: &Path) -> bool {
     mount_points().iter().any(|m| m == path)
 }

@@ -188,6 +188,7 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
         Scenario::RelationExtension => pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS,
         Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
         Scenario::SyncrepCommit => 8,
+        Scenario::MemoryCgroupReclaim => pgbelow::scenarios::memory_cgroup::DEFAULT_CLIENTS,
         _ => 1,
     });
     base.scale = a.scale;
@@ -260,6 +261,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_DURATION_S
                 }
                 ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_DURATION_S,
+                ScenarioArg::MemoryCgroupReclaim => {
+                    pgbelow::scenarios::memory_cgroup::DEFAULT_DURATION_S
+                }
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -303,6 +307,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::RelationExtension => Scenario::RelationExtension,
                     ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
                     ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
+                    ScenarioArg::MemoryCgroupReclaim => Scenario::MemoryCgroupReclaim,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -326,6 +331,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS
                     }
                     ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
+                    ScenarioArg::MemoryCgroupReclaim => {
+                        pgbelow::scenarios::memory_cgroup::DEFAULT_CLIENTS
+                    }
                     _ => 1,
                 }),
                 scale: a.scale,
@@ -358,6 +366,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 checkpoint_at: a.checkpoint_at,
                 idle_connections: a.idle_connections,
                 cpu_quota: a.cpu_quota,
+                memory_limit_mb: a.memory_limit,
             };
             let res = pgbelow::app::lab(&opts)?;
             print_rendered(

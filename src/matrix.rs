@@ -64,6 +64,16 @@ pub const CASES: &[Case] = &[
             "keep the interval timer armed across statements",
         )],
     },
+    Case {
+        scenario: Scenario::MemoryCgroupReclaim,
+        finding: crate::analyse::memory_cgroup::ID,
+        figure: "page-cache refaults per second in the memory cgroup",
+        measure: crate::analyse::memory_cgroup::refaults_per_s,
+        set: &[],
+        // The kernel's accounting decides, not PostgreSQL's version: no
+        // major changed it.
+        changes: &[],
+    },
 ];
 
 /// The case for a scenario, if the matrix knows it.

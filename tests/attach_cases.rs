@@ -808,6 +808,29 @@ fn snapshot_scaling_found_attached() {
     assert!(results[1].is_none(), "raised on 14: {:?}", results[1]);
 }
 
+/// Move the postmaster and its children into the cgroup `dir`, as a
+/// container runtime or an administrator would.
+fn move_cluster_into(c: &UserCluster, dir: &Path) {
+    let pm = c.postmaster_pid();
+    let mut pids = vec![pm];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pm) {
+            pids.push(pid);
+        }
+    }
+    for p in &pids {
+        let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
+    }
+}
+
 /// A cpu cgroup with a CFS quota made by the test (not by pgbelow), as a
 /// container runtime would; removed on drop, its processes moved back.
 struct QuotaCgroup(std::path::PathBuf);
@@ -837,7 +860,8 @@ impl Drop for QuotaCgroup {
 }
 
 /// `cgroup-cpu-throttling` attached: a cluster that was moved into a cpu
-/// cgroup with a 0.25 CPU quota by someone else (cgroup v1 here); the
+/// cgroup with a 0.1 CPU quota by someone else (cgroup v1 here; far below
+/// pgbench's demand even when other tests load the machine); the
 /// system collector finds the postmaster's cgroup from /proc and the rule
 /// fires from its throttling counters. The cgroup is the test's, not
 /// pgbelow's, and is still there, untouched, after the recording.
@@ -850,28 +874,11 @@ fn cgroup_throttling_found_attached() {
     }
     let c = UserCluster::start(&[], &[]);
     c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
-    let Some(cg) = QuotaCgroup::new(25_000) else {
+    let Some(cg) = QuotaCgroup::new(10_000) else {
         eprintln!("skipped: no cgroup v1 cpu hierarchy");
         return;
     };
-    let pm = c.postmaster_pid();
-    let mut pids = vec![pm];
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(pm) {
-            pids.push(pid);
-        }
-    }
-    for p in &pids {
-        let _ = std::fs::write(cg.0.join("cgroup.procs"), p.to_string());
-    }
+    move_cluster_into(&c, &cg.0);
     let d = tempfile::tempdir().unwrap();
     let r = record_while(&c, &d.path().join("rec"), 7, "procfs,system,pgstat", || {
         c.pgbench("postgres", &["-S", "-M", "prepared", "-c", "2", "-T", "4"]);
@@ -879,7 +886,7 @@ fn cgroup_throttling_found_attached() {
     let f = common::finding(&r, "cgroup-cpu-throttling")
         .unwrap_or_else(|| panic!("no cgroup-cpu-throttling finding: {:#}", r["findings"]));
     let ev = &f["evidence"];
-    assert_eq!(ev["quota_cpus"], 0.25, "{ev}");
+    assert_eq!(ev["quota_cpus"], 0.1, "{ev}");
     assert_eq!(
         ev["cgroup"].as_str().unwrap(),
         format!("/{}", cg.0.file_name().unwrap().to_string_lossy()),
@@ -888,6 +895,97 @@ fn cgroup_throttling_found_attached() {
     assert!(ev["throttled_periods"].as_u64().unwrap() >= 10, "{ev}");
     // Attach mode changed nothing: the quota and the cgroup are as they were.
     let quota = std::fs::read_to_string(cg.0.join("cpu.cfs_quota_us")).unwrap();
-    assert_eq!(quota.trim(), "25000");
+    assert_eq!(quota.trim(), "10000");
+    eprintln!("attached: {ev}");
+}
+
+/// A v1 memory cgroup made by the test (not by pgbelow) under the test's
+/// own memory cgroup, as a container runtime would; removed on drop, its
+/// processes moved back.
+struct LimitCgroup {
+    dir: std::path::PathBuf,
+    parent: std::path::PathBuf,
+}
+
+impl LimitCgroup {
+    fn new() -> Option<LimitCgroup> {
+        let parent = common::own_v1_cgroup("memory")?;
+        if !parent.join("memory.limit_in_bytes").exists() {
+            return None;
+        }
+        let dir = parent.join(format!("pgbelow-test-mem-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        Some(LimitCgroup { dir, parent })
+    }
+}
+
+impl Drop for LimitCgroup {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for p in procs.lines() {
+            let _ = std::fs::write(self.parent.join("cgroup.procs"), p);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// `memory-cgroup-reclaim` attached: a cluster someone else runs in a
+/// memory cgroup (v1 here) limited to 160 MB with shared_buffers=128MB,
+/// under a read/write load on tables larger than the limit; the system
+/// collector finds the postmaster's memory cgroup from /proc and the rule
+/// fires from its limit hits and refaults. The cgroup and its limit are
+/// the test's and are as they were after the recording. Only the cluster
+/// is in the cgroup: its limit can reclaim or OOM-kill nothing else.
+#[test]
+fn memory_cgroup_reclaim_found_attached() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (a memory cgroup)");
+        return;
+    }
+    let c = UserCluster::start(&[("shared_buffers", "128MB")], &[]);
+    let Some(cg) = LimitCgroup::new() else {
+        eprintln!("skipped: no cgroup v1 memory hierarchy");
+        return;
+    };
+    let limit = (160u64 << 20).to_string();
+    {
+        // The load is heavy: not while another test records (record_while
+        // takes the same lock for the recording).
+        let _one = common::exclusive();
+        // In the cgroup from before the load, so its pages are charged there.
+        move_cluster_into(&c, &cg.dir);
+        c.pgbench("postgres", &["-i", "-q", "-s", "10"]);
+        c.psql("postgres", "CHECKPOINT");
+        let mut set = false;
+        for _ in 0..30 {
+            if std::fs::write(cg.dir.join("memory.limit_in_bytes"), &limit).is_ok() {
+                set = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(set, "could not limit {} to 160 MB", cg.dir.display());
+    }
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(&c, &d.path().join("rec"), 8, "procfs,system,pgstat", || {
+        c.pgbench("postgres", &["-c", "4", "-T", "6"]);
+    });
+    let f = common::finding(&r, "memory-cgroup-reclaim")
+        .unwrap_or_else(|| panic!("no memory-cgroup-reclaim finding: {:#}", r["findings"]));
+    let ev = &f["evidence"];
+    assert_eq!(ev["limit_mb"], 160.0, "{ev}");
+    assert!(
+        ev["cgroup"].as_str().unwrap().ends_with(&format!(
+            "/{}",
+            cg.dir.file_name().unwrap().to_string_lossy()
+        )),
+        "{ev}"
+    );
+    assert!(ev["limit_hits"].as_u64().unwrap() >= 100, "{ev}");
+    assert!(ev["refaults_per_s"].as_f64().unwrap() >= 50.0, "{ev}");
+    // Attach mode changed nothing: the cgroup and its limit are as they were.
+    let now = std::fs::read_to_string(cg.dir.join("memory.limit_in_bytes")).unwrap();
+    assert_eq!(now.trim(), limit);
     eprintln!("attached: {ev}");
 }

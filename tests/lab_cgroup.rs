@@ -14,33 +14,14 @@ use common::{assert_torn_down, finding};
 const ID: &str = "cgroup-cpu-throttling";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        "cgroup-cpu-throttling",
-        "--duration",
-        "8",
-        "--collectors",
-        "procfs,system,pgstat",
-        "--format",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    common::lab_json(&args, out)
+    common::lab_cgroup_case("cgroup-cpu-throttling", extra, out)
 }
 
 fn no_cgroup_left() {
-    for root in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup"] {
-        let left: Vec<String> = std::fs::read_dir(root)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("pgbelow-cpu-"))
-            .collect();
-        assert!(left.is_empty(), "cgroups left in {root}: {left:?}");
-    }
+    common::assert_no_cgroups(
+        &["/sys/fs/cgroup/cpu".into(), "/sys/fs/cgroup".into()],
+        "pgbelow-cpu-",
+    );
 }
 
 #[test]

@@ -62,13 +62,23 @@ pub enum Version {
 /// the cpu controller only where `cpu.max` exists; checked when read).
 /// Also the hierarchy's mount point, where the walk up stops.
 pub fn cpu_dir(members: &[Membership], mounts: &[Mount]) -> Option<(PathBuf, PathBuf, Version)> {
+    controller_dir(members, mounts, "cpu")
+}
+
+/// [`cpu_dir`] for any controller (`memory`: the v1 memory hierarchy, else
+/// v2, which has the memory controller only where `memory.current` exists).
+pub fn controller_dir(
+    members: &[Membership],
+    mounts: &[Mount],
+    controller: &str,
+) -> Option<(PathBuf, PathBuf, Version)> {
     let v1 = members
         .iter()
-        .find(|m| m.controllers.iter().any(|c| c == "cpu"))
+        .find(|m| m.controllers.iter().any(|c| c == controller))
         .and_then(|m| {
-            let mount = mounts
-                .iter()
-                .find(|x| x.fstype == "cgroup" && x.super_options.split(',').any(|o| o == "cpu"))?;
+            let mount = mounts.iter().find(|x| {
+                x.fstype == "cgroup" && x.super_options.split(',').any(|o| o == controller)
+            })?;
             Some((m, mount, Version::V1))
         });
     let v2 = || {
@@ -82,6 +92,37 @@ pub fn cpu_dir(members: &[Membership], mounts: &[Mount]) -> Option<(PathBuf, Pat
     let root = PathBuf::from(&mount.mount_point);
     let rel = m.path.trim_start_matches('/');
     Some((root.join(rel), root, v))
+}
+
+/// The directory of `controller`'s cgroup for `pid`, its hierarchy's
+/// mount point and version ([`controller_dir`]); Err says why there is none.
+pub fn locate(pid: u32, controller: &str) -> Result<(PathBuf, PathBuf, Version), String> {
+    let file = format!("/proc/{pid}/cgroup");
+    let members = std::fs::read_to_string(&file)
+        .map(|s| parse_proc_cgroup(&s))
+        .map_err(|e| format!("cannot read {file}: {e}"))?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|s| super::system::parse_mountinfo(&s))
+        .unwrap_or_default();
+    controller_dir(&members, &mounts, controller)
+        .ok_or_else(|| format!("no cgroup hierarchy with the {controller} controller is mounted"))
+}
+
+/// `dir` and its ancestors up to the hierarchy's root `root`, `dir` first.
+pub fn up_to(dir: &Path, root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut d = dir;
+    loop {
+        out.push(d.to_path_buf());
+        if d == root {
+            break;
+        }
+        match d.parent() {
+            Some(p) if p.starts_with(root) => d = p,
+            _ => break,
+        }
+    }
+    out
 }
 
 /// Counters of `cpu.stat`, throttled time in ns whatever the version.
@@ -155,8 +196,12 @@ pub struct CgroupLevel {
 pub struct CgroupSample {
     pub t: f64,
     pub dt: f64,
-    /// The postmaster's cgroup first, then its ancestors that have a quota.
+    /// The postmaster's cgroup first, then its ancestors that have a quota
+    /// (empty when no cpu cgroup could be read).
     pub levels: Vec<CgroupLevel>,
+    /// The postmaster's memory cgroup ([`super::memcg`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<super::memcg::MemcgSample>,
 }
 
 /// Reads the postmaster's cpu cgroup and its ancestors each second.
@@ -172,15 +217,7 @@ pub struct CgroupCpu {
 impl CgroupCpu {
     /// Find the postmaster's cpu cgroup; Err says why there is none to read.
     pub fn start(postmaster: u32, t: f64) -> Result<CgroupCpu, String> {
-        let file = format!("/proc/{postmaster}/cgroup");
-        let members = std::fs::read_to_string(&file)
-            .map(|s| parse_proc_cgroup(&s))
-            .map_err(|e| format!("cannot read {file}: {e}"))?;
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo")
-            .map(|s| super::system::parse_mountinfo(&s))
-            .unwrap_or_default();
-        let (dir, root, version) = cpu_dir(&members, &mounts)
-            .ok_or_else(|| "no cgroup hierarchy with the cpu controller is mounted".to_string())?;
+        let (dir, root, version) = locate(postmaster, "cpu")?;
         if !dir.join("cpu.stat").exists() {
             return Err(format!(
                 "{} has no cpu.stat (the postmaster is in another cgroup namespace?)",
@@ -193,16 +230,9 @@ impl CgroupCpu {
             dirs: Vec::new(),
             last_t: t,
         };
-        let mut d = dir.as_path();
-        loop {
-            c.dirs.push((d.to_path_buf(), c.read_stat(d)));
-            if d == c.root {
-                break;
-            }
-            match d.parent() {
-                Some(p) if p.starts_with(&c.root) => d = p,
-                _ => break,
-            }
+        for d in up_to(&dir, &c.root) {
+            let stat = c.read_stat(&d);
+            c.dirs.push((d, stat));
         }
         Ok(c)
     }
@@ -257,6 +287,7 @@ impl CgroupCpu {
             t,
             dt: crate::round3(t - self.last_t),
             levels,
+            memory: None,
         };
         self.last_t = t;
         s
@@ -266,12 +297,7 @@ impl CgroupCpu {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    macro_rules! fixture {
-        ($name:literal) => {
-            include_str!(concat!("../../tests/fixtures/proc/", $name))
-        };
-    }
+    use crate::collect::proc_fixture as fixture;
 
     // Recorded on this VM (cgroup v1 hybrid, kernel 6.18): a shell loop in
     // a cgroup with cpu.cfs_quota_us=20000 for 3 s.

@@ -2,9 +2,20 @@
 //! A [`session::Session`] drives them on one clock and writes the recording.
 
 pub mod cgroup;
+
+/// A file under tests/fixtures/proc, recorded on a real machine.
+#[cfg(test)]
+macro_rules! proc_fixture {
+    ($name:literal) => {
+        include_str!(concat!("../../tests/fixtures/proc/", $name))
+    };
+}
+#[cfg(test)]
+pub(crate) use proc_fixture;
 pub mod clock;
 pub mod context;
 pub mod cpu;
+pub mod memcg;
 pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;

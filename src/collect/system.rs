@@ -20,6 +20,8 @@ pub const DATA_DIR_MOUNT: &str = "data_dir_mount";
 
 /// Manifest fact naming the postmaster's cpu cgroup (or why there is none).
 pub const CGROUP_CPU: &str = "cgroup_cpu";
+/// Manifest fact naming the postmaster's memory cgroup (or why there is none).
+pub const CGROUP_MEMORY: &str = "cgroup_memory";
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
 /// flusher starts (file names under /proc/sys/vm).
@@ -218,6 +220,8 @@ pub struct SystemCollector {
     page_kb: u64,
     /// The postmaster's cpu cgroup (`cgroup.jsonl`), when one is mounted.
     cgroup: Option<super::cgroup::CgroupCpu>,
+    /// The postmaster's memory cgroup (the `memory` part of `cgroup.jsonl`).
+    memcg: Option<super::memcg::Memcg>,
 }
 
 impl SystemCollector {
@@ -277,8 +281,20 @@ impl SystemCollector {
                 Err(why) => serde_json::json!({ "unavailable": why }),
             },
         ));
+        let memcg = super::memcg::Memcg::start(ctx.postmaster);
+        facts.push((
+            CGROUP_MEMORY.into(),
+            match &memcg {
+                Ok(m) => serde_json::json!({
+                    "dir": m.dir().display().to_string(),
+                    "version": m.version,
+                }),
+                Err(why) => serde_json::json!({ "unavailable": why }),
+            },
+        ));
         Ok(SystemCollector {
             cgroup: cgroup.ok(),
+            memcg: memcg.ok(),
             facts,
             problem,
             last_pgpgout: pgpgout,
@@ -320,9 +336,20 @@ impl Collector for SystemCollector {
             self.page_kb,
         );
         self.last_pgpgout = pgpgout.or(self.last_pgpgout);
+        let dt = crate::round3(t - self.last_t);
         self.last_t = t;
-        if let Some(c) = &mut self.cgroup {
-            out.append(super::cgroup::STREAM, &c.sample(t))?;
+        let memory = self.memcg.as_mut().map(|m| m.sample());
+        let cg = match &mut self.cgroup {
+            Some(c) => Some(c.sample(t)),
+            None => memory.is_some().then(|| super::cgroup::CgroupSample {
+                t,
+                dt,
+                ..Default::default()
+            }),
+        };
+        if let Some(mut cg) = cg {
+            cg.memory = memory;
+            out.append(super::cgroup::STREAM, &cg)?;
         }
         out.append(STREAM, &s)
     }

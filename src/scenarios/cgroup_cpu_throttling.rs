@@ -4,16 +4,16 @@
 //! same without a quota, the healthy baseline).
 //!
 //! [`CpuCgroup`] makes the cgroup (root only) under the v1 `cpu` hierarchy,
-//! or under cgroup v2 with the cpu controller enabled, noted in the cleanup
-//! ledger before it is made; its `Drop` moves what is left in it back to
-//! the parent and removes it, which also removes the quota. pgbench runs
+//! or under cgroup v2 with the cpu controller enabled, as an
+//! [`OwnedCgroup`] (in the cleanup ledger; removed with its quota on
+//! teardown or drop). pgbench runs
 //! outside it: only the server is limited.
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 
+use super::owned_cgroup::OwnedCgroup;
 use crate::error::fixable;
-use crate::ledger::{self, Noted, Object};
 
 /// CPUs the quota gives by default. 2 select-only clients' backends use
 /// ≈ 1 CPU of a quiet 2-vCPU VM, but only ≈ 0.45 on the loaded one this was
@@ -42,10 +42,8 @@ pub fn require_root() -> Result<()> {
 /// A cpu cgroup pgbelow made, with a quota; removed on drop.
 #[derive(Debug)]
 pub struct CpuCgroup {
-    pub path: PathBuf,
-    parent: PathBuf,
+    pub cg: OwnedCgroup,
     pub quota_cpus: f64,
-    noted: Option<Noted>,
 }
 
 /// Where to make it: the v1 `cpu` hierarchy's root, else cgroup v2's.
@@ -75,100 +73,27 @@ impl CpuCgroup {
         crate::lab::check_interrupt()?;
         require_root()?;
         let (parent, v1) = hierarchy()?;
-        let path = parent.join(format!("pgbelow-cpu-{}", std::process::id()));
-        let noted = ledger::note(Object::Cgroup {
-            path: path.clone(),
-            parent: parent.clone(),
-        });
-        if let Err(e) = std::fs::create_dir(&path) {
-            ledger::strike(noted);
-            return Err(e).with_context(|| format!("creating cgroup {}", path.display()));
-        }
-        let mut cg = CpuCgroup {
-            path,
-            parent,
-            quota_cpus,
-            noted: Some(noted),
-        };
+        let mut cg = OwnedCgroup::create(&parent, &format!("pgbelow-cpu-{}", std::process::id()))?;
         let quota_us = ((quota_cpus * PERIOD_US as f64).round() as u64).max(1000);
-        let set = |file: &str, value: String| {
-            std::fs::write(cg.path.join(file), &value)
-                .with_context(|| format!("writing {value} to {}", cg.path.join(file).display()))
-        };
         let r = if v1 {
-            set("cpu.cfs_period_us", PERIOD_US.to_string())
-                .and_then(|()| set("cpu.cfs_quota_us", quota_us.to_string()))
+            cg.set("cpu.cfs_period_us", &PERIOD_US.to_string())
+                .and_then(|()| cg.set("cpu.cfs_quota_us", &quota_us.to_string()))
         } else {
-            set("cpu.max", format!("{quota_us} {PERIOD_US}"))
+            cg.set("cpu.max", &format!("{quota_us} {PERIOD_US}"))
         };
         if let Err(e) = r {
             let _ = cg.teardown();
             return Err(e);
         }
-        Ok(cg)
-    }
-
-    /// Move these processes (the cluster's) into the cgroup; their children
-    /// are born in it.
-    pub fn adopt(&self, pids: &[u32]) -> Result<()> {
-        for p in pids {
-            match std::fs::write(self.path.join("cgroup.procs"), p.to_string()) {
-                Ok(()) => {}
-                // Exited meanwhile.
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => {
-                    return Err(e)
-                        .with_context(|| format!("moving pid {p} into {}", self.path.display()))
-                }
-            }
-        }
-        Ok(())
+        Ok(CpuCgroup { cg, quota_cpus })
     }
 
     /// The manifest fact: where the cluster ran and under which quota.
     pub fn fact(&self) -> serde_json::Value {
         serde_json::json!({
-            "cgroup": self.path.display().to_string(),
+            "cgroup": self.cg.path.display().to_string(),
             "quota_cpus": self.quota_cpus,
             "period_us": PERIOD_US,
         })
-    }
-
-    /// Move what is left back to the parent and remove the cgroup (and with
-    /// it the quota).
-    pub fn teardown(&mut self) -> Result<()> {
-        let Some(noted) = self.noted.take() else {
-            return Ok(());
-        };
-        // A process just leaving may keep it busy for a moment.
-        let mut last = None;
-        for _ in 0..50 {
-            match ledger::remove_cgroup(&self.path, &self.parent) {
-                Ok(()) => {
-                    ledger::strike(noted);
-                    return Ok(());
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    ledger::strike(noted);
-                    return Ok(());
-                }
-                Err(e) => last = Some(e),
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        self.noted = Some(noted);
-        bail!(
-            "removing cgroup {}: {}",
-            self.path.display(),
-            last.map_or("busy".into(), |e| e.to_string())
-        )
-    }
-}
-
-impl Drop for CpuCgroup {
-    fn drop(&mut self) {
-        if let Err(e) = self.teardown() {
-            eprintln!("pgbelow: {e:#}");
-        }
     }
 }

@@ -5,6 +5,8 @@ pub mod checkpoint_stall;
 pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
+pub mod memory_cgroup;
+pub mod owned_cgroup;
 pub mod relation_extension;
 pub mod snapshot_scaling;
 pub mod syncrep_commit;

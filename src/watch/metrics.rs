@@ -58,6 +58,10 @@ const RATIOS: &[(&str, &str)] = &[
         "pgbelow_checkpoint_throughput_ratio",
         "Throughput of the worst tenth of the seconds inside checkpoints over the throughput outside them, over the last window (absent without a checkpoint).",
     ),
+    (
+        "pgbelow_memory_cgroup_refaults_per_second",
+        "File pages the cluster's memory cgroup evicted and read again, per second over the last window (workingset_refault_file; absent without a memory cgroup).",
+    ),
 ];
 
 impl Metrics {
@@ -161,6 +165,10 @@ impl Metrics {
         put(
             "pgbelow_checkpoint_throughput_ratio",
             crate::analyse::checkpoint_stall::throughput_ratio(ev),
+        );
+        put(
+            "pgbelow_memory_cgroup_refaults_per_second",
+            crate::analyse::memory_cgroup::refaults_per_s(ev),
         );
         for sev in self.findings.values_mut() {
             *sev = None;
@@ -436,6 +444,12 @@ mod tests {
         assert!(stall < 0.5, "{stall}");
         assert_eq!(gauge("pg13-select-only-timeout-all", ckpt), None);
         assert_eq!(gauge("pg13-select-only-timeout-all", replay), None);
+        let memcg = "pgbelow_memory_cgroup_refaults_per_second";
+        let tight = gauge("pg15-memcg-limit-160", memcg).expect("refault gauge");
+        assert!(tight > 100.0, "{tight}");
+        assert_eq!(gauge("pg15-memcg-no-limit", memcg), Some(0.0));
+        // Recorded before the memory cgroup was read: absent.
+        assert_eq!(gauge("pg15-checkpoint-stall", memcg), None);
     }
 
     #[test]

@@ -22,10 +22,11 @@ pub enum Scenario {
     RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
+    MemoryCgroupReclaim,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -36,6 +37,7 @@ impl Scenario {
         Scenario::RelationExtension,
         Scenario::CgroupCpuThrottling,
         Scenario::WalFsyncLatency,
+        Scenario::MemoryCgroupReclaim,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +52,7 @@ impl Scenario {
             Scenario::RelationExtension => "relation-extension",
             Scenario::CgroupCpuThrottling => "cgroup-cpu-throttling",
             Scenario::WalFsyncLatency => "wal-fsync-latency",
+            Scenario::MemoryCgroupReclaim => "memory-cgroup-reclaim",
         }
     }
 
@@ -119,6 +122,15 @@ impl Scenario {
                  --dirty-cap MB set the limits; --write-limit 100000 is the same device unthrottled \
                  (the baseline)"
             }
+            Scenario::MemoryCgroupReclaim => {
+                "pgbench's TPC-B-like transaction, 4 clients, 15 s, scale 10, shared_buffers=128MB, \
+                 against a cluster moved into a memory cgroup limited to 160 MB after the load (root \
+                 only; the cgroup is removed afterwards): the limit counts shared_buffers and the page \
+                 cache, so every charge at the limit reclaims first and evicted table pages are read \
+                 back from disk. --memory-limit SIZE sets it (below shared_buffers: the OOM killer takes \
+                 a backend and the postmaster restarts them all), --memory-limit 0 runs without one \
+                 (the healthy baseline)"
+            }
         }
     }
 
@@ -134,7 +146,8 @@ impl Scenario {
             | Scenario::DropMany
             | Scenario::CheckpointStall
             | Scenario::RelationExtension
-            | Scenario::WalFsyncLatency => &[],
+            | Scenario::WalFsyncLatency
+            | Scenario::MemoryCgroupReclaim => &[],
         }
     }
 
@@ -157,6 +170,7 @@ impl Scenario {
                 | Scenario::SnapshotScaling
                 | Scenario::CgroupCpuThrottling
                 | Scenario::WalFsyncLatency
+                | Scenario::MemoryCgroupReclaim
         )
     }
 
@@ -178,7 +192,7 @@ impl Scenario {
             | Scenario::RelationExtension
             | Scenario::CgroupCpuThrottling => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
-            Scenario::Tpcb | Scenario::WalFsyncLatency => 7,
+            Scenario::Tpcb | Scenario::WalFsyncLatency | Scenario::MemoryCgroupReclaim => 7,
         }
     }
 }

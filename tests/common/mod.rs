@@ -54,6 +54,60 @@ pub fn lab_select_only(args: &[&str], out: &Path) -> Value {
     lab_json(&all, out)
 }
 
+/// `lab run --scenario SCENARIO --duration 8 --collectors
+/// procfs,system,pgstat EXTRA --format json`: the cgroup cases' short run.
+pub fn lab_cgroup_case(scenario: &str, extra: &[&str], out: &Path) -> Value {
+    let mut args = vec![
+        "lab",
+        "run",
+        "--scenario",
+        scenario,
+        "--duration",
+        "8",
+        "--collectors",
+        "procfs,system,pgstat",
+        "--format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    lab_json(&args, out)
+}
+
+/// The v1 cgroup of this process for `controller` (e.g. `memory`), as a
+/// directory under /sys/fs/cgroup/CONTROLLER.
+pub fn own_v1_cgroup(controller: &str) -> Option<PathBuf> {
+    std::fs::read_to_string("/proc/self/cgroup")
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+            c.split(',').any(|c| c == controller).then(|| {
+                Path::new("/sys/fs/cgroup")
+                    .join(controller)
+                    .join(p.trim_start_matches('/'))
+            })
+        })
+}
+
+/// No cgroup named `prefix…` is left in any of `dirs`.
+pub fn assert_no_cgroups(dirs: &[PathBuf], prefix: &str) {
+    for root in dirs {
+        let left: Vec<String> = std::fs::read_dir(root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "cgroups left in {}: {left:?}",
+            root.display()
+        );
+    }
+}
+
 pub fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
     r["findings"]
         .as_array()

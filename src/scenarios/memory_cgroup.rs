@@ -1,0 +1,153 @@
+//! `memory-cgroup-reclaim`: pgbench's TPC-B-like load (4 clients) against a
+//! cluster whose processes sit in a memory cgroup limited to just above
+//! shared_buffers (160 MB against 128 MB by default; `--memory-limit 0`
+//! runs the same without a limit, the healthy baseline). The limit counts
+//! shared_buffers' shared memory and the page cache of the data files, so
+//! the tables (larger than the limit) are read back from disk and every
+//! charge at the limit reclaims first; a limit below what the cluster's
+//! unreclaimable memory needs OOM-kills a backend.
+//!
+//! [`MemCgroup`] makes the cgroup (root only) under the postmaster's own
+//! memory cgroup (v1: the limit then sits inside whatever the machine
+//! already gives it; v2: under the root, with the memory controller enabled
+//! for children), an [`OwnedCgroup`] (in the cleanup ledger; removed with
+//! its limit on teardown or drop). The cluster moves in before `pgbench -i`
+//! with no limit, so the load runs at full speed and its pages are charged
+//! to the cgroup; the limit is set after it. pgbench runs outside it.
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::owned_cgroup::OwnedCgroup;
+use crate::collect::cgroup::Version;
+use crate::error::fixable;
+use crate::lab::LabOptions;
+
+/// The limit by default, MB: shared_buffers and 32 MB for everything else.
+pub const DEFAULT_LIMIT_MB: u64 = 160;
+pub const DEFAULT_CLIENTS: u32 = 4;
+pub const DEFAULT_DURATION_S: u32 = 15;
+/// Set unless `--set` says otherwise: the cluster's unreclaimable share.
+pub const DEFAULT_SETTINGS: &[(&str, &str)] = &[("shared_buffers", "128MB")];
+
+/// The scenario's settings beside the user's.
+pub fn with_defaults(opts: &LabOptions) -> LabOptions {
+    let mut o = opts.clone();
+    for (k, v) in DEFAULT_SETTINGS {
+        if !o.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
+            o.set.push(((*k).into(), (*v).into()));
+        }
+    }
+    o
+}
+
+/// A fixable error unless pgbelow runs as root.
+pub fn require_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(fixable(
+            "the memory-cgroup-reclaim scenario needs root: it creates a memory cgroup with a limit \
+             and moves the cluster into it",
+            "run `sudo pgbelow lab run --scenario memory-cgroup-reclaim …`, or --memory-limit 0 for \
+             the baseline without a limit",
+        ));
+    }
+    Ok(())
+}
+
+/// A memory cgroup pgbelow made; removed on drop.
+#[derive(Debug)]
+pub struct MemCgroup {
+    pub cg: OwnedCgroup,
+    version: Version,
+    pub limit_mb: u64,
+}
+
+/// Where to make it: under `pid`'s v1 memory cgroup, else cgroup v2's root
+/// (a v2 cgroup with processes cannot have children with controllers).
+fn parent_of(pid: u32) -> Result<(PathBuf, Version)> {
+    match crate::collect::cgroup::locate(pid, "memory") {
+        Ok((dir, _, Version::V1)) if dir.join("memory.limit_in_bytes").exists() => {
+            return Ok((dir, Version::V1))
+        }
+        _ => {}
+    }
+    let v2 = Path::new("/sys/fs/cgroup");
+    let ctl = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+    if ctl.split_ascii_whitespace().any(|c| c == "memory") {
+        // Enable it for children (no-op if on already).
+        let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+memory");
+        return Ok((v2.to_path_buf(), Version::V2));
+    }
+    Err(fixable(
+        "found neither cgroup v1's memory hierarchy (/sys/fs/cgroup/memory) nor cgroup v2 with the \
+         memory controller: cannot give the cluster a memory limit",
+        "mount the memory controller (v1) or enable it in cgroup v2, or run with --memory-limit 0",
+    ))
+}
+
+impl MemCgroup {
+    /// Make `pgbelow-mem-PID` beside where `postmaster` runs, without a
+    /// limit yet ([`MemCgroup::limit`]). On error nothing is left. Its
+    /// processes and charged pages go back to the parent on teardown.
+    pub fn create(postmaster: u32, limit_mb: u64) -> Result<MemCgroup> {
+        crate::lab::check_interrupt()?;
+        require_root()?;
+        let (parent, version) = parent_of(postmaster)?;
+        let cg = OwnedCgroup::create(&parent, &format!("pgbelow-mem-{}", std::process::id()))?;
+        Ok(MemCgroup {
+            cg,
+            version,
+            limit_mb,
+        })
+    }
+
+    /// Set the limit. The kernel reclaims down to it first and refuses
+    /// (EBUSY) while it cannot, e.g. dirty pages not yet written: retried.
+    pub fn limit(&self, status: &dyn Fn(&str)) -> Result<()> {
+        let bytes = self.limit_mb * 1024 * 1024;
+        let file = self.cg.path.join(match self.version {
+            Version::V1 => "memory.limit_in_bytes",
+            Version::V2 => "memory.max",
+        });
+        let mut last = None;
+        for _ in 0..30 {
+            crate::lab::check_interrupt()?;
+            match std::fs::write(&file, bytes.to_string()) {
+                Ok(()) => {
+                    status(&format!(
+                        "the cluster runs in {} limited to {} MB",
+                        self.cg.path.display(),
+                        self.limit_mb
+                    ));
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => last = Some(e),
+                Err(e) => {
+                    return Err(e).with_context(|| format!("writing {bytes} to {}", file.display()))
+                }
+            }
+            // SAFETY: sync has no preconditions.
+            unsafe { libc::sync() };
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err(fixable(
+            format!(
+                "{} cannot be limited to {} MB: the cluster holds more it cannot give back ({})",
+                self.cg.path.display(),
+                self.limit_mb,
+                last.map_or("busy".into(), |e| e.to_string())
+            ),
+            "give a larger --memory-limit, or a smaller shared_buffers with --set",
+        ))
+    }
+
+    /// The manifest fact: where the cluster ran and under which limit.
+    pub fn fact(&self) -> serde_json::Value {
+        serde_json::json!({
+            "cgroup": self.cg.path.display().to_string(),
+            "limit_mb": self.limit_mb,
+            "version": self.version,
+        })
+    }
+}

@@ -1,0 +1,62 @@
+//! Case `memory-cgroup-reclaim` end to end on real PostgreSQL: the lab puts
+//! the cluster in a memory cgroup limited to just above shared_buffers
+//! after the load, the system collector reads the cgroup's counters, and
+//! the finding follows the measured limit hits and refaults — raised with
+//! the limit, not without it. The cgroup is gone afterwards. Root only
+//! (cgroups); machine-wide state, so `common::exclusive()` (through
+//! `lab_json`). Only the cluster is in the cgroup, so nothing else can be
+//! reclaimed or OOM-killed by its limit.
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+mod common;
+use common::{assert_torn_down, finding};
+
+const ID: &str = "memory-cgroup-reclaim";
+
+fn lab_run(extra: &[&str], out: &Path) -> Value {
+    common::lab_cgroup_case("memory-cgroup-reclaim", extra, out)
+}
+
+/// Where pgbelow makes its memory cgroups: under the (v1) memory cgroup of
+/// the process that starts the cluster — this test's — or v2's root.
+fn no_cgroup_left() {
+    let dirs: Vec<PathBuf> = common::own_v1_cgroup("memory")
+        .into_iter()
+        .chain(["/sys/fs/cgroup/memory".into(), "/sys/fs/cgroup".into()])
+        .collect();
+    common::assert_no_cgroups(&dirs, "pgbelow-mem-");
+}
+
+#[test]
+fn limit_above_shared_buffers_raises_the_finding_and_none_does_not() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: memory-cgroup-reclaim needs root (a memory cgroup)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("limit");
+    let r = lab_run(&[], &out);
+    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    let ev = &f["evidence"];
+    assert_eq!(ev["limit_mb"], 160.0, "{ev}");
+    assert_eq!(f["severity"], "warning", "{ev}");
+    assert!(ev["pressed_seconds"].as_u64().unwrap() >= 3, "{ev}");
+    let refaults = ev["refaults_per_s"].as_f64().unwrap();
+    assert!(refaults >= 50.0, "refaults per second {refaults}: {ev}");
+    let tps_limit = r["workload"]["tps"].as_f64().unwrap();
+    assert_torn_down(&out);
+    no_cgroup_left();
+
+    let out = d.path().join("none");
+    let r = lab_run(&["--memory-limit", "0"], &out);
+    assert!(finding(&r, ID).is_none(), "finding without a limit: {r:#}");
+    let tps_none = r["workload"]["tps"].as_f64().unwrap();
+    assert_torn_down(&out);
+    no_cgroup_left();
+    eprintln!(
+        "160 MB limit: {refaults:.0} refaults/s, {tps_limit:.0} tps; no limit: {tps_none:.0} tps"
+    );
+}
