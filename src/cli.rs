@@ -154,6 +154,7 @@ pub enum ScenarioArg {
     RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
+    SubtransactionOverflow,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -278,6 +279,11 @@ pub struct LabRunArgs {
     /// period (default 0.25; 0: no quota, the healthy baseline).
     #[arg(long, value_name = "CPUS", value_parser = parse_cpu_quota)]
     pub cpu_quota: Option<f64>,
+    /// subtransaction-overflow: savepoints (each with a write) the long
+    /// transaction holds on the primary (default 100; ≤ 64 fit a backend's
+    /// subxid cache: 50 is the healthy baseline).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100000))]
+    pub savepoints: Option<u32>,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -422,7 +428,7 @@ impl LabRunArgs {
         use ScenarioArg::*;
         let s = self.scenario;
         let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 10] = [
+        let checks: [(bool, &str, &str); 11] = [
             (
                 self.idle_connections.is_some() && s != SnapshotScaling,
                 "--idle-connections",
@@ -464,6 +470,11 @@ impl LabRunArgs {
                 self.cpu_quota.is_some() && s != CgroupCpuThrottling,
                 "--cpu-quota",
                 "cgroup-cpu-throttling",
+            ),
+            (
+                self.savepoints.is_some() && s != SubtransactionOverflow,
+                "--savepoints",
+                "subtransaction-overflow",
             ),
             (
                 self.checkpoint_at.is_some()

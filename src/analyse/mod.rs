@@ -11,6 +11,7 @@ pub mod relation_extension;
 pub mod replay_drop;
 pub mod snapshot_scaling;
 pub mod statements;
+pub mod subtransaction_overflow;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
 pub mod wal_fsync;
@@ -36,6 +37,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(relation_extension::RelationExtension),
         Box::new(cgroup_throttling::CgroupThrottling),
         Box::new(wal_fsync::WalFsync),
+        Box::new(subtransaction_overflow::SubtransactionOverflow),
     ]
 }
 

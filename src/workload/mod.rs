@@ -22,10 +22,11 @@ pub enum Scenario {
     RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
+    SubtransactionOverflow,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -36,6 +37,7 @@ impl Scenario {
         Scenario::RelationExtension,
         Scenario::CgroupCpuThrottling,
         Scenario::WalFsyncLatency,
+        Scenario::SubtransactionOverflow,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +52,7 @@ impl Scenario {
             Scenario::RelationExtension => "relation-extension",
             Scenario::CgroupCpuThrottling => "cgroup-cpu-throttling",
             Scenario::WalFsyncLatency => "wal-fsync-latency",
+            Scenario::SubtransactionOverflow => "subtransaction-overflow",
         }
     }
 
@@ -119,6 +122,15 @@ impl Scenario {
                  --dirty-cap MB set the limits; --write-limit 100000 is the same device unthrottled \
                  (the baseline)"
             }
+            Scenario::SubtransactionOverflow => {
+                "primary + 1 async standby (synchronous_commit=off, autovacuum=off): a session on the \
+                 primary holds a transaction with --savepoints N subtransactions (default 100 > the 64 \
+                 a backend caches), 20,000 rows then get new xids (100,000 transactions), and 4 \
+                 pgbench clients on the standby read 1,000 of them per statement for 15 s while a \
+                 writer keeps consuming xids: the overflowed snapshots send each visibility check to \
+                 pg_subtrans (LWLock:SubtransSLRU/SubtransBuffer waits, pg_stat_slru reads). \
+                 --savepoints 50 is the healthy baseline"
+            }
         }
     }
 
@@ -135,6 +147,7 @@ impl Scenario {
             | Scenario::CheckpointStall
             | Scenario::RelationExtension
             | Scenario::WalFsyncLatency => &[],
+            Scenario::SubtransactionOverflow => &["-M", "prepared"],
         }
     }
 
@@ -144,6 +157,9 @@ impl Scenario {
             Scenario::SyncrepCommit => Some(crate::scenarios::syncrep_commit::SCRIPT),
             Scenario::CheckpointStall => Some(crate::scenarios::checkpoint_stall::SCRIPT),
             Scenario::RelationExtension => Some(crate::scenarios::relation_extension::SCRIPT),
+            Scenario::SubtransactionOverflow => {
+                Some(crate::scenarios::subtransaction_overflow::SCRIPT)
+            }
             _ => None,
         }
     }
@@ -176,7 +192,8 @@ impl Scenario {
             | Scenario::CheckpointStall
             | Scenario::SnapshotScaling
             | Scenario::RelationExtension
-            | Scenario::CgroupCpuThrottling => 1,
+            | Scenario::CgroupCpuThrottling
+            | Scenario::SubtransactionOverflow => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb | Scenario::WalFsyncLatency => 7,
         }
