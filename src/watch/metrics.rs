@@ -58,6 +58,10 @@ const RATIOS: &[(&str, &str)] = &[
         "pgbelow_checkpoint_throughput_ratio",
         "Throughput of the worst tenth of the seconds inside checkpoints over the throughput outside them, over the last window (absent without a checkpoint).",
     ),
+    (
+        "pgbelow_subtrans_wait_share",
+        "Share of the backends' busy pg_stat_activity samples waiting on pg_subtrans (LWLock SubtransSLRU/SubtransBuffer; SubtransControlLock/subtrans up to 12) over the last window.",
+    ),
 ];
 
 impl Metrics {
@@ -161,6 +165,10 @@ impl Metrics {
         put(
             "pgbelow_checkpoint_throughput_ratio",
             crate::analyse::checkpoint_stall::throughput_ratio(ev),
+        );
+        put(
+            "pgbelow_subtrans_wait_share",
+            crate::analyse::subtransaction_overflow::subtrans_waits(ev).map(|w| w.share()),
         );
         for sev in self.findings.values_mut() {
             *sev = None;
