@@ -146,6 +146,36 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until `n` standbys stream from `p` (`s`'s log, the last one's, in
+/// the message).
+fn wait_streaming(p: &UserCluster, s: &UserCluster, n: u32) {
+    let log = s.dir.path().join("server.log");
+    wait_until(
+        &format!("the standby streaming ({})", log.display()),
+        || {
+            p.psql(
+                "postgres",
+                "select count(*) from pg_stat_replication where state = 'streaming'",
+            )
+            .trim()
+                == n.to_string()
+        },
+    );
+}
+
+/// Waits until `s` has replayed `p`'s WAL as of now.
+fn wait_replayed(p: &UserCluster, s: &UserCluster) {
+    let lsn = p.psql("postgres", "select pg_current_wal_lsn()");
+    wait_until("the standby to replay the primary's WAL", || {
+        s.psql(
+            "postgres",
+            &format!("select pg_last_wal_replay_lsn() >= '{}'", lsn.trim()),
+        )
+        .trim()
+            == "t"
+    });
+}
+
 /// Seed 004 attached to the standby alone: a primary with a synchronous
 /// (remote_apply) standby of 1 GB shared_buffers, a client dropping one-row
 /// tables one per transaction, and pgbelow recording only the standby.
@@ -160,18 +190,7 @@ fn replay_drop_cost_found_attached_to_the_standby() {
     for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
         let p = UserCluster::start_in(&bin, &[], &[]);
         let s = p.standby(&[("shared_buffers", "1GB")]);
-        let log = s.dir.path().join("server.log");
-        wait_until(
-            &format!("the standby streaming ({})", log.display()),
-            || {
-                p.psql(
-                    "postgres",
-                    "select count(*) from pg_stat_replication where state = 'streaming'",
-                )
-                .trim()
-                    == "1"
-            },
-        );
+        wait_streaming(&p, &s, 1);
         p.psql(
             "postgres",
             "alter system set synchronous_standby_names = '*'",
@@ -185,15 +204,7 @@ fn replay_drop_cost_found_attached_to_the_standby() {
                  end loop; end $$"
             ),
         );
-        let lsn = p.psql("postgres", "select pg_current_wal_lsn()");
-        wait_until("the standby to replay the tables", || {
-            s.psql(
-                "postgres",
-                &format!("select pg_last_wal_replay_lsn() >= '{}'", lsn.trim()),
-            )
-            .trim()
-                == "t"
-        });
+        wait_replayed(&p, &s);
         let mut script = String::from("set synchronous_commit = remote_apply;\n");
         for i in 1..=TABLES {
             script.push_str(&format!("drop table drop_{i};\n"));
@@ -270,18 +281,7 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
         let p = UserCluster::start_in(&bin, &[], &[]);
         let s1 = p.standby(&[]);
         let s2 = p.standby(&[]);
-        let log = s2.dir.path().join("server.log");
-        wait_until(
-            &format!("two standbys streaming ({})", log.display()),
-            || {
-                p.psql(
-                    "postgres",
-                    "select count(*) from pg_stat_replication where state = 'streaming'",
-                )
-                .trim()
-                    == "2"
-            },
-        );
+        wait_streaming(&p, &s2, 2);
         // Both standbys connect as application_name standby1: name them all.
         p.psql(
             "postgres",
@@ -904,18 +904,7 @@ fn cgroup_throttling_found_attached() {
 fn subtransaction_overflow_found_attached_to_the_standby() {
     let p = UserCluster::start(&[("autovacuum", "off"), ("synchronous_commit", "off")], &[]);
     let s = p.standby(&[]);
-    let log = s.dir.path().join("server.log");
-    wait_until(
-        &format!("the standby streaming ({})", log.display()),
-        || {
-            p.psql(
-                "postgres",
-                "select count(*) from pg_stat_replication where state = 'streaming'",
-            )
-            .trim()
-                == "1"
-        },
-    );
+    wait_streaming(&p, &s, 1);
     p.psql(
         "postgres",
         "create table subtx_t (id int primary key, v int not null); \
@@ -945,15 +934,7 @@ fn subtransaction_overflow_found_attached_to_the_standby() {
          for j in 1..4 loop perform txid_current(); commit; end loop; \
          end loop; end $$",
     );
-    let lsn = p.psql("postgres", "select pg_current_wal_lsn()");
-    wait_until("the standby to replay the updates", || {
-        s.psql(
-            "postgres",
-            &format!("select pg_last_wal_replay_lsn() >= '{}'", lsn.trim()),
-        )
-        .trim()
-            == "t"
-    });
+    wait_replayed(&p, &s);
     let d = tempfile::tempdir().unwrap();
     let r = record_while(&s, &d.path().join("rec"), 8, "pgstat,profile", || {
         pgbench_script(

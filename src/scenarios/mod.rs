@@ -42,6 +42,17 @@ pub fn drive(session: &mut Session, dsn: &str, opts: &LabOptions) -> Result<()> 
     }
 }
 
+/// `opts` with each of `defaults` added unless `--set` gives that setting.
+pub(crate) fn with_settings(opts: &LabOptions, defaults: &[(&str, &str)]) -> LabOptions {
+    let mut o = opts.clone();
+    for (k, v) in defaults {
+        if !o.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
+            o.set.push(((*k).into(), (*v).into()));
+        }
+    }
+    o
+}
+
 /// A scenario's client connection to the lab server.
 pub(crate) fn connect(dsn: &str) -> anyhow::Result<postgres::Client> {
     use anyhow::Context;

@@ -69,13 +69,7 @@ pub const SCRIPT: &str = "\\set a random(1, 19000)\n\
 const DEFAULT_SETTINGS: &[(&str, &str)] = &[("autovacuum", "off"), ("synchronous_commit", "off")];
 
 pub fn with_defaults(opts: &LabOptions) -> LabOptions {
-    let mut o = opts.clone();
-    for (k, v) in DEFAULT_SETTINGS {
-        if !o.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
-            o.set.push(((*k).into(), (*v).into()));
-        }
-    }
-    o
+    crate::scenarios::with_settings(opts, DEFAULT_SETTINGS)
 }
 
 pub fn savepoints(opts: &LabOptions) -> u32 {
