@@ -157,6 +157,7 @@ pub enum ScenarioArg {
     CgroupCpuThrottling,
     WalFsyncLatency,
     MemoryCgroupReclaim,
+    SubtransactionOverflow,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -314,6 +315,11 @@ pub struct LabRunArgs {
     /// baseline).
     #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
     pub memory_limit: Option<u64>,
+    /// subtransaction-overflow: savepoints (each with a write) the long
+    /// transaction holds on the primary (default 100; ≤ 64 fit a backend's
+    /// subxid cache: 50 is the healthy baseline).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100000))]
+    pub savepoints: Option<u32>,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -460,7 +466,7 @@ impl LabRunArgs {
         use ScenarioArg::*;
         let s = self.scenario;
         let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 11] = [
+        let checks: [(bool, &str, &str); 12] = [
             (
                 self.idle_connections.is_some() && s != SnapshotScaling,
                 "--idle-connections",
@@ -507,6 +513,11 @@ impl LabRunArgs {
                 self.memory_limit.is_some() && s != MemoryCgroupReclaim,
                 "--memory-limit",
                 "memory-cgroup-reclaim",
+            ),
+            (
+                self.savepoints.is_some() && s != SubtransactionOverflow,
+                "--savepoints",
+                "subtransaction-overflow",
             ),
             (
                 self.checkpoint_at.is_some()

@@ -61,6 +61,9 @@ pub struct LabOptions {
     pub cpu_quota: Option<f64>,
     /// `memory-cgroup-reclaim`'s limit in MB (None: its default; 0: none).
     pub memory_limit_mb: Option<u64>,
+    /// `subtransaction-overflow`: savepoints the long transaction holds
+    /// (default [`crate::scenarios::subtransaction_overflow::DEFAULT_SAVEPOINTS`]).
+    pub savepoints: Option<u32>,
 }
 
 impl LabOptions {
@@ -90,6 +93,7 @@ impl LabOptions {
             idle_connections: None,
             cpu_quota: None,
             memory_limit_mb: None,
+            savepoints: None,
         }
     }
 }
@@ -167,6 +171,16 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         Scenario::WalFsyncLatency => {
             crate::scenarios::checkpoint_stall::require_root()?;
             opts
+        }
+        Scenario::SubtransactionOverflow => {
+            if opts.replication.standbys == 0 {
+                return Err(fixable(
+                    "the subtransaction-overflow scenario reads on a standby",
+                    "run it with --standbys 1 (its default)",
+                ));
+            }
+            with_defaults = crate::scenarios::subtransaction_overflow::with_defaults(opts);
+            &with_defaults
         }
         Scenario::CgroupCpuThrottling => {
             if cpu_quota(opts).is_some() {
@@ -476,6 +490,16 @@ fn run_on(
     } else {
         crate::scenarios::prepare(opts, &cluster.conninfo("bench"), status)?;
     }
+    // subtransaction-overflow: the long transaction, then the xids after it.
+    let hold = if opts.scenario == Scenario::SubtransactionOverflow {
+        use crate::scenarios::subtransaction_overflow as subtx;
+        let dsn = cluster.conninfo("bench");
+        let h = subtx::hold(&dsn, subtx::savepoints(opts), status)?;
+        subtx::burn(&dsn, status)?;
+        Some(h)
+    } else {
+        None
+    };
     check_interrupt()?;
     // The standbys replay the set-up before the workload starts.
     topo.wait_caught_up()?;
@@ -536,15 +560,27 @@ fn run_on(
             .facts
             .insert("idle_connections".into(), serde_json::json!(i.len()));
     }
+    if let Some(h) = &hold {
+        manifest.facts.insert(
+            "held_transaction".into(),
+            serde_json::json!({"savepoints": h.savepoints, "xid": h.xid}),
+        );
+    }
+    // Where the workload and the server's view are: the standby for
+    // subtransaction-overflow (its readers are the ones that suffer).
+    let observed = match (&hold, topo.standbys().first()) {
+        (Some(_), Some(s)) => &s.cluster,
+        _ => cluster,
+    };
     let nodes = topo
         .nodes()
         .into_iter()
         .map(|(name, pid)| Node { name, pid })
         .collect();
     let mut ctx = CollectContext::new(cluster.postmaster_pid()).with_nodes(nodes);
-    ctx.dsn = Some(cluster.conninfo("bench"));
-    ctx.data_dir = Some(cluster.data_dir().to_path_buf());
-    ctx.server_log = Some(cluster.log_path().to_path_buf());
+    ctx.dsn = Some(observed.conninfo("bench"));
+    ctx.data_dir = Some(observed.data_dir().to_path_buf());
+    ctx.server_log = Some(observed.log_path().to_path_buf());
     ctx.bin_dir = Some(install.bin_dir.clone());
     ctx.major = Some(install.major);
     ctx.syscall_mechanism = opts.syscall_mechanism;
@@ -557,10 +593,26 @@ fn run_on(
         Vec::new(),
     )?;
     let dsn = cluster.conninfo("bench");
+    let target = PgbenchTarget {
+        host: observed.socket_dir().display().to_string(),
+        port: observed.port(),
+        ..target
+    };
+    let writer = match &hold {
+        Some(_) => Some(crate::scenarios::subtransaction_overflow::Writer::start(
+            &dsn,
+        )?),
+        None => None,
+    };
     let outcome = if opts.scenario.uses_pgbench() {
         drive(&mut session, pgbench, &target, &dsn, opts)
     } else {
         crate::scenarios::drive(&mut session, &dsn, opts)
+    };
+    // The writer's error (if any) is the run's only when the workload ran.
+    let outcome = match (outcome, writer.map(|w| w.stop())) {
+        (Ok(()), Some(Err(e))) => Err(e),
+        (o, _) => o,
     };
     let (st, err) = match &outcome {
         Ok(_) if interrupt::requested() => (Status::Interrupted, None),

@@ -189,8 +189,15 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
         Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
         Scenario::SyncrepCommit => 8,
         Scenario::MemoryCgroupReclaim => pgbelow::scenarios::memory_cgroup::DEFAULT_CLIENTS,
+        Scenario::SubtransactionOverflow => {
+            pgbelow::scenarios::subtransaction_overflow::DEFAULT_CLIENTS
+        }
         _ => 1,
     });
+    if scenario == Scenario::SubtransactionOverflow {
+        base.replication.standbys = 1;
+        base.replication.sync = pgbelow::provision::SyncMode::Async;
+    }
     base.scale = a.scale;
     base.idle_connections = a.idle_connections;
     base.collectors = collect::parse_list(a.collectors.as_deref())?;
@@ -264,6 +271,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ScenarioArg::MemoryCgroupReclaim => {
                     pgbelow::scenarios::memory_cgroup::DEFAULT_DURATION_S
                 }
+                ScenarioArg::SubtransactionOverflow => {
+                    pgbelow::scenarios::subtransaction_overflow::DEFAULT_DURATION_S
+                }
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -286,7 +296,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // syncrep-commit needs commits that wait: 2 standbys unless told otherwise.
             let standbys = a.standbys.unwrap_or(match a.scenario {
                 ScenarioArg::SyncrepCommit => 2,
-                ScenarioArg::DropMany => 1,
+                ScenarioArg::DropMany | ScenarioArg::SubtransactionOverflow => 1,
                 _ => 0,
             });
             if standbys == 0 && (a.sync.is_some() || !a.standby_set.is_empty()) {
@@ -308,6 +318,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
                     ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
                     ScenarioArg::MemoryCgroupReclaim => Scenario::MemoryCgroupReclaim,
+                    ScenarioArg::SubtransactionOverflow => Scenario::SubtransactionOverflow,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -334,6 +345,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::MemoryCgroupReclaim => {
                         pgbelow::scenarios::memory_cgroup::DEFAULT_CLIENTS
                     }
+                    ScenarioArg::SubtransactionOverflow => {
+                        pgbelow::scenarios::subtransaction_overflow::DEFAULT_CLIENTS
+                    }
                     _ => 1,
                 }),
                 scale: a.scale,
@@ -347,6 +361,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     sync: match a.sync {
                         Some(SyncArg::Quorum) => SyncMode::Quorum,
                         Some(SyncArg::Async) => SyncMode::Async,
+                        // Its readers need a standby, not commits that wait for one.
+                        None if a.scenario == ScenarioArg::SubtransactionOverflow => {
+                            SyncMode::Async
+                        }
                         Some(SyncArg::First) | None => SyncMode::First,
                     },
                     standby_set: a.standby_set,
@@ -367,6 +385,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 idle_connections: a.idle_connections,
                 cpu_quota: a.cpu_quota,
                 memory_limit_mb: a.memory_limit,
+                savepoints: a.savepoints,
             };
             let res = pgbelow::app::lab(&opts)?;
             print_rendered(

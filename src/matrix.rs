@@ -53,6 +53,18 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
+        scenario: Scenario::SubtransactionOverflow,
+        finding: crate::analyse::subtransaction_overflow::ID,
+        figure: "pg_subtrans wait share of standby backend busy samples",
+        measure: subtrans_share,
+        set: &[],
+        changes: &[(
+            17,
+            "53c2a97a92",
+            "SLRU banks and subtransaction_buffers (pg_subtrans cache sized from shared_buffers, was 32 pages)",
+        )],
+    },
+    Case {
         scenario: Scenario::SelectOnly,
         finding: crate::analyse::timer_syscalls::ID,
         figure: "timer syscalls per statement",
@@ -89,6 +101,11 @@ fn snapshot_share(ev: &Evidence) -> Option<f64> {
 fn extend_share(ev: &Evidence) -> Option<f64> {
     let (w, _, _) = crate::analyse::relation_extension::extend_wait(ev)?;
     Some(crate::round3(w.pct / 100.0))
+}
+
+fn subtrans_share(ev: &Evidence) -> Option<f64> {
+    let w = crate::analyse::subtransaction_overflow::subtrans_waits(ev)?;
+    Some(crate::round3(w.share()))
 }
 
 fn timer_per_statement(ev: &Evidence) -> Option<f64> {

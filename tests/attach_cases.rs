@@ -146,6 +146,36 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until `n` standbys stream from `p` (`s`'s log, the last one's, in
+/// the message).
+fn wait_streaming(p: &UserCluster, s: &UserCluster, n: u32) {
+    let log = s.dir.path().join("server.log");
+    wait_until(
+        &format!("the standby streaming ({})", log.display()),
+        || {
+            p.psql(
+                "postgres",
+                "select count(*) from pg_stat_replication where state = 'streaming'",
+            )
+            .trim()
+                == n.to_string()
+        },
+    );
+}
+
+/// Waits until `s` has replayed `p`'s WAL as of now.
+fn wait_replayed(p: &UserCluster, s: &UserCluster) {
+    let lsn = p.psql("postgres", "select pg_current_wal_lsn()");
+    wait_until("the standby to replay the primary's WAL", || {
+        s.psql(
+            "postgres",
+            &format!("select pg_last_wal_replay_lsn() >= '{}'", lsn.trim()),
+        )
+        .trim()
+            == "t"
+    });
+}
+
 /// Seed 004 attached to the standby alone: a primary with a synchronous
 /// (remote_apply) standby of 1 GB shared_buffers, a client dropping one-row
 /// tables one per transaction, and pgbelow recording only the standby.
@@ -160,18 +190,7 @@ fn replay_drop_cost_found_attached_to_the_standby() {
     for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
         let p = UserCluster::start_in(&bin, &[], &[]);
         let s = p.standby(&[("shared_buffers", "1GB")]);
-        let log = s.dir.path().join("server.log");
-        wait_until(
-            &format!("the standby streaming ({})", log.display()),
-            || {
-                p.psql(
-                    "postgres",
-                    "select count(*) from pg_stat_replication where state = 'streaming'",
-                )
-                .trim()
-                    == "1"
-            },
-        );
+        wait_streaming(&p, &s, 1);
         p.psql(
             "postgres",
             "alter system set synchronous_standby_names = '*'",
@@ -185,15 +204,7 @@ fn replay_drop_cost_found_attached_to_the_standby() {
                  end loop; end $$"
             ),
         );
-        let lsn = p.psql("postgres", "select pg_current_wal_lsn()");
-        wait_until("the standby to replay the tables", || {
-            s.psql(
-                "postgres",
-                &format!("select pg_last_wal_replay_lsn() >= '{}'", lsn.trim()),
-            )
-            .trim()
-                == "t"
-        });
+        wait_replayed(&p, &s);
         let mut script = String::from("set synchronous_commit = remote_apply;\n");
         for i in 1..=TABLES {
             script.push_str(&format!("drop table drop_{i};\n"));
@@ -270,18 +281,7 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
         let p = UserCluster::start_in(&bin, &[], &[]);
         let s1 = p.standby(&[]);
         let s2 = p.standby(&[]);
-        let log = s2.dir.path().join("server.log");
-        wait_until(
-            &format!("two standbys streaming ({})", log.display()),
-            || {
-                p.psql(
-                    "postgres",
-                    "select count(*) from pg_stat_replication where state = 'streaming'",
-                )
-                .trim()
-                    == "2"
-            },
-        );
+        wait_streaming(&p, &s2, 2);
         // Both standbys connect as application_name standby1: name them all.
         p.psql(
             "postgres",
@@ -988,4 +988,69 @@ fn memory_cgroup_reclaim_found_attached() {
     let now = std::fs::read_to_string(cg.dir.join("memory.limit_in_bytes")).unwrap();
     assert_eq!(now.trim(), limit);
     eprintln!("attached: {ev}");
+}
+
+/// `subtransaction-overflow` attached to a standby: on the primary a session
+/// holds a transaction with 100 savepoints (each with an insert: more than
+/// the 64 subxids a backend caches) inside `pg_sleep`, a DO block then gives
+/// 20,000 rows new xids (committing after each update and after each of 4
+/// `txid_current()`), and 4 sessions on the standby read 1,000 of those rows
+/// per statement while pgbelow records the standby alone. Its snapshots are
+/// suboverflowed, each row's xid is looked up in pg_subtrans and the readers
+/// queue on SubtransSLRU/SubtransBuffer.
+#[test]
+fn subtransaction_overflow_found_attached_to_the_standby() {
+    let p = UserCluster::start(&[("autovacuum", "off"), ("synchronous_commit", "off")], &[]);
+    let s = p.standby(&[]);
+    wait_streaming(&p, &s, 1);
+    p.psql(
+        "postgres",
+        "create table subtx_t (id int primary key, v int not null); \
+         insert into subtx_t select g, 0 from generate_series(1, 20000) g; \
+         create table subtx_hold (i int)",
+    );
+    let mut hold = String::from("begin;\ninsert into subtx_hold values (0);\n");
+    for i in 1..=100 {
+        hold += &format!("savepoint s{i};\ninsert into subtx_hold values ({i});\n");
+    }
+    hold += "select pg_sleep(600);\n";
+    let mut holder = p.psql_script("postgres", &hold);
+    wait_until("the held transaction", || {
+        p.psql(
+            "postgres",
+            "select count(*) from pg_stat_activity where query like 'select pg_sleep(600)%' \
+             and backend_xid is not null",
+        )
+        .trim()
+            == "1"
+    });
+    // 7919 is prime to 20000: every row once, in a scattered order.
+    p.psql(
+        "postgres",
+        "do $$ begin for i in 0..19999 loop \
+         update subtx_t set v = v + 1 where id = (i * 7919) % 20000 + 1; commit; \
+         for j in 1..4 loop perform txid_current(); commit; end loop; \
+         end loop; end $$",
+    );
+    wait_replayed(&p, &s);
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(&s, &d.path().join("rec"), 8, "pgstat,profile", || {
+        pgbench_script(
+            &s,
+            "postgres",
+            "\\set a random(1, 19000)\n\
+             select sum(v) from subtx_t where id between :a and :a + 999;\n",
+            4,
+            5,
+        )
+    });
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(r["recording"]["mode"], "attach");
+    let f = finding_said(&r, "subtransaction-overflow", "15 standby")
+        .unwrap_or_else(|| panic!("no subtransaction-overflow finding: {:#}", r["pgstat"]));
+    let ev = &f["evidence"];
+    assert_eq!(ev["standby"], true, "{ev}");
+    assert!(ev["subtrans_wait_share"].as_f64().unwrap() >= 0.1, "{ev}");
+    assert!(ev["slru_subtrans_reads"].as_u64().unwrap() > 1000, "{ev}");
 }

@@ -12,6 +12,7 @@ pub mod relation_extension;
 pub mod replay_drop;
 pub mod snapshot_scaling;
 pub mod statements;
+pub mod subtransaction_overflow;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
 pub mod wal_fsync;
@@ -38,6 +39,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(cgroup_throttling::CgroupThrottling),
         Box::new(wal_fsync::WalFsync),
         Box::new(memory_cgroup::MemoryCgroupReclaim),
+        Box::new(subtransaction_overflow::SubtransactionOverflow),
     ]
 }
 

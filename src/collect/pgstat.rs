@@ -362,6 +362,7 @@ impl ServerConn {
             bgwriter: row.bgwriter,
             wal: row.wal,
             replication: row.replication.unwrap_or_default(),
+            slru: row.slru.unwrap_or_default(),
         };
         Ok((s, pg))
     }
@@ -483,6 +484,13 @@ pub fn counters_sql(version_num: i32, pgss: Option<&PgssSource>) -> String {
     } else {
         "'[]'::json".to_string()
     };
+    // pg_stat_slru (13+): hits and reads per SLRU cache, pg_subtrans's among them.
+    let slru = if major >= 13 {
+        "(select json_agg(x) from (select name, blks_zeroed as zeroed, blks_hit as hit, \
+         blks_read as read, blks_written as written from pg_stat_slru) x)"
+    } else {
+        "null::json"
+    };
     let pgss = match pgss {
         Some(src) => {
             let own = "queryid = any($1::int8[]) \
@@ -517,6 +525,7 @@ pub fn counters_sql(version_num: i32, pgss: Option<&PgssSource>) -> String {
          'checkpointer', (select row_to_json(x) from ({ckpt}) x), \
          'bgwriter', (select row_to_json(x) from ({bgwriter}) x), \
          'wal', {wal}, \
+         'slru', {slru}, \
          'replication', {replication})::text"
     )
 }
@@ -710,6 +719,20 @@ pub struct ServerSample {
     pub wal: Option<Wal>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replication: Vec<Replica>,
+    /// `pg_stat_slru` (13+), one row per SLRU cache.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slru: Vec<Slru>,
+}
+
+/// One row of `pg_stat_slru` (cumulative blocks). The subtransaction
+/// cache is `Subtrans` on 13–16, `subtransaction` from 17.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Slru {
+    pub name: String,
+    pub zeroed: u64,
+    pub hit: u64,
+    pub read: u64,
+    pub written: u64,
 }
 
 /// Checkpointer counters under one set of names: `pg_stat_bgwriter`'s
@@ -800,6 +823,8 @@ struct ServerRow {
     bgwriter: Option<Bgwriter>,
     wal: Option<Wal>,
     replication: Option<Vec<Replica>>,
+    #[serde(default)]
+    slru: Option<Vec<Slru>>,
 }
 
 /// Commits and rollbacks of [`counters_sql`]: all databases and per database.
@@ -1785,6 +1810,8 @@ mod tests {
         assert!(server_sql(170000).contains("pg_stat_checkpointer"));
         assert!(!server_sql(180000).contains("wal_sync_time"));
         assert!(server_sql(180000).contains("slru_written"));
+        assert!(!server_sql(120000).contains("pg_stat_slru"));
+        assert!(server_sql(130000).contains("pg_stat_slru"));
         assert!(activity_sql(90500).is_none());
         assert!(activity_sql(100000).unwrap().contains("backend_type"));
     }

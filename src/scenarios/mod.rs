@@ -9,6 +9,7 @@ pub mod memory_cgroup;
 pub mod owned_cgroup;
 pub mod relation_extension;
 pub mod snapshot_scaling;
+pub mod subtransaction_overflow;
 pub mod syncrep_commit;
 pub mod wal_fsync;
 
@@ -27,6 +28,7 @@ pub fn prepare(opts: &LabOptions, dsn: &str, status: &dyn Fn(&str)) -> Result<()
         Scenario::DropMany => drop_many::prepare(dsn, &drop_many::Params::for_lab(opts), status),
         Scenario::SyncrepCommit => syncrep_commit::prepare(dsn, status),
         Scenario::RelationExtension => relation_extension::prepare(dsn, status),
+        Scenario::SubtransactionOverflow => subtransaction_overflow::prepare(dsn, status),
         s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
     }
 }
@@ -40,6 +42,17 @@ pub fn drive(session: &mut Session, dsn: &str, opts: &LabOptions) -> Result<()> 
         Scenario::DropMany => drop_many::drive(session, dsn, &drop_many::Params::for_lab(opts)),
         s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
     }
+}
+
+/// `opts` with each of `defaults` added unless `--set` gives that setting.
+pub(crate) fn with_settings(opts: &LabOptions, defaults: &[(&str, &str)]) -> LabOptions {
+    let mut o = opts.clone();
+    for (k, v) in defaults {
+        if !o.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
+            o.set.push(((*k).into(), (*v).into()));
+        }
+    }
+    o
 }
 
 /// A scenario's client connection to the lab server.

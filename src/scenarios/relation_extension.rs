@@ -33,13 +33,7 @@ pub const DEFAULT_CLIENTS: u32 = 4;
 const DEFAULT_SETTINGS: &[(&str, &str)] = &[("autovacuum", "off"), ("max_wal_size", "4GB")];
 
 pub fn with_defaults(opts: &LabOptions) -> LabOptions {
-    let mut o = opts.clone();
-    for (k, v) in DEFAULT_SETTINGS {
-        if !o.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
-            o.set.push(((*k).into(), (*v).into()));
-        }
-    }
-    o
+    crate::scenarios::with_settings(opts, DEFAULT_SETTINGS)
 }
 
 /// Create the empty table and the rows file before recording starts.

@@ -62,6 +62,10 @@ const RATIOS: &[(&str, &str)] = &[
         "pgbelow_memory_cgroup_refaults_per_second",
         "File pages the cluster's memory cgroup evicted and read again, per second over the last window (workingset_refault_file; absent without a memory cgroup).",
     ),
+    (
+        "pgbelow_subtrans_wait_share",
+        "Share of the backends' busy pg_stat_activity samples waiting on pg_subtrans (LWLock SubtransSLRU/SubtransBuffer; SubtransControlLock/subtrans up to 12) over the last window.",
+    ),
 ];
 
 impl Metrics {
@@ -169,6 +173,10 @@ impl Metrics {
         put(
             "pgbelow_memory_cgroup_refaults_per_second",
             crate::analyse::memory_cgroup::refaults_per_s(ev),
+        );
+        put(
+            "pgbelow_subtrans_wait_share",
+            crate::analyse::subtransaction_overflow::subtrans_waits(ev).map(|w| w.share()),
         );
         for sev in self.findings.values_mut() {
             *sev = None;

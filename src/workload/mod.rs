@@ -23,10 +23,11 @@ pub enum Scenario {
     CgroupCpuThrottling,
     WalFsyncLatency,
     MemoryCgroupReclaim,
+    SubtransactionOverflow,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -38,6 +39,7 @@ impl Scenario {
         Scenario::CgroupCpuThrottling,
         Scenario::WalFsyncLatency,
         Scenario::MemoryCgroupReclaim,
+        Scenario::SubtransactionOverflow,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,6 +55,7 @@ impl Scenario {
             Scenario::CgroupCpuThrottling => "cgroup-cpu-throttling",
             Scenario::WalFsyncLatency => "wal-fsync-latency",
             Scenario::MemoryCgroupReclaim => "memory-cgroup-reclaim",
+            Scenario::SubtransactionOverflow => "subtransaction-overflow",
         }
     }
 
@@ -131,6 +134,15 @@ impl Scenario {
                  a backend and the postmaster restarts them all), --memory-limit 0 runs without one \
                  (the healthy baseline)"
             }
+            Scenario::SubtransactionOverflow => {
+                "primary + 1 async standby (synchronous_commit=off, autovacuum=off): a session on the \
+                 primary holds a transaction with --savepoints N subtransactions (default 100 > the 64 \
+                 a backend caches), 20,000 rows then get new xids (100,000 transactions), and 4 \
+                 pgbench clients on the standby read 1,000 of them per statement for 15 s while a \
+                 writer keeps consuming xids: the overflowed snapshots send each visibility check to \
+                 pg_subtrans (LWLock:SubtransSLRU/SubtransBuffer waits, pg_stat_slru reads). \
+                 --savepoints 50 is the healthy baseline"
+            }
         }
     }
 
@@ -148,6 +160,7 @@ impl Scenario {
             | Scenario::RelationExtension
             | Scenario::WalFsyncLatency
             | Scenario::MemoryCgroupReclaim => &[],
+            Scenario::SubtransactionOverflow => &["-M", "prepared"],
         }
     }
 
@@ -157,6 +170,9 @@ impl Scenario {
             Scenario::SyncrepCommit => Some(crate::scenarios::syncrep_commit::SCRIPT),
             Scenario::CheckpointStall => Some(crate::scenarios::checkpoint_stall::SCRIPT),
             Scenario::RelationExtension => Some(crate::scenarios::relation_extension::SCRIPT),
+            Scenario::SubtransactionOverflow => {
+                Some(crate::scenarios::subtransaction_overflow::SCRIPT)
+            }
             _ => None,
         }
     }
@@ -190,7 +206,8 @@ impl Scenario {
             | Scenario::CheckpointStall
             | Scenario::SnapshotScaling
             | Scenario::RelationExtension
-            | Scenario::CgroupCpuThrottling => 1,
+            | Scenario::CgroupCpuThrottling
+            | Scenario::SubtransactionOverflow => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb | Scenario::WalFsyncLatency | Scenario::MemoryCgroupReclaim => 7,
         }
