@@ -154,6 +154,7 @@ pub enum ScenarioArg {
     RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
+    ReplayWithoutPrefetch,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -286,7 +287,7 @@ pub struct LabRunArgs {
 
 #[derive(Args, Debug)]
 pub struct LabMatrixArgs {
-    /// Scenario with a key figure: snapshot-scaling, relation-extension, select-only (with statement_timeout=10s).
+    /// Scenario with a key figure: snapshot-scaling, relation-extension, replay-without-prefetch, select-only (with statement_timeout=10s).
     #[arg(long, value_enum)]
     pub scenario: ScenarioArg,
     /// PostgreSQL majors, comma-separated (10–18; fetched from npm unless the system's).

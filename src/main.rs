@@ -186,6 +186,7 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
     base.clients = a.clients.unwrap_or(match scenario {
         Scenario::SnapshotScaling => pgbelow::scenarios::snapshot_scaling::DEFAULT_CLIENTS,
         Scenario::RelationExtension => pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS,
+        Scenario::ReplayWithoutPrefetch => pgbelow::scenarios::replay_prefetch::DEFAULT_CLIENTS,
         Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
         Scenario::SyncrepCommit => 8,
         _ => 1,
@@ -257,6 +258,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_DURATION_S
                 }
                 ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_DURATION_S,
+                ScenarioArg::ReplayWithoutPrefetch => {
+                    pgbelow::scenarios::replay_prefetch::DEFAULT_DURATION_S
+                }
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -279,7 +283,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // syncrep-commit needs commits that wait: 2 standbys unless told otherwise.
             let standbys = a.standbys.unwrap_or(match a.scenario {
                 ScenarioArg::SyncrepCommit => 2,
-                ScenarioArg::DropMany => 1,
+                ScenarioArg::DropMany | ScenarioArg::ReplayWithoutPrefetch => 1,
                 _ => 0,
             });
             if standbys == 0 && (a.sync.is_some() || !a.standby_set.is_empty()) {
@@ -300,6 +304,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::RelationExtension => Scenario::RelationExtension,
                     ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
                     ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
+                    ScenarioArg::ReplayWithoutPrefetch => Scenario::ReplayWithoutPrefetch,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -323,6 +328,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS
                     }
                     ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
+                    ScenarioArg::ReplayWithoutPrefetch => {
+                        pgbelow::scenarios::replay_prefetch::DEFAULT_CLIENTS
+                    }
                     _ => 1,
                 }),
                 scale: a.scale,

@@ -9,6 +9,7 @@ pub mod clock_reads;
 pub mod finding;
 pub mod relation_extension;
 pub mod replay_drop;
+pub mod replay_prefetch;
 pub mod snapshot_scaling;
 pub mod statements;
 pub mod syncrep_wait;
@@ -36,6 +37,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(relation_extension::RelationExtension),
         Box::new(cgroup_throttling::CgroupThrottling),
         Box::new(wal_fsync::WalFsync),
+        Box::new(replay_prefetch::ReplayWithoutPrefetch),
     ]
 }
 

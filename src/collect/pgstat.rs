@@ -362,6 +362,7 @@ impl ServerConn {
             bgwriter: row.bgwriter,
             wal: row.wal,
             replication: row.replication.unwrap_or_default(),
+            recovery_prefetch: row.recovery_prefetch,
         };
         Ok((s, pg))
     }
@@ -483,6 +484,13 @@ pub fn counters_sql(version_num: i32, pgss: Option<&PgssSource>) -> String {
     } else {
         "'[]'::json".to_string()
     };
+    // One row on 15+; read on a standby only (a primary's stays zero).
+    let prefetch = if major >= 15 {
+        "case when pg_is_in_recovery() then (select row_to_json(x) from (select prefetch, hit, \
+         skip_fpw, io_depth from pg_stat_recovery_prefetch) x) end"
+    } else {
+        "null::json"
+    };
     let pgss = match pgss {
         Some(src) => {
             let own = "queryid = any($1::int8[]) \
@@ -517,6 +525,7 @@ pub fn counters_sql(version_num: i32, pgss: Option<&PgssSource>) -> String {
          'checkpointer', (select row_to_json(x) from ({ckpt}) x), \
          'bgwriter', (select row_to_json(x) from ({bgwriter}) x), \
          'wal', {wal}, \
+         'recovery_prefetch', {prefetch}, \
          'replication', {replication})::text"
     )
 }
@@ -710,6 +719,19 @@ pub struct ServerSample {
     pub wal: Option<Wal>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replication: Vec<Replica>,
+    /// `pg_stat_recovery_prefetch` (15+), on a standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_prefetch: Option<RecoveryPrefetch>,
+}
+
+/// `pg_stat_recovery_prefetch`'s counters (since the view's last reset):
+/// blocks whose read replay started early, and those found cached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecoveryPrefetch {
+    pub prefetch: u64,
+    pub hit: u64,
+    pub skip_fpw: u64,
+    pub io_depth: u64,
 }
 
 /// Checkpointer counters under one set of names: `pg_stat_bgwriter`'s
@@ -800,6 +822,8 @@ struct ServerRow {
     bgwriter: Option<Bgwriter>,
     wal: Option<Wal>,
     replication: Option<Vec<Replica>>,
+    #[serde(default)]
+    recovery_prefetch: Option<RecoveryPrefetch>,
 }
 
 /// Commits and rollbacks of [`counters_sql`]: all databases and per database.

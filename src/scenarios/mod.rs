@@ -6,6 +6,7 @@ pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
 pub mod relation_extension;
+pub mod replay_prefetch;
 pub mod snapshot_scaling;
 pub mod syncrep_commit;
 pub mod wal_fsync;
@@ -25,6 +26,7 @@ pub fn prepare(opts: &LabOptions, dsn: &str, status: &dyn Fn(&str)) -> Result<()
         Scenario::DropMany => drop_many::prepare(dsn, &drop_many::Params::for_lab(opts), status),
         Scenario::SyncrepCommit => syncrep_commit::prepare(dsn, status),
         Scenario::RelationExtension => relation_extension::prepare(dsn, status),
+        Scenario::ReplayWithoutPrefetch => replay_prefetch::prepare(dsn, status),
         s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
     }
 }

@@ -22,10 +22,11 @@ pub enum Scenario {
     RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
+    ReplayWithoutPrefetch,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -36,6 +37,7 @@ impl Scenario {
         Scenario::RelationExtension,
         Scenario::CgroupCpuThrottling,
         Scenario::WalFsyncLatency,
+        Scenario::ReplayWithoutPrefetch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +52,7 @@ impl Scenario {
             Scenario::RelationExtension => "relation-extension",
             Scenario::CgroupCpuThrottling => "cgroup-cpu-throttling",
             Scenario::WalFsyncLatency => "wal-fsync-latency",
+            Scenario::ReplayWithoutPrefetch => "replay-without-prefetch",
         }
     }
 
@@ -119,6 +122,15 @@ impl Scenario {
                  --dirty-cap MB set the limits; --write-limit 100000 is the same device unthrottled \
                  (the baseline)"
             }
+            Scenario::ReplayWithoutPrefetch => {
+                "primary + 1 standby with shared_buffers=16MB: pgbench -f, 2 clients, 20 s, update \
+                 random rows of a 500k-row table (4 indexed columns changed, full_page_writes=off) \
+                 while the lab evicts the standby's relation files from the page cache every \
+                 second: up to PostgreSQL 14 the startup process reads each block it replays with \
+                 one synchronous pread and replay falls behind; 15 prefetches them \
+                 (recovery_prefetch=try, posix_fadvise). --standby-set recovery_prefetch=off \
+                 turns 15's off"
+            }
         }
     }
 
@@ -134,7 +146,8 @@ impl Scenario {
             | Scenario::DropMany
             | Scenario::CheckpointStall
             | Scenario::RelationExtension
-            | Scenario::WalFsyncLatency => &[],
+            | Scenario::WalFsyncLatency
+            | Scenario::ReplayWithoutPrefetch => &[],
         }
     }
 
@@ -144,6 +157,7 @@ impl Scenario {
             Scenario::SyncrepCommit => Some(crate::scenarios::syncrep_commit::SCRIPT),
             Scenario::CheckpointStall => Some(crate::scenarios::checkpoint_stall::SCRIPT),
             Scenario::RelationExtension => Some(crate::scenarios::relation_extension::SCRIPT),
+            Scenario::ReplayWithoutPrefetch => Some(crate::scenarios::replay_prefetch::SCRIPT),
             _ => None,
         }
     }
@@ -176,7 +190,8 @@ impl Scenario {
             | Scenario::CheckpointStall
             | Scenario::SnapshotScaling
             | Scenario::RelationExtension
-            | Scenario::CgroupCpuThrottling => 1,
+            | Scenario::CgroupCpuThrottling
+            | Scenario::ReplayWithoutPrefetch => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb | Scenario::WalFsyncLatency => 7,
         }
