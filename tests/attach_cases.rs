@@ -902,17 +902,9 @@ fn cgroup_throttling_found_attached() {
 /// prefetch. (14 against 15's prefetching is tests/lab_prefetch.rs.)
 #[test]
 fn replay_without_prefetch_found_attached_to_the_standby() {
-    let p = UserCluster::start(
-        &[
-            ("shared_buffers", "512MB"),
-            ("full_page_writes", "off"),
-            ("synchronous_commit", "off"),
-            ("autovacuum", "off"),
-            ("max_wal_size", "4GB"),
-            ("checkpoint_timeout", "30min"),
-        ],
-        &[],
-    );
+    // The lab scenario's primary settings: the table in its buffer pool,
+    // no full page images (each replayed update reads its block).
+    let p = UserCluster::start(pgbelow::scenarios::replay_prefetch::PRIMARY_SETTINGS, &[]);
     p.psql(
         "postgres",
         "create table upd (id int primary key, a int, b int, c int, d int, pad text); \

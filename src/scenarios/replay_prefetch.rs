@@ -44,7 +44,7 @@ pub const STANDBY_SHARED_BUFFERS: &str = "16MB";
 /// table, no full page images (see the module doc), commits that do not
 /// wait for their flush (more updates per second on 2 cores), and no
 /// checkpoint or autovacuum during the run.
-const DEFAULT_SETTINGS: &[(&str, &str)] = &[
+pub const PRIMARY_SETTINGS: &[(&str, &str)] = &[
     ("shared_buffers", "512MB"),
     ("full_page_writes", "off"),
     ("synchronous_commit", "off"),
@@ -59,7 +59,7 @@ pub fn with_defaults(opts: &LabOptions) -> LabOptions {
     o.replication.standbys = o.replication.standbys.max(1);
     let given =
         |set: &[(String, String)], k: &str| set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k));
-    for (k, v) in DEFAULT_SETTINGS {
+    for (k, v) in PRIMARY_SETTINGS {
         if !given(&o.set, k) {
             o.set.push(((*k).into(), (*v).into()));
         }
@@ -141,7 +141,7 @@ mod tests {
             .standby_set
             .push(("shared_buffers".into(), "1GB".into()));
         let d = with_defaults(&o);
-        assert_eq!(d.set.len(), DEFAULT_SETTINGS.len(), "{:?}", d.set);
+        assert_eq!(d.set.len(), PRIMARY_SETTINGS.len(), "{:?}", d.set);
         assert!(!d
             .set
             .iter()
