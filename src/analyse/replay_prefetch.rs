@@ -147,6 +147,14 @@ pub fn replay_delay_s(ev: &Evidence) -> Option<f64> {
     own.chain(primary).reduce(f64::max).map(round3)
 }
 
+/// The startup process's fadvise64 per pread64, with enough reads to
+/// divide by (`watch` exports it as a gauge: 0 when replay does not
+/// prefetch, ≈ 1 when it does).
+pub fn fadvise_per_pread(ev: &Evidence) -> Option<f64> {
+    let r = startup_reads(ev)?;
+    (r.preads >= MIN_READS).then(|| round3(r.fadvise_per_read()))
+}
+
 /// The largest replay gap in MB (`lab matrix`'s key figure).
 pub fn replay_gap_max_mb(ev: &Evidence) -> Option<f64> {
     replay_gap(ev).map(|(max, _, _, _)| round3(max as f64 / f64::from(1u32 << 20)))
