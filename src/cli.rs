@@ -158,6 +158,7 @@ pub enum ScenarioArg {
     WalFsyncLatency,
     MemoryCgroupReclaim,
     SubtransactionOverflow,
+    ReplayWithoutPrefetch,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -328,7 +329,7 @@ pub struct LabRunArgs {
 
 #[derive(Args, Debug)]
 pub struct LabMatrixArgs {
-    /// Scenario with a key figure: snapshot-scaling, relation-extension, select-only (with statement_timeout=10s).
+    /// Scenario with a key figure: snapshot-scaling, relation-extension, replay-without-prefetch, select-only (with statement_timeout=10s).
     #[arg(long, value_enum)]
     pub scenario: ScenarioArg,
     /// PostgreSQL majors, comma-separated (10–18; fetched from npm unless the system's).

@@ -182,6 +182,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             with_defaults = crate::scenarios::subtransaction_overflow::with_defaults(opts);
             &with_defaults
         }
+        Scenario::ReplayWithoutPrefetch => {
+            with_defaults = crate::scenarios::replay_prefetch::with_defaults(opts);
+            &with_defaults
+        }
         Scenario::CgroupCpuThrottling => {
             if cpu_quota(opts).is_some() {
                 crate::scenarios::cgroup_cpu_throttling::require_root()?;
@@ -604,8 +608,23 @@ fn run_on(
         )?),
         None => None,
     };
+    // replay-without-prefetch: the standbys' relation files leave the page
+    // cache every second, so that replay reads them from the disk.
+    let standby_dirs: Vec<PathBuf> = topo
+        .standbys()
+        .iter()
+        .map(|s| s.cluster.data_dir().to_path_buf())
+        .filter(|_| opts.scenario == Scenario::ReplayWithoutPrefetch)
+        .collect();
+    let mut each_second = || -> Result<()> {
+        for d in &standby_dirs {
+            crate::scenarios::replay_prefetch::evict(d)?;
+        }
+        Ok(())
+    };
     let outcome = if opts.scenario.uses_pgbench() {
-        drive(&mut session, pgbench, &target, &dsn, opts)
+        each_second()
+            .and_then(|()| drive(&mut session, pgbench, &target, &dsn, opts, &mut each_second))
     } else {
         crate::scenarios::drive(&mut session, &dsn, opts)
     };
@@ -690,13 +709,15 @@ pub(crate) fn tick_while(
 }
 
 /// Run pgbench, ticking the collectors each second and streaming progress;
-/// `dsn` is the same database, for `--checkpoint-at`.
+/// `dsn` is the same database, for `--checkpoint-at`; `each_second` runs
+/// once a second beside the tick.
 fn drive(
     session: &mut Session,
     pgbench: &Pgbench,
     target: &PgbenchTarget,
     dsn: &str,
     opts: &LabOptions,
+    each_second: &mut dyn FnMut() -> Result<()>,
 ) -> Result<()> {
     let bar = if opts.show_progress {
         let b = ProgressBar::new(u64::from(opts.duration_s));
@@ -713,7 +734,12 @@ fn drive(
     let mut interrupted = false;
     let mut seen = Vec::new();
     let mut checkpoint: Option<std::thread::JoinHandle<Result<()>>> = None;
+    let mut next_second = t_start + 1.0;
     tick_while(session, t_start + 1.0, |session| {
+        if session.t() >= next_second {
+            each_second()?;
+            next_second += 1.0;
+        }
         if let Some(at) = opts.checkpoint_at {
             if checkpoint.is_none() && session.t() - t_start >= f64::from(at) {
                 // CHECKPOINT returns when it is done: off the tick loop.

@@ -186,6 +186,7 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
     base.clients = a.clients.unwrap_or(match scenario {
         Scenario::SnapshotScaling => pgbelow::scenarios::snapshot_scaling::DEFAULT_CLIENTS,
         Scenario::RelationExtension => pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS,
+        Scenario::ReplayWithoutPrefetch => pgbelow::scenarios::replay_prefetch::DEFAULT_CLIENTS,
         Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
         Scenario::SyncrepCommit => 8,
         Scenario::MemoryCgroupReclaim => pgbelow::scenarios::memory_cgroup::DEFAULT_CLIENTS,
@@ -274,6 +275,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ScenarioArg::SubtransactionOverflow => {
                     pgbelow::scenarios::subtransaction_overflow::DEFAULT_DURATION_S
                 }
+                ScenarioArg::ReplayWithoutPrefetch => {
+                    pgbelow::scenarios::replay_prefetch::DEFAULT_DURATION_S
+                }
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -296,7 +300,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // syncrep-commit needs commits that wait: 2 standbys unless told otherwise.
             let standbys = a.standbys.unwrap_or(match a.scenario {
                 ScenarioArg::SyncrepCommit => 2,
-                ScenarioArg::DropMany | ScenarioArg::SubtransactionOverflow => 1,
+                ScenarioArg::DropMany
+                | ScenarioArg::SubtransactionOverflow
+                | ScenarioArg::ReplayWithoutPrefetch => 1,
                 _ => 0,
             });
             if standbys == 0 && (a.sync.is_some() || !a.standby_set.is_empty()) {
@@ -319,6 +325,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
                     ScenarioArg::MemoryCgroupReclaim => Scenario::MemoryCgroupReclaim,
                     ScenarioArg::SubtransactionOverflow => Scenario::SubtransactionOverflow,
+                    ScenarioArg::ReplayWithoutPrefetch => Scenario::ReplayWithoutPrefetch,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -347,6 +354,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     }
                     ScenarioArg::SubtransactionOverflow => {
                         pgbelow::scenarios::subtransaction_overflow::DEFAULT_CLIENTS
+                    }
+                    ScenarioArg::ReplayWithoutPrefetch => {
+                        pgbelow::scenarios::replay_prefetch::DEFAULT_CLIENTS
                     }
                     _ => 1,
                 }),

@@ -65,6 +65,18 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
+        scenario: Scenario::ReplayWithoutPrefetch,
+        finding: crate::analyse::replay_prefetch::ID,
+        figure: "largest WAL gap not yet replayed (MB)",
+        measure: crate::analyse::replay_prefetch::replay_gap_max_mb,
+        set: &[],
+        changes: &[(
+            15,
+            "5dc0418fab",
+            "recovery prefetch: posix_fadvise ahead of replay (recovery_prefetch=try)",
+        )],
+    },
+    Case {
         scenario: Scenario::SelectOnly,
         finding: crate::analyse::timer_syscalls::ID,
         figure: "timer syscalls per statement",

@@ -1054,3 +1054,101 @@ fn subtransaction_overflow_found_attached_to_the_standby() {
     assert!(ev["subtrans_wait_share"].as_f64().unwrap() >= 0.1, "{ev}");
     assert!(ev["slru_subtrans_reads"].as_u64().unwrap() > 1000, "{ev}");
 }
+
+/// `replay-without-prefetch` attached to the standby alone: a primary
+/// updating random rows of a table 7× the standby's 16 MB buffer pool, the
+/// standby's relation files evicted from the page cache every half second
+/// (a cold cache, as after a restart or beside other work), and the
+/// standby's `recovery_prefetch = off` (15): its startup process reads each
+/// block with a synchronous pread and no fadvise, and the finding fires
+/// from the standby's own counters, telling that this server could
+/// prefetch. (14 against 15's prefetching is tests/lab_prefetch.rs.)
+#[test]
+fn replay_without_prefetch_found_attached_to_the_standby() {
+    // The lab scenario's primary settings: the table in its buffer pool,
+    // no full page images (each replayed update reads its block).
+    let p = UserCluster::start(pgbelow::scenarios::replay_prefetch::PRIMARY_SETTINGS, &[]);
+    p.psql(
+        "postgres",
+        "create table upd (id int primary key, a int, b int, c int, d int, pad text); \
+         insert into upd select g, (random() * 1e9)::int, (random() * 1e9)::int, \
+         (random() * 1e9)::int, (random() * 1e9)::int, repeat('x', 60) \
+         from generate_series(1, 500000) g; \
+         create index on upd (a); create index on upd (b); \
+         create index on upd (c); create index on upd (d)",
+    );
+    let s = p.standby(&[("shared_buffers", "16MB"), ("recovery_prefetch", "off")]);
+    let lsn = p.psql("postgres", "select pg_current_wal_lsn()");
+    wait_until(
+        &format!(
+            "the standby to replay the table ({})",
+            s.dir.path().join("server.log").display()
+        ),
+        || {
+            s.psql(
+                "postgres",
+                &format!(
+                    "select coalesce(pg_last_wal_replay_lsn() >= '{}', false)",
+                    lsn.trim()
+                ),
+            )
+            .trim()
+                == "t"
+        },
+    );
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let d = tempfile::tempdir().unwrap();
+    let r = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                pgbelow::scenarios::replay_prefetch::evict(&s.data()).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+        });
+        let r = record_while(
+            &s,
+            &d.path().join("rec"),
+            10,
+            "syscalls,procfs,pgstat",
+            || {
+                pgbench_script(
+                    &p,
+                    "postgres",
+                    "\\set id random(1, 500000)\n\
+                 update upd set a = (random() * 1e9)::int, b = (random() * 1e9)::int, \
+                 c = (random() * 1e9)::int, d = (random() * 1e9)::int where id = :id;\n",
+                    2,
+                    8,
+                )
+            },
+        );
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    });
+    assert_eq!(r["recording"]["mode"], "attach");
+    let f = finding_said(&r, "replay-without-prefetch", "15, recovery_prefetch=off")
+        .unwrap_or_else(|| {
+            panic!(
+                "no finding: startup {:#} {:#} pgstat {:#}",
+                r["syscalls"]["by_role"]["startup"],
+                r["procfs"]["roles"]["startup"],
+                r["pgstat"]["standby"]
+            )
+        });
+    let ev = &f["evidence"];
+    assert_eq!(ev["startup_fadvise64"], 0, "{ev}");
+    assert_eq!(
+        ev["replay_gap_source"], "the standby's receive − replay LSN",
+        "{ev}"
+    );
+    // Recorded on the standby: its own pg_stat_recovery_prefetch (15+).
+    assert!(ev["recovery_prefetch_prefetched"].is_u64(), "{ev}");
+    assert!(
+        f["summary"]
+            .as_str()
+            .unwrap()
+            .contains("prefetching is off here"),
+        "{}",
+        f["summary"]
+    );
+}

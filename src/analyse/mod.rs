@@ -10,6 +10,7 @@ pub mod finding;
 pub mod memory_cgroup;
 pub mod relation_extension;
 pub mod replay_drop;
+pub mod replay_prefetch;
 pub mod snapshot_scaling;
 pub mod statements;
 pub mod subtransaction_overflow;
@@ -40,6 +41,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(wal_fsync::WalFsync),
         Box::new(memory_cgroup::MemoryCgroupReclaim),
         Box::new(subtransaction_overflow::SubtransactionOverflow),
+        Box::new(replay_prefetch::ReplayWithoutPrefetch),
     ]
 }
 

@@ -363,6 +363,7 @@ impl ServerConn {
             wal: row.wal,
             replication: row.replication.unwrap_or_default(),
             slru: row.slru.unwrap_or_default(),
+            recovery_prefetch: row.recovery_prefetch,
         };
         Ok((s, pg))
     }
@@ -491,6 +492,13 @@ pub fn counters_sql(version_num: i32, pgss: Option<&PgssSource>) -> String {
     } else {
         "null::json"
     };
+    // One row on 15+; read on a standby only (a primary's stays zero).
+    let prefetch = if major >= 15 {
+        "case when pg_is_in_recovery() then (select row_to_json(x) from (select prefetch, hit, \
+         skip_fpw, io_depth from pg_stat_recovery_prefetch) x) end"
+    } else {
+        "null::json"
+    };
     let pgss = match pgss {
         Some(src) => {
             let own = "queryid = any($1::int8[]) \
@@ -526,6 +534,7 @@ pub fn counters_sql(version_num: i32, pgss: Option<&PgssSource>) -> String {
          'bgwriter', (select row_to_json(x) from ({bgwriter}) x), \
          'wal', {wal}, \
          'slru', {slru}, \
+         'recovery_prefetch', {prefetch}, \
          'replication', {replication})::text"
     )
 }
@@ -722,6 +731,9 @@ pub struct ServerSample {
     /// `pg_stat_slru` (13+), one row per SLRU cache.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slru: Vec<Slru>,
+    /// `pg_stat_recovery_prefetch` (15+), on a standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_prefetch: Option<RecoveryPrefetch>,
 }
 
 /// One row of `pg_stat_slru` (cumulative blocks). The subtransaction
@@ -733,6 +745,16 @@ pub struct Slru {
     pub hit: u64,
     pub read: u64,
     pub written: u64,
+}
+
+/// `pg_stat_recovery_prefetch`'s counters (since the view's last reset):
+/// blocks whose read replay started early, and those found cached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecoveryPrefetch {
+    pub prefetch: u64,
+    pub hit: u64,
+    pub skip_fpw: u64,
+    pub io_depth: u64,
 }
 
 /// Checkpointer counters under one set of names: `pg_stat_bgwriter`'s
@@ -825,6 +847,7 @@ struct ServerRow {
     replication: Option<Vec<Replica>>,
     #[serde(default)]
     slru: Option<Vec<Slru>>,
+    recovery_prefetch: Option<RecoveryPrefetch>,
 }
 
 /// Commits and rollbacks of [`counters_sql`]: all databases and per database.

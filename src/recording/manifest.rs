@@ -148,6 +148,9 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "backend_flush_after",
     "wal_sync_method",
     "fsync",
+    "full_page_writes",
+    "recovery_prefetch",
+    "maintenance_io_concurrency",
 ];
 
 /// Facts about this machine for the manifest.

@@ -8,6 +8,7 @@ pub mod explain_timing;
 pub mod memory_cgroup;
 pub mod owned_cgroup;
 pub mod relation_extension;
+pub mod replay_prefetch;
 pub mod snapshot_scaling;
 pub mod subtransaction_overflow;
 pub mod syncrep_commit;
@@ -29,6 +30,7 @@ pub fn prepare(opts: &LabOptions, dsn: &str, status: &dyn Fn(&str)) -> Result<()
         Scenario::SyncrepCommit => syncrep_commit::prepare(dsn, status),
         Scenario::RelationExtension => relation_extension::prepare(dsn, status),
         Scenario::SubtransactionOverflow => subtransaction_overflow::prepare(dsn, status),
+        Scenario::ReplayWithoutPrefetch => replay_prefetch::prepare(dsn, status),
         s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
     }
 }

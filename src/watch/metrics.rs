@@ -55,6 +55,10 @@ const RATIOS: &[(&str, &str)] = &[
         "Startup process CPU ms per dropped relation it replayed over the last window (absent with too few drops).",
     ),
     (
+        "pgbelow_replay_fadvise_per_pread",
+        "The startup process's fadvise64 calls per pread64 over the last window: 0 when replay reads without prefetching (absent with too few reads).",
+    ),
+    (
         "pgbelow_checkpoint_throughput_ratio",
         "Throughput of the worst tenth of the seconds inside checkpoints over the throughput outside them, over the last window (absent without a checkpoint).",
     ),
@@ -165,6 +169,10 @@ impl Metrics {
         put(
             "pgbelow_replay_cpu_ms_per_dropped_relation",
             crate::analyse::replay_drop::cpu_ms_per_drop(ev),
+        );
+        put(
+            "pgbelow_replay_fadvise_per_pread",
+            crate::analyse::replay_prefetch::fadvise_per_pread(ev),
         );
         put(
             "pgbelow_checkpoint_throughput_ratio",
@@ -458,6 +466,11 @@ mod tests {
         assert_eq!(gauge("pg15-memcg-no-limit", memcg), Some(0.0));
         // Recorded before the memory cgroup was read: absent.
         assert_eq!(gauge("pg15-checkpoint-stall", memcg), None);
+        let prefetch = "pgbelow_replay_fadvise_per_pread";
+        assert_eq!(gauge("pg14-replay-without-prefetch", prefetch), Some(0.0));
+        let p15 = gauge("pg15-replay-prefetch", prefetch).expect("prefetch gauge");
+        assert!(p15 > 0.5, "{p15}");
+        assert_eq!(gauge("pg13-select-only-timeout-all", prefetch), None);
     }
 
     #[test]

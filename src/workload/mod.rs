@@ -24,10 +24,11 @@ pub enum Scenario {
     WalFsyncLatency,
     MemoryCgroupReclaim,
     SubtransactionOverflow,
+    ReplayWithoutPrefetch,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -40,6 +41,7 @@ impl Scenario {
         Scenario::WalFsyncLatency,
         Scenario::MemoryCgroupReclaim,
         Scenario::SubtransactionOverflow,
+        Scenario::ReplayWithoutPrefetch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +58,7 @@ impl Scenario {
             Scenario::WalFsyncLatency => "wal-fsync-latency",
             Scenario::MemoryCgroupReclaim => "memory-cgroup-reclaim",
             Scenario::SubtransactionOverflow => "subtransaction-overflow",
+            Scenario::ReplayWithoutPrefetch => "replay-without-prefetch",
         }
     }
 
@@ -143,6 +146,15 @@ impl Scenario {
                  pg_subtrans (LWLock:SubtransSLRU/SubtransBuffer waits, pg_stat_slru reads). \
                  --savepoints 50 is the healthy baseline"
             }
+            Scenario::ReplayWithoutPrefetch => {
+                "primary + 1 standby with shared_buffers=16MB: pgbench -f, 2 clients, 20 s, update \
+                 random rows of a 500k-row table (4 indexed columns changed, full_page_writes=off) \
+                 while the lab evicts the standby's relation files from the page cache every \
+                 second: up to PostgreSQL 14 the startup process reads each block it replays with \
+                 one synchronous pread and replay falls behind; 15 prefetches them \
+                 (recovery_prefetch=try, posix_fadvise). --standby-set recovery_prefetch=off \
+                 turns 15's off"
+            }
         }
     }
 
@@ -159,7 +171,8 @@ impl Scenario {
             | Scenario::CheckpointStall
             | Scenario::RelationExtension
             | Scenario::WalFsyncLatency
-            | Scenario::MemoryCgroupReclaim => &[],
+            | Scenario::MemoryCgroupReclaim
+            | Scenario::ReplayWithoutPrefetch => &[],
             Scenario::SubtransactionOverflow => &["-M", "prepared"],
         }
     }
@@ -173,6 +186,7 @@ impl Scenario {
             Scenario::SubtransactionOverflow => {
                 Some(crate::scenarios::subtransaction_overflow::SCRIPT)
             }
+            Scenario::ReplayWithoutPrefetch => Some(crate::scenarios::replay_prefetch::SCRIPT),
             _ => None,
         }
     }
@@ -207,7 +221,8 @@ impl Scenario {
             | Scenario::SnapshotScaling
             | Scenario::RelationExtension
             | Scenario::CgroupCpuThrottling
-            | Scenario::SubtransactionOverflow => 1,
+            | Scenario::SubtransactionOverflow
+            | Scenario::ReplayWithoutPrefetch => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb | Scenario::WalFsyncLatency | Scenario::MemoryCgroupReclaim => 7,
         }
