@@ -154,6 +154,13 @@ pub enum ScenarioArg {
     RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
+    NoHugePages,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -278,6 +285,11 @@ pub struct LabRunArgs {
     /// period (default 0.25; 0: no quota, the healthy baseline).
     #[arg(long, value_name = "CPUS", value_parser = parse_cpu_quota)]
     pub cpu_quota: Option<f64>,
+    /// no-huge-pages: `on` reserves vm.nr_hugepages for the cluster (root;
+    /// restored afterwards) and sets huge_pages=on, the healthy baseline;
+    /// `off` (the default) maps the shared memory in 4 kB pages.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub huge_pages: Option<OnOff>,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -422,7 +434,7 @@ impl LabRunArgs {
         use ScenarioArg::*;
         let s = self.scenario;
         let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 10] = [
+        let checks: [(bool, &str, &str); 11] = [
             (
                 self.idle_connections.is_some() && s != SnapshotScaling,
                 "--idle-connections",
@@ -464,6 +476,11 @@ impl LabRunArgs {
                 self.cpu_quota.is_some() && s != CgroupCpuThrottling,
                 "--cpu-quota",
                 "cgroup-cpu-throttling",
+            ),
+            (
+                self.huge_pages.is_some() && s != NoHugePages,
+                "--huge-pages",
+                "no-huge-pages",
             ),
             (
                 self.checkpoint_at.is_some()

@@ -58,6 +58,9 @@ pub struct LabOptions {
     pub idle_connections: Option<u32>,
     /// `cgroup-cpu-throttling`'s CFS quota in CPUs (None: its default; 0: none).
     pub cpu_quota: Option<f64>,
+    /// `no-huge-pages`: run with huge_pages=on and vm.nr_hugepages reserved
+    /// (None: off).
+    pub huge_pages: Option<bool>,
 }
 
 impl LabOptions {
@@ -85,6 +88,7 @@ impl LabOptions {
             checkpoint_at: None,
             idle_connections: None,
             cpu_quota: None,
+            huge_pages: None,
         }
     }
 }
@@ -169,6 +173,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             }
             opts
         }
+        Scenario::NoHugePages => {
+            with_defaults = crate::scenarios::no_huge_pages::with_defaults(opts);
+            &with_defaults
+        }
         _ => opts,
     };
     crate::collect::preflight(&opts.collectors)?;
@@ -201,6 +209,20 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     // device can only be unmounted once the server is gone.
     let mut stall: Option<crate::scenarios::checkpoint_stall::StallDevice> = None;
     let mut cpu_cgroup: Option<crate::scenarios::cgroup_cpu_throttling::CpuCgroup> = None;
+    // Reserved before the server starts, restored after it stopped.
+    let mut huge = if opts.scenario == Scenario::NoHugePages
+        && crate::scenarios::no_huge_pages::huge_pages_on(opts)
+    {
+        Some(crate::scenarios::no_huge_pages::HugePages::reserve(
+            opts, &status,
+        )?)
+    } else {
+        None
+    };
+    let facts: Vec<(String, serde_json::Value)> = huge
+        .iter()
+        .map(|h| ("huge_pages_reserved".to_string(), h.fact()))
+        .collect();
     let topo = Topology::start(
         &install,
         &TopologyOptions {
@@ -260,6 +282,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             &out,
             opts,
             stall.as_mut(),
+            &facts,
             &status,
         )
     });
@@ -267,6 +290,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let stopped = topo.stop();
     let torn = stall.take().map_or(Ok(()), |mut d| d.teardown());
     let torn = match cpu_cgroup.take().map_or(Ok(()), |mut c| c.teardown()) {
+        Ok(()) => torn,
+        Err(e) => torn.and(Err(e)),
+    };
+    let torn = match huge.take().map_or(Ok(()), |mut h| h.teardown()) {
         Ok(()) => torn,
         Err(e) => torn.and(Err(e)),
     };
@@ -373,6 +400,7 @@ fn run_on(
     out: &Path,
     opts: &LabOptions,
     mut stall: Option<&mut crate::scenarios::checkpoint_stall::StallDevice>,
+    facts: &[(String, serde_json::Value)],
     status: &dyn Fn(&str),
 ) -> Result<Recorded> {
     check_interrupt()?;
@@ -449,6 +477,7 @@ fn run_on(
     if let (Some(dev), Some(l)) = (stall.as_deref(), &limits) {
         manifest.facts.insert("stall_device".into(), dev.fact(l));
     }
+    manifest.facts.extend(facts.iter().cloned());
     if !topo.standbys().is_empty() {
         let nodes = std::iter::once(("primary", cluster)).chain(
             topo.standbys()
@@ -517,6 +546,11 @@ fn run_on(
         Err(e) => (Status::Failed, Some(format!("{e:#}"))),
     };
     let dir = session.finish(st, err)?;
+    if opts.scenario == Scenario::NoHugePages {
+        if let Err(e) = crate::scenarios::no_huge_pages::finish(&dsn) {
+            eprintln!("pgbelow: warning: {e:#}");
+        }
+    }
     if let Err(e) = outcome {
         return Ok(Recorded {
             dir,

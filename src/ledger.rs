@@ -52,6 +52,9 @@ pub enum Object {
         backing: PathBuf,
         maj_min: String,
     },
+    /// A sysctl pgbelow changed (`/proc/sys/vm/nr_hugepages`) and the value
+    /// to restore, once the servers using it are gone.
+    Sysctl { path: PathBuf, restore: String },
     /// A temp cluster: its directory, its data directory and, once
     /// started, its postmaster.
     Cluster {
@@ -85,7 +88,7 @@ impl Object {
         match self {
             Object::IoLimit { .. } | Object::Bdi { .. } => 0,
             Object::Cluster { .. } => 1,
-            Object::Mount { .. } | Object::TracefsMount { .. } => 2,
+            Object::Mount { .. } | Object::TracefsMount { .. } | Object::Sysctl { .. } => 2,
             Object::LoopDevice { .. } => 3,
             Object::Cgroup { .. } => 4,
             Object::BackingFile { .. } | Object::TempFile { .. } => 5,
@@ -394,6 +397,9 @@ fn plausible(o: &Object) -> bool {
                 || path.starts_with("/sys/fs/cgroup/") && named(path)
         }
         Object::Bdi { path, .. } => path.starts_with("/sys/class/bdi/"),
+        Object::Sysctl { path, restore } => {
+            path == Path::new("/proc/sys/vm/nr_hugepages") && restore.parse::<u64>().is_ok()
+        }
         Object::Cluster { dir, data_dir, .. } => named(dir) && data_dir.starts_with(dir),
         Object::Mount { path } => named(path),
         Object::TracefsMount { path } => path == Path::new("/sys/kernel/tracing"),
@@ -447,6 +453,14 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
                     };
                     vec![format!("{what} {} = {restore}", path.display())]
                 })
+                .map_err(|e| format!("writing {restore:?} to {}: {e}", path.display()))
+        }
+        Object::Sysctl { path, restore } => {
+            if read_trim(path).as_deref() == Some(restore) {
+                return Ok(Vec::new());
+            }
+            fs::write(path, restore)
+                .map(|_| vec![format!("restored {} = {restore}", path.display())])
                 .map_err(|e| format!("writing {restore:?} to {}: {e}", path.display()))
         }
         Object::Cluster {

@@ -7,7 +7,8 @@ use anyhow::Result;
 use clap::{CommandFactory, Parser, ValueEnum};
 
 use cli::{
-    Cli, Command, Format, LabCommand, MechanismArg, ReportFormat, ScenarioArg, SeverityArg, SyncArg,
+    Cli, Command, Format, LabCommand, MechanismArg, OnOff, ReportFormat, ScenarioArg, SeverityArg,
+    SyncArg,
 };
 use pgbelow::analyse::Severity;
 use pgbelow::collect::syscalls::Mechanism;
@@ -187,6 +188,7 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
         Scenario::SnapshotScaling => pgbelow::scenarios::snapshot_scaling::DEFAULT_CLIENTS,
         Scenario::RelationExtension => pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS,
         Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
+        Scenario::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_CLIENTS,
         Scenario::SyncrepCommit => 8,
         _ => 1,
     });
@@ -257,6 +259,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_DURATION_S
                 }
                 ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_DURATION_S,
+                ScenarioArg::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_DURATION_S,
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -300,6 +303,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::RelationExtension => Scenario::RelationExtension,
                     ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
                     ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
+                    ScenarioArg::NoHugePages => Scenario::NoHugePages,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -323,6 +327,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS
                     }
                     ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
+                    ScenarioArg::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_CLIENTS,
                     _ => 1,
                 }),
                 scale: a.scale,
@@ -354,6 +359,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 checkpoint_at: a.checkpoint_at,
                 idle_connections: a.idle_connections,
                 cpu_quota: a.cpu_quota,
+                huge_pages: a.huge_pages.map(|h| h == OnOff::On),
             };
             let res = pgbelow::app::lab(&opts)?;
             print_rendered(

@@ -7,6 +7,7 @@ pub mod cgroup_throttling;
 pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
+pub mod huge_pages;
 pub mod relation_extension;
 pub mod replay_drop;
 pub mod snapshot_scaling;
@@ -36,6 +37,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(relation_extension::RelationExtension),
         Box::new(cgroup_throttling::CgroupThrottling),
         Box::new(wal_fsync::WalFsync),
+        Box::new(huge_pages::NoHugePages),
     ]
 }
 

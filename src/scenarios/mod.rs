@@ -5,6 +5,7 @@ pub mod checkpoint_stall;
 pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
+pub mod no_huge_pages;
 pub mod relation_extension;
 pub mod snapshot_scaling;
 pub mod syncrep_commit;
@@ -25,6 +26,7 @@ pub fn prepare(opts: &LabOptions, dsn: &str, status: &dyn Fn(&str)) -> Result<()
         Scenario::DropMany => drop_many::prepare(dsn, &drop_many::Params::for_lab(opts), status),
         Scenario::SyncrepCommit => syncrep_commit::prepare(dsn, status),
         Scenario::RelationExtension => relation_extension::prepare(dsn, status),
+        Scenario::NoHugePages => no_huge_pages::prepare(dsn, status),
         s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
     }
 }

@@ -58,6 +58,10 @@ const RATIOS: &[(&str, &str)] = &[
         "pgbelow_checkpoint_throughput_ratio",
         "Throughput of the worst tenth of the seconds inside checkpoints over the throughput outside them, over the last window (absent without a checkpoint).",
     ),
+    (
+        "pgbelow_shared_memory_page_tables_ratio",
+        "The server processes' page tables beyond the postmaster's (Σ VmPTE) over the shared memory's size, at the window's peak (about 0.002 per process mapping all of it in 4 kB pages).",
+    ),
 ];
 
 impl Metrics {
@@ -161,6 +165,10 @@ impl Metrics {
         put(
             "pgbelow_checkpoint_throughput_ratio",
             crate::analyse::checkpoint_stall::throughput_ratio(ev),
+        );
+        put(
+            "pgbelow_shared_memory_page_tables_ratio",
+            crate::analyse::huge_pages::excess_share(ev),
         );
         for sev in self.findings.values_mut() {
             *sev = None;
@@ -436,6 +444,11 @@ mod tests {
         assert!(stall < 0.5, "{stall}");
         assert_eq!(gauge("pg13-select-only-timeout-all", ckpt), None);
         assert_eq!(gauge("pg13-select-only-timeout-all", replay), None);
+        let pte = "pgbelow_shared_memory_page_tables_ratio";
+        let off = gauge("pg15-no-huge-pages-off", pte).expect("page tables gauge");
+        let on = gauge("pg15-no-huge-pages-on", pte).expect("page tables gauge");
+        assert!(off > 0.05 && on < 0.01, "{off} {on}");
+        assert_eq!(gauge("pg13-select-only-timeout-all", pte), None);
     }
 
     #[test]

@@ -22,10 +22,11 @@ pub enum Scenario {
     RelationExtension,
     CgroupCpuThrottling,
     WalFsyncLatency,
+    NoHugePages,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -36,6 +37,7 @@ impl Scenario {
         Scenario::RelationExtension,
         Scenario::CgroupCpuThrottling,
         Scenario::WalFsyncLatency,
+        Scenario::NoHugePages,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +52,7 @@ impl Scenario {
             Scenario::RelationExtension => "relation-extension",
             Scenario::CgroupCpuThrottling => "cgroup-cpu-throttling",
             Scenario::WalFsyncLatency => "wal-fsync-latency",
+            Scenario::NoHugePages => "no-huge-pages",
         }
     }
 
@@ -119,6 +122,15 @@ impl Scenario {
                  --dirty-cap MB set the limits; --write-limit 100000 is the same device unthrottled \
                  (the baseline)"
             }
+            Scenario::NoHugePages => {
+                "pgbench -f: 50 clients, 10 s, each reads a random 0.1 % of the blocks (TABLESAMPLE \
+                 SYSTEM) of an unlogged table that fills shared_buffers (2GB), one row per 8 kB page, \
+                 so every backend touches pages all over the shared memory and builds its own page tables over it (VmPTE, \
+                 PageTables, minor faults). --huge-pages off (the default) maps it in 4 kB pages; \
+                 --huge-pages on reserves vm.nr_hugepages for the cluster (root; restored \
+                 afterwards) and sets huge_pages=on, the healthy baseline. The issue's size: \
+                 --set shared_buffers=8GB --clients 200"
+            }
         }
     }
 
@@ -135,6 +147,7 @@ impl Scenario {
             | Scenario::CheckpointStall
             | Scenario::RelationExtension
             | Scenario::WalFsyncLatency => &[],
+            Scenario::NoHugePages => &["-M", "prepared"],
         }
     }
 
@@ -144,6 +157,7 @@ impl Scenario {
             Scenario::SyncrepCommit => Some(crate::scenarios::syncrep_commit::SCRIPT),
             Scenario::CheckpointStall => Some(crate::scenarios::checkpoint_stall::SCRIPT),
             Scenario::RelationExtension => Some(crate::scenarios::relation_extension::SCRIPT),
+            Scenario::NoHugePages => Some(crate::scenarios::no_huge_pages::SCRIPT),
             _ => None,
         }
     }
@@ -176,7 +190,8 @@ impl Scenario {
             | Scenario::CheckpointStall
             | Scenario::SnapshotScaling
             | Scenario::RelationExtension
-            | Scenario::CgroupCpuThrottling => 1,
+            | Scenario::CgroupCpuThrottling
+            | Scenario::NoHugePages => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb | Scenario::WalFsyncLatency => 7,
         }
