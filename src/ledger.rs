@@ -766,13 +766,18 @@ mod tests {
                 device: None,
                 backing: "/b".into(),
             },
+            Object::Sysctl {
+                path: "/proc/sys/vm/nr_hugepages".into(),
+                restore: "0".into(),
+            },
         ];
         let text = serde_json::to_string(&objs).unwrap();
         let back: Vec<Object> = serde_json::from_str(&text).unwrap();
         assert_eq!(back, objs);
         let mut steps: Vec<u8> = objs.iter().map(Object::step).collect();
         steps.sort_unstable();
-        assert_eq!(steps, vec![0, 1, 3, 6]);
+        // nr_hugepages is restored after the servers holding the pages stopped.
+        assert_eq!(steps, vec![0, 1, 2, 3, 6]);
     }
 
     #[test]
@@ -792,6 +797,14 @@ mod tests {
                 restore: "x".into(),
                 backing: "/var/tmp/pgbelow-stall-1-0/disk.img".into(),
                 maj_min: "7:0".into(),
+            },
+            Object::Sysctl {
+                path: "/proc/sys/kernel/panic".into(),
+                restore: "1".into(),
+            },
+            Object::Sysctl {
+                path: "/proc/sys/vm/nr_hugepages".into(),
+                restore: "lots".into(),
             },
         ] {
             assert!(!plausible(&o), "{o:?}");

@@ -8,8 +8,12 @@
 //! `on` reserves `vm.nr_hugepages` for the cluster before it starts (root
 //! only), noted in the cleanup ledger with the old value, and restores it
 //! after the server stopped; it refuses when the kernel gives fewer pages
-//! than asked (fragmented memory). The table is unlogged and dropped after
-//! the workload, so neither the load nor the shutdown writes it.
+//! than asked (fragmented memory). While the pool exists, any other server
+//! started on the machine with `huge_pages = try` (the default) may take
+//! pages from it first; the lab cluster then fails to start with
+//! PostgreSQL's "could not map anonymous shared memory". The table is
+//! unlogged and dropped after the workload, so neither the load nor the
+//! shutdown writes it.
 use std::path::Path;
 
 use anyhow::{Context, Result};
