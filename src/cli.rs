@@ -159,6 +159,13 @@ pub enum ScenarioArg {
     MemoryCgroupReclaim,
     SubtransactionOverflow,
     ReplayWithoutPrefetch,
+    NoHugePages,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -321,6 +328,11 @@ pub struct LabRunArgs {
     /// subxid cache: 50 is the healthy baseline).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100000))]
     pub savepoints: Option<u32>,
+    /// no-huge-pages: `on` reserves vm.nr_hugepages for the cluster (root;
+    /// restored afterwards) and sets huge_pages=on, the healthy baseline;
+    /// `off` (the default) maps the shared memory in 4 kB pages.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub huge_pages: Option<OnOff>,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -467,7 +479,7 @@ impl LabRunArgs {
         use ScenarioArg::*;
         let s = self.scenario;
         let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 12] = [
+        let checks: [(bool, &str, &str); 13] = [
             (
                 self.idle_connections.is_some() && s != SnapshotScaling,
                 "--idle-connections",
@@ -519,6 +531,11 @@ impl LabRunArgs {
                 self.savepoints.is_some() && s != SubtransactionOverflow,
                 "--savepoints",
                 "subtransaction-overflow",
+            ),
+            (
+                self.huge_pages.is_some() && s != NoHugePages,
+                "--huge-pages",
+                "no-huge-pages",
             ),
             (
                 self.checkpoint_at.is_some()

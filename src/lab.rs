@@ -64,6 +64,9 @@ pub struct LabOptions {
     /// `subtransaction-overflow`: savepoints the long transaction holds
     /// (default [`crate::scenarios::subtransaction_overflow::DEFAULT_SAVEPOINTS`]).
     pub savepoints: Option<u32>,
+    /// `no-huge-pages`: run with huge_pages=on and vm.nr_hugepages reserved
+    /// (None: off).
+    pub huge_pages: Option<bool>,
 }
 
 impl LabOptions {
@@ -94,6 +97,7 @@ impl LabOptions {
             cpu_quota: None,
             memory_limit_mb: None,
             savepoints: None,
+            huge_pages: None,
         }
     }
 }
@@ -199,6 +203,10 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             with_defaults = crate::scenarios::memory_cgroup::with_defaults(opts);
             &with_defaults
         }
+        Scenario::NoHugePages => {
+            with_defaults = crate::scenarios::no_huge_pages::with_defaults(opts);
+            &with_defaults
+        }
         _ => opts,
     };
     crate::collect::preflight(&opts.collectors)?;
@@ -232,6 +240,20 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let mut stall: Option<crate::scenarios::checkpoint_stall::StallDevice> = None;
     let mut cpu_cgroup: Option<crate::scenarios::cgroup_cpu_throttling::CpuCgroup> = None;
     let mut mem_cgroup: Option<crate::scenarios::memory_cgroup::MemCgroup> = None;
+    // Reserved before the server starts, restored after it stopped.
+    let mut huge = if opts.scenario == Scenario::NoHugePages
+        && crate::scenarios::no_huge_pages::huge_pages_on(opts)
+    {
+        Some(crate::scenarios::no_huge_pages::HugePages::reserve(
+            opts, &status,
+        )?)
+    } else {
+        None
+    };
+    let facts: Vec<(String, serde_json::Value)> = huge
+        .iter()
+        .map(|h| ("huge_pages_reserved".to_string(), h.fact()))
+        .collect();
     let topo = Topology::start(
         &install,
         &TopologyOptions {
@@ -300,6 +322,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
             opts,
             stall.as_mut(),
             mem_cgroup.as_ref(),
+            &facts,
             &status,
         )
     });
@@ -316,6 +339,9 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
         if let Err(e) = cg {
             torn = torn.and(Err(e));
         }
+    }
+    if let Err(e) = huge.take().map_or(Ok(()), |mut h| h.teardown()) {
+        torn = torn.and(Err(e));
     }
     let removed = match (unlimited, torn) {
         (Ok(()), r) | (r, Ok(())) => r,
@@ -431,6 +457,7 @@ fn run_on(
     opts: &LabOptions,
     mut stall: Option<&mut crate::scenarios::checkpoint_stall::StallDevice>,
     mem_cgroup: Option<&crate::scenarios::memory_cgroup::MemCgroup>,
+    facts: &[(String, serde_json::Value)],
     status: &dyn Fn(&str),
 ) -> Result<Recorded> {
     check_interrupt()?;
@@ -527,6 +554,7 @@ fn run_on(
     if let (Some(dev), Some(l)) = (stall.as_deref(), &limits) {
         manifest.facts.insert("stall_device".into(), dev.fact(l));
     }
+    manifest.facts.extend(facts.iter().cloned());
     if !topo.standbys().is_empty() {
         let nodes = std::iter::once(("primary", cluster)).chain(
             topo.standbys()
@@ -639,6 +667,11 @@ fn run_on(
         Err(e) => (Status::Failed, Some(format!("{e:#}"))),
     };
     let dir = session.finish(st, err)?;
+    if opts.scenario == Scenario::NoHugePages {
+        if let Err(e) = crate::scenarios::no_huge_pages::finish(&dsn) {
+            eprintln!("pgbelow: warning: {e:#}");
+        }
+    }
     if let Err(e) = outcome {
         return Ok(Recorded {
             dir,

@@ -52,6 +52,9 @@ pub enum Object {
         backing: PathBuf,
         maj_min: String,
     },
+    /// A sysctl pgbelow changed (`/proc/sys/vm/nr_hugepages`) and the value
+    /// to restore, once the servers using it are gone.
+    Sysctl { path: PathBuf, restore: String },
     /// A temp cluster: its directory, its data directory and, once
     /// started, its postmaster.
     Cluster {
@@ -85,7 +88,7 @@ impl Object {
         match self {
             Object::IoLimit { .. } | Object::Bdi { .. } => 0,
             Object::Cluster { .. } => 1,
-            Object::Mount { .. } | Object::TracefsMount { .. } => 2,
+            Object::Mount { .. } | Object::TracefsMount { .. } | Object::Sysctl { .. } => 2,
             Object::LoopDevice { .. } => 3,
             Object::Cgroup { .. } => 4,
             Object::BackingFile { .. } | Object::TempFile { .. } => 5,
@@ -394,6 +397,9 @@ fn plausible(o: &Object) -> bool {
                 || path.starts_with("/sys/fs/cgroup/") && named(path)
         }
         Object::Bdi { path, .. } => path.starts_with("/sys/class/bdi/"),
+        Object::Sysctl { path, restore } => {
+            path == Path::new("/proc/sys/vm/nr_hugepages") && restore.parse::<u64>().is_ok()
+        }
         Object::Cluster { dir, data_dir, .. } => named(dir) && data_dir.starts_with(dir),
         Object::Mount { path } => named(path),
         Object::TracefsMount { path } => path == Path::new("/sys/kernel/tracing"),
@@ -447,6 +453,14 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
                     };
                     vec![format!("{what} {} = {restore}", path.display())]
                 })
+                .map_err(|e| format!("writing {restore:?} to {}: {e}", path.display()))
+        }
+        Object::Sysctl { path, restore } => {
+            if read_trim(path).as_deref() == Some(restore) {
+                return Ok(Vec::new());
+            }
+            fs::write(path, restore)
+                .map(|_| vec![format!("restored {} = {restore}", path.display())])
                 .map_err(|e| format!("writing {restore:?} to {}: {e}", path.display()))
         }
         Object::Cluster {
@@ -767,13 +781,18 @@ mod tests {
                 device: None,
                 backing: "/b".into(),
             },
+            Object::Sysctl {
+                path: "/proc/sys/vm/nr_hugepages".into(),
+                restore: "0".into(),
+            },
         ];
         let text = serde_json::to_string(&objs).unwrap();
         let back: Vec<Object> = serde_json::from_str(&text).unwrap();
         assert_eq!(back, objs);
         let mut steps: Vec<u8> = objs.iter().map(Object::step).collect();
         steps.sort_unstable();
-        assert_eq!(steps, vec![0, 1, 3, 6]);
+        // nr_hugepages is restored after the servers holding the pages stopped.
+        assert_eq!(steps, vec![0, 1, 2, 3, 6]);
     }
 
     #[test]
@@ -793,6 +812,14 @@ mod tests {
                 restore: "x".into(),
                 backing: "/var/tmp/pgbelow-stall-1-0/disk.img".into(),
                 maj_min: "7:0".into(),
+            },
+            Object::Sysctl {
+                path: "/proc/sys/kernel/panic".into(),
+                restore: "1".into(),
+            },
+            Object::Sysctl {
+                path: "/proc/sys/vm/nr_hugepages".into(),
+                restore: "lots".into(),
             },
         ] {
             assert!(!plausible(&o), "{o:?}");

@@ -7,7 +7,8 @@ use anyhow::Result;
 use clap::{CommandFactory, Parser, ValueEnum};
 
 use cli::{
-    Cli, Command, Format, LabCommand, MechanismArg, ReportFormat, ScenarioArg, SeverityArg, SyncArg,
+    Cli, Command, Format, LabCommand, MechanismArg, OnOff, ReportFormat, ScenarioArg, SeverityArg,
+    SyncArg,
 };
 use pgbelow::analyse::Severity;
 use pgbelow::collect::syscalls::Mechanism;
@@ -188,6 +189,7 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
         Scenario::RelationExtension => pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS,
         Scenario::ReplayWithoutPrefetch => pgbelow::scenarios::replay_prefetch::DEFAULT_CLIENTS,
         Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
+        Scenario::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_CLIENTS,
         Scenario::SyncrepCommit => 8,
         Scenario::MemoryCgroupReclaim => pgbelow::scenarios::memory_cgroup::DEFAULT_CLIENTS,
         Scenario::SubtransactionOverflow => {
@@ -278,6 +280,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ScenarioArg::ReplayWithoutPrefetch => {
                     pgbelow::scenarios::replay_prefetch::DEFAULT_DURATION_S
                 }
+                ScenarioArg::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_DURATION_S,
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -326,6 +329,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::MemoryCgroupReclaim => Scenario::MemoryCgroupReclaim,
                     ScenarioArg::SubtransactionOverflow => Scenario::SubtransactionOverflow,
                     ScenarioArg::ReplayWithoutPrefetch => Scenario::ReplayWithoutPrefetch,
+                    ScenarioArg::NoHugePages => Scenario::NoHugePages,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -358,6 +362,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::ReplayWithoutPrefetch => {
                         pgbelow::scenarios::replay_prefetch::DEFAULT_CLIENTS
                     }
+                    ScenarioArg::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_CLIENTS,
                     _ => 1,
                 }),
                 scale: a.scale,
@@ -396,6 +401,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 cpu_quota: a.cpu_quota,
                 memory_limit_mb: a.memory_limit,
                 savepoints: a.savepoints,
+                huge_pages: a.huge_pages.map(|h| h == OnOff::On),
             };
             let res = pgbelow::app::lab(&opts)?;
             print_rendered(

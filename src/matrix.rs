@@ -98,6 +98,17 @@ pub const CASES: &[Case] = &[
         // major changed it.
         changes: &[],
     },
+    Case {
+        scenario: Scenario::NoHugePages,
+        finding: crate::analyse::huge_pages::ID,
+        figure: "page tables beyond the postmaster's / shared memory size",
+        measure: crate::analyse::huge_pages::excess_share,
+        // The mechanism is the kernel's: no major changes it (huge_pages
+        // exists since 9.4; 15 adds shared_memory_size_in_huge_pages, 17
+        // huge_pages_status, which only say how many and whether).
+        set: &[],
+        changes: &[],
+    },
 ];
 
 /// The case for a scenario, if the matrix knows it.

@@ -1152,3 +1152,43 @@ fn replay_without_prefetch_found_attached_to_the_standby() {
         f["summary"]
     );
 }
+
+/// `no-huge-pages` attached: a cluster started with huge_pages=off and
+/// 1GB of shared_buffers, a table filling most of them (one row per 8 kB
+/// page), and 64 sessions each reading a random 1 % of its pages (SYSTEM
+/// sampling: whole random blocks) per statement, so every backend soon maps
+/// pages all over the shared memory in 4 kB pages. The procfs collector
+/// reads their VmPTE and the rule fires from it.
+#[test]
+fn no_huge_pages_found_attached() {
+    let c = UserCluster::start(
+        &[
+            ("shared_buffers", "1GB"),
+            ("huge_pages", "off"),
+            ("max_connections", "100"),
+            ("autovacuum", "off"),
+        ],
+        &[],
+    );
+    c.psql(
+        "postgres",
+        "create unlogged table touch (id int, pad text) with (fillfactor = 10); \
+         insert into touch select g, repeat('x', 500) from generate_series(1, 106000) g",
+    );
+    let script = "select count(*) from touch tablesample system (1);\n";
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(&c, &d.path().join("rec"), 9, "procfs,system,pgstat", || {
+        pgbench_script(&c, "postgres", script, 64, 6)
+    });
+    // The shutdown would write the unlogged table's buffers.
+    c.psql("postgres", "drop table touch");
+    assert_eq!(r["recording"]["mode"], "attach");
+    let f = finding_said(&r, "no-huge-pages", "15").expect("no-huge-pages attached");
+    let ev = &f["evidence"];
+    assert_eq!(ev["mapping"], "/dev/zero (deleted)", "{ev}");
+    assert_eq!(ev["huge_pages"], "off", "{ev}");
+    assert!(ev["excess_kb"].as_u64().unwrap() >= 32 * 1024, "{ev}");
+    // 1GB of shared_buffers and the rest: about 540 pages of 2 MB.
+    let pages = ev["nr_hugepages_needed"].as_u64().unwrap();
+    assert!((500..700).contains(&pages), "{ev}");
+}

@@ -7,6 +7,7 @@ pub mod cgroup_throttling;
 pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
+pub mod huge_pages;
 pub mod memory_cgroup;
 pub mod relation_extension;
 pub mod replay_drop;
@@ -42,6 +43,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(memory_cgroup::MemoryCgroupReclaim),
         Box::new(subtransaction_overflow::SubtransactionOverflow),
         Box::new(replay_prefetch::ReplayWithoutPrefetch),
+        Box::new(huge_pages::NoHugePages),
     ]
 }
 

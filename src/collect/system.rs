@@ -57,6 +57,18 @@ pub struct SystemSample {
     pub dirty_background_threshold_kb: Option<u64>,
     /// kB paged out to storage in `(t-dt, t]` (vmstat pgpgout delta).
     pub pgpgout_kb: u64,
+    /// /proc/meminfo PageTables: every process's page tables, kB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_tables_kb: Option<u64>,
+    /// /proc/meminfo HugePages_Total, _Free, _Rsvd (pages) and Hugepagesize (kB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepages_total: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepages_free: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepages_rsvd: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepagesize_kb: Option<u64>,
 }
 
 /// `key: value kB` lines of /proc/meminfo, in kB (or a plain count).
@@ -110,6 +122,11 @@ pub fn sample_from(
             (Some(now), Some(before)) => now.saturating_sub(before),
             _ => 0,
         },
+        page_tables_kb: m.get("PageTables").copied(),
+        hugepages_total: m.get("HugePages_Total").copied(),
+        hugepages_free: m.get("HugePages_Free").copied(),
+        hugepages_rsvd: m.get("HugePages_Rsvd").copied(),
+        hugepagesize_kb: m.get("Hugepagesize").copied(),
     };
     (s, pgpgout)
 }
@@ -380,6 +397,11 @@ mod tests {
         let (s, p) = sample_from(2.0, 1.0, &fixture("meminfo"), &fixture("vmstat"), None, 4);
         assert_eq!(s.dirty_kb, 92644);
         assert_eq!(s.pgpgout_kb, 0);
+        assert_eq!(s.page_tables_kb, Some(m["PageTables"]));
+        assert_eq!(
+            (s.hugepages_total, s.hugepagesize_kb),
+            (Some(0), Some(2048))
+        );
         assert_eq!(s.dirty_threshold_kb, Some(v["nr_dirty_threshold"] * 4));
         let before = p.unwrap() - 512;
         let (s, _) = sample_from(

@@ -55,6 +55,9 @@ pub struct RoleProcfs {
     pub write_bytes: u64,
     pub vcsw: u64,
     pub nvcsw: u64,
+    /// Minor page faults (first touches of mapped pages).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub minflt: u64,
     /// Process-seconds per state: "R", "S", "D", "other".
     pub state_s: BTreeMap<String, f64>,
     /// Where this role's processes spent their time off CPU, most first.
@@ -153,6 +156,72 @@ pub struct StackRow {
 pub struct WchanRow {
     pub wchan: String,
     pub s: f64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
+}
+
+/// The cluster's page tables at one time, from a procfs line's gauges.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PageTables {
+    pub t: f64,
+    /// The server's processes read, postmasters included (not pgbelow's own).
+    pub procs: u64,
+    /// Σ VmPTE of them, kB.
+    pub pte_kb: u64,
+    /// A postmaster's VmPTE, kB (the mean, with standbys): what a process
+    /// forked from it holds before it touches the shared memory, since a
+    /// fork copies no page tables of shared mappings.
+    pub postmaster_pte_kb: u64,
+    /// Σ VmPTE beyond that baseline plus [`PRIVATE_PTE_ALLOWANCE_KB`] for
+    /// the processes other than the postmasters, kB: their page tables over
+    /// the shared memory (an idle backend holds about the postmaster's).
+    pub excess_kb: u64,
+    /// Σ RssShmem of those processes, kB: the shared memory they map in
+    /// normal pages.
+    pub rss_shmem_kb: u64,
+    /// The largest VmPTE of one process, kB.
+    pub max_pte_kb: u64,
+    /// Σ HugetlbPages, kB, and the postmasters' part of it.
+    pub hugetlb_kb: u64,
+    pub postmaster_hugetlb_kb: u64,
+}
+
+/// Page tables a backend may grow for its own memory (caches, sorts)
+/// before they count as the shared memory's.
+pub const PRIVATE_PTE_ALLOWANCE_KB: u64 = 256;
+
+/// The page tables per procfs line that has the memory gauges.
+pub fn page_tables(samples: &[ProcfsSample]) -> Vec<PageTables> {
+    samples
+        .iter()
+        .filter(|s| !s.mem.is_empty())
+        .map(|s| {
+            let mut p = PageTables {
+                t: s.t,
+                ..PageTables::default()
+            };
+            let pm = s.mem.get(&Role::Postmaster).cloned().unwrap_or_default();
+            p.postmaster_pte_kb = pm.pte_kb / pm.procs.max(1);
+            p.postmaster_hugetlb_kb = pm.hugetlb_kb;
+            for (role, m) in &s.mem {
+                if matches!(role, Role::Observer) {
+                    continue;
+                }
+                p.procs += m.procs;
+                p.pte_kb += m.pte_kb;
+                p.max_pte_kb = p.max_pte_kb.max(m.max_pte_kb);
+                p.hugetlb_kb += m.hugetlb_kb;
+                if *role != Role::Postmaster {
+                    let base = p.postmaster_pte_kb + PRIVATE_PTE_ALLOWANCE_KB;
+                    p.excess_kb += m.pte_kb.saturating_sub(m.procs * base);
+                    p.rss_shmem_kb += m.rss_shmem_kb;
+                }
+            }
+            p
+        })
+        .collect()
 }
 
 /// The section, or `None` when the recording has no procfs data.
@@ -262,6 +331,7 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
             r.write_bytes += d.write_bytes;
             r.vcsw += d.vcsw;
             r.nvcsw += d.nvcsw;
+            r.minflt += d.minflt;
         }
     }
     let mut all_rows: Vec<FrameRow> = frames

@@ -6,6 +6,7 @@ pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
 pub mod memory_cgroup;
+pub mod no_huge_pages;
 pub mod owned_cgroup;
 pub mod relation_extension;
 pub mod replay_prefetch;
@@ -31,6 +32,7 @@ pub fn prepare(opts: &LabOptions, dsn: &str, status: &dyn Fn(&str)) -> Result<()
         Scenario::RelationExtension => relation_extension::prepare(dsn, status),
         Scenario::SubtransactionOverflow => subtransaction_overflow::prepare(dsn, status),
         Scenario::ReplayWithoutPrefetch => replay_prefetch::prepare(dsn, status),
+        Scenario::NoHugePages => no_huge_pages::prepare(dsn, status),
         s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
     }
 }

@@ -70,6 +70,10 @@ const RATIOS: &[(&str, &str)] = &[
         "pgbelow_subtrans_wait_share",
         "Share of the backends' busy pg_stat_activity samples waiting on pg_subtrans (LWLock SubtransSLRU/SubtransBuffer; SubtransControlLock/subtrans up to 12) over the last window.",
     ),
+    (
+        "pgbelow_shared_memory_page_tables_ratio",
+        "The server processes' page tables beyond the postmaster's (Σ VmPTE) over the shared memory's size, at the window's peak (about 0.002 per process mapping all of it in 4 kB pages).",
+    ),
 ];
 
 impl Metrics {
@@ -185,6 +189,10 @@ impl Metrics {
         put(
             "pgbelow_subtrans_wait_share",
             crate::analyse::subtransaction_overflow::subtrans_waits(ev).map(|w| w.share()),
+        );
+        put(
+            "pgbelow_shared_memory_page_tables_ratio",
+            crate::analyse::huge_pages::excess_share(ev),
         );
         for sev in self.findings.values_mut() {
             *sev = None;
@@ -471,6 +479,11 @@ mod tests {
         let p15 = gauge("pg15-replay-prefetch", prefetch).expect("prefetch gauge");
         assert!(p15 > 0.5, "{p15}");
         assert_eq!(gauge("pg13-select-only-timeout-all", prefetch), None);
+        let pte = "pgbelow_shared_memory_page_tables_ratio";
+        let off = gauge("pg15-no-huge-pages-off", pte).expect("page tables gauge");
+        let on = gauge("pg15-no-huge-pages-on", pte).expect("page tables gauge");
+        assert!(off > 0.05 && on < 0.01, "{off} {on}");
+        assert_eq!(gauge("pg13-select-only-timeout-all", pte), None);
     }
 
     #[test]

@@ -25,10 +25,11 @@ pub enum Scenario {
     MemoryCgroupReclaim,
     SubtransactionOverflow,
     ReplayWithoutPrefetch,
+    NoHugePages,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -42,6 +43,7 @@ impl Scenario {
         Scenario::MemoryCgroupReclaim,
         Scenario::SubtransactionOverflow,
         Scenario::ReplayWithoutPrefetch,
+        Scenario::NoHugePages,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +61,7 @@ impl Scenario {
             Scenario::MemoryCgroupReclaim => "memory-cgroup-reclaim",
             Scenario::SubtransactionOverflow => "subtransaction-overflow",
             Scenario::ReplayWithoutPrefetch => "replay-without-prefetch",
+            Scenario::NoHugePages => "no-huge-pages",
         }
     }
 
@@ -155,6 +158,15 @@ impl Scenario {
                  (recovery_prefetch=try, posix_fadvise). --standby-set recovery_prefetch=off \
                  turns 15's off"
             }
+            Scenario::NoHugePages => {
+                "pgbench -f: 50 clients, 10 s, each reads a random 0.1 % of the blocks (TABLESAMPLE \
+                 SYSTEM) of an unlogged table that fills shared_buffers (2GB), one row per 8 kB page, \
+                 so every backend touches pages all over the shared memory and builds its own page tables over it (VmPTE, \
+                 PageTables, minor faults). --huge-pages off (the default) maps it in 4 kB pages; \
+                 --huge-pages on reserves vm.nr_hugepages for the cluster (root; restored \
+                 afterwards) and sets huge_pages=on, the healthy baseline. The issue's size: \
+                 --set shared_buffers=8GB --clients 200"
+            }
         }
     }
 
@@ -174,6 +186,7 @@ impl Scenario {
             | Scenario::MemoryCgroupReclaim
             | Scenario::ReplayWithoutPrefetch => &[],
             Scenario::SubtransactionOverflow => &["-M", "prepared"],
+            Scenario::NoHugePages => &["-M", "prepared"],
         }
     }
 
@@ -187,6 +200,7 @@ impl Scenario {
                 Some(crate::scenarios::subtransaction_overflow::SCRIPT)
             }
             Scenario::ReplayWithoutPrefetch => Some(crate::scenarios::replay_prefetch::SCRIPT),
+            Scenario::NoHugePages => Some(crate::scenarios::no_huge_pages::SCRIPT),
             _ => None,
         }
     }
@@ -222,7 +236,8 @@ impl Scenario {
             | Scenario::RelationExtension
             | Scenario::CgroupCpuThrottling
             | Scenario::SubtransactionOverflow
-            | Scenario::ReplayWithoutPrefetch => 1,
+            | Scenario::ReplayWithoutPrefetch
+            | Scenario::NoHugePages => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb | Scenario::WalFsyncLatency | Scenario::MemoryCgroupReclaim => 7,
         }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::parse::{self, CtxSwitches, Io, Schedstat, Stat};
+use super::parse::{self, CtxSwitches, Io, Schedstat, Stat, StatusMem};
 use super::sampler::Observation;
 use crate::procinfo::Role;
 
@@ -26,6 +26,49 @@ pub struct ProcfsSample {
     /// Per pid: counter deltas over the interval (all-zero rows left out).
     #[serde(default)]
     pub procs: BTreeMap<u32, ProcDelta>,
+    /// Per role: the memory gauges of /proc/PID/status at `t`, summed over
+    /// the processes read (absent in recordings made before they were read).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mem: BTreeMap<Role, MemRow>,
+}
+
+/// The page tables and shared memory of one role's processes at one time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemRow {
+    /// Processes whose /proc/PID/status was read.
+    pub procs: u64,
+    /// Σ VmPTE, kB: page tables, each process its own.
+    pub pte_kb: u64,
+    /// The largest VmPTE of one of them, kB.
+    pub max_pte_kb: u64,
+    /// Σ RssShmem, kB: shared memory mapped in normal pages.
+    pub rss_shmem_kb: u64,
+    /// Σ HugetlbPages, kB: memory mapped in hugetlb pages.
+    pub hugetlb_kb: u64,
+}
+
+impl MemRow {
+    fn add(&mut self, m: &StatusMem) {
+        self.procs += 1;
+        self.pte_kb += m.pte_kb;
+        self.max_pte_kb = self.max_pte_kb.max(m.pte_kb);
+        self.rss_shmem_kb += m.rss_shmem_kb;
+        self.hugetlb_kb += m.hugetlb_kb;
+    }
+}
+
+/// Per role, the memory gauges of the processes in `now`.
+pub fn mem_rows(
+    now: &BTreeMap<u32, Counters>,
+    role_of: impl Fn(u32) -> Role,
+) -> BTreeMap<Role, MemRow> {
+    let mut out: BTreeMap<Role, MemRow> = BTreeMap::new();
+    for (pid, c) in now {
+        if let Some(m) = &c.mem {
+            out.entry(role_of(*pid)).or_default().add(m);
+        }
+    }
+    out
 }
 
 /// Time some processes of one role spent in one state at one place.
@@ -78,6 +121,9 @@ pub struct ProcDelta {
     /// Involuntary context switches (it was preempted).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub nvcsw: u64,
+    /// Minor page faults (pages mapped without I/O: first touches).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub minflt: u64,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -184,6 +230,7 @@ impl Interval {
         dt: f64,
         hz: f64,
         procs: BTreeMap<u32, ProcDelta>,
+        mem: BTreeMap<Role, MemRow>,
     ) -> ProcfsSample {
         ProcfsSample {
             t,
@@ -193,6 +240,7 @@ impl Interval {
             stack_reads: self.stack_reads,
             rows: self.rows(dt),
             procs,
+            mem,
         }
     }
 }
@@ -205,6 +253,9 @@ pub struct Counters {
     pub runq_ns: u64,
     pub io: Io,
     pub ctxt: CtxSwitches,
+    pub minflt: u64,
+    /// Gauges, not counters: never turned into deltas.
+    pub mem: Option<StatusMem>,
 }
 
 impl Counters {
@@ -215,6 +266,7 @@ impl Counters {
         sched: Option<Schedstat>,
         io: Option<Io>,
         ctxt: Option<CtxSwitches>,
+        mem: Option<StatusMem>,
         ticks_per_s: u64,
     ) -> Counters {
         let cpu_ns = match sched {
@@ -227,6 +279,8 @@ impl Counters {
             runq_ns: sched.map_or(0, |s| s.runq_wait_ns),
             io: io.unwrap_or_default(),
             ctxt: ctxt.unwrap_or_default(),
+            minflt: stat.minflt,
+            mem,
         }
     }
 
@@ -236,8 +290,17 @@ impl Counters {
         let stat = parse::parse_stat(&read("stat")?)?;
         let sched = read("schedstat").and_then(|s| parse::parse_schedstat(&s));
         let io = read("io").and_then(|s| parse::parse_io(&s));
-        let ctxt = read("status").and_then(|s| parse::parse_status_ctxt(&s));
-        Some(Counters::from_parts(&stat, sched, io, ctxt, ticks_per_s))
+        let status = read("status");
+        let ctxt = status.as_deref().and_then(parse::parse_status_ctxt);
+        let mem = status.as_deref().and_then(parse::parse_status_mem);
+        Some(Counters::from_parts(
+            &stat,
+            sched,
+            io,
+            ctxt,
+            mem,
+            ticks_per_s,
+        ))
     }
 }
 
@@ -279,6 +342,7 @@ impl CounterDeltas {
                 write_bytes: c.io.write_bytes.saturating_sub(b.io.write_bytes),
                 vcsw: c.ctxt.voluntary.saturating_sub(b.ctxt.voluntary),
                 nvcsw: c.ctxt.nonvoluntary.saturating_sub(b.ctxt.nonvoluntary),
+                minflt: c.minflt.saturating_sub(b.minflt),
             };
             if !d.is_empty() {
                 out.insert(*pid, d);
@@ -364,7 +428,7 @@ mod tests {
             ));
             iv.add_round(&v, 3);
         }
-        let s = iv.into_sample(5.0, 1.0, 10.0, BTreeMap::new());
+        let s = iv.into_sample(5.0, 1.0, 10.0, BTreeMap::new(), BTreeMap::new());
         assert_eq!(s.ticks, 10);
         assert_eq!(s.stack_reads, 30);
         let keys: Vec<(Role, &str, &str)> = s
@@ -433,7 +497,7 @@ mod tests {
         let sched = parse::parse_schedstat(&fixture("schedstat_pg_checkpointer"));
         let io = parse::parse_io(&fixture("io_pg_backend"));
         let ctxt = parse::parse_status_ctxt(&fixture("status_pg_checkpointer"));
-        let c = Counters::from_parts(&stat, sched, io, ctxt, 100);
+        let c = Counters::from_parts(&stat, sched, io, ctxt, None, 100);
         assert_eq!(c.cpu_ns, 892845);
         // Started before the recording: the first sight is only a baseline.
         let mut d = CounterDeltas::new(stat.starttime + 1);
@@ -463,7 +527,7 @@ mod tests {
         assert_eq!(out[&20291].cpu_s, 0.000893);
         // Without schedstat, CPU comes from stat's clock ticks.
         let dd = parse_stat(&fixture("stat_d_dd")).unwrap();
-        let no_sched = Counters::from_parts(&dd, None, None, None, 100);
+        let no_sched = Counters::from_parts(&dd, None, None, None, None, 100);
         assert_eq!(no_sched.cpu_ns, 1_570_000_000);
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-pub use aggregate::{CounterDeltas, Counters, Interval, ProcDelta, ProcfsSample, StateRow};
+pub use aggregate::{CounterDeltas, Counters, Interval, MemRow, ProcDelta, ProcfsSample, StateRow};
 pub use sampler::{Observation, Sampler, Stack, StackProblem};
 
 use super::{Collector, Context};
@@ -31,6 +31,9 @@ use crate::recording::{CollectorInfo, Writer};
 
 /// The stream this collector writes.
 pub const STREAM: &str = "procfs.jsonl";
+/// Manifest fact: the postmaster's main shared memory mapping
+/// ([`parse::SharedSegment`]), or why it is unknown.
+pub const SHARED_MEMORY: &str = "shared_memory";
 /// Highest sampling rate accepted.
 pub const MAX_HZ: f64 = 1000.0;
 
@@ -51,6 +54,16 @@ pub struct ProcfsCollector {
     deltas: CounterDeltas,
     ticks_per_s: u64,
     last_t: f64,
+    /// The postmaster's shared memory mapping, read once at the start.
+    segment: Result<parse::SharedSegment, String>,
+}
+
+/// The postmaster's largest shared mapping (one read of its maps: no page
+/// walk, unlike smaps).
+fn shared_segment(postmaster: u32) -> Result<parse::SharedSegment, String> {
+    let file = format!("/proc/{postmaster}/maps");
+    let maps = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {file}: {e}"))?;
+    parse::parse_shared_segment(&maps).ok_or_else(|| format!("{file} has no shared mapping"))
 }
 
 impl ProcfsCollector {
@@ -89,6 +102,7 @@ impl ProcfsCollector {
             deltas: CounterDeltas::new(recording_start_ticks(ctx.start, ticks_per_s)),
             ticks_per_s,
             last_t: ctx.t(),
+            segment: shared_segment(ctx.postmaster),
         })
     }
 
@@ -206,10 +220,11 @@ impl Collector for ProcfsCollector {
             .into_iter()
             .filter_map(|pid| Some((pid, Counters::read(pid, self.ticks_per_s)?)))
             .collect();
+        let mem = aggregate::mem_rows(&now, |pid| self.ctx.role_of(pid).unwrap_or(Role::Other));
         let procs = self.deltas.update(now);
         let dt = t - self.last_t;
         self.last_t = t;
-        out.append(STREAM, &interval.into_sample(t, dt, self.hz, procs))
+        out.append(STREAM, &interval.into_sample(t, dt, self.hz, procs, mem))
     }
 
     fn thread_cpu_s(&self) -> f64 {
@@ -217,7 +232,14 @@ impl Collector for ProcfsCollector {
     }
 
     fn facts(&self) -> Vec<(String, serde_json::Value)> {
-        vec![("procfs.hz".into(), serde_json::json!(self.hz))]
+        let segment = match &self.segment {
+            Ok(s) => serde_json::to_value(s).unwrap_or_default(),
+            Err(why) => serde_json::json!({ "unavailable": why }),
+        };
+        vec![
+            ("procfs.hz".into(), serde_json::json!(self.hz)),
+            (SHARED_MEMORY.into(), segment),
+        ]
     }
 
     fn finish(&mut self, _t: f64, _out: &mut Writer) -> Result<()> {

@@ -12,6 +12,9 @@ pub struct Stat {
     /// R, S, D, T, t, Z, X, I, P, …
     pub state: char,
     pub ppid: u32,
+    /// Minor page faults (field 10): pages mapped without I/O, such as the
+    /// first touch of a shared-memory page.
+    pub minflt: u64,
     /// Clock ticks (USER_HZ) in user and kernel mode.
     pub utime: u64,
     pub stime: u64,
@@ -33,8 +36,10 @@ pub fn parse_stat(s: &str) -> Option<Stat> {
     let mut f = s[close + 1..].split_ascii_whitespace();
     let state = f.next()?.chars().next()?;
     let ppid = f.next()?.parse().ok()?;
-    // Fields 5..=13 (pgrp .. cmajflt) are not used.
-    let mut f = f.skip(9);
+    // Fields 5..=9 (pgrp .. flags) are not used; 10 is minflt; 11..=13
+    // (cminflt .. cmajflt) are not used.
+    let minflt = f.nth(5)?.parse().ok()?;
+    let mut f = f.skip(3);
     let utime = f.next()?.parse().ok()?;
     let stime = f.next()?.parse().ok()?;
     // Fields 16..=21 (cutime .. itrealvalue), then 22: starttime.
@@ -44,6 +49,7 @@ pub fn parse_stat(s: &str) -> Option<Stat> {
         comm,
         state,
         ppid,
+        minflt,
         utime,
         stime,
         starttime,
@@ -219,6 +225,82 @@ pub fn parse_status_ctxt(s: &str) -> Option<CtxSwitches> {
     (seen == 2).then_some(c)
 }
 
+/// Memory gauges of /proc/PID/status, kB: the page tables (`VmPTE`), the
+/// shared memory mapped in normal pages (`RssShmem`) and in hugetlb pages
+/// (`HugetlbPages`; absent on kernels before 4.4, then 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatusMem {
+    pub pte_kb: u64,
+    pub rss_shmem_kb: u64,
+    pub hugetlb_kb: u64,
+}
+
+/// The memory gauges of /proc/PID/status; None without `VmPTE` (a kernel
+/// thread, or a zombie).
+pub fn parse_status_mem(s: &str) -> Option<StatusMem> {
+    let mut m = StatusMem::default();
+    let mut pte = false;
+    for line in s.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let slot = match k {
+            "VmPTE" => {
+                pte = true;
+                &mut m.pte_kb
+            }
+            "RssShmem" => &mut m.rss_shmem_kb,
+            "HugetlbPages" => &mut m.hugetlb_kb,
+            _ => continue,
+        };
+        *slot = v.split_ascii_whitespace().next()?.parse().ok()?;
+    }
+    pte.then_some(m)
+}
+
+/// The server's main shared memory as the postmaster's /proc/PID/maps shows
+/// it: its largest shared (`s`) mapping. PostgreSQL maps it anonymous and
+/// shared (`/dev/zero (deleted)`, shmem in normal pages), or with
+/// MAP_HUGETLB (`/anon_hugepage (deleted)`) when huge pages were given
+/// (sysv_shmem.c `CreateAnonymousSegment`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SharedSegment {
+    /// The mapping's name, e.g. `/dev/zero (deleted)`.
+    pub mapping: String,
+    pub size_kb: u64,
+    /// Mapped in hugetlb pages.
+    pub hugetlb: bool,
+}
+
+pub fn parse_shared_segment(maps: &str) -> Option<SharedSegment> {
+    maps.lines()
+        .filter_map(|l| {
+            let mut f = l.split_ascii_whitespace();
+            let (lo, hi) = f.next()?.split_once('-')?;
+            let perms = f.next()?;
+            if perms.as_bytes().get(3) != Some(&b's') {
+                return None;
+            }
+            // offset, device, inode, then the name (may hold spaces).
+            let name = f.nth(3).map_or(String::new(), |first| {
+                std::iter::once(first)
+                    .chain(f)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            });
+            let size = u64::from_str_radix(hi, 16)
+                .ok()?
+                .checked_sub(u64::from_str_radix(lo, 16).ok()?)?;
+            Some((size, name))
+        })
+        .max_by_key(|(size, _)| *size)
+        .map(|(size, mapping)| SharedSegment {
+            hugetlb: mapping.starts_with("/anon_hugepage"),
+            mapping,
+            size_kb: size / 1024,
+        })
+}
+
 /// /proc/PID/schedstat: nanoseconds on a CPU, nanoseconds runnable but
 /// waiting for a CPU, and the number of times the process ran.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -355,6 +437,34 @@ mod tests {
         assert_eq!(parse_syscall(&fixture("syscall_pg_backend")), Some(232));
         assert_eq!(parse_syscall("running\n"), None);
         assert_eq!(parse_syscall("-1 0x7ffd 0x4005\n"), None);
+    }
+
+    // PostgreSQL 15.18, shared_buffers=2GB, huge_pages=off: a backend after
+    // 6 s of random lookups over a table filling shared_buffers, and its
+    // postmaster.
+    #[test]
+    fn page_tables_faults_and_the_shared_segment() {
+        let b = parse_status_mem(&fixture("status_pg15_backend_2gb_touched")).unwrap();
+        assert_eq!(
+            b,
+            StatusMem {
+                pte_kb: 3980,
+                rss_shmem_kb: 506828,
+                hugetlb_kb: 0
+            }
+        );
+        let st = parse_stat(&fixture("stat_pg15_backend_2gb_touched")).unwrap();
+        assert_eq!(st.minflt, 8402);
+        assert_eq!(st.comm, "postgres");
+        let pm = parse_status_mem(&fixture("status_pg15_postmaster_2gb")).unwrap();
+        assert!(pm.pte_kb < 1024, "{pm:?}");
+        assert!(parse_status_mem("Name:\tkthreadd\n").is_none());
+        let seg = parse_shared_segment(&fixture("maps_pg15_postmaster_huge_pages_off")).unwrap();
+        assert_eq!(seg.mapping, "/dev/zero (deleted)");
+        assert!(!seg.hugetlb);
+        // shared_memory_size was 2122MB (rounded up to MB).
+        assert_eq!(seg.size_kb, 2172024);
+        assert!(parse_shared_segment(&fixture("maps_pg_postmaster")).is_none());
     }
 
     #[test]

@@ -232,6 +232,7 @@ mod tests {
                         },
                     ),
                 ]),
+                mem: BTreeMap::new(),
             })
             .collect()
     }

@@ -1,0 +1,348 @@
+//! `no-huge-pages`: without huge pages the main shared memory is mapped in
+//! 4 kB pages, and every process that touches it builds its own page
+//! tables over it — 8 bytes per 4 kB page, 1/512 of what it touched, since
+//! a fork copies no page tables of a shared mapping (only hugetlb ones).
+//! With 8 GB of shared_buffers and 200 busy connections that is up to
+//! 16 MB per backend and 3 GB in all, plus a minor fault for each first
+//! touch. In 2 MB hugetlb pages (`huge_pages = on` and `vm.nr_hugepages`
+//! reserved) the same memory takes 1/512 of that.
+//!
+//! Raised from the processes' own page tables (/proc/PID/status VmPTE,
+//! procfs collector) beyond what a process holds before it touches the
+//! shared memory (the postmaster's VmPTE), against the shared memory's size
+//! (the postmaster's largest shared mapping), and only when that mapping is
+//! not hugetlb — never from `huge_pages` alone: `try` may or may not have
+//! got them, and a server whose backends touch little needs none.
+use serde_json::json;
+
+use super::{severity_at, Finding, Rule};
+use crate::collect::procfs::parse::SharedSegment;
+use crate::collect::procfs::SHARED_MEMORY;
+use crate::evidence::procfs::{page_tables, PageTables};
+use crate::evidence::Evidence;
+use crate::procinfo::Role;
+use crate::round3;
+
+pub const ID: &str = "no-huge-pages";
+
+/// Page tables over the shared memory, summed, before anything is said.
+pub const MIN_EXCESS_KB: u64 = 32 * 1024;
+/// …and as a share of the shared memory's size (3 %: as many page tables as
+/// 15 processes mapping all of it; 245 MB with 8 GB of shared_buffers).
+pub const WARN_SHARE: f64 = 0.03;
+pub const CRITICAL_SHARE: f64 = 0.25;
+/// Bytes of shared memory one kB of 4 kB-page tables maps (8-byte entries).
+const MAPPED_PER_PTE: u64 = 512;
+/// The shared memory the processes map (Σ RssShmem) must be at least this
+/// share of what their excess page tables could map: random touches leave
+/// it sparse (≈ 0.2 measured), but page tables grown for private memory
+/// (a sort's work_mem) come with almost none.
+const MIN_MAPPED_DENSITY: f64 = 0.05;
+
+/// The shared memory's size and whether it is hugetlb: the postmaster's
+/// mapping when recorded, else `shared_memory_size` (15+).
+fn segment(ev: &Evidence) -> Option<SharedSegment> {
+    if let Some(s) = ev
+        .manifest
+        .facts
+        .get(SHARED_MEMORY)
+        .and_then(|v| serde_json::from_value::<SharedSegment>(v.clone()).ok())
+    {
+        return Some(s);
+    }
+    let mb: u64 = ev
+        .manifest
+        .postgres
+        .settings
+        .get("shared_memory_size")?
+        .strip_suffix("MB")?
+        .parse()
+        .ok()?;
+    Some(SharedSegment {
+        mapping: "shared_memory_size".into(),
+        size_kb: mb * 1024,
+        hugetlb: ev
+            .manifest
+            .postgres
+            .settings
+            .get("huge_pages_status")
+            .is_some_and(|s| s == "on"),
+    })
+}
+
+/// The key figure: page tables over the shared memory against its size, at
+/// the recording's peak (None without the gauges or the size).
+pub fn excess_share(ev: &Evidence) -> Option<f64> {
+    let seg = segment(ev)?;
+    let series = page_tables(&ev.procfs);
+    let peak = peak(&series)?;
+    Some(peak.excess_kb as f64 / seg.size_kb.max(1) as f64)
+}
+
+fn peak(p: &[PageTables]) -> Option<&PageTables> {
+    p.iter().max_by_key(|x| x.excess_kb)
+}
+
+/// Huge pages of `size_kb` each that hold `shared_kb`.
+pub fn pages_for(shared_kb: u64, size_kb: u64) -> u64 {
+    shared_kb.div_ceil(size_kb.max(1))
+}
+
+pub struct NoHugePages;
+
+impl Rule for NoHugePages {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
+        let seg = segment(ev)?;
+        let series = page_tables(&ev.procfs);
+        let peak = peak(&series)?.clone();
+        if seg.hugetlb || peak.postmaster_hugetlb_kb > 0 {
+            return None;
+        }
+        let share = peak.excess_kb as f64 / seg.size_kb.max(1) as f64;
+        if peak.excess_kb < MIN_EXCESS_KB || share < WARN_SHARE {
+            return None;
+        }
+        let density = peak.rss_shmem_kb as f64 / (peak.excess_kb * MAPPED_PER_PTE) as f64;
+        if density < MIN_MAPPED_DENSITY {
+            return None;
+        }
+        let mb = |kb: u64| kb as f64 / 1024.0;
+        let others = peak.procs.saturating_sub(1).max(1);
+        // One process's page tables over all of the shared memory.
+        let full_kb = seg.size_kb / MAPPED_PER_PTE;
+        // The machine's page tables, at the peak and at the start.
+        let system_at = |t: f64| {
+            ev.system
+                .iter()
+                .min_by(|a, b| (a.t - t).abs().total_cmp(&(b.t - t).abs()))
+                .and_then(|s| s.page_tables_kb)
+        };
+        let sys_peak = system_at(peak.t);
+        let sys_start = ev.system.first().and_then(|s| s.page_tables_kb);
+        let hugepagesize_kb = ev
+            .system
+            .iter()
+            .find_map(|s| s.hugepagesize_kb)
+            .unwrap_or(2048);
+        let reserved = ev.system.last().and_then(|s| s.hugepages_total);
+        let settings = &ev.manifest.postgres.settings;
+        let in_pg = settings
+            .get("shared_memory_size_in_huge_pages")
+            .and_then(|s| s.parse::<i64>().ok())
+            .filter(|n| *n > 0)
+            .map(|n| n as u64);
+        let pages = in_pg.unwrap_or_else(|| pages_for(seg.size_kb, hugepagesize_kb));
+        let huge_pages = settings.get("huge_pages").cloned();
+        // First touches: the backends' minor faults over the recording.
+        let backends = ev
+            .recorded("procfs")
+            .then(|| ev.procfs_in(None))
+            .and_then(|p| p.roles.get(&Role::Backend).cloned());
+        let window = (
+            ev.procfs.first().map_or(0.0, |s| s.t - s.dt),
+            ev.procfs.last().map_or(0.0, |s| s.t),
+        );
+        let secs = (window.1 - window.0).max(1e-9);
+        let faults = backends.as_ref().map(|b| b.minflt);
+        let latency = ev
+            .workload
+            .as_ref()
+            .map(|w| (w.tps, w.latency_avg_ms, w.clients));
+        let setting_text = match huge_pages.as_deref() {
+            Some("try") => {
+                " (huge_pages = try: the server asked for huge pages and fell back to normal \
+                            ones, as it does silently when too few are reserved)"
+                    .to_string()
+            }
+            Some(v) => format!(" (huge_pages = {v})"),
+            None => String::new(),
+        };
+        Some(Finding {
+            id: ID.into(),
+            severity: severity_at(share, CRITICAL_SHARE),
+            title: "Every backend maps the shared memory in 4 kB pages".into(),
+            summary: format!(
+                "The server's {n} processes held {pte:.0} MB of page tables (Σ VmPTE) at {t:.0} s, \
+                 {ex:.0} MB of them beyond what each held before touching the shared memory \
+                 ({base} kB, the postmaster's, and {allow} kB for its own): {pct:.1} % of the {sh:.0} MB shared memory ({map}, \
+                 not hugetlb{setting_text}) — as many as {copies:.0} processes mapping all of it \
+                 ({full:.1} MB each), up to {max:.1} MB in one.{sys}{flt}{lat}",
+                n = peak.procs,
+                pte = mb(peak.pte_kb),
+                t = peak.t,
+                ex = mb(peak.excess_kb),
+                base = peak.postmaster_pte_kb,
+                allow = crate::evidence::procfs::PRIVATE_PTE_ALLOWANCE_KB,
+                pct = share * 100.0,
+                sh = mb(seg.size_kb),
+                map = seg.mapping,
+                copies = peak.excess_kb as f64 / full_kb.max(1) as f64,
+                full = mb(full_kb),
+                max = mb(peak.max_pte_kb),
+                sys = match (sys_start, sys_peak) {
+                    (Some(a), Some(b)) => format!(
+                        " The machine's PageTables went from {:.0} MB to {:.0} MB.",
+                        mb(a),
+                        mb(b)
+                    ),
+                    _ => String::new(),
+                },
+                flt = faults.map_or(String::new(), |f| format!(
+                    " The backends took {f} minor faults ({:.0} per second), most of them first \
+                     touches of shared buffers.",
+                    f as f64 / secs
+                )),
+                lat = latency.map_or(String::new(), |(tps, l, c)| format!(
+                    " pgbench: {c} clients, {tps:.0} tps{}.",
+                    l.map_or(String::new(), |l| format!(", {l:.2} ms average latency"))
+                )),
+            ),
+            evidence: json!({
+                "shared_memory_kb": seg.size_kb,
+                "mapping": seg.mapping,
+                "hugetlb": false,
+                "huge_pages": huge_pages,
+                "processes": peak.procs,
+                "page_tables_kb": peak.pte_kb,
+                "excess_kb": peak.excess_kb,
+                "excess_share": round3(share),
+                "excess_per_process_kb": peak.excess_kb / others,
+                "max_pte_kb": peak.max_pte_kb,
+                "postmaster_pte_kb": peak.postmaster_pte_kb,
+                "shared_mapped_kb": peak.rss_shmem_kb,
+                "mapped_density": round3(density),
+                "full_mapping_pte_kb": full_kb,
+                "at_s": round3(peak.t),
+                "system_page_tables_kb": sys_peak,
+                "system_page_tables_start_kb": sys_start,
+                "backend_minflt": faults,
+                "backend_minflt_per_s": faults.map(|f| round3(f as f64 / secs)),
+                "hugepagesize_kb": hugepagesize_kb,
+                "hugepages_total": reserved,
+                "nr_hugepages_needed": pages,
+                "nr_hugepages_source": if in_pg.is_some() { "shared_memory_size_in_huge_pages" } else { "shared memory size / Hugepagesize" },
+            }),
+            remedy: format!(
+                "Put the shared memory on huge pages. Reserve them: vm.nr_hugepages = {pages} for this \
+                 server ({how}; set it in /etc/sysctl.d/ so it holds after a reboot, and early: a \
+                 fragmented machine may give fewer — check HugePages_Total in /proc/meminfo), then set \
+                 huge_pages = on (9.4+; `try`, the default, falls back to 4 kB pages without a word — on \
+                 17+ `SHOW huge_pages_status` says which the server got) and restart. The page tables \
+                 then shrink about 512-fold and the first touches with them. Fewer server processes \
+                 (a connection pooler in front) shrink them too. Prove it with `pgbelow compare A B`.",
+                how = if in_pg.is_some() {
+                    "SHOW shared_memory_size_in_huge_pages, PostgreSQL 15+; with the server stopped: \
+                     postgres -C shared_memory_size_in_huge_pages -D $PGDATA"
+                        .to_string()
+                } else {
+                    format!(
+                        "{:.0} MB of shared memory in {} kB pages; on 15+ SHOW \
+                         shared_memory_size_in_huge_pages gives the exact count",
+                        mb(seg.size_kb),
+                        hugepagesize_kb
+                    )
+                },
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyse::{fixture, Severity};
+
+    // Real lab runs on PostgreSQL 15.18 here (2 vCPUs, 24 GB):
+    // `pgbelow lab run --scenario no-huge-pages --set shared_buffers=1GB
+    // --clients 40 --duration 8 --collectors procfs,system,pgstat
+    // [--huge-pages on]`: 1134 tps off, 1765 on.
+    #[test]
+    fn fires_without_huge_pages() {
+        let rec = fixture("pg15-no-huge-pages-off");
+        let f = NoHugePages.evaluate(&rec).expect("finding");
+        assert_eq!(f.id, ID);
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(f.evidence["mapping"], "/dev/zero (deleted)");
+        assert_eq!(f.evidence["shared_memory_kb"], 1099104);
+        assert_eq!(f.evidence["page_tables_kb"], 78584);
+        assert_eq!(f.evidence["postmaster_pte_kb"], 236);
+        // The 40 backends' 77760 kB less (236 + 256) kB each; the other
+        // processes hold less than that.
+        assert_eq!(f.evidence["excess_kb"], 58080);
+        let density = f.evidence["mapped_density"].as_f64().unwrap();
+        assert!(density > 0.5, "{density}");
+        assert_eq!(f.evidence["max_pte_kb"], 1944);
+        assert_eq!(f.evidence["nr_hugepages_needed"], 537);
+        assert_eq!(
+            f.evidence["nr_hugepages_source"],
+            "shared_memory_size_in_huge_pages"
+        );
+        assert_eq!(f.evidence["system_page_tables_kb"], 92728);
+        assert_eq!(f.evidence["backend_minflt"], 519072);
+        assert!(f.remedy.contains("vm.nr_hugepages = 537"), "{}", f.remedy);
+        assert!(f.remedy.contains("huge_pages = on"));
+        assert!(f.summary.contains("huge_pages = off"), "{}", f.summary);
+        let share = excess_share(&rec).unwrap();
+        assert!((0.05..0.06).contains(&share), "{share}");
+    }
+
+    #[test]
+    fn silent_with_huge_pages() {
+        let rec = fixture("pg15-no-huge-pages-on");
+        assert!(NoHugePages.evaluate(&rec).is_none());
+        // Not only because the mapping is hugetlb: the page tables are small.
+        let p = page_tables(&rec.procfs);
+        let peak = peak(&p).unwrap();
+        assert!(peak.excess_kb < MIN_EXCESS_KB, "{peak:?}");
+        assert!(peak.postmaster_hugetlb_kb > 0);
+        assert!(excess_share(&rec).unwrap() < 0.01);
+    }
+
+    #[test]
+    fn decided_by_the_page_tables_not_the_setting() {
+        // huge_pages=off, but the backends touched little: nothing to say.
+        let mut rec = fixture("pg15-no-huge-pages-off");
+        for s in &mut rec.procfs {
+            for (role, m) in s.mem.iter_mut() {
+                if *role == Role::Backend {
+                    m.pte_kb = m.procs * 250;
+                    m.max_pte_kb = 250;
+                }
+            }
+        }
+        assert!(NoHugePages.evaluate(&rec).is_none());
+        // Large page tables, but hardly any shared memory mapped: they map
+        // the backends' own memory, which huge pages would not change.
+        let mut rec = fixture("pg15-no-huge-pages-off");
+        for s in &mut rec.procfs {
+            for m in s.mem.values_mut() {
+                m.rss_shmem_kb /= 1000;
+            }
+        }
+        assert!(NoHugePages.evaluate(&rec).is_none());
+        // Large page tables, but the shared memory is hugetlb: another cause.
+        let mut rec = fixture("pg15-no-huge-pages-off");
+        rec.manifest.facts.insert(
+            SHARED_MEMORY.into(),
+            json!({"mapping": "/anon_hugepage (deleted)", "size_kb": 1099104, "hugetlb": true}),
+        );
+        assert!(NoHugePages.evaluate(&rec).is_none());
+    }
+
+    #[test]
+    fn critical_from_a_quarter_of_the_shared_memory() {
+        // The same page tables against a quarter of the size.
+        let mut rec = fixture("pg15-no-huge-pages-off");
+        rec.manifest.facts.insert(
+            SHARED_MEMORY.into(),
+            json!({"mapping": "/dev/zero (deleted)", "size_kb": 200_000, "hugetlb": false}),
+        );
+        let f = NoHugePages.evaluate(&rec).expect("finding");
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(pages_for(1099104, 2048), 537);
+    }
+}
