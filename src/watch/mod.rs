@@ -102,7 +102,10 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
     while !interrupt::requested() {
         n += 1;
         if let (Some(old), Some(d)) = (pid, &data_dir) {
-            if !procinfo::looks_like_postmaster(old) {
+            // Gone, or its pid now someone else's (another server's
+            // postmaster too): not the one working in that directory.
+            let cwd = std::fs::read_link(format!("/proc/{old}/cwd")).ok();
+            if !procinfo::looks_like_postmaster(old) || cwd.as_ref() != Some(d) {
                 if let Ok(new) = procinfo::postmaster_of_data_dir(d) {
                     eprintln!(
                         "pgbelow: watch: the postmaster of {} is now pid {new} (was {old})",
