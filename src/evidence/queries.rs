@@ -489,27 +489,13 @@ fn top_stacks(ev: &super::Evidence, from_pid: &BTreeMap<u32, f64>, total: f64) -
     if total <= 0.0 {
         return Vec::new();
     }
-    let mut pid_total: BTreeMap<u32, u64> = BTreeMap::new();
-    for s in &p.pid_stacks {
-        *pid_total.entry(s.pid).or_default() += s.samples;
-    }
-    let mut weighted: BTreeMap<Vec<String>, f64> = BTreeMap::new();
-    for s in &p.pid_stacks {
-        let (Some(got), Some(&all)) = (from_pid.get(&s.pid), pid_total.get(&s.pid)) else {
-            continue;
-        };
-        if all == 0 {
-            continue;
-        }
+    let items = p.pid_stacks.iter().map(|s| {
         let frames: Vec<String> = s.frames.iter().map(|f| f.name.clone()).collect();
         let keep = frames.len().saturating_sub(STACK_FRAMES);
-        *weighted.entry(frames[keep..].to_vec()).or_default() +=
-            s.samples as f64 * got / all as f64;
-    }
-    let mut v: Vec<(Vec<String>, f64)> = weighted.into_iter().collect();
-    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    v.into_iter()
-        .take(TOP_STACKS)
+        (s.pid, frames[keep..].to_vec(), s.samples)
+    });
+    weighted_top(items, from_pid)
+        .into_iter()
         .map(|(frames, w)| QueryStack {
             share: ((w / total) * 1000.0).round() / 1000.0,
             frames,
@@ -532,30 +518,13 @@ fn top_off_cpu_stacks(
     if total <= 0.0 {
         return Vec::new();
     }
-    let mut all: BTreeMap<(u32, &str), u64> = BTreeMap::new();
-    for s in &o.pid_stacks {
-        *all.entry((s.pid, s.state.as_str())).or_default() += s.us;
-    }
-    let mut weighted: BTreeMap<(&str, &[String]), f64> = BTreeMap::new();
-    for s in &o.pid_stacks {
-        let (Some(g), Some(&n)) = (
-            got.get(&(s.pid, s.state.clone())),
-            all.get(&(s.pid, s.state.as_str())),
-        ) else {
-            continue;
-        };
-        if n == 0 {
-            continue;
-        }
+    let items = o.pid_stacks.iter().map(|s| {
         let keep = s.frames.len().saturating_sub(STACK_FRAMES);
-        *weighted
-            .entry((s.state.as_str(), &s.frames[keep..]))
-            .or_default() += g * s.us as f64 / n as f64;
-    }
-    let mut v: Vec<((&str, &[String]), f64)> = weighted.into_iter().collect();
-    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    v.into_iter()
-        .take(TOP_STACKS)
+        let stack = (s.state.as_str(), &s.frames[keep..]);
+        ((s.pid, s.state.clone()), stack, s.us)
+    });
+    weighted_top(items, got)
+        .into_iter()
         .map(|((state, frames), secs)| QueryOffStack {
             state: state.to_string(),
             seconds: crate::round3(secs),
@@ -563,6 +532,35 @@ fn top_off_cpu_stacks(
             frames: frames.to_vec(),
         })
         .collect()
+}
+
+/// A query's heaviest stacks, for both kinds: each process's stacks
+/// (`(key, stack, weight)`, the key a pid or a pid and state) weighted by
+/// what the query got of that key (`got[key]`, the result's unit) over the
+/// key's whole weight; heaviest first, ties by stack, at most
+/// [`TOP_STACKS`].
+fn weighted_top<K: Ord + Clone, S: Ord>(
+    items: impl Iterator<Item = (K, S, u64)>,
+    got: &BTreeMap<K, f64>,
+) -> Vec<(S, f64)> {
+    let items: Vec<(K, S, u64)> = items.filter(|(k, _, _)| got.contains_key(k)).collect();
+    let mut all: BTreeMap<K, u64> = BTreeMap::new();
+    for (k, _, w) in &items {
+        *all.entry(k.clone()).or_default() += w;
+    }
+    let mut weighted: BTreeMap<S, f64> = BTreeMap::new();
+    for (k, stack, w) in items {
+        let (Some(g), Some(&n)) = (got.get(&k), all.get(&k)) else {
+            continue;
+        };
+        if n > 0 {
+            *weighted.entry(stack).or_default() += g * w as f64 / n as f64;
+        }
+    }
+    let mut v: Vec<(S, f64)> = weighted.into_iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.truncate(TOP_STACKS);
+    v
 }
 
 #[cfg(test)]
