@@ -14,7 +14,7 @@ use common::{assert_torn_down, finding};
 const ID: &str = "cgroup-cpu-throttling";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    common::lab_cgroup_case("cgroup-cpu-throttling", extra, out)
+    common::lab_short_case("cgroup-cpu-throttling", extra, out)
 }
 
 fn no_cgroup_left() {

@@ -16,24 +16,9 @@ use common::{assert_torn_down, finding, manifest};
 const ID: &str = "no-huge-pages";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        "no-huge-pages",
-        "--set",
-        "shared_buffers=1GB",
-        "--clients",
-        "40",
-        "--duration",
-        "8",
-        "--collectors",
-        "procfs,system,pgstat",
-        "--format",
-        "json",
-    ];
+    let mut args = vec!["--set", "shared_buffers=1GB", "--clients", "40"];
     args.extend_from_slice(extra);
-    common::lab_json(&args, out)
+    common::lab_short_case(ID, &args, out)
 }
 
 fn nr_hugepages() -> String {

@@ -16,7 +16,7 @@ use common::{assert_torn_down, finding};
 const ID: &str = "memory-cgroup-reclaim";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    common::lab_cgroup_case("memory-cgroup-reclaim", extra, out)
+    common::lab_short_case("memory-cgroup-reclaim", extra, out)
 }
 
 /// Where pgbelow makes its memory cgroups: under the (v1) memory cgroup of

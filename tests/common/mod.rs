@@ -55,8 +55,9 @@ pub fn lab_select_only(args: &[&str], out: &Path) -> Value {
 }
 
 /// `lab run --scenario SCENARIO --duration 8 --collectors
-/// procfs,system,pgstat EXTRA --format json`: the cgroup cases' short run.
-pub fn lab_cgroup_case(scenario: &str, extra: &[&str], out: &Path) -> Value {
+/// procfs,system,pgstat EXTRA --format json`: the short run of the cases
+/// that change machine state (cgroups, huge pages).
+pub fn lab_short_case(scenario: &str, extra: &[&str], out: &Path) -> Value {
     let mut args = vec![
         "lab",
         "run",
