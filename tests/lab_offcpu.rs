@@ -27,16 +27,19 @@ fn pgbench_backends_off_cpu_by_state() {
             "13",
             "--collectors",
             "offcpu,procfs",
-            // Not the defaults: the flags must reach the collectors.
+            // Not the defaults: the flags must reach the collectors. Every
+            // block is measured (1 µs), so the backends' wait for pgbench
+            // is counted however short a fast, quiet machine makes it: a
+            // 2 ms floor saw only 5 blocks (0.032 s) on one such run.
             "--offcpu-min-block",
-            "2000",
+            "1",
             "--procfs-hz",
             "20",
         ],
         &out,
     );
     let o = &r["offcpu"];
-    assert_eq!(o["min_block_ms"], 2.0, "--offcpu-min-block 2000: {o:#}");
+    assert_eq!(o["min_block_ms"], 0.001, "--offcpu-min-block 1: {o:#}");
     assert_eq!(r["procfs"]["hz"], 20.0, "--procfs-hz 20");
     let backend = o["roles"]
         .as_array()
