@@ -341,7 +341,7 @@ pub struct LabRunArgs {
 
 #[derive(Args, Debug)]
 pub struct LabMatrixArgs {
-    /// Scenario with a key figure: snapshot-scaling, relation-extension, replay-without-prefetch, select-only (with statement_timeout=10s).
+    /// Scenario with a key figure (every scenario but tpcb; select-only with statement_timeout=10s; tables in docs/matrix.md).
     #[arg(long, value_enum)]
     pub scenario: ScenarioArg,
     /// PostgreSQL majors, comma-separated (10–18; fetched from npm unless the system's).
@@ -365,6 +365,10 @@ pub struct LabMatrixArgs {
     /// snapshot-scaling: idle connections (default 1000).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100000))]
     pub idle_connections: Option<u32>,
+    /// drop-many: drop empty tables (replay scans the standby's buffer pool
+    /// per drop on every major).
+    #[arg(long)]
+    pub empty_tables: bool,
     /// Collectors to run in every run (default: the lab's).
     #[arg(long, value_name = "LIST")]
     pub collectors: Option<String>,

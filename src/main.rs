@@ -195,14 +195,22 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
         Scenario::SubtransactionOverflow => {
             pgbelow::scenarios::subtransaction_overflow::DEFAULT_CLIENTS
         }
+        Scenario::CgroupCpuThrottling => pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS,
+        Scenario::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
         _ => 1,
     });
     if scenario == Scenario::SubtransactionOverflow {
         base.replication.standbys = 1;
         base.replication.sync = pgbelow::provision::SyncMode::Async;
     }
+    // As `lab run`: commits that wait for 2 synchronous standbys (FIRST 2).
+    if scenario == Scenario::SyncrepCommit {
+        base.replication.standbys = 2;
+        base.replication.sync = pgbelow::provision::SyncMode::First;
+    }
     base.scale = a.scale;
     base.idle_connections = a.idle_connections;
+    base.drop_many.empty = a.empty_tables;
     base.collectors = collect::parse_list(a.collectors.as_deref())?;
     base.show_progress = show;
     let out = a.out.unwrap_or_else(|| {

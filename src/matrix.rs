@@ -109,6 +109,75 @@ pub const CASES: &[Case] = &[
         set: &[],
         changes: &[],
     },
+    Case {
+        scenario: Scenario::SyncrepCommit,
+        finding: crate::analyse::syncrep_wait::ID,
+        figure: "backends' epoll_create1 per commit",
+        measure: crate::analyse::syncrep_wait::epoll_create_per_commit,
+        // Commits wait for 2 synchronous standbys (FIRST 2: the topology
+        // comes from `lab matrix` as from `lab run`), synchronous_commit=on.
+        set: &[],
+        changes: &[(
+            14,
+            "3347c982ba",
+            "WaitLatch() keeps one long-lived WaitEventSet: no epoll set built and freed per commit wait",
+        )],
+    },
+    Case {
+        scenario: Scenario::DropMany,
+        finding: crate::analyse::replay_drop::ID,
+        figure: "standby startup process CPU ms per dropped relation",
+        measure: drop_cpu_ms,
+        // The scenario sets its own: one remote_apply standby with 2GB of
+        // shared_buffers, one-row tables.
+        set: &[],
+        changes: &[(
+            14,
+            "bea449c635",
+            "replay drops a relation's buffers by lookup when its size is cached (FindAndDropRelFileNodeBuffers); empty tables created during replay still scan the pool",
+        )],
+    },
+    Case {
+        scenario: Scenario::ExplainTiming,
+        finding: crate::analyse::clock_reads::ID,
+        figure: "backends' clock syscalls per row timed by EXPLAIN ANALYZE",
+        measure: clock_per_timed_row,
+        set: &[],
+        // The clocksource (vDSO or not) decides, not the version: every
+        // major since 10 reads clock_gettime(CLOCK_MONOTONIC) twice per row
+        // per plan node.
+        changes: &[],
+    },
+    Case {
+        scenario: Scenario::CheckpointStall,
+        finding: crate::analyse::checkpoint_stall::ID,
+        figure: "tps of the worst tenth of checkpoint seconds / tps outside checkpoints",
+        measure: checkpoint_tps_ratio,
+        // The scenario sets its own (checkpoint_flush_after=0, 30 s
+        // checkpoints, 2GB shared_buffers). Writeback control
+        // (sync_file_range, 428b1d6b29) is in every major since 9.6.
+        set: &[],
+        changes: &[],
+    },
+    Case {
+        scenario: Scenario::CgroupCpuThrottling,
+        finding: crate::analyse::cgroup_throttling::ID,
+        figure: "share of CFS periods throttled",
+        measure: crate::analyse::cgroup_throttling::throttled_share,
+        // The kernel's CFS bandwidth control decides, not the version.
+        set: &[],
+        changes: &[],
+    },
+    Case {
+        scenario: Scenario::WalFsyncLatency,
+        finding: crate::analyse::wal_fsync::ID,
+        figure: "share of busy backends in WAL flush waits",
+        measure: crate::analyse::wal_fsync::wal_wait_share,
+        // The device's flush latency decides; every major flushes WAL at
+        // commit (pg_stat_wal, 14+, only measures it).
+        set: &[],
+        changes: &[],
+    },
 ];
 
 /// The case for a scenario, if the matrix knows it.
@@ -137,6 +206,18 @@ fn timer_per_statement(ev: &Evidence) -> Option<f64> {
     let b = by_role.get(&crate::procinfo::Role::Backend)?;
     let calls = b.get("setitimer") + b.get("timer_settime");
     (stmts.count > 0).then(|| crate::round3(calls as f64 / stmts.count as f64))
+}
+
+fn drop_cpu_ms(ev: &Evidence) -> Option<f64> {
+    crate::analyse::replay_drop::cpu_ms_per_drop(ev).map(crate::round3)
+}
+
+fn clock_per_timed_row(ev: &Evidence) -> Option<f64> {
+    crate::evidence::explain::build(ev)?.clock_syscalls_per_timed_row
+}
+
+fn checkpoint_tps_ratio(ev: &Evidence) -> Option<f64> {
+    crate::analyse::checkpoint_stall::throughput_ratio(ev).map(crate::round3)
 }
 
 #[derive(Clone, Debug)]
@@ -428,6 +509,146 @@ mod tests {
         assert_eq!(changed_by(c, 13), None);
         assert!(changed_by(c, 14).unwrap().starts_with("dc7420c2c9"));
         assert!(changed_by(c, 16).unwrap().starts_with("dc7420c2c9"));
+    }
+
+    /// Each case's key figure on real recordings (tests/fixtures): the
+    /// affected run's and the fixed or healthy run's, and whether the
+    /// case's finding fired on each, as a matrix row would show them.
+    #[test]
+    fn the_key_figures_on_real_recordings() {
+        use crate::evidence::fixture;
+        let finding = |sc: Scenario, name: &str| {
+            let c = case(sc).unwrap();
+            let ev = fixture(name);
+            let f = crate::analyse::analyse(&ev)
+                .into_iter()
+                .find(|f| f.id == c.finding);
+            ((c.measure)(&ev), f)
+        };
+        let row = |sc: Scenario, name: &str| {
+            let (fig, f) = finding(sc, name);
+            (fig, f.is_some())
+        };
+        // The figure is the one the rule reports, where it reports it.
+        for (sc, name, key) in [
+            (
+                Scenario::SyncrepCommit,
+                "pg13-syncrep-commit",
+                "epoll_create1_per_commit",
+            ),
+            (
+                Scenario::DropMany,
+                "pg13-drop-many-1row-1g",
+                "startup_cpu_ms_per_drop",
+            ),
+            (
+                Scenario::ExplainTiming,
+                "pg15-explain-timing-forced",
+                "clock_syscalls_per_timed_row",
+            ),
+            (
+                Scenario::CgroupCpuThrottling,
+                "pg15-cgroup-cpu-quota-0.25",
+                "throttled_share",
+            ),
+            (
+                Scenario::WalFsyncLatency,
+                "pg15-attach-wal-slow-device",
+                "share_of_busy_backends",
+            ),
+        ] {
+            let (fig, f) = finding(sc, name);
+            assert_eq!(fig, f.unwrap().evidence[key].as_f64(), "{name}");
+        }
+        // (scenario, affected, its figure, healthy, its figure)
+        let cases = [
+            // 13.23 vs 15: one epoll set per commit wait before 3347c982ba.
+            (
+                Scenario::SyncrepCommit,
+                "pg13-syncrep-commit",
+                0.977,
+                "pg15-syncrep-commit",
+                0.001,
+            ),
+            // Standby shared_buffers 1 GB, one-row tables: 13 scans the
+            // pool per drop, 15 looks the blocks up.
+            (
+                Scenario::DropMany,
+                "pg13-drop-many-1row-1g",
+                1.792,
+                "pg15-drop-many-1row-1g",
+                0.317,
+            ),
+            // 15 both: clock reads forced to syscalls vs the vDSO (tsc).
+            (
+                Scenario::ExplainTiming,
+                "pg15-explain-timing-forced",
+                2.0,
+                "pg15-explain-timing-healthy",
+                0.0,
+            ),
+            (
+                Scenario::CgroupCpuThrottling,
+                "pg15-cgroup-cpu-quota-0.25",
+                0.974,
+                "pg15-cgroup-cpu-quota-0.5",
+                0.435,
+            ),
+            (
+                Scenario::WalFsyncLatency,
+                "pg15-attach-wal-slow-device",
+                0.25,
+                "pg15-attach-wal-tmpfs",
+                0.0,
+            ),
+        ];
+        for (sc, bad, bad_fig, good, good_fig) in cases {
+            assert_eq!(row(sc, bad), (Some(bad_fig), true), "{bad}");
+            let (fig, fired) = row(sc, good);
+            assert_eq!(fig, Some(good_fig), "{good}");
+            // The half-CPU quota still throttles (a warning); the others
+            // are healthy.
+            assert_eq!(fired, sc == Scenario::CgroupCpuThrottling, "{good}");
+        }
+        // Empty tables scan the pool on 15 too: the figure says so.
+        assert_eq!(
+            row(Scenario::DropMany, "pg15-drop-many-empty-1g"),
+            (Some(1.525), true)
+        );
+        // A stalled checkpoint: the worst tenth of its seconds near 0 tps;
+        // spread with flush control, a third of the tps outside.
+        assert_eq!(
+            row(Scenario::CheckpointStall, "pg15-checkpoint-stall"),
+            (Some(0.031), true)
+        );
+        assert_eq!(
+            row(
+                Scenario::CheckpointStall,
+                "pg15-checkpoint-stall-flush-spread"
+            )
+            .0,
+            Some(0.313)
+        );
+        // No figure where the recording cannot give one.
+        assert_eq!(
+            row(Scenario::CgroupCpuThrottling, "pg15-cgroup-cpu-no-quota").0,
+            None
+        );
+        assert_eq!(
+            row(Scenario::CheckpointStall, "pg13-select-only-timeout").0,
+            None
+        );
+        assert_eq!(
+            row(Scenario::ExplainTiming, "pg13-select-only-timeout").0,
+            None
+        );
+    }
+
+    #[test]
+    fn every_scenario_with_a_key_figure_has_a_case() {
+        for s in Scenario::ALL {
+            assert_eq!(case(s).is_some(), s != Scenario::Tpcb, "{}", s.name());
+        }
     }
 
     #[test]

@@ -73,6 +73,30 @@ fn levels(samples: &[CgroupSample]) -> Vec<Level> {
     out
 }
 
+impl Level {
+    /// Share of its enforcement periods throttled.
+    fn share(&self) -> f64 {
+        self.throttled as f64 / self.periods.max(1) as f64
+    }
+}
+
+/// The cgroup level (the postmaster's or an ancestor) throttled longest,
+/// among those with enforcement periods and throttling in `min_seconds`
+/// samples or more.
+fn worst_level(rec: &Evidence, min_seconds: usize) -> Option<Level> {
+    levels(&rec.cgroup)
+        .into_iter()
+        .filter(|l| l.throttled_seconds >= min_seconds && l.periods > 0)
+        .max_by(|a, b| a.throttled_s.total_cmp(&b.throttled_s))
+}
+
+/// The rule's key figure: the share of CFS periods throttled at the level
+/// throttled longest (0 when a quota never bit). None without a quota's
+/// periods in the recording.
+pub fn throttled_share(rec: &Evidence) -> Option<f64> {
+    worst_level(rec, 0).map(|l| round3(l.share()))
+}
+
 pub struct CgroupThrottling;
 
 impl Rule for CgroupThrottling {
@@ -81,11 +105,8 @@ impl Rule for CgroupThrottling {
     }
 
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
-        let worst = levels(&rec.cgroup)
-            .into_iter()
-            .filter(|l| l.throttled_seconds >= MIN_THROTTLED_SECONDS && l.periods > 0)
-            .max_by(|a, b| a.throttled_s.total_cmp(&b.throttled_s))?;
-        let share = worst.throttled as f64 / worst.periods as f64;
+        let worst = worst_level(rec, MIN_THROTTLED_SECONDS)?;
+        let share = worst.share();
         if share < WARN_SHARE {
             return None;
         }

@@ -158,6 +158,22 @@ fn epoll_setup(rec: &Evidence, commits: u64) -> Option<EpollSetup> {
     })
 }
 
+/// epoll sets the backends created (`epoll_create1`, or `epoll_create` in
+/// old libcs).
+fn epoll_creates(b: &crate::recording::reader::RoleSyscalls) -> u64 {
+    b.get("epoll_create1") + b.get("epoll_create")
+}
+
+/// The rule's key figure: the backends' epoll sets created per committed
+/// transaction (≈ 1 before 14, ≈ 0 from 14 on, waits or not). None without
+/// commits or backend syscall counts.
+pub fn epoll_create_per_commit(rec: &Evidence) -> Option<f64> {
+    let (n, _, _) = commits(rec)?;
+    let by_role = rec.syscalls_by_role(None);
+    let b = by_role.get(&Role::Backend)?;
+    (n > 0).then(|| round3(epoll_creates(b) as f64 / n as f64))
+}
+
 fn profile_shares(rec: &Evidence) -> Option<ProfileShares> {
     let s = ProfileShares::from_stacks(rec.stacks());
     (s.samples > 0).then_some(s)
@@ -175,7 +191,7 @@ impl Rule for SyncrepWait {
         }
         let by_role = rec.syscalls_by_role(None);
         let b = by_role.get(&Role::Backend)?;
-        let create = b.get("epoll_create1") + b.get("epoll_create");
+        let create = epoll_creates(b);
         let ctl = b.get("epoll_ctl");
         let close = b.get("close");
         let per = |x: u64| round3(x as f64 / n as f64);

@@ -11,7 +11,7 @@
 use serde_json::json;
 
 use super::{Finding, Rule, Severity};
-use crate::evidence::pgstat::summarize_waits;
+use crate::evidence::pgstat::{summarize_waits, RoleWaits};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -55,6 +55,29 @@ fn wal_syncs(rec: &Evidence) -> Option<(u64, Option<f64>, f64)> {
     Some((n, ms, t1 - t0))
 }
 
+/// Processes of `role` (on average) in WAL waits, and busy ones, from the
+/// summarized pg_stat_activity samples.
+fn in_wal(roles: &[RoleWaits], role: Role) -> Option<(f64, f64)> {
+    roles.iter().find(|r| r.role == role).map(|r| {
+        let avg: f64 = r
+            .top
+            .iter()
+            .filter(|w| WAL_WAITS.contains(&w.wait.as_str()))
+            .map(|w| w.avg_backends)
+            .sum();
+        (avg, r.avg_busy)
+    })
+}
+
+/// The rule's key figure: the share of busy backends flushing WAL or
+/// queued behind the flush. None without backend wait samples.
+pub fn wal_wait_share(rec: &Evidence) -> Option<f64> {
+    let (_, roles) = summarize_waits(&rec.waits);
+    let (avg, busy) = in_wal(&roles, Role::Backend)?;
+    // + 0.0: an empty f64 sum is -0.0.
+    (busy > 0.0).then(|| round3(avg / busy) + 0.0)
+}
+
 pub struct WalFsync;
 
 impl Rule for WalFsync {
@@ -67,18 +90,7 @@ impl Rule for WalFsync {
         if ticks == 0 {
             return None;
         }
-        let in_wal = |role: Role| {
-            roles.iter().find(|r| r.role == role).map(|r| {
-                let avg: f64 = r
-                    .top
-                    .iter()
-                    .filter(|w| WAL_WAITS.contains(&w.wait.as_str()))
-                    .map(|w| w.avg_backends)
-                    .sum();
-                (avg, r.avg_busy)
-            })
-        };
-        let (avg, busy) = in_wal(Role::Backend)?;
+        let (avg, busy) = in_wal(&roles, Role::Backend)?;
         let share = avg / busy.max(1e-9);
         if avg < MIN_AVG_BACKENDS || share < MIN_SHARE {
             return None;
@@ -128,7 +140,7 @@ impl Rule for WalFsync {
             .workload
             .as_ref()
             .and_then(|w| w.latency_avg_ms.map(|l| (l, w.tps)));
-        let walwriter = in_wal(Role::Walwriter).map(|w| w.0);
+        let walwriter = in_wal(&roles, Role::Walwriter).map(|w| w.0);
         Some(Finding {
             id: ID.into(),
             severity,
