@@ -679,14 +679,9 @@ fn standby_topology_killed_at_every_phase() {
 
 #[test]
 fn checkpoint_stall_killed_with_its_device_and_limits() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: checkpoint-stall needs root");
+    let Some((_alone, l, t0)) = as_root("checkpoint-stall") else {
         return;
-    }
-    let _alone = common::exclusive();
-    let l = ledger_dir();
-    let t0 = Instant::now();
+    };
     let args = [
         "--scenario",
         "checkpoint-stall",
@@ -747,9 +742,15 @@ fn drop_many_setup_stops_at_ctrl_c() {
     );
 }
 
-fn is_root() -> bool {
+/// This binary's lab lock, a ledger of the test's own and the start time;
+/// None (the test skipped, saying why) unless root.
+fn as_root(what: &str) -> Option<(std::sync::MutexGuard<'static, ()>, TestLedger, Instant)> {
     // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: {what} needs root");
+        return None;
+    }
+    Some((common::exclusive(), ledger_dir(), Instant::now()))
 }
 
 /// The cases that change machine-wide state beyond the lab's cluster,
@@ -760,13 +761,9 @@ fn is_root() -> bool {
 /// each: no cgroup `pgbelow-mem-…`, vm.nr_hugepages as before.
 #[test]
 fn memory_cgroup_and_huge_pages_killed_during_the_workload() {
-    if !is_root() {
-        eprintln!("skipped: the memory cgroup and vm.nr_hugepages need root");
+    let Some((_alone, l, t0)) = as_root("a memory cgroup and vm.nr_hugepages") else {
         return;
-    }
-    let _alone = common::exclusive();
-    let l = ledger_dir();
-    let t0 = Instant::now();
+    };
     let memcg = [
         "lab",
         "run",
@@ -827,13 +824,9 @@ fn memory_cgroup_and_huge_pages_killed_during_the_workload() {
 /// start reclaims its cluster.
 #[test]
 fn doctor_killed_during_its_first_probe() {
-    if !is_root() {
-        eprintln!("skipped: doctor needs root (BPF)");
+    let Some((_alone, l, t0)) = as_root("doctor (BPF)") else {
         return;
-    }
-    let _alone = common::exclusive();
-    let l = ledger_dir();
-    let t0 = Instant::now();
+    };
     let argv = ["doctor", "--duration", "20"];
     kill_cmd_at(l.path(), &argv, Phase::Workload, Sig::IntGroup, &[]);
     kill_cmd_at(
