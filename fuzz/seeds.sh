@@ -38,6 +38,18 @@ for s in workload clock explain drop drop_sweep syncrep_sweep manifest; do
         seed $t "$(basename "$(dirname "$f")")" "$f"
     done
 done
+for s in cgroup offcpu offcpu.stacks profile profile.stacks; do
+    t=jsonl_$(echo $s | tr . _)
+    for f in $F/recordings/*/$s.jsonl; do
+        [ -f "$f" ] || continue
+        mkdir -p "$C/$t"; head -n 4 "$f" > "$C/$t/seed-$(basename "$(dirname "$f")")"
+    done
+done
+# No recording fixture has profile.stacks.jsonl: one captured from a real
+# `lab run --scenario select-only --collectors profile` (PostgreSQL 15).
+seed jsonl_profile_stacks pg15-select-only $F/profile/stacks-pg15-select-only.jsonl
+for f in $F/recordings/*/offcpu.json; do seed json_offcpu_summary "$(basename "$(dirname "$f")")" "$f"; done
+for f in $F/proc/cgroup-*; do seed cgroup_files "$(basename "$f")" "$f"; done
 for f in $F/recordings/*/profile.json; do seed json_profile_summary "$(basename "$(dirname "$f")")" "$f"; done
 for f in $F/recordings/*/profile.folded; do
     d=$(basename "$(dirname "$f")"); mkdir -p $C/folded; head -n 20 "$f" > "$C/folded/seed-$d"
@@ -48,7 +60,7 @@ for f in $F/recordings/pg15-checkpoint-stall/*.jsonl; do
 done
 # Whole recordings: each file's first lines after a marker naming it (fuzz/src/lib.rs).
 mkdir -p $C/recording
-files="manifest.json workload.json progress.jsonl processes.jsonl syscalls.jsonl pgstat.jsonl procfs.jsonl system.jsonl pgstat_waits.jsonl pgstat_server.jsonl checkpoints.jsonl profile.json profile.folded clock.json explain.json drop.json drop_sweep.json syncrep_sweep.json"
+files="manifest.json workload.json progress.jsonl processes.jsonl syscalls.jsonl pgstat.jsonl procfs.jsonl system.jsonl pgstat_waits.jsonl pgstat_server.jsonl checkpoints.jsonl profile.json profile.folded clock.json explain.json drop.json drop_sweep.json syncrep_sweep.json flamegraph-backend.svg cgroup.jsonl offcpu.json offcpu.folded offcpu.jsonl offcpu.stacks.jsonl profile.jsonl profile.stacks.jsonl pgstat_activity.jsonl"
 for d in $F/recordings/*/; do
     out="$C/recording/seed-$(basename "$d")"
     i=0; : > "$out"

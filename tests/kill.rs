@@ -10,6 +10,9 @@
 //! | single node       | provisioning, report; twice (forced) at workload | pgbench init | workload (next start: `lab list`) |
 //! | `--standbys 1`    |                 | workload      | provisioning, report    |
 //! | checkpoint-stall  | init (table load) | workload    | workload (limits applied) |
+//! | memory-cgroup-reclaim (limited cgroup) | workload |    | workload (next start: `lab list`) |
+//! | no-huge-pages `--huge-pages on` | workload |           | workload (next start: `lab list`) |
+//! | `doctor` (first probe) | workload  |               | workload                |
 //!
 //! `record` killed by each signal is `attach_cases.rs`'s
 //! `record_stopped_by_any_signal_leaves_the_server_as_it_was`.
@@ -18,7 +21,7 @@
 //! stderr progress lines, the recording's progress file), not from sleeps.
 //! SIGINT goes to the process group, as a terminal's Ctrl-C does; SIGTERM
 //! and SIGKILL to the process. After each: no server, directory, loop
-//! device, mount, cgroup or I/O limit the run noted in its ledger is left,
+//! device, mount, cgroup, I/O limit or sysctl the run noted in its ledger is left,
 //! and no BPF program of it is either. After SIGINT/SIGTERM the run exits 0
 //! with a recording (`interrupted`, or `complete` when it was already
 //! reporting) that `pgbelow report` reads; after SIGKILL the next start
@@ -86,11 +89,11 @@ fn pgbelow(ledger: &Path) -> Command {
 }
 
 impl Run {
-    fn start(ledger: &Path, args: &[&str], out: &Path) -> Run {
+    /// `pgbelow ARGV --out OUT`.
+    fn start(ledger: &Path, argv: &[&str], out: &Path) -> Run {
         let mut child = pgbelow(ledger)
-            .args(["lab", "run"])
-            .args(args)
-            .args(["--format", "json", "--out"])
+            .args(argv)
+            .arg("--out")
             .arg(out)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -356,6 +359,17 @@ fn assert_nothing_left(what: &str, seen: &BTreeSet<String>, bpf_before: &BTreeSe
                     left.push(format!("write limit {mm} in {}", p("path").display()));
                 }
             }
+            "sysctl" => {
+                let now = std::fs::read_to_string(p("path")).unwrap_or_default();
+                if now.trim() != v["restore"].as_str().unwrap() {
+                    left.push(format!(
+                        "{} = {} (was {})",
+                        p("path").display(),
+                        now.trim(),
+                        v["restore"]
+                    ));
+                }
+            }
             "bdi" => {
                 let now = std::fs::read_to_string(p("path")).unwrap_or_default();
                 if now.trim() != v["restore"].as_str().unwrap() {
@@ -389,12 +403,38 @@ fn assert_nothing_left(what: &str, seen: &BTreeSet<String>, bpf_before: &BTreeSe
 /// Kill a `lab run ARGS` with `sig` at `phase`, then check what is left.
 /// Returns the seconds from the signal to the exit.
 fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&str]) -> f64 {
-    let what = format!("{args:?} {sig:?} @ {phase:?}");
+    let argv = [&["lab", "run"], args, &["--format", "json"]].concat();
+    kill_cmd_at(ledger, &argv, phase, sig, next_start).0
+}
+
+/// Whether `pgbelow ARGV` loads BPF programs (the syscall or off-CPU
+/// collector, on by default) where the kernel allows it.
+fn loads_bpf(argv: &[&str]) -> bool {
+    let collectors = argv
+        .iter()
+        .position(|a| *a == "--collectors")
+        .and_then(|i| argv.get(i + 1));
+    collectors.is_none_or(|c| c.split(',').any(|c| c == "syscalls" || c == "offcpu"))
+        && common::bpftool()
+        && Path::new("/sys/kernel/btf/vmlinux").exists()
+}
+
+/// [`kill_at`] for any command writing a recording to `--out` (`lab run
+/// … --format json` prints its report; `doctor` its text). Also returns
+/// every ledger object the run noted.
+fn kill_cmd_at(
+    ledger: &Path,
+    argv: &[&str],
+    phase: Phase,
+    sig: Sig,
+    next_start: &[&str],
+) -> (f64, BTreeSet<String>) {
+    let what = format!("{argv:?} {sig:?} @ {phase:?}");
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
     let bpf_before: BTreeSet<u64> = common::bpf_programs().into_keys().collect();
     let t0 = Instant::now();
-    let mut run = Run::start(ledger, args, &out);
+    let mut run = Run::start(ledger, argv, &out);
     run.wait_for(phase, &out);
     let pid = u64::from(run.child.id());
     let held = common::bpf_programs()
@@ -402,10 +442,7 @@ fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&
         .filter(|pids| pids.contains(&pid))
         .count();
     eprintln!("{what}: the run holds {held} BPF program(s) when signalled");
-    if phase == Phase::Workload
-        && common::bpftool()
-        && Path::new("/sys/kernel/btf/vmlinux").exists()
-    {
+    if phase == Phase::Workload && loads_bpf(argv) {
         // The syscall collector's programs are loaded before the workload
         // starts: the count after the kill means something.
         assert!(held > 0, "{what}: no BPF program held during the workload");
@@ -487,15 +524,6 @@ fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&
                 "{what}: the second Ctrl-C did not force: {err}"
             );
         }
-        let r: Value = serde_json::from_slice(&stdout)
-            .unwrap_or_else(|e| panic!("{what}: no JSON report ({e}): {err}"));
-        let status = r["recording"]["status"].as_str().unwrap_or("").to_string();
-        let expect: &[&str] = if phase == Phase::Report {
-            &["complete", "interrupted"]
-        } else {
-            &["interrupted"]
-        };
-        assert!(expect.contains(&&*status), "{what}: status {status}");
         let rep = pgbelow(ledger)
             .args(["report", "--format", "json"])
             .arg(&out)
@@ -507,7 +535,25 @@ fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&
             String::from_utf8_lossy(&rep.stderr)
         );
         let r2: Value = serde_json::from_slice(&rep.stdout).unwrap();
-        assert_eq!(r2["recording"]["status"], status, "{what}");
+        let status = r2["recording"]["status"].as_str().unwrap_or("").to_string();
+        let expect: &[&str] = if phase == Phase::Report {
+            &["complete", "interrupted"]
+        } else {
+            &["interrupted"]
+        };
+        assert!(expect.contains(&&*status), "{what}: status {status}");
+        if argv[0] != "doctor" {
+            let r: Value = serde_json::from_slice(&stdout)
+                .unwrap_or_else(|e| panic!("{what}: no JSON report ({e}): {err}"));
+            assert_eq!(r["recording"]["status"], status, "{what}");
+        } else {
+            // doctor: its text names the recording it was writing.
+            let text = String::from_utf8_lossy(&stdout);
+            assert!(
+                text.contains(&format!("Recording: {}", out.display())),
+                "{what}: {text}{err}"
+            );
+        }
         // Limits lifted no later than the last server stopped.
         let tl = timeline;
         let first = |f: &dyn Fn(&(bool, bool)) -> bool| tl.iter().position(f);
@@ -525,7 +571,7 @@ fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&
         }
     }
     assert_nothing_left(&what, &seen, &bpf_before);
-    stop_s
+    (stop_s, seen)
 }
 
 /// A ledger of the test's own, so that no other pgbelow on the machine
@@ -633,14 +679,9 @@ fn standby_topology_killed_at_every_phase() {
 
 #[test]
 fn checkpoint_stall_killed_with_its_device_and_limits() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: checkpoint-stall needs root");
+    let Some((_alone, l, t0)) = as_root("checkpoint-stall") else {
         return;
-    }
-    let _alone = common::exclusive();
-    let l = ledger_dir();
-    let t0 = Instant::now();
+    };
     let args = [
         "--scenario",
         "checkpoint-stall",
@@ -699,4 +740,101 @@ fn drop_many_setup_stops_at_ctrl_c() {
         stop_s < 30.0,
         "drop-many took {stop_s:.1} s to stop after Ctrl-C during its set-up"
     );
+}
+
+/// This binary's lab lock, a ledger of the test's own and the start time;
+/// None (the test skipped, saying why) unless root.
+fn as_root(what: &str) -> Option<(std::sync::MutexGuard<'static, ()>, TestLedger, Instant)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: {what} needs root");
+        return None;
+    }
+    Some((common::exclusive(), ledger_dir(), Instant::now()))
+}
+
+/// The cases that change machine-wide state beyond the lab's cluster,
+/// killed during the workload (SIGINT to the group, and SIGKILL followed by
+/// the next start): memory-cgroup-reclaim with the cluster in a memory
+/// cgroup under its limit, and no-huge-pages with `--huge-pages on`,
+/// vm.nr_hugepages raised for it (a small shared_buffers: 164 pages). After
+/// each: no cgroup `pgbelow-mem-…`, vm.nr_hugepages as before.
+#[test]
+fn memory_cgroup_and_huge_pages_killed_during_the_workload() {
+    let Some((_alone, l, t0)) = as_root("a memory cgroup and vm.nr_hugepages") else {
+        return;
+    };
+    let memcg = [
+        "lab",
+        "run",
+        "--scenario",
+        "memory-cgroup-reclaim",
+        "--scale",
+        "5",
+        "--duration",
+        "30",
+        "--collectors",
+        "procfs,system,pgstat",
+        "--format",
+        "json",
+    ];
+    let before = common::nr_hugepages();
+    // Default collectors here: BPF programs loaded and counted.
+    let huge = [
+        "lab",
+        "run",
+        "--scenario",
+        "no-huge-pages",
+        "--huge-pages",
+        "on",
+        "--set",
+        "shared_buffers=128MB",
+        "--clients",
+        "4",
+        "--duration",
+        "30",
+        "--format",
+        "json",
+    ];
+    for (argv, kind) in [(&memcg[..], "cgroup"), (&huge[..], "sysctl")] {
+        for (sig, next) in [(Sig::IntGroup, &[][..]), (Sig::Kill, &["lab", "list"][..])] {
+            let (_, seen) = kill_cmd_at(l.path(), argv, Phase::Workload, sig, next);
+            assert!(
+                seen.iter()
+                    .any(|o| o.contains(&format!("\"kind\":\"{kind}\""))),
+                "{argv:?} {sig:?}: the ledger never listed a {kind}: {seen:?}"
+            );
+            common::assert_no_memory_cgroups();
+            assert_eq!(
+                common::nr_hugepages(),
+                before,
+                "{argv:?} {sig:?}: vm.nr_hugepages not restored"
+            );
+        }
+    }
+    eprintln!(
+        "memory cgroup and huge pages: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// `pgbelow doctor` (three probe labs, one after another) stopped during
+/// its first probe's workload: by Ctrl-C, it skips the probes left and
+/// prints its text naming the interrupted recording; by SIGKILL, the next
+/// start reclaims its cluster.
+#[test]
+fn doctor_killed_during_its_first_probe() {
+    let Some((_alone, l, t0)) = as_root("doctor (BPF)") else {
+        return;
+    };
+    let argv = ["doctor", "--duration", "20"];
+    kill_cmd_at(l.path(), &argv, Phase::Workload, Sig::IntGroup, &[]);
+    kill_cmd_at(
+        l.path(),
+        &argv,
+        Phase::Workload,
+        Sig::Kill,
+        &["lab", "cleanup"],
+    );
+    eprintln!("doctor: {:.1} s", t0.elapsed().as_secs_f64());
 }

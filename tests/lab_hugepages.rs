@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{assert_torn_down, finding, manifest};
+use common::{assert_torn_down, finding, manifest, nr_hugepages};
 
 const ID: &str = "no-huge-pages";
 
@@ -19,10 +19,6 @@ fn lab_run(extra: &[&str], out: &Path) -> Value {
     let mut args = vec!["--set", "shared_buffers=1GB", "--clients", "40"];
     args.extend_from_slice(extra);
     common::lab_short_case(ID, &args, out)
-}
-
-fn nr_hugepages() -> String {
-    std::fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap()
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! (cgroups); machine-wide state, so `common::exclusive()` (through
 //! `lab_json`). Only the cluster is in the cgroup, so nothing else can be
 //! reclaimed or OOM-killed by its limit.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
@@ -17,16 +17,6 @@ const ID: &str = "memory-cgroup-reclaim";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
     common::lab_short_case("memory-cgroup-reclaim", extra, out)
-}
-
-/// Where pgbelow makes its memory cgroups: under the (v1) memory cgroup of
-/// the process that starts the cluster — this test's — or v2's root.
-fn no_cgroup_left() {
-    let dirs: Vec<PathBuf> = common::own_v1_cgroup("memory")
-        .into_iter()
-        .chain(["/sys/fs/cgroup/memory".into(), "/sys/fs/cgroup".into()])
-        .collect();
-    common::assert_no_cgroups(&dirs, "pgbelow-mem-");
 }
 
 #[test]
@@ -48,14 +38,14 @@ fn limit_above_shared_buffers_raises_the_finding_and_none_does_not() {
     assert!(refaults >= 50.0, "refaults per second {refaults}: {ev}");
     let tps_limit = r["workload"]["tps"].as_f64().unwrap();
     assert_torn_down(&out);
-    no_cgroup_left();
+    common::assert_no_memory_cgroups();
 
     let out = d.path().join("none");
     let r = lab_run(&["--memory-limit", "0"], &out);
     assert!(finding(&r, ID).is_none(), "finding without a limit: {r:#}");
     let tps_none = r["workload"]["tps"].as_f64().unwrap();
     assert_torn_down(&out);
-    no_cgroup_left();
+    common::assert_no_memory_cgroups();
     eprintln!(
         "160 MB limit: {refaults:.0} refaults/s, {tps_limit:.0} tps; no limit: {tps_none:.0} tps"
     );

@@ -36,7 +36,7 @@ pub fn scratch() -> PathBuf {
     dir
 }
 
-use pgbelow::collect::{clock, pgstat, procfs, profile, system};
+use pgbelow::collect::{cgroup, clock, offcpu, pgstat, procfs, profile, queries, system};
 use pgbelow::recording::files as rec;
 
 /// The files of a recording the whole-recording target writes, by index
@@ -61,6 +61,14 @@ pub const FILES: &[&str] = &[
     rec::DROP_SWEEP,
     rec::SYNCREP_SWEEP,
     "flamegraph-backend.svg",
+    cgroup::STREAM,
+    offcpu::files::SUMMARY,
+    offcpu::files::FOLDED,
+    offcpu::files::STREAM,
+    offcpu::files::PID_STACKS,
+    profile::files::STREAM,
+    profile::files::PID_STACKS,
+    queries::STREAM,
 ];
 
 /// Split a fuzz input into recording files: sections separated by the line

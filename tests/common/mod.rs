@@ -109,6 +109,22 @@ pub fn assert_no_cgroups(dirs: &[PathBuf], prefix: &str) {
     }
 }
 
+/// No memory cgroup of pgbelow's (`pgbelow-mem-…`) is left where it makes
+/// them: under the (v1) memory cgroup of the process that starts the
+/// cluster — the test's — or v2's root.
+pub fn assert_no_memory_cgroups() {
+    let dirs: Vec<PathBuf> = own_v1_cgroup("memory")
+        .into_iter()
+        .chain(["/sys/fs/cgroup/memory".into(), "/sys/fs/cgroup".into()])
+        .collect();
+    assert_no_cgroups(&dirs, "pgbelow-mem-");
+}
+
+/// `vm.nr_hugepages` now.
+pub fn nr_hugepages() -> String {
+    std::fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap()
+}
+
 pub fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
     r["findings"]
         .as_array()
