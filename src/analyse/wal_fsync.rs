@@ -7,7 +7,11 @@
 //! Raised from what any server yields: `pg_stat_activity` wait samples of
 //! the backends (and the WAL writer), and `pg_stat_wal` sync counts and time
 //! where the server has them (14+; time with track_wal_io_timing). Neither
-//! the version nor a setting decides it.
+//! the version nor a setting decides it. With the fsync collector, the
+//! flushes' latency measured in the kernel (p50/p99 of the backends' and the
+//! WAL writer's fdatasync/fsync/O_DSYNC writes) takes the place of
+//! pg_stat_wal's mean: sharper, and there on every version; without it the
+//! rule works as before.
 use serde_json::json;
 
 use super::{Finding, Rule, Severity};
@@ -33,6 +37,19 @@ const MIN_SYNC_MS: f64 = 2.0;
 /// Critical from this mean sync, or this share of busy backends.
 const CRITICAL_SYNC_MS: f64 = 20.0;
 const CRITICAL_SHARE: f64 = 0.5;
+
+/// System calls that flush WAL: fdatasync (the default wal_sync_method),
+/// fsync (fsync, and a new segment), the writes of open_datasync/open_sync.
+const FLUSH_CALLS: &[&str] = &[
+    "fdatasync",
+    "fsync",
+    "pwrite64",
+    "write",
+    "pwritev",
+    "pwritev2",
+];
+/// Kernel-measured flushes needed before they decide instead of pg_stat_wal.
+const MIN_KERNEL_FLUSHES: u64 = 20;
 
 /// `pg_stat_wal` over the recording: syncs, and their time when timed.
 fn wal_syncs(rec: &Evidence) -> Option<(u64, Option<f64>, f64)> {
@@ -85,8 +102,19 @@ impl Rule for WalFsync {
         }
         let syncs = wal_syncs(rec);
         let ms_per_sync = syncs.and_then(|(n, ms, _)| ms.filter(|_| n > 0).map(|m| m / n as f64));
-        if ms_per_sync.is_some_and(|m| m < MIN_SYNC_MS) {
-            return None;
+        let flushes = |roles: &[&str]| {
+            rec.fsync
+                .as_ref()
+                .and_then(|f| f.merged(roles, FLUSH_CALLS))
+                .filter(|r| r.count >= MIN_KERNEL_FLUSHES)
+        };
+        let kernel = flushes(&["backend", "walwriter"]);
+        // The kernel's histogram, when there is one, says how slow a flush
+        // is: fast at the 99th percentile is not slow, whatever the waits.
+        match &kernel {
+            Some(k) if k.p99_ms < MIN_SYNC_MS => return None,
+            None if ms_per_sync.is_some_and(|m| m < MIN_SYNC_MS) => return None,
+            _ => {}
         }
         let lock_waits: f64 = roles
             .iter()
@@ -98,12 +126,15 @@ impl Rule for WalFsync {
                     .map(|w| w.avg_backends)
                     .sum()
             });
-        let severity =
-            if ms_per_sync.is_some_and(|m| m >= CRITICAL_SYNC_MS) || share >= CRITICAL_SHARE {
-                Severity::Critical
-            } else {
-                Severity::Warning
-            };
+        let slow = match &kernel {
+            Some(k) => k.p50_ms >= CRITICAL_SYNC_MS,
+            None => ms_per_sync.is_some_and(|m| m >= CRITICAL_SYNC_MS),
+        };
+        let severity = if slow || share >= CRITICAL_SHARE {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
         let sync_text = match (syncs, ms_per_sync) {
             (Some((n, _, s)), Some(m)) => format!(
                 " pg_stat_wal: {n} WAL syncs in {s:.0} s ({:.1}/s), {m:.1} ms each on average.",
@@ -115,6 +146,32 @@ impl Rule for WalFsync {
                 n as f64 / s
             ),
             _ => String::new(),
+        };
+        let kernel_text = kernel.as_ref().map_or(String::new(), |k| {
+            format!(
+                " In the kernel: {} flushes by the backends and the WAL writer, p50 {:.1} ms, \
+                 p99 {:.1} ms, max {:.1} ms.",
+                k.count, k.p50_ms, k.p99_ms, k.max_ms
+            )
+        });
+        let kernel_role = |role: &str| {
+            flushes(&[role]).map(|k| {
+                let calls: Vec<&str> = rec
+                    .fsync
+                    .iter()
+                    .flat_map(|f| &f.roles)
+                    .filter(|r| r.role == role && FLUSH_CALLS.contains(&r.syscall.as_str()))
+                    .map(|r| r.syscall.as_str())
+                    .collect();
+                json!({
+                    "flushes": k.count,
+                    "syscalls": calls,
+                    "p50_ms": k.p50_ms,
+                    "p99_ms": k.p99_ms,
+                    "mean_ms": k.mean_ms,
+                    "max_ms": k.max_ms,
+                })
+            })
         };
         let lock_text = if lock_waits >= 0.1 {
             format!(
@@ -136,7 +193,7 @@ impl Rule for WalFsync {
             summary: format!(
                 "On average {avg:.2} of {busy:.2} busy backends ({pct:.0} %) were flushing WAL or queued \
                  behind the flush (IO:WALSync, IO:WALWrite, LWLock:WALWrite in pg_stat_activity).\
-                 {sync_text}{lock_text}{lat}",
+                 {sync_text}{kernel_text}{lock_text}{lat}",
                 pct = share * 100.0,
                 lat = latency.map_or(String::new(), |(l, t)| format!(
                     " pgbench: {t:.0} tps, {l:.1} ms average latency."
@@ -151,6 +208,12 @@ impl Rule for WalFsync {
                 "wal_syncs": syncs.map(|s| s.0),
                 "wal_syncs_per_s": syncs.map(|(n, _, s)| round3(n as f64 / s)),
                 "wal_sync_ms_mean": ms_per_sync.map(round3),
+                "flush_p50_ms": kernel.as_ref().map(|k| k.p50_ms),
+                "flush_p99_ms": kernel.as_ref().map(|k| k.p99_ms),
+                "kernel_flushes": {
+                    "backend": kernel_role("backend"),
+                    "walwriter": kernel_role("walwriter"),
+                },
                 "wait_samples": ticks,
                 "latency_avg_ms": latency.map(|l| l.0),
             }),

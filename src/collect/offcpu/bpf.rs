@@ -108,7 +108,7 @@ pub fn enable_stats() -> Option<OwnedFd> {
 }
 
 /// (run time ns, runs) of one program, from its fdinfo.
-fn prog_stats(fd: i32) -> (u64, u64) {
+pub(crate) fn prog_stats(fd: i32) -> (u64, u64) {
     let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
     let field = |name: &str| {
         text.lines()
