@@ -90,3 +90,85 @@ fn fdatasync_latency_of_a_tracked_process() {
     );
     assert!(row.max_ms * N as f64 >= user_ms * 0.5, "{row:?}");
 }
+
+/// ns per call of `f`, the best of 5 rounds of `n` calls.
+fn ns_per_call(n: u32, mut f: impl FnMut()) -> f64 {
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..n {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / n as f64
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+/// The collector's cost to processes it does not track (this one), per
+/// getppid and per write to /dev/null, with and without it; and the BPF run
+/// time per flush of a tracked one. Prints; asserts nothing but that it ran.
+/// `cargo test --release --test collect_fsync -- --ignored --nocapture`
+#[test]
+#[ignore = "measurement; run with --ignored --nocapture"]
+fn measure_cost() {
+    let null = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&null);
+    let b = [0u8; 1];
+    // SAFETY (both): plain system calls on a valid fd and a local buffer.
+    let getppid = || unsafe {
+        libc::getppid();
+    };
+    let write = || unsafe {
+        libc::write(fd, b.as_ptr().cast(), 1);
+    };
+    let before = (
+        ns_per_call(1_000_000, getppid),
+        ns_per_call(1_000_000, write),
+    );
+    let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+    let file = tmp.path().join("data");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
+        .args(["fdatasync", file.to_str().unwrap(), "8", "200"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    line(&mut out, "ready");
+    let mut c = FsyncCollector::start(&Context::new(child.id())).expect("collector starts");
+    let during = (
+        ns_per_call(1_000_000, getppid),
+        ns_per_call(1_000_000, write),
+    );
+    let mut w = Writer::create(&tmp.path().join("rec"), this_host_manifest("lab")).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"g").unwrap();
+    let blocked_ns: f64 = line(&mut out, "blocked_ns").parse().unwrap();
+    c.finish(0.0, &mut w).unwrap();
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    let after = (
+        ns_per_call(1_000_000, getppid),
+        ns_per_call(1_000_000, write),
+    );
+    let s = c.summary().unwrap();
+    eprintln!(
+        "getppid ns/call: before {:.1}, with the collector {:.1}, after {:.1}",
+        before.0, during.0, after.0
+    );
+    eprintln!(
+        "write(/dev/null) ns/call: before {:.1}, with the collector {:.1}, after {:.1}",
+        before.1, during.1, after.1
+    );
+    eprintln!(
+        "BPF: {} runs, {:.6} s ({:.0} ns/run); 200 fdatasync of the tracked child took {:.3} ms",
+        s.bpf_runs,
+        s.bpf_run_s,
+        s.bpf_run_s * 1e9 / s.bpf_runs.max(1) as f64,
+        blocked_ns / 1e6
+    );
+    assert!(s.bpf_runs > 0);
+}

@@ -50,6 +50,8 @@ const FLUSH_CALLS: &[&str] = &[
 ];
 /// Kernel-measured flushes needed before they decide instead of pg_stat_wal.
 const MIN_KERNEL_FLUSHES: u64 = 20;
+/// A median kernel-measured flush below this is not slow.
+const MIN_KERNEL_P50_MS: f64 = 1.0;
 
 /// `pg_stat_wal` over the recording: syncs, and their time when timed.
 fn wal_syncs(rec: &Evidence) -> Option<(u64, Option<f64>, f64)> {
@@ -110,9 +112,12 @@ impl Rule for WalFsync {
         };
         let kernel = flushes(&["backend", "walwriter"]);
         // The kernel's histogram, when there is one, says how slow a flush
-        // is: fast at the 99th percentile is not slow, whatever the waits.
+        // is: a median flush under a millisecond is a fast device, whatever
+        // the waits (on a busy machine its tail is CPU contention: measured
+        // here with pg_wal in RAM, p50 0.4 ms, p99 15 ms, 47 % of the busy
+        // backends in WAL waits; at 1 MB/s, p50 3.3 ms, p99 60 ms).
         match &kernel {
-            Some(k) if k.p99_ms < MIN_SYNC_MS => return None,
+            Some(k) if k.p50_ms < MIN_KERNEL_P50_MS => return None,
             None if ms_per_sync.is_some_and(|m| m < MIN_SYNC_MS) => return None,
             _ => {}
         }
@@ -279,5 +284,48 @@ mod tests {
             }
         }
         assert!(WalFsync.evaluate(&rec).is_none());
+    }
+
+    // Real lab runs with the fsync collector (`pgbelow lab run --scenario
+    // wal-fsync-latency --duration 8 --set track_wal_io_timing=on
+    // --collectors pgstat,fsync`, PostgreSQL 15.18): pg_wal on the 1 MB/s
+    // loop device (142 tps; backends' fdatasync p50 6.5 ms, p99 64 ms) vs
+    // the same device in RAM, unthrottled (`PGBELOW_STALL_DIR=/dev/shm …
+    // --write-limit 100000`; 308 tps, p50 0.12 ms, p99 14 ms on a busy VM).
+    #[test]
+    fn kernel_flush_latency_sharpens_it() {
+        let f = WalFsync
+            .evaluate(&fixture("pg15-wal-slow-fsync"))
+            .expect("finding");
+        assert_eq!(f.severity, Severity::Critical);
+        let ev = &f.evidence;
+        assert!(ev["flush_p50_ms"].as_f64().unwrap() >= 3.0, "{ev}");
+        assert!(ev["flush_p99_ms"].as_f64().unwrap() >= 20.0, "{ev}");
+        let b = &ev["kernel_flushes"]["backend"];
+        assert!(b["flushes"].as_u64().unwrap() >= 500, "{b}");
+        assert_eq!(b["syscalls"], json!(["fdatasync"]));
+        assert!(f.summary.contains("In the kernel: "), "{}", f.summary);
+        // Without the collector it is raised as before, from the waits.
+        let mut rec = fixture("pg15-wal-slow-fsync");
+        rec.fsync = None;
+        let g = WalFsync.evaluate(&rec).expect("finding without fsync");
+        assert_eq!(g.evidence["flush_p50_ms"], serde_json::Value::Null);
+        assert!(!g.summary.contains("In the kernel"));
+    }
+
+    #[test]
+    fn a_fast_median_flush_is_not_slow() {
+        // pg_stat_wal's mean (1.06 ms) keeps it silent; without it the
+        // waits alone (23 % of the busy backends) would raise it, and the
+        // kernel's median (0.12 ms) keeps it silent again.
+        let rec = fixture("pg15-wal-ram-fsync");
+        assert!(WalFsync.evaluate(&rec).is_none());
+        let mut rec = fixture("pg15-wal-ram-fsync");
+        for s in &mut rec.server {
+            s.wal = None;
+        }
+        assert!(WalFsync.evaluate(&rec).is_none());
+        rec.fsync = None;
+        assert!(WalFsync.evaluate(&rec).is_some());
     }
 }

@@ -137,9 +137,9 @@ pub const KNOWN: &[&str] = &[
     "syscalls", "procfs", "system", "profile", "pgstat", "clock", "fsync", "offcpu",
 ];
 /// Collectors on when `--collectors` is not given.
-pub const DEFAULT: &[&str] = &[
-    "syscalls", "procfs", "system", "profile", "pgstat", "clock", "fsync",
-];
+/// (`offcpu` and `fsync` are opt-in: they cost every process on the
+/// machine something per context switch / per write; docs/benchmarks.md.)
+pub const DEFAULT: &[&str] = &["syscalls", "procfs", "system", "profile", "pgstat", "clock"];
 
 /// Parse `--collectors a,b,c` (or `none`, or `all`).
 pub fn parse_list(spec: Option<&str>) -> Result<Vec<String>> {
