@@ -138,6 +138,14 @@ fn measure_cost() {
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     line(&mut out, "ready");
+    // fdatasync and fsync only, then with the write programs too.
+    let c0 =
+        FsyncCollector::start_with(&Context::new(child.id()), false).expect("collector starts");
+    let flushes_only = (
+        ns_per_call(1_000_000, getppid),
+        ns_per_call(1_000_000, write),
+    );
+    drop(c0);
     let mut c = FsyncCollector::start(&Context::new(child.id())).expect("collector starts");
     let during = (
         ns_per_call(1_000_000, getppid),
@@ -156,12 +164,12 @@ fn measure_cost() {
     );
     let s = c.summary().unwrap();
     eprintln!(
-        "getppid ns/call: before {:.1}, with the collector {:.1}, after {:.1}",
-        before.0, during.0, after.0
+        "getppid ns/call: before {:.1}, fdatasync/fsync programs only {:.1}, with the write programs {:.1}, after {:.1}",
+        before.0, flushes_only.0, during.0, after.0
     );
     eprintln!(
-        "write(/dev/null) ns/call: before {:.1}, with the collector {:.1}, after {:.1}",
-        before.1, during.1, after.1
+        "write(/dev/null) ns/call: before {:.1}, fdatasync/fsync programs only {:.1}, with the write programs {:.1}, after {:.1}",
+        before.1, flushes_only.1, during.1, after.1
     );
     eprintln!(
         "BPF: {} runs, {:.6} s ({:.0} ns/run); 200 fdatasync of the tracked child took {:.3} ms",

@@ -73,8 +73,11 @@ pub struct Calls {
     pub buckets: Vec<u64>,
 }
 
-/// `struct hist` of fsynclat.bpf.c: count, sum_ns, max_ns, errors, buckets.
-fn parse_hist(v: &[u8]) -> Option<(u64, u64, u64, u64, Vec<u64>)> {
+/// count, sum_ns, max_ns, errors, buckets.
+type Hist = (u64, u64, u64, u64, Vec<u64>);
+
+/// `struct hist` of fsynclat.bpf.c.
+fn parse_hist(v: &[u8]) -> Option<Hist> {
     let words: Vec<u64> = v
         .chunks_exact(8)
         .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()))
@@ -98,14 +101,25 @@ struct Bpf {
 }
 
 impl Bpf {
-    fn start(roots: &[u32]) -> Result<Bpf> {
+    fn start(roots: &[u32], writes: bool) -> Result<Bpf> {
         let mut slot = ObjectSlot::new();
         // SAFETY: called once; the skeleton is stored next to the slot and
         // dropped first (or, on error, here before `slot`).
         let storage = unsafe { slot.borrow_static() };
-        let open = FsynclatSkelBuilder::default()
+        let mut open = FsynclatSkelBuilder::default()
             .open(storage)
             .context("opening the fsync-latency BPF object")?;
+        if !writes {
+            let p = &mut open.progs;
+            for prog in [
+                &mut p.enter_pwrite64,
+                &mut p.exit_pwrite64,
+                &mut p.enter_write,
+                &mut p.exit_write,
+            ] {
+                prog.set_autoload(false);
+            }
+        }
         let mut skel = open.load().context(
             "loading the fsync-latency BPF programs (the syscalls:* tracepoints need CONFIG_FTRACE_SYSCALLS)",
         )?;
@@ -152,7 +166,7 @@ impl Bpf {
     }
 
     /// (tgid, syscall nr) -> histogram, cumulative.
-    fn hists(&self) -> BTreeMap<(u32, u32), (u64, u64, u64, u64, Vec<u64>)> {
+    fn hists(&self) -> BTreeMap<(u32, u32), Hist> {
         let map = &self.skel.maps.hists;
         let mut out = BTreeMap::new();
         for k in map.keys() {
@@ -172,6 +186,7 @@ impl Bpf {
 
     fn run_time(&self) -> (u64, u64) {
         let p = &self.skel.progs;
+        // Programs not loaded have no descriptor.
         [
             &p.enter_fdatasync,
             &p.exit_fdatasync,
@@ -185,6 +200,7 @@ impl Bpf {
             &p.on_exit,
         ]
         .iter()
+        .filter(|prog| prog.autoload())
         .map(|prog| prog_stats(prog.as_fd().as_raw_fd()))
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
@@ -203,9 +219,15 @@ const MECHANISM: &str = "eBPF on the tracepoints syscalls:sys_{enter,exit}_{fdat
 
 impl FsyncCollector {
     pub fn start(ctx: &Context) -> Result<FsyncCollector> {
+        Self::start_with(ctx, true)
+    }
+
+    /// `writes`: also time writes to O_DSYNC/O_SYNC files (the programs on
+    /// write and pwrite64, which run for every write on the machine).
+    pub fn start_with(ctx: &Context, writes: bool) -> Result<FsyncCollector> {
         Ok(FsyncCollector {
             ctx: ctx.clone(),
-            bpf: Some(Bpf::start(&ctx.roots())?),
+            bpf: Some(Bpf::start(&ctx.roots(), writes)?),
             stats: enable_stats(),
             started: Instant::now(),
             summary: None,

@@ -66,7 +66,9 @@ pub fn quantile_ms(buckets: &[u64], q: f64, max_ms: f64) -> f64 {
 
 impl FsyncSection {
     pub fn from_summary(s: &Summary) -> FsyncSection {
-        let mut by: BTreeMap<(&str, &str), (usize, u64, u64, u64, u64, Vec<u64>)> = BTreeMap::new();
+        // pids, count, errors, sum µs, max µs, buckets
+        type Acc = (usize, u64, u64, u64, u64, Vec<u64>);
+        let mut by: BTreeMap<(&str, &str), Acc> = BTreeMap::new();
         for c in &s.calls {
             let e = by.entry((&c.role, &c.syscall)).or_default();
             e.0 += 1;
