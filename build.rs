@@ -17,6 +17,7 @@ fn main() {
         build(&out, name, bpf_arch, multiarch);
     }
     println!("cargo:rerun-if-changed=src/bpf/tracked.h");
+    println!("cargo:rerun-if-changed=src/bpf/follow.h");
     pprof_types(&out);
 }
 

@@ -2,8 +2,8 @@
 //! fdatasync()s a file 40 times gets 40 fdatasync flushes in its histogram,
 //! timed in the kernel within generous bounds of the time it measured
 //! around the calls itself; an untracked process's flush is not counted.
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::{BufReader, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use pgbelow::collect::fsync::{FsyncCollector, FILE};
@@ -11,15 +11,20 @@ use pgbelow::collect::{Collector, Context};
 use pgbelow::evidence::fsync::FsyncSection;
 use pgbelow::recording::{this_host_manifest, Writer};
 
-fn line(out: &mut impl BufRead, prefix: &str) -> String {
-    let mut l = String::new();
-    loop {
-        l.clear();
-        assert!(out.read_line(&mut l).unwrap() > 0, "no '{prefix}' line");
-        if let Some(rest) = l.trim().strip_prefix(prefix) {
-            return rest.trim().to_string();
-        }
-    }
+mod common;
+use common::line;
+
+/// `pgbelow-block fdatasync FILE 8 N`, started and ready.
+fn fdatasyncs(file: &std::path::Path, n: u64) -> (Child, BufReader<ChildStdout>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
+        .args(["fdatasync", file.to_str().unwrap(), "8", &n.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    line(&mut out, "ready");
+    (child, out)
 }
 
 #[test]
@@ -33,14 +38,7 @@ fn fdatasync_latency_of_a_tracked_process() {
     // On the machine's disk, not tmpfs: a real flush.
     let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
     let file = tmp.path().join("data");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
-        .args(["fdatasync", file.to_str().unwrap(), "8", &N.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    line(&mut out, "ready");
+    let (mut child, mut out) = fdatasyncs(&file, N);
     let ctx = Context::new(child.id());
     let mut c = FsyncCollector::start(&ctx).expect("fsync collector starts (run as root)");
     let mut w = Writer::create(&tmp.path().join("rec"), this_host_manifest("lab")).unwrap();
@@ -130,14 +128,7 @@ fn measure_cost() {
     );
     let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
     let file = tmp.path().join("data");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
-        .args(["fdatasync", file.to_str().unwrap(), "8", "200"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    line(&mut out, "ready");
+    let (mut child, mut out) = fdatasyncs(&file, 200);
     // fdatasync and fsync only, then with the write programs too.
     let c0 =
         FsyncCollector::start_with(&Context::new(child.id()), false).expect("collector starts");
