@@ -7,7 +7,7 @@
 //! O_DSYNC/O_SYNC. The histograms are summed in the kernel and read once,
 //! at the end. Writes `fsync.json` ([`Summary`]). Format and cost:
 //! docs/collectors/fsync.md.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -19,7 +19,6 @@ use serde::{Deserialize, Serialize};
 
 use super::offcpu::bpf::{enable_stats, prog_stats};
 use super::syscalls::counter::bpf::ObjectSlot;
-use super::syscalls::counter::procwalk;
 use super::{tracked, Collector, Context};
 use crate::recording::{CollectorInfo, Writer};
 
@@ -134,29 +133,17 @@ impl Bpf {
             bss,
             _slot: slot,
         };
-        for &r in roots {
-            me.track(r);
-        }
-        // Attach before walking /proc: a process forked by a tracked one from
-        // now on is tracked by the kernel, and the walk finds the older ones.
-        me.skel
-            .attach()
-            .context("attaching the fsync-latency BPF programs")?;
-        let mut known: BTreeSet<u32> = roots.iter().copied().collect();
-        procwalk::walk_new_descendants(roots.iter().copied(), &mut known, &mut |child, _| {
-            me.track(child);
-            Ok(())
-        })?;
-        Ok(me)
-    }
-
-    fn track(&self, tgid: u32) {
         // SAFETY: a field address inside the mmap'ed .bss, which lives as
         // long as the skeleton; the kernel writes it too, so access is
         // atomic only.
         let words =
-            unsafe { tracked::words(std::ptr::addr_of_mut!((*self.bss.as_ptr()).tracked_bits)) };
-        tracked::set(words, tgid, true);
+            unsafe { tracked::words(std::ptr::addr_of_mut!((*me.bss.as_ptr()).tracked_bits)) };
+        tracked::follow(words, roots, || {
+            me.skel
+                .attach()
+                .context("attaching the fsync-latency BPF programs")
+        })?;
+        Ok(me)
     }
 
     fn lost(&self) -> u64 {
