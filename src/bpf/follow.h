@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
-// The fork and exit programs' work for a collector that follows the tracked
-// set of tracked.h and keeps nothing else per process. Include after
-// `struct task_struct` (with `tgid`) is declared.
+// The fork and exit programs (`on_fork`, `on_exit`) of a collector that
+// follows the tracked set of tracked.h and keeps nothing else per process.
+// Include after `struct task_struct` (with `tgid`) is declared.
 #ifndef PGBELOW_FOLLOW_H
 #define PGBELOW_FOLLOW_H
 
@@ -24,6 +24,20 @@ static __always_inline void follow_exit(void)
 	if ((__u32)id != tgid || !is_tracked(tgid))
 		return;
 	__sync_fetch_and_and(&tracked_bits[(tgid / 64) & (BITMAP_WORDS - 1)], ~(1ULL << (tgid & 63)));
+}
+
+SEC("raw_tp/sched_process_fork")
+int on_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	follow_fork(ctx);
+	return 0;
+}
+
+SEC("raw_tp/sched_process_exit")
+int on_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	follow_exit();
+	return 0;
 }
 
 #endif

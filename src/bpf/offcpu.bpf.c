@@ -393,18 +393,4 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
-SEC("raw_tp/sched_process_fork")
-int on_fork(struct bpf_raw_tracepoint_args *ctx)
-{
-	follow_fork(ctx);
-	return 0;
-}
-
-SEC("raw_tp/sched_process_exit")
-int on_exit(struct bpf_raw_tracepoint_args *ctx)
-{
-	follow_exit();
-	return 0;
-}
-
 char LICENSE[] SEC("license") = "GPL";
