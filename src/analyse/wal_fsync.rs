@@ -50,8 +50,9 @@ const FLUSH_CALLS: &[&str] = &[
 ];
 /// Kernel-measured flushes needed before they decide instead of pg_stat_wal.
 const MIN_KERNEL_FLUSHES: u64 = 20;
-/// A median kernel-measured flush below this is not slow.
+/// Kernel-measured flushes with a median and a p99 below these are not slow.
 const MIN_KERNEL_P50_MS: f64 = 1.0;
+const MIN_KERNEL_P99_MS: f64 = 30.0;
 
 /// `pg_stat_wal` over the recording: syncs, and their time when timed.
 fn wal_syncs(rec: &Evidence) -> Option<(u64, Option<f64>, f64)> {
@@ -112,12 +113,14 @@ impl Rule for WalFsync {
         };
         let kernel = flushes(&["backend", "walwriter"]);
         // The kernel's histogram, when there is one, says how slow a flush
-        // is: a median flush under a millisecond is a fast device, whatever
-        // the waits (on a busy machine its tail is CPU contention: measured
-        // here with pg_wal in RAM, p50 0.4 ms, p99 15 ms, 47 % of the busy
-        // backends in WAL waits; at 1 MB/s, p50 3.3 ms, p99 60 ms).
+        // is: a median under 1 ms with a p99 under 30 ms is a fast device,
+        // whatever the waits (on a busy machine its tail is CPU contention).
+        // Measured here with pg_wal in RAM: p50 0.12–0.42 ms, p99 6–16 ms,
+        // up to 47 % of the busy backends in WAL waits; at 1 MB/s: p50
+        // 1.9–6.5 ms, p99 60–1950 ms (a throttled device stalls some flushes
+        // for seconds and lets others through).
         match &kernel {
-            Some(k) if k.p50_ms < MIN_KERNEL_P50_MS => return None,
+            Some(k) if k.p50_ms < MIN_KERNEL_P50_MS && k.p99_ms < MIN_KERNEL_P99_MS => return None,
             None if ms_per_sync.is_some_and(|m| m < MIN_SYNC_MS) => return None,
             _ => {}
         }
@@ -317,7 +320,7 @@ mod tests {
     fn a_fast_median_flush_is_not_slow() {
         // pg_stat_wal's mean (1.06 ms) keeps it silent; without it the
         // waits alone (23 % of the busy backends) would raise it, and the
-        // kernel's median (0.12 ms) keeps it silent again.
+        // kernel's median and p99 (0.12 and 14 ms) keep it silent again.
         let rec = fixture("pg15-wal-ram-fsync");
         assert!(WalFsync.evaluate(&rec).is_none());
         let mut rec = fixture("pg15-wal-ram-fsync");
