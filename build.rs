@@ -13,10 +13,11 @@ fn main() {
         "aarch64" => ("arm64", "aarch64-linux-gnu"),
         _ => ("x86", "x86_64-linux-gnu"),
     };
-    for name in ["syscount", "offcpu"] {
+    for name in ["syscount", "offcpu", "fsynclat"] {
         build(&out, name, bpf_arch, multiarch);
     }
     println!("cargo:rerun-if-changed=src/bpf/tracked.h");
+    println!("cargo:rerun-if-changed=src/bpf/follow.h");
     pprof_types(&out);
 }
 

@@ -31,7 +31,7 @@ i=0
 while IFS= read -r q; do
     i=$((i + 1)); printf '%s' "$q" > "$C/querytext/seed-$i"
 done < $F/pgstat/activity-queries-pg15.txt
-for s in workload clock explain drop drop_sweep syncrep_sweep manifest; do
+for s in workload clock explain drop drop_sweep syncrep_sweep fsync manifest; do
     for f in $F/recordings/*/$s.json; do
         [ -f "$f" ] || continue
         t=json_$s; [ $s = manifest ] && t=manifest

@@ -1192,3 +1192,33 @@ fn no_huge_pages_found_attached() {
     let pages = ev["nr_hugepages_needed"].as_u64().unwrap();
     assert!((500..700).contains(&pages), "{ev}");
 }
+
+/// The fsync collector attached (issue 14): a user's cluster with
+/// `wal_sync_method = open_datasync` under pgbench tpcb. Its backends flush
+/// WAL with O_DSYNC pwrite64 calls, timed in the kernel, and make no
+/// fdatasync.
+#[test]
+fn wal_flush_latency_measured_attached() {
+    let c = UserCluster::start(&[("wal_sync_method", "open_datasync")], &[]);
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(&c, &d.path().join("rec"), 6, "pgstat,fsync", || {
+        c.pgbench("postgres", &["-c", "4", "-T", "3"]);
+    });
+    assert_eq!(r["recording"]["mode"], "attach");
+    let rows = r["fsync"]["roles"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no fsync section: {:#}", r["collectors"]));
+    eprintln!("{}", serde_json::to_string(rows).unwrap());
+    let backend = |call: &str| {
+        rows.iter()
+            .find(|x| x["role"] == "backend" && x["syscall"] == call)
+            .map_or(0, |x| x["count"].as_u64().unwrap())
+    };
+    assert!(backend("pwrite64") >= 50, "{rows:?}");
+    assert_eq!(backend("fdatasync"), 0, "{rows:?}");
+    assert_eq!(
+        c.psql("postgres", "show wal_sync_method").trim(),
+        "open_datasync"
+    );
+}

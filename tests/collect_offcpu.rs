@@ -2,7 +2,7 @@
 //! ways (nanosleep, a pipe read, a vfork wait, fsync) gets its off-CPU time
 //! in the right state and kernel stack, within 10 % of the time it measured
 //! inside the blocking calls.
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use pgbelow::recording::{this_host_manifest, Writer};
 use pgbelow::report::sections::profile::parse_folded;
 
 mod common;
+use common::line;
 
 struct Run {
     dir: PathBuf,
@@ -20,17 +21,6 @@ struct Run {
     blocked_s: f64,
     summary: Summary,
     folded: String,
-}
-
-fn line(out: &mut impl BufRead, prefix: &str) -> String {
-    let mut l = String::new();
-    loop {
-        l.clear();
-        assert!(out.read_line(&mut l).unwrap() > 0, "no '{prefix}' line");
-        if let Some(rest) = l.trim().strip_prefix(prefix) {
-            return rest.trim().to_string();
-        }
-    }
 }
 
 /// Runs `pgbelow-block ARGS` under the collector; `drive` feeds its stdin.
@@ -197,7 +187,7 @@ fn fsync_on_a_throttled_device_is_d() {
     dev.unlimit().unwrap();
     drop(dev);
     assert!(pid > 0);
-    check(&run, "D", &["do_fsync"], "fsync_file");
+    check(&run, "D", &["do_fsync"], "sync_file");
 }
 
 /// At a high context-switch rate (two tracked processes ping-pong over

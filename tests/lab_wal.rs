@@ -5,7 +5,9 @@
 //! and unthrottled. Device, mount, limits and backing file are gone after
 //! each run (the manifest's `stall_device` fact names them). Machine-wide state: `common::exclusive()` (through `run_json`).
 //! With `offcpu` on, the time in D is attributed to pgbench's `END` (the
-//! commit's WAL fdatasync), not to the statements before it.
+//! commit's WAL fdatasync), not to the statements before it. With `fsync`
+//! on, the backends' fdatasync latency measured in the kernel has a p99 of
+//! milliseconds on the slow device and several times less in RAM.
 use std::path::Path;
 
 use assert_cmd::Command;
@@ -15,6 +17,17 @@ mod common;
 use common::finding;
 
 const ID: &str = "wal-fsync-latency";
+
+/// The report's kernel-measured flush row of `role` in `syscall`.
+fn flushes<'a>(r: &'a Value, role: &str, syscall: &str) -> &'a Value {
+    r["fsync"]["roles"]
+        .as_array()
+        .and_then(|rows| {
+            rows.iter()
+                .find(|x| x["role"] == role && x["syscall"] == syscall)
+        })
+        .unwrap_or_else(|| panic!("no {role} {syscall} row: {:#}", r["fsync"]))
+}
 
 fn lab_run(collectors: &str, extra: &[&str], env: Option<(&str, &str)>, out: &Path) -> Value {
     let mut args = vec![
@@ -48,13 +61,22 @@ fn slow_wal_device_raises_the_finding_and_ram_does_not() {
     }
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("slow");
-    let r = lab_run("procfs,system,pgstat,offcpu", &[], None, &out);
+    let r = lab_run("procfs,system,pgstat,offcpu,fsync", &[], None, &out);
     let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
     let ev = &f["evidence"];
     let ms = ev["wal_sync_ms_mean"].as_f64().unwrap();
     assert!(ms >= 3.0, "ms per WAL sync {ms}: {ev}");
     assert!(ev["backends_in_wal_waits"].as_f64().unwrap() >= 1.0, "{ev}");
     let tps_slow = r["workload"]["tps"].as_f64().unwrap();
+    // The kernel's histogram: a commit's few kB of WAL take milliseconds
+    // at 1 MB/s, and the finding quotes it.
+    let slow = flushes(&r, "backend", "fdatasync");
+    eprintln!("slow device, backends' fdatasync in the kernel: {slow}");
+    let p99_slow = slow["p99_ms"].as_f64().unwrap();
+    assert!(p99_slow >= 3.0, "p99 {p99_slow} ms: {slow}");
+    assert!(slow["count"].as_u64().unwrap() >= 20, "{slow}");
+    let quoted = ev["flush_p99_ms"].as_f64().unwrap_or(0.0);
+    assert!(quoted >= 3.0, "the finding's flush p99 {quoted} ms: {ev}");
     common::assert_stall_device_removed(&out);
     // Per query (issue 12): the commit's WAL fdatasync runs in pgbench's
     // `END`, so that statement, not the UPDATEs before it, owns the time in D.
@@ -81,13 +103,20 @@ fn slow_wal_device_raises_the_finding_and_ram_does_not() {
 
     let out = d.path().join("ram");
     let r = lab_run(
-        "procfs,system,pgstat",
+        "procfs,system,pgstat,fsync",
         &["--write-limit", "100000"],
         Some(("PGBELOW_STALL_DIR", "/dev/shm")),
         &out,
     );
     assert!(finding(&r, ID).is_none(), "finding with WAL in RAM: {r:#}");
     let tps_ram = r["workload"]["tps"].as_f64().unwrap();
+    let ram = flushes(&r, "backend", "fdatasync");
+    eprintln!("same device in RAM, backends' fdatasync in the kernel: {ram}");
+    let p99_ram = ram["p99_ms"].as_f64().unwrap();
+    assert!(
+        p99_slow > 2.0 * p99_ram,
+        "p99 {p99_slow} ms slow vs {p99_ram} ms in RAM"
+    );
     common::assert_stall_device_removed(&out);
     eprintln!("tps with pg_wal on a 1 MB/s device {tps_slow:.0}, in RAM {tps_ram:.0}");
     assert!(tps_ram > tps_slow, "{tps_ram} vs {tps_slow}");

@@ -12,6 +12,8 @@
 //!                            the parent waits uninterruptibly   (state D)
 //! pgbelow-block fsync PATH MB N  N times: write MB MiB to PATH and
 //!                            fsync() it; only fsync is timed    (state D)
+//! pgbelow-block fdatasync PATH KB N  N times: write KB KiB to PATH and
+//!                            fdatasync() it; only fdatasync is timed
 //! pgbelow-block pingpong N   N one-byte round trips with a forked child
 //!                            over two pipes: two context switches each
 //!                            way; prints the wall time as blocked_ns
@@ -36,11 +38,15 @@ fn main() -> ExitCode {
         (Some("vfork"), Some(ms), Some(n)) => vfork_sleep(ms, n),
         (Some("pingpong"), Some(n), _) => pingpong(n),
         (Some("fsync"), _, _) => match (args.get(1), num(2), num(3)) {
-            (Some(path), Some(mb), Some(n)) => fsync_file(path, mb, n),
+            (Some(path), Some(mb), Some(n)) => sync_file(path, mb << 20, n, false),
             _ => Err("fsync PATH MB N".into()),
         },
+        (Some("fdatasync"), _, _) => match (args.get(1), num(2), num(3)) {
+            (Some(path), Some(kb), Some(n)) => sync_file(path, kb << 10, n, true),
+            _ => Err("fdatasync PATH KB N".into()),
+        },
         _ => Err(
-            "usage: pgbelow-block sleep MS N | pipe N | vfork MS N | fsync PATH MB N | pingpong N"
+            "usage: pgbelow-block sleep MS N | pipe N | vfork MS N | fsync PATH MB N | fdatasync PATH KB N | pingpong N"
                 .into(),
         ),
     };
@@ -175,7 +181,9 @@ fn pingpong(n: u64) -> Result<u128, String> {
     Ok(t.elapsed().as_nanos())
 }
 
-fn fsync_file(path: &str, mb: u64, n: u64) -> Result<u128, String> {
+/// `n` times: write `bytes` and fsync (or fdatasync) the file; only the
+/// sync is timed.
+fn sync_file(path: &str, bytes: u64, n: u64, data_only: bool) -> Result<u128, String> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -184,14 +192,17 @@ fn fsync_file(path: &str, mb: u64, n: u64) -> Result<u128, String> {
         .custom_flags(0)
         .open(path)
         .map_err(|e| format!("{path}: {e}"))?;
-    let chunk = vec![0x5au8; 1 << 20];
+    let chunk = vec![0x5au8; bytes as usize];
     let mut total = 0;
     for _ in 0..n {
-        for _ in 0..mb {
-            f.write_all(&chunk).map_err(|e| format!("{path}: {e}"))?;
-        }
+        f.write_all(&chunk).map_err(|e| format!("{path}: {e}"))?;
         let t = Instant::now();
-        f.sync_all().map_err(|e| format!("{path}: {e}"))?;
+        if data_only {
+            f.sync_data()
+        } else {
+            f.sync_all()
+        }
+        .map_err(|e| format!("{path}: {e}"))?;
         total += t.elapsed().as_nanos();
     }
     Ok(total)

@@ -58,6 +58,8 @@ struct task_struct {
 	struct mm_struct *mm;
 } __attribute__((preserve_access_index));
 
+#include "follow.h"
+
 struct pt_regs {
 	unsigned long bp;
 	unsigned long orig_ax;
@@ -388,33 +390,6 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	if (!e->size)
 		__sync_fetch_and_add(&copy_failed, n);
 	bpf_ringbuf_submit(e, 0);
-	return 0;
-}
-
-// A child of a tracked process is tracked before it first runs.
-SEC("raw_tp/sched_process_fork")
-int on_fork(struct bpf_raw_tracepoint_args *ctx)
-{
-	struct task_struct *parent = (struct task_struct *)ctx->args[0];
-	struct task_struct *child = (struct task_struct *)ctx->args[1];
-	__u32 ptgid = BPF_CORE_READ(parent, tgid);
-	if (!is_tracked(ptgid))
-		return 0;
-	__u32 ctgid = BPF_CORE_READ(child, tgid);
-	set_tracked(ctgid);
-	return 0;
-}
-
-// A thread group whose leader exits stops being tracked, so that its pid,
-// once reused by another process, is not.
-SEC("raw_tp/sched_process_exit")
-int on_exit(struct bpf_raw_tracepoint_args *ctx)
-{
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32;
-	if ((__u32)id != tgid || !is_tracked(tgid))
-		return 0;
-	__sync_fetch_and_and(&tracked_bits[(tgid / 64) & (BITMAP_WORDS - 1)], ~(1ULL << (tgid & 63)));
 	return 0;
 }
 

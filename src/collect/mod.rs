@@ -15,6 +15,7 @@ pub(crate) use proc_fixture;
 pub mod clock;
 pub mod context;
 pub mod cpu;
+pub mod fsync;
 pub mod memcg;
 pub mod offcpu;
 pub mod pgstat;
@@ -71,7 +72,7 @@ pub trait Collector {
 }
 
 /// Collectors that need kernel tracing privileges (BPF / perf events).
-const NEED_TRACING: &[&str] = &["syscalls", "profile", "offcpu"];
+const NEED_TRACING: &[&str] = &["syscalls", "profile", "offcpu", "fsync"];
 
 /// Can this process load BPF programs and open perf events?
 pub fn can_trace() -> bool {
@@ -126,15 +127,18 @@ pub fn start(name: &str, ctx: &Context) -> Result<Box<dyn Collector>> {
         "pgstat" => Ok(Box::new(pgstat::PgstatCollector::start(ctx)?)),
         "clock" => Ok(Box::new(clock::ClockCollector::start()?)),
         "offcpu" => Ok(Box::new(offcpu::OffcpuCollector::start(ctx)?)),
+        "fsync" => Ok(Box::new(fsync::FsyncCollector::start(ctx)?)),
         other => Err(anyhow::anyhow!("unknown collector {other}")),
     }
 }
 
 /// Collectors pgbelow knows, in the order they run.
 pub const KNOWN: &[&str] = &[
-    "syscalls", "procfs", "system", "profile", "pgstat", "clock", "offcpu",
+    "syscalls", "procfs", "system", "profile", "pgstat", "clock", "fsync", "offcpu",
 ];
 /// Collectors on when `--collectors` is not given.
+/// (`offcpu` and `fsync` are opt-in: they cost every process on the
+/// machine something per context switch / per write; docs/benchmarks.md.)
 pub const DEFAULT: &[&str] = &["syscalls", "procfs", "system", "profile", "pgstat", "clock"];
 
 /// Parse `--collectors a,b,c` (or `none`, or `all`).

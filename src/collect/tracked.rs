@@ -28,3 +28,27 @@ pub fn set(words: &[AtomicU64], tgid: u32, on: bool) {
         w.fetch_and(!bit, Ordering::SeqCst);
     }
 }
+
+/// Follows `roots` and their descendants: sets the roots' bits, runs
+/// `attach` (from then on the kernel's fork program tracks new children),
+/// then sets the bits of the descendants /proc lists now. Attaching before
+/// the walk means no process alive during it is missed.
+pub fn follow(
+    words: &[AtomicU64],
+    roots: &[u32],
+    attach: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    for &r in roots {
+        set(words, r, true);
+    }
+    attach()?;
+    let mut known: std::collections::BTreeSet<u32> = roots.iter().copied().collect();
+    super::syscalls::counter::procwalk::walk_new_descendants(
+        roots.iter().copied(),
+        &mut known,
+        &mut |child, _| {
+            set(words, child, true);
+            Ok(())
+        },
+    )
+}

@@ -83,6 +83,23 @@ pub fn machine_checks() -> Vec<Check> {
             }
         },
     );
+    // The fsync collector's hook: the per-syscall tracepoints.
+    let tp = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .any(|d| read(&format!("{d}/events/syscalls/sys_enter_fdatasync/id")).is_some());
+    v.push(if tp {
+        Check {
+            level: "ok",
+            name: "fsync latency",
+            detail: "syscalls:sys_enter_fdatasync present (the fsync collector times flushes in the kernel)".into(),
+        }
+    } else {
+        Check {
+            level: "warn",
+            name: "fsync latency",
+            detail: "no syscalls:sys_enter_fdatasync tracepoint (kernel without CONFIG_FTRACE_SYSCALLS, or tracefs not mounted at /sys/kernel/tracing); the fsync collector cannot run, wal-fsync-latency uses wait events and pg_stat_wal; fix: mount -t tracefs nodev /sys/kernel/tracing".into(),
+        }
+    });
     if let Some(p) = read("/proc/sys/kernel/perf_event_paranoid") {
         let n: i32 = p.parse().unwrap_or(4);
         v.push(if n <= 1 || can_trace() {

@@ -12,6 +12,7 @@
 pub mod checkpoints;
 pub mod clock;
 pub mod explain;
+pub mod fsync;
 pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;
@@ -77,6 +78,8 @@ pub struct Evidence {
     pub profile: Option<Profile>,
     /// Off-CPU time by state and stack (the offcpu collector).
     pub offcpu: Option<offcpu::OffCpu>,
+    /// Flush latency histograms per role and system call (the fsync collector).
+    pub fsync: Option<fsync::FsyncSection>,
     /// The profile's per-interval counts (with samples per pid).
     pub profile_ticks: Vec<crate::collect::profile::Tick>,
     /// Which query each backend ran at the 10 Hz looks (pgstat).
@@ -133,6 +136,7 @@ impl Evidence {
         );
         let profile = load_profile(&dir, &mut notes);
         let offcpu = offcpu::load(&dir, &mut cut, &mut notes);
+        let fsync = fsync::load(&dir, &mut notes);
         let profile_ticks = read_stream(
             &dir,
             crate::collect::profile::files::STREAM,
@@ -164,6 +168,7 @@ impl Evidence {
             checkpoints,
             profile,
             offcpu,
+            fsync,
             profile_ticks,
             activity,
             clock,

@@ -46,6 +46,9 @@ pub struct Report {
     /// Off-CPU seconds per role by state (D, S, runq) and the top stacks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offcpu: Option<sections::offcpu::OffcpuSection>,
+    /// Flush latency measured in the kernel, per role and system call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsync: Option<sections::fsync::FsyncSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgstat: Option<sections::pgstat::PgstatSection>,
     /// Per query (pgstat's 10 Hz timeline joined with the profile, offcpu
@@ -325,6 +328,7 @@ pub fn build(rec: &Evidence) -> Report {
         procfs: sections::procfs::build(rec),
         profile: sections::profile::build(rec),
         offcpu: sections::offcpu::build(rec),
+        fsync: sections::fsync::build(rec),
         pgstat: sections::pgstat::build(rec),
         queries: queries
             .as_ref()

@@ -176,6 +176,9 @@ pub fn render(r: &Report) -> String {
     if let Some(s) = &r.offcpu {
         super::sections::offcpu::render(s, &mut o);
     }
+    if let Some(s) = &r.fsync {
+        super::sections::fsync::render(s, &mut o);
+    }
     if let Some(q) = &r.query_attribution {
         let mut q = q.clone();
         q.queries = r.queries.clone();

@@ -330,3 +330,16 @@ pub fn assert_stall_device_removed(out: &Path) {
         );
     }
 }
+
+/// The rest of the first line of `out` starting with `prefix` (the test
+/// programs' `ready PID` / `blocked_ns N` protocol).
+pub fn line(out: &mut impl std::io::BufRead, prefix: &str) -> String {
+    let mut l = String::new();
+    loop {
+        l.clear();
+        assert!(out.read_line(&mut l).unwrap() > 0, "no '{prefix}' line");
+        if let Some(rest) = l.trim().strip_prefix(prefix) {
+            return rest.trim().to_string();
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! Loading src/bpf/offcpu.bpf.c, following the cluster's processes, and
 //! reading what it aggregated: totals per (tgid, state, kernel stack), the
 //! kernel stacks, and the ring of blocks with a user stack copy.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +10,6 @@ use anyhow::Context as _;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject};
 
-use crate::collect::syscalls::counter::procwalk;
 use crate::collect::tracked;
 
 #[allow(
@@ -108,7 +107,7 @@ pub fn enable_stats() -> Option<OwnedFd> {
 }
 
 /// (run time ns, runs) of one program, from its fdinfo.
-fn prog_stats(fd: i32) -> (u64, u64) {
+pub(crate) fn prog_stats(fd: i32) -> (u64, u64) {
     let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
     let field = |name: &str| {
         text.lines()
@@ -147,30 +146,17 @@ impl<'obj> Loaded<'obj> {
             .as_deref_mut()
             .map(|b| b as *mut types::bss)
             .context("the BPF .bss section is not mmap'ed")?;
-        let me = Loaded { skel, bss };
-        for &r in roots {
-            me.track(r);
-        }
-        // Attach before walking /proc: a process forked by a tracked one from
-        // now on is tracked by the kernel, and the walk finds the older ones.
-        let mut me = me;
-        me.skel
-            .attach()
-            .context("attaching the off-CPU BPF programs")?;
-        let mut known: BTreeSet<u32> = roots.iter().copied().collect();
-        procwalk::walk_new_descendants(roots.iter().copied(), &mut known, &mut |child, _| {
-            me.track(child);
-            Ok(())
-        })?;
-        Ok(me)
-    }
-
-    fn track(&self, tgid: u32) {
+        let mut me = Loaded { skel, bss };
         // SAFETY: a field address inside the mmap'ed .bss, which lives as
         // long as the skeleton; the kernel writes it too, so access is
         // atomic only.
-        let words = unsafe { tracked::words(std::ptr::addr_of_mut!((*self.bss).tracked_bits)) };
-        tracked::set(words, tgid, true);
+        let words = unsafe { tracked::words(std::ptr::addr_of_mut!((*me.bss).tracked_bits)) };
+        tracked::follow(words, roots, || {
+            me.skel
+                .attach()
+                .context("attaching the off-CPU BPF programs")
+        })?;
+        Ok(me)
     }
 
     fn load(&self, field: fn(*mut types::bss) -> *mut u64) -> u64 {

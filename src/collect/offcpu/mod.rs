@@ -459,7 +459,7 @@ impl Collector for OffcpuCollector {
 }
 
 /// Each pid's role: the session's table first, then /proc, else short-lived.
-fn role_of(ctx: &Context, pid: u32) -> Role {
+pub(crate) fn role_of(ctx: &Context, pid: u32) -> Role {
     ctx.role_of(pid)
         .filter(|r| *r != Role::Other)
         .or_else(|| {

@@ -39,16 +39,16 @@ const PROC_HEADER: usize = 8;
 /// skeleton a reference with a `'static` lifetime that never escapes this
 /// module, and free the slot only after the skeleton is dropped: `Ebpf`
 /// declares `skel` before `_slot`, and fields drop in declaration order.
-struct ObjectSlot(NonNull<MaybeUninit<OpenObject>>);
+pub(crate) struct ObjectSlot(NonNull<MaybeUninit<OpenObject>>);
 
 impl ObjectSlot {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ObjectSlot(NonNull::from(Box::leak(Box::new(MaybeUninit::uninit()))))
     }
 
     /// # Safety
     /// Call once; the returned reference must not outlive `self`.
-    unsafe fn borrow_static(&mut self) -> &'static mut MaybeUninit<OpenObject> {
+    pub(crate) unsafe fn borrow_static(&mut self) -> &'static mut MaybeUninit<OpenObject> {
         // SAFETY: the pointer comes from Box::leak and stays valid until Drop;
         // the caller guarantees there is no other reference.
         unsafe { &mut *self.0.as_ptr() }

@@ -23,7 +23,7 @@ use std::fmt;
 use crate::error::{find_fixable, fixable};
 
 #[path = "bpf.rs"]
-mod bpf;
+pub(crate) mod bpf;
 #[path = "perf.rs"]
 mod perf;
 #[path = "procwalk.rs"]

@@ -90,6 +90,94 @@ fn sessions(o: &mut String, ev: &Evidence) {
     );
 }
 
+/// Flush latency per role and system call (the fsync collector): a table
+/// and, per row, its log2 histogram as bars in one inline SVG.
+fn fsync(o: &mut String, r: &Report) {
+    use crate::report::sections::fsync::bucket_label;
+    let Some(s) = &r.fsync else {
+        return;
+    };
+    let rows: Vec<Vec<String>> = s
+        .roles
+        .iter()
+        .map(|r| {
+            vec![
+                r.role.clone(),
+                r.syscall.clone(),
+                r.count.to_string(),
+                format!("{:.3}", r.mean_ms),
+                format!("{:.3}", r.p50_ms),
+                format!("{:.3}", r.p99_ms),
+                format!("{:.3}", r.max_ms),
+            ]
+        })
+        .collect();
+    table(
+        o,
+        "Flush latency in the kernel (fsync, fdatasync, O_DSYNC writes; log2 µs histograms)",
+        &[
+            "role", "syscall", "calls", "mean ms", "p50 ms", "p99 ms", "max ms",
+        ],
+        &rows,
+    );
+    let shown: Vec<_> = s.roles.iter().filter(|r| r.count > 0).collect();
+    if shown.is_empty() {
+        return;
+    }
+    // One row of bars per role and call, all on one µs axis.
+    let (bar, gap, row_h, label_w) = (18usize, 2usize, 44usize, 220usize);
+    let n = shown
+        .iter()
+        .map(|r| r.buckets.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let (w, h) = (label_w + n * (bar + gap), shown.len() * row_h + 16);
+    let _ = write!(
+        o,
+        "<figure class=\"hist\" data-chart=\"fsync-latency\"><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" role=\"img\"><title>calls per latency bucket</title>"
+    );
+    for (k, r) in shown.iter().enumerate() {
+        let y0 = k * row_h;
+        let most = r.buckets.iter().copied().max().unwrap_or(1).max(1);
+        let _ = write!(
+            o,
+            "<text x=\"0\" y=\"{}\" font-size=\"12\">{} {} (p99 {:.1} ms)</text>",
+            y0 + row_h / 2,
+            escape(&r.role),
+            escape(&r.syscall),
+            r.p99_ms
+        );
+        for (i, &c) in r.buckets.iter().enumerate() {
+            if c == 0 {
+                continue;
+            }
+            let bh = ((c as f64 / most as f64) * (row_h - 8) as f64)
+                .ceil()
+                .max(1.0) as usize;
+            let _ = write!(
+                o,
+                "<rect x=\"{}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\" fill=\"#4a7ab7\"><title>{} {}: {c} calls {}</title></rect>",
+                label_w + i * (bar + gap),
+                y0 + row_h - 4 - bh,
+                escape(&r.role),
+                escape(&r.syscall),
+                escape(&bucket_label(i))
+            );
+        }
+    }
+    for i in (0..n).step_by(2) {
+        let _ = write!(
+            o,
+            "<text x=\"{}\" y=\"{}\" font-size=\"9\">{}</text>",
+            label_w + i * (bar + gap),
+            h - 2,
+            escape(&bucket_label(i))
+        );
+    }
+    let _ = writeln!(o, "</svg></figure>");
+}
+
 pub fn all(o: &mut String, r: &Report, ev: &Evidence) {
     let _ = writeln!(o, "<section id=\"tables\"><h2>Tables</h2>");
     sessions(o, ev);
@@ -115,6 +203,7 @@ pub fn all(o: &mut String, r: &Report, ev: &Evidence) {
         &["role", "syscall", "calls", "per second", "per statement"],
         &rows,
     );
+    fsync(o, r);
     if !r.queries.is_empty() {
         let rows: Vec<Vec<String>> = r
             .queries

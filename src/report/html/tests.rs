@@ -158,3 +158,23 @@ fn on_and_off_cpu_graphs_per_role() {
     assert!(!page.contains("data-chart=\"combined-flamegraph-"));
     assert!(!page.contains("data-chart=\"offcpu-flamegraph-"));
 }
+
+// The fsync collector's flush latency: a table and one histogram figure
+// with a bar per non-empty bucket; none without the collector.
+#[test]
+fn fsync_latency_histogram() {
+    let (r, page) = page_of("pg15-wal-slow-fsync");
+    let s = r.fsync.as_ref().unwrap();
+    assert_eq!(page.matches("data-chart=\"fsync-latency\"").count(), 1);
+    assert!(page.contains("Flush latency in the kernel"));
+    let bars: usize = s
+        .roles
+        .iter()
+        .map(|x| x.buckets.iter().filter(|n| **n > 0).count())
+        .sum();
+    let at = page.find("data-chart=\"fsync-latency\"").unwrap();
+    let fig = &page[at..at + page[at..].find("</figure>").unwrap()];
+    assert_eq!(fig.matches("<rect").count(), bars);
+    let (_, page) = page_of("pg15-attach-wal-slow-device");
+    assert!(!page.contains("data-chart=\"fsync-latency\""));
+}

@@ -3,6 +3,7 @@
 
 pub mod clock;
 pub mod explain;
+pub mod fsync;
 pub mod lab;
 pub mod offcpu;
 pub mod pgstat;

@@ -1,0 +1,301 @@
+//! Flush latency of the cluster's processes, measured in the kernel: how
+//! long each fsync, fdatasync and O_DSYNC/O_SYNC write's sync took, as a
+//! log2 histogram in µs per (process, system call).
+//!
+//! How: eBPF on the per-syscall tracepoints of fdatasync, fsync, pwrite64
+//! and write (src/bpf/fsynclat.bpf.c); writes are timed only to files open
+//! O_DSYNC/O_SYNC. The histograms are summed in the kernel and read once,
+//! at the end. Writes `fsync.json` ([`Summary`]). Format and cost:
+//! docs/collectors/fsync.md.
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags};
+use serde::{Deserialize, Serialize};
+
+use super::offcpu::bpf::{enable_stats, prog_stats};
+use super::syscalls::counter::bpf::ObjectSlot;
+use super::{tracked, Collector, Context};
+use crate::recording::{CollectorInfo, Writer};
+
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    dead_code,
+    unused_imports,
+    non_camel_case_types,
+    unsafe_op_in_unsafe_fn
+)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/fsynclat.skel.rs"));
+}
+use skel::{types, FsynclatSkel, FsynclatSkelBuilder};
+
+pub const NAME: &str = "fsync";
+/// [`Summary`], written at the end.
+pub const FILE: &str = "fsync.json";
+/// Histogram buckets: `[0]` < 2 µs, `[i]` in [2^i, 2^(i+1)) µs.
+pub const BUCKETS: usize = 32;
+
+/// `fsync.json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub mechanism: String,
+    pub duration_s: f64,
+    /// Whether the kernel counted the BPF programs' run time.
+    pub bpf_stats: bool,
+    /// Time the BPF programs ran, and how often (flushes, forks, exits).
+    pub bpf_run_s: f64,
+    pub bpf_runs: u64,
+    /// Flushes not counted (the kernel map was full).
+    pub lost: u64,
+    /// Per process and system call, by pid then system call.
+    pub calls: Vec<Calls>,
+}
+
+/// One process's flushes in one system call.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Calls {
+    pub pid: u32,
+    pub role: String,
+    /// `fdatasync`, `fsync`, `pwrite64` (an O_DSYNC write), …
+    pub syscall: String,
+    pub count: u64,
+    pub errors: u64,
+    pub sum_us: u64,
+    pub max_us: u64,
+    /// Calls per log2 µs bucket ([`BUCKETS`]), trailing empty ones left out.
+    pub buckets: Vec<u64>,
+}
+
+/// count, sum_ns, max_ns, errors, buckets.
+type Hist = (u64, u64, u64, u64, Vec<u64>);
+
+/// `struct hist` of fsynclat.bpf.c.
+fn parse_hist(v: &[u8]) -> Option<Hist> {
+    let words: Vec<u64> = v
+        .chunks_exact(8)
+        .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()))
+        .collect();
+    let [count, sum, max, errors, ref buckets @ ..] = words[..] else {
+        return None;
+    };
+    let mut buckets = buckets.to_vec();
+    while buckets.last() == Some(&0) {
+        buckets.pop();
+    }
+    Some((count, sum, max, errors, buckets))
+}
+
+struct Bpf {
+    /// Owns the object, maps and links: dropping it detaches everything.
+    skel: FsynclatSkel<'static>,
+    bss: std::ptr::NonNull<types::bss>,
+    /// Must stay after `skel` (drop order), see [`ObjectSlot`].
+    _slot: ObjectSlot,
+}
+
+impl Bpf {
+    fn start(roots: &[u32], writes: bool) -> Result<Bpf> {
+        let mut slot = ObjectSlot::new();
+        // SAFETY: called once; the skeleton is stored next to the slot and
+        // dropped first (or, on error, here before `slot`).
+        let storage = unsafe { slot.borrow_static() };
+        let mut open = FsynclatSkelBuilder::default()
+            .open(storage)
+            .context("opening the fsync-latency BPF object")?;
+        if !writes {
+            let p = &mut open.progs;
+            for prog in [
+                &mut p.enter_pwrite64,
+                &mut p.exit_pwrite64,
+                &mut p.enter_write,
+                &mut p.exit_write,
+            ] {
+                prog.set_autoload(false);
+            }
+        }
+        let mut skel = open.load().context(
+            "loading the fsync-latency BPF programs (the syscalls:* tracepoints need CONFIG_FTRACE_SYSCALLS)",
+        )?;
+        let bss = skel
+            .maps
+            .bss_data
+            .as_deref_mut()
+            .map(std::ptr::NonNull::from)
+            .context("the BPF .bss section is not mmap'ed")?;
+        let mut me = Bpf {
+            skel,
+            bss,
+            _slot: slot,
+        };
+        // SAFETY: a field address inside the mmap'ed .bss, which lives as
+        // long as the skeleton; the kernel writes it too, so access is
+        // atomic only.
+        let words =
+            unsafe { tracked::words(std::ptr::addr_of_mut!((*me.bss.as_ptr()).tracked_bits)) };
+        tracked::follow(words, roots, || {
+            me.skel
+                .attach()
+                .context("attaching the fsync-latency BPF programs")
+        })?;
+        Ok(me)
+    }
+
+    fn lost(&self) -> u64 {
+        // SAFETY: a field address of the live mapping; access is atomic.
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.bss.as_ptr()).lost)) }
+            .load(Ordering::SeqCst)
+    }
+
+    /// (tgid, syscall nr) -> histogram, cumulative.
+    fn hists(&self) -> BTreeMap<(u32, u32), Hist> {
+        let map = &self.skel.maps.hists;
+        let mut out = BTreeMap::new();
+        for k in map.keys() {
+            let (Some(tgid), Some(nr)) = (k.get(0..4), k.get(4..8)) else {
+                continue;
+            };
+            let Ok(Some(v)) = map.lookup(&k, MapFlags::ANY) else {
+                continue;
+            };
+            if let Some(h) = parse_hist(&v) {
+                let u = |b: &[u8]| u32::from_ne_bytes(b.try_into().unwrap_or_default());
+                out.insert((u(tgid), u(nr)), h);
+            }
+        }
+        out
+    }
+
+    fn run_time(&self) -> (u64, u64) {
+        let p = &self.skel.progs;
+        // Programs not loaded have no descriptor.
+        [
+            &p.enter_fdatasync,
+            &p.exit_fdatasync,
+            &p.enter_fsync,
+            &p.exit_fsync,
+            &p.enter_pwrite64,
+            &p.exit_pwrite64,
+            &p.enter_write,
+            &p.exit_write,
+            &p.on_fork,
+            &p.on_exit,
+        ]
+        .iter()
+        .filter(|prog| prog.autoload())
+        .map(|prog| prog_stats(prog.as_fd().as_raw_fd()))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+}
+
+pub struct FsyncCollector {
+    ctx: Context,
+    bpf: Option<Bpf>,
+    /// BPF run-time statistics stay on while this is open.
+    stats: Option<OwnedFd>,
+    started: Instant,
+    summary: Option<Summary>,
+}
+
+const MECHANISM: &str = "eBPF on the tracepoints syscalls:sys_{enter,exit}_{fdatasync,fsync,pwrite64,write} (writes timed only to files open O_DSYNC/O_SYNC): log2 µs histograms per (pid, system call) summed in the kernel";
+
+impl FsyncCollector {
+    pub fn start(ctx: &Context) -> Result<FsyncCollector> {
+        Self::start_with(ctx, true)
+    }
+
+    /// `writes`: also time writes to O_DSYNC/O_SYNC files (the programs on
+    /// write and pwrite64, which run for every write on the machine).
+    pub fn start_with(ctx: &Context, writes: bool) -> Result<FsyncCollector> {
+        Ok(FsyncCollector {
+            ctx: ctx.clone(),
+            bpf: Some(Bpf::start(&ctx.roots(), writes)?),
+            stats: enable_stats(),
+            started: Instant::now(),
+            summary: None,
+        })
+    }
+
+    pub fn summary(&self) -> Option<&Summary> {
+        self.summary.as_ref()
+    }
+}
+
+impl Collector for FsyncCollector {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn info(&self) -> CollectorInfo {
+        CollectorInfo {
+            name: NAME.into(),
+            mechanism: MECHANISM.into(),
+            status: "ok".into(),
+            reason: None,
+            cpu_s: 0.0,
+        }
+    }
+
+    /// Nothing per interval: the histograms are read once, at the end.
+    fn sample(&mut self, _t: f64, _out: &mut Writer) -> Result<()> {
+        Ok(())
+    }
+
+    fn finish(&mut self, _t: f64, out: &mut Writer) -> Result<()> {
+        let Some(bpf) = self.bpf.take() else {
+            return Ok(());
+        };
+        let hists = bpf.hists();
+        let run = bpf.run_time();
+        let lost = bpf.lost();
+        drop(bpf);
+        self.stats = None; // statistics off again
+        let mut s = Summary {
+            mechanism: MECHANISM.into(),
+            duration_s: super::session::round_ms(self.started.elapsed().as_secs_f64()),
+            bpf_stats: run.1 > 0,
+            bpf_run_s: run.0 as f64 / 1e9,
+            bpf_runs: run.1,
+            lost,
+            calls: Vec::new(),
+        };
+        for ((pid, nr), (count, sum, max, errors, buckets)) in hists {
+            let syscall = super::syscalls::syscall_name(nr).into_owned();
+            s.calls.push(Calls {
+                pid,
+                role: super::offcpu::role_of(&self.ctx, pid).as_str().to_string(),
+                syscall,
+                count,
+                errors,
+                sum_us: sum / 1000,
+                max_us: max / 1000,
+                buckets,
+            });
+        }
+        out.put(FILE, &s)?;
+        self.summary = Some(s);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_parse_and_short_ones_do_not() {
+        let mut v = vec![0u8; (4 + BUCKETS) * 8];
+        for (i, x) in [3u64, 9_000, 5_000, 1, 0, 2, 0, 1].iter().enumerate() {
+            v[i * 8..i * 8 + 8].copy_from_slice(&x.to_ne_bytes());
+        }
+        let (count, sum, max, errors, buckets) = parse_hist(&v).unwrap();
+        assert_eq!((count, sum, max, errors), (3, 9_000, 5_000, 1));
+        assert_eq!(buckets, vec![0, 2, 0, 1]);
+        assert!(parse_hist(&v[..24]).is_none());
+    }
+}
