@@ -226,6 +226,12 @@ fn short_blocks_are_counted_not_stored() {
         run.folded.lines().count()
     );
     assert!(s.bpf_stats, "BPF run time was not counted");
+    // The manifest names the hook that copied user stacks.
+    let hook = match Hook::detect() {
+        Hook::TaskWork => "task_work",
+        Hook::SysExit => "raw_tp/sys_exit",
+    };
+    assert!(s.mechanism.contains(hook), "{hook}: {}", s.mechanism);
     assert!(
         s.short_blocks as f64 >= switches * 0.9,
         "{} short blocks for {switches} switches",
