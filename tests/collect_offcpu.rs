@@ -4,7 +4,7 @@
 //! inside the blocking calls.
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pgbelow::collect::offcpu::bpf::{Hook, Loaded};
@@ -44,12 +44,9 @@ fn record_with(args: &[&str], setup: impl FnOnce(u32)) -> Run {
     record_inner(args, setup, |_| {})
 }
 
-fn record_inner(
-    args: &[&str],
-    setup: impl FnOnce(u32),
-    drive: impl FnOnce(&mut ChildStdin),
-) -> Run {
-    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
+/// `pgbelow-block ARGS`, once it said it is ready; its stdout.
+fn spawn_block(args: &[&str]) -> (Child, BufReader<ChildStdout>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -57,6 +54,15 @@ fn record_inner(
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     line(&mut out, "ready");
+    (child, out)
+}
+
+fn record_inner(
+    args: &[&str],
+    setup: impl FnOnce(u32),
+    drive: impl FnOnce(&mut ChildStdin),
+) -> Run {
+    let (mut child, mut out) = spawn_block(args);
     setup(child.id());
     let ctx = Context::new(child.id());
     let mut c = OffcpuCollector::start(&ctx).expect("off-CPU collector starts (run as root)");
@@ -250,14 +256,7 @@ fn short_blocks_are_counted_not_stored() {
 /// CPU time of one ping-pong run (both processes, ns) with the off-CPU
 /// programs attached with `hook`, or none.
 fn pingpong_cpu_ns(round_trips: u64, hook: Option<Hook>) -> f64 {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
-        .args(["pingpong", &round_trips.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    line(&mut out, "ready");
+    let (mut child, mut out) = spawn_block(&["pingpong", &round_trips.to_string()]);
     let mut storage = std::mem::MaybeUninit::uninit();
     let loaded = hook.map(|h| {
         Loaded::start(&mut storage, &[child.id()], 1_000_000, 200, h)
