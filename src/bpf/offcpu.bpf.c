@@ -54,11 +54,29 @@
 #define TASK_DEAD 0x80
 #define TASK_NOLOAD 0x400
 
+// This CPU's run queue, reached through a task's CFS run queue (the
+// `runqueues` per-CPU symbol is not in kallsyms without KALLSYMS_ALL): its
+// clock was read by __schedule just before the switch (update_rq_clock),
+// so reading it costs loads, not a clock read (~65 ns on this VM, a third
+// of the program).
+struct rq {
+	__u64 clock;
+} __attribute__((preserve_access_index));
+
+struct cfs_rq {
+	struct rq *rq; // CONFIG_FAIR_GROUP_SCHED
+} __attribute__((preserve_access_index));
+
+struct sched_entity {
+	struct cfs_rq *cfs_rq;
+} __attribute__((preserve_access_index));
+
 struct mm_struct {
 	unsigned long env_end;
 } __attribute__((preserve_access_index));
 
 struct task_struct {
+	struct sched_entity se;
 	int pid;
 	int tgid;
 	struct mm_struct *mm;
@@ -77,6 +95,9 @@ struct pt_regs {
 
 // Set by userspace before loading.
 const volatile __u64 min_block_ns = 1000000;
+// Use the run queue's clock (sched_clock, the same on every CPU when it is
+// stable) rather than bpf_ktime_get_ns; set by userspace where it is.
+const volatile __u32 use_rq_clock = 0;
 // Copy user stacks from a task_work callback rather than at sys_exit.
 const volatile __u32 use_task_work = 0;
 // User stack copies per CPU per second at most; blocks beyond that are
@@ -412,7 +433,14 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 	if (!prev_tracked && !next_tracked)
 		return 0;
 	// One clock read serves both ends of the switch.
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now;
+	if (use_rq_clock && bpf_core_field_exists(struct cfs_rq, rq))
+		now = prev->se.cfs_rq->rq->clock;
+	else
+		now = bpf_ktime_get_ns();
+	// Never mix the two clocks: a run queue not reached reads as 0.
+	if (!now)
+		return 0;
 	if (prev_tracked) {
 		struct start *s =
 			bpf_task_storage_get(&starts, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);

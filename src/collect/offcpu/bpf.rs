@@ -160,6 +160,21 @@ impl Hook {
     }
 }
 
+/// Whether the scheduler's clock reads the same on every CPU, so that a
+/// block can be timed with the run queues' clocks (switched out on one CPU,
+/// in on another). On x86 only when the TSC is the clocksource (the kernel
+/// marks sched_clock unstable and leaves the TSC together); other
+/// architectures have no per-CPU sched_clock. Otherwise the programs read
+/// bpf_ktime_get_ns, which costs a clock read per switch.
+pub fn sched_clock_is_global() -> bool {
+    if cfg!(target_arch = "x86_64") {
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .is_ok_and(|c| c.trim() == "tsc")
+    } else {
+        true
+    }
+}
+
 /// The loaded programs; dropping them detaches everything.
 pub struct Loaded<'obj> {
     pub skel: OffcpuSkel<'obj>,
@@ -184,6 +199,7 @@ impl<'obj> Loaded<'obj> {
             r.min_block_ns = min_block_ns;
             r.max_copies_per_cpu_s = max_copies_per_cpu_s;
             r.use_task_work = u32::from(hook == Hook::TaskWork);
+            r.use_rq_clock = u32::from(sched_clock_is_global());
         }
         open.progs.on_sys_exit.set_autoload(hook == Hook::SysExit);
         let mut skel = open.load().context("loading the off-CPU BPF programs")?;
