@@ -26,6 +26,9 @@ static __always_inline void follow_exit(void)
 	__sync_fetch_and_and(&tracked_bits[(tgid / 64) & (BITMAP_WORDS - 1)], ~(1ULL << (tgid & 63)));
 }
 
+// A collector with more to do at fork or exit defines
+// PGBELOW_FOLLOW_NO_PROGRAMS and writes its own around the helpers.
+#ifndef PGBELOW_FOLLOW_NO_PROGRAMS
 SEC("raw_tp/sched_process_fork")
 int on_fork(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -39,5 +42,6 @@ int on_exit(struct bpf_raw_tracepoint_args *ctx)
 	follow_exit();
 	return 0;
 }
+#endif
 
 #endif

@@ -14,13 +14,19 @@
 // User stacks: PostgreSQL builds have no frame pointers, so userspace
 // unwinds a copy of the user stack with .eh_frame. The copy can only be
 // taken in the thread's own context, and this kernel may have no kprobes
-// (no finish_task_switch hook): so a long block inside a system call is
-// parked in `pending`, and raw_tp/sys_exit copies the registers and stack
-// when that system call returns to user space. The thread could not have
-// changed its user stack while it was blocked, so it is the stack it blocked
-// with. Blocks outside a system call (preemption in user code, page faults)
-// get no user stack. sys_exit runs for every system call on the machine;
-// for untracked processes it is one bitmap test.
+// (no finish_task_switch hook): so a long block is parked in `pending`, and
+// the copy of the registers and stack is taken when the thread next
+// returns to user space. The thread could not have changed its user stack
+// while it was blocked, so it is the stack it blocked with. Two ways to run
+// code at that return, chosen by userspace at load (`use_task_work`):
+// - task_work (Linux >= 6.18, bpf_task_work_schedule_resume): sched_switch
+//   schedules a callback for that thread, once per return to user space
+//   with long blocks. Nothing runs at other system calls, and blocks
+//   outside a system call (preempted in user code, page faults) get a user
+//   stack too.
+// - raw_tp/sys_exit otherwise: runs at every system call exit on the
+//   machine (one bitmap test for untracked processes); blocks outside a
+//   system call get no user stack.
 //
 // Times include the wait on the run queue after the wakeup (as bcc's
 // offcputime); the runq state is the time a runnable thread waited.
@@ -48,16 +54,41 @@
 #define TASK_DEAD 0x80
 #define TASK_NOLOAD 0x400
 
+// This CPU's run queue, reached through a task's CFS run queue (the
+// `runqueues` per-CPU symbol is not in kallsyms without KALLSYMS_ALL): its
+// clock was read by __schedule just before the switch (update_rq_clock),
+// so reading it costs loads, not a clock read (~65 ns on this VM, a third
+// of the program).
+struct rq {
+	__u64 clock;
+} __attribute__((preserve_access_index));
+
+struct cfs_rq {
+	struct rq *rq; // CONFIG_FAIR_GROUP_SCHED
+} __attribute__((preserve_access_index));
+
+struct sched_entity {
+	struct cfs_rq *cfs_rq;
+} __attribute__((preserve_access_index));
+
 struct mm_struct {
 	unsigned long env_end;
 } __attribute__((preserve_access_index));
 
 struct task_struct {
+	struct sched_entity se;
 	int pid;
 	int tgid;
 	struct mm_struct *mm;
 } __attribute__((preserve_access_index));
 
+struct bpf_map {
+	__u32 id;
+} __attribute__((preserve_access_index));
+
+// on_exit also drops the thread's task_work slot: the fork/exit programs
+// are this file's, around follow.h's helpers.
+#define PGBELOW_FOLLOW_NO_PROGRAMS
 #include "follow.h"
 
 struct pt_regs {
@@ -69,6 +100,11 @@ struct pt_regs {
 
 // Set by userspace before loading.
 const volatile __u64 min_block_ns = 1000000;
+// Use the run queue's clock (sched_clock, the same on every CPU when it is
+// stable) rather than bpf_ktime_get_ns; set by userspace where it is.
+const volatile __u32 use_rq_clock = 0;
+// Copy user stacks from a task_work callback rather than at sys_exit.
+const volatile __u32 use_task_work = 0;
 // User stack copies per CPU per second at most; blocks beyond that are
 // still counted exactly in `totals`, only without a user stack.
 const volatile __u32 max_copies_per_cpu_s = 200;
@@ -147,6 +183,30 @@ struct {
 	__type(value, struct pending);
 } pendings SEC(".maps");
 
+// bpf_task_work of include/uapi/linux/bpf.h (6.18), which older headers lack.
+struct bpf_task_work {
+	__u64 __opaque;
+} __attribute__((aligned(8)));
+
+extern int bpf_task_work_schedule_resume_impl(struct task_struct *task,
+					      struct bpf_task_work *tw, void *map__map,
+					      int (*callback)(struct bpf_map *map, void *key, void *value),
+					      void *aux__prog) __ksym __weak;
+
+struct work {
+	struct bpf_task_work tw;
+};
+
+// Per thread id: the task_work that copies its user stack. A hash map (task
+// storage may not hold a bpf_task_work); entries are deleted when the
+// thread exits.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct work);
+} works SEC(".maps");
+
 struct event {
 	__u32 tgid;
 	__u32 tid;
@@ -175,8 +235,9 @@ struct {
 	__type(value, struct budget);
 } budgets SEC(".maps");
 
-// Long blocks without a user stack: outside a system call, copy budget
-// spent, ring full, pending list full, or the user stack not readable.
+// Long blocks without a user stack: outside a system call (sys_exit path;
+// with task_work: in a kernel thread, or the callback not scheduled), copy
+// budget spent, ring full, pending list full, or the user stack not readable.
 __u64 not_in_syscall;
 __u64 no_budget;
 __u64 ring_full;
@@ -242,29 +303,129 @@ static __always_inline __u64 store_kstack(struct task_struct *task)
 	return h;
 }
 
-static __always_inline void park(struct task_struct *task, struct block *b)
+static __always_inline int take_budget(void)
 {
-	struct pending *p =
-		bpf_task_storage_get(&pendings, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!p)
-		return;
+	__u32 zero = 0;
+	struct budget *b = bpf_map_lookup_elem(&budgets, &zero);
+	if (!b)
+		return 0;
+	__u64 second = bpf_ktime_get_ns() / 1000000000ULL;
+	if (b->second != second) {
+		b->second = second;
+		b->used = 0;
+	}
+	if (b->used >= max_copies_per_cpu_s)
+		return 0;
+	b->used++;
+	return 1;
+}
+
+// Adds a block to the thread's pending list (merged with one of the same
+// state and kernel stack). Returns the number of blocks pending before.
+static __always_inline __u32 park(struct pending *p, struct block *b)
+{
+	__u32 n = p->n;
 	for (int i = 0; i < MAX_PENDING; i++) {
-		if (i >= p->n)
+		if (i >= n)
 			break;
 		if (p->b[i].state == b->state && p->b[i].kstack == b->kstack) {
 			p->b[i].ns += b->ns;
-			return;
+			return n;
 		}
 	}
-	__u32 n = p->n;
 	if (n < MAX_PENDING) {
 		p->b[n] = *b;
 		p->n = n + 1;
-		__u32 tid = BPF_CORE_READ(task, pid);
-		__sync_fetch_and_or(&pending_bits[(tid / 64) & (BITMAP_WORDS - 1)], 1ULL << (tid & 63));
 	} else {
 		__sync_fetch_and_add(&pending_full, 1);
 	}
+	return n;
+}
+
+// Copies the user registers and stack of the current thread, with the
+// blocks parked for it, into the ring.
+static __always_inline void emit(struct task_struct *task, struct pt_regs *regs, int budgeted)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct pending *p = bpf_task_storage_get(&pendings, task, 0, 0);
+	if (!p || !p->n)
+		return;
+	__u32 n = p->n;
+	if (n > MAX_PENDING)
+		n = MAX_PENDING;
+	p->n = 0;
+	if (!budgeted && !take_budget()) {
+		__sync_fetch_and_add(&no_budget, n);
+		return;
+	}
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ring_full, n);
+		return;
+	}
+	e->tgid = id >> 32;
+	e->tid = (__u32)id;
+	e->n = n;
+	__builtin_memcpy(e->b, p->b, sizeof(e->b));
+	e->bp = BPF_CORE_READ(regs, bp);
+	e->sp = BPF_CORE_READ(regs, sp);
+	e->ip = BPF_CORE_READ(regs, ip);
+	__u64 top = BPF_CORE_READ(task, mm, env_end);
+	__u64 size = top > e->sp ? top - e->sp : 0;
+	if (size > STACK_BYTES)
+		size = STACK_BYTES;
+	e->size = 0;
+	// The end of the range may be unmapped (a thread stack on the heap, a
+	// page not resident): retry with halves before giving up.
+	for (int i = 0; i < 4 && size > 0; i++) {
+		if (bpf_probe_read_user(e->stack, size, (void *)e->sp) == 0) {
+			e->size = size;
+			break;
+		}
+		size >>= 1;
+	}
+	if (!e->size)
+		__sync_fetch_and_add(&copy_failed, n);
+	bpf_ringbuf_submit(e, 0);
+}
+
+// task_work callback: the thread returns to user space (its registers at
+// the top of its kernel stack are the user ones).
+static int on_return(struct bpf_map *map, void *key, void *value)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	emit(task, (struct pt_regs *)bpf_task_pt_regs(task), 1);
+	return 0;
+}
+
+// A long block of `next` (a user thread): park it and make sure a callback
+// runs when the thread returns to user space. The copy budget is taken for
+// the first block of a return, so that no callback is scheduled beyond it.
+static __always_inline void park_for_work(struct task_struct *next, struct block *b)
+{
+	struct pending *p =
+		bpf_task_storage_get(&pendings, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!p)
+		return;
+	if (!p->n && !take_budget()) {
+		__sync_fetch_and_add(&no_budget, 1);
+		return;
+	}
+	park(p, b);
+	__u32 tid = next->pid;
+	struct work *w = bpf_map_lookup_elem(&works, &tid);
+	if (!w) {
+		struct work zero = {};
+		bpf_map_update_elem(&works, &tid, &zero, BPF_NOEXIST);
+		w = bpf_map_lookup_elem(&works, &tid);
+		if (!w)
+			return;
+	}
+	// -EBUSY: a callback is already scheduled (an earlier block of this
+	// system call) or running; the pending list is flushed by it or by the
+	// one the next long block schedules.
+	if (bpf_ksym_exists(bpf_task_work_schedule_resume_impl))
+		bpf_task_work_schedule_resume_impl(next, &w->tw, &works, on_return, NULL);
 }
 
 SEC("tp_btf/sched_switch")
@@ -277,7 +438,14 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 	if (!prev_tracked && !next_tracked)
 		return 0;
 	// One clock read serves both ends of the switch.
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now;
+	if (use_rq_clock && bpf_core_field_exists(struct cfs_rq, rq))
+		now = prev->se.cfs_rq->rq->clock;
+	else
+		now = bpf_ktime_get_ns();
+	// Never mix the two clocks: a run queue not reached reads as 0.
+	if (!now)
+		return 0;
 	if (prev_tracked) {
 		struct start *s =
 			bpf_task_storage_get(&starts, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -309,37 +477,34 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 		__sync_fetch_and_add(&kstack_lost, 1);
 	struct key k = {.tgid = tgid, .state = b.state, .kstack = b.kstack};
 	add_total(&k, ns);
+	if (!next->mm) {
+		__sync_fetch_and_add(&not_in_syscall, 1);
+		return 0;
+	}
+	if (use_task_work) {
+		park_for_work(next, &b);
+		return 0;
+	}
 	// Whether it blocked inside a system call: its saved user registers
 	// have not changed while it was off the CPU, so they are read here,
 	// for long blocks only, rather than at every switch-out.
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(next);
-	int in_syscall = (long)BPF_CORE_READ(regs, orig_ax) >= 0;
-	if (in_syscall && next->mm)
-		park(next, &b);
-	else
+	if ((long)BPF_CORE_READ(regs, orig_ax) < 0) {
 		__sync_fetch_and_add(&not_in_syscall, 1);
+		return 0;
+	}
+	struct pending *p =
+		bpf_task_storage_get(&pendings, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!p)
+		return 0;
+	park(p, &b);
+	__u32 tid = next->pid;
+	__sync_fetch_and_or(&pending_bits[(tid / 64) & (BITMAP_WORDS - 1)], 1ULL << (tid & 63));
 	return 0;
 }
 
-static __always_inline int take_budget(void)
-{
-	__u32 zero = 0;
-	struct budget *b = bpf_map_lookup_elem(&budgets, &zero);
-	if (!b)
-		return 0;
-	__u64 second = bpf_ktime_get_ns() / 1000000000ULL;
-	if (b->second != second) {
-		b->second = second;
-		b->used = 0;
-	}
-	if (b->used >= max_copies_per_cpu_s)
-		return 0;
-	b->used++;
-	return 1;
-}
-
 // The system call that blocked returns: copy the user registers and stack
-// for the blocks parked during it.
+// for the blocks parked during it (when task_work is not available).
 SEC("raw_tp/sys_exit")
 int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -348,48 +513,30 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	if (!is_tracked(tgid) || !bit_test(pending_bits, tid))
 		return 0;
 	__sync_fetch_and_and(&pending_bits[(tid / 64) & (BITMAP_WORDS - 1)], ~(1ULL << (tid & 63)));
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct pending *p = bpf_task_storage_get(&pendings, task, 0, 0);
-	if (!p || !p->n)
+	emit(bpf_get_current_task_btf(), (struct pt_regs *)ctx->args[0], 0);
+	return 0;
+}
+
+// A child of a tracked process is tracked before it first runs.
+SEC("raw_tp/sched_process_fork")
+int on_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	follow_fork(ctx);
+	return 0;
+}
+
+// An exiting thread of a tracked process lets go of its task_work slot; a
+// thread group whose leader exits stops being tracked (follow_exit).
+SEC("raw_tp/sched_process_exit")
+int on_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!is_tracked(tgid))
 		return 0;
-	__u32 n = p->n;
-	if (n > MAX_PENDING)
-		n = MAX_PENDING;
-	p->n = 0;
-	if (!take_budget()) {
-		__sync_fetch_and_add(&no_budget, n);
-		return 0;
-	}
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		__sync_fetch_and_add(&ring_full, n);
-		return 0;
-	}
-	e->tgid = tgid;
-	e->tid = tid;
-	e->n = n;
-	__builtin_memcpy(e->b, p->b, sizeof(e->b));
-	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
-	e->bp = BPF_CORE_READ(regs, bp);
-	e->sp = BPF_CORE_READ(regs, sp);
-	e->ip = BPF_CORE_READ(regs, ip);
-	__u64 top = BPF_CORE_READ(task, mm, env_end);
-	__u64 size = top > e->sp ? top - e->sp : 0;
-	if (size > STACK_BYTES)
-		size = STACK_BYTES;
-	e->size = 0;
-	// The end of the range may be unmapped (a thread stack on the heap, a
-	// page not resident): retry with halves before giving up.
-	for (int i = 0; i < 4 && size > 0; i++) {
-		if (bpf_probe_read_user(e->stack, size, (void *)e->sp) == 0) {
-			e->size = size;
-			break;
-		}
-		size >>= 1;
-	}
-	if (!e->size)
-		__sync_fetch_and_add(&copy_failed, n);
-	bpf_ringbuf_submit(e, 0);
+	if (use_task_work)
+		bpf_map_delete_elem(&works, &tid);
+	follow_exit();
 	return 0;
 }
 

@@ -118,19 +118,78 @@ pub(crate) fn prog_stats(fd: i32) -> (u64, u64) {
     (field("run_time_ns:"), field("run_cnt:"))
 }
 
+/// Where the user stack of a long block is copied, in the thread's own
+/// context when it returns to user space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// A task_work callback scheduled by sched_switch for that thread only
+    /// (Linux >= 6.18): nothing runs at other system calls.
+    TaskWork,
+    /// raw_tp/sys_exit, which runs at every system call exit on the machine.
+    SysExit,
+}
+
+impl Hook {
+    /// The kfunc the task_work path needs.
+    const KFUNC: &'static str = "bpf_task_work_schedule_resume_impl";
+
+    /// TaskWork when the kernel's BTF has its kfunc, unless
+    /// `PGBELOW_OFFCPU_HOOK=sys_exit` asks for the fallback (to compare them).
+    pub fn detect() -> Hook {
+        if std::env::var("PGBELOW_OFFCPU_HOOK").as_deref() == Ok("sys_exit") {
+            return Hook::SysExit;
+        }
+        let has = libbpf_rs::Btf::from_vmlinux().is_ok_and(|btf| {
+            btf.type_by_name::<libbpf_rs::btf::types::Func>(Self::KFUNC)
+                .is_some()
+        });
+        if has {
+            Hook::TaskWork
+        } else {
+            Hook::SysExit
+        }
+    }
+
+    /// How the manifest names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Hook::TaskWork => "a task_work callback scheduled by sched_switch (bpf_task_work_schedule_resume), run when the thread returns to user space",
+            Hook::SysExit => "raw_tp/sys_exit when the blocking system call returns (this kernel has no bpf_task_work_schedule_resume)",
+        }
+    }
+}
+
+/// Whether the scheduler's clock reads the same on every CPU, so that a
+/// block can be timed with the run queues' clocks (switched out on one CPU,
+/// in on another). On x86 only when the TSC is the clocksource (the kernel
+/// marks sched_clock unstable and leaves the TSC together); other
+/// architectures have no per-CPU sched_clock. Otherwise the programs read
+/// bpf_ktime_get_ns, which costs a clock read per switch.
+pub fn sched_clock_is_global() -> bool {
+    if cfg!(target_arch = "x86_64") {
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .is_ok_and(|c| c.trim() == "tsc")
+    } else {
+        true
+    }
+}
+
 /// The loaded programs; dropping them detaches everything.
 pub struct Loaded<'obj> {
     pub skel: OffcpuSkel<'obj>,
     bss: *mut types::bss,
+    pub hook: Hook,
 }
 
 impl<'obj> Loaded<'obj> {
-    /// Load with `min_block_ns`, follow `roots` and their descendants.
+    /// Load with `min_block_ns` and `hook` (normally [`Hook::detect`]),
+    /// follow `roots` and their descendants.
     pub fn start(
         storage: &'obj mut MaybeUninit<OpenObject>,
         roots: &[u32],
         min_block_ns: u64,
         max_copies_per_cpu_s: u32,
+        hook: Hook,
     ) -> anyhow::Result<Loaded<'obj>> {
         let mut open = OffcpuSkelBuilder::default()
             .open(storage)
@@ -138,7 +197,10 @@ impl<'obj> Loaded<'obj> {
         if let Some(r) = open.maps.rodata_data.as_deref_mut() {
             r.min_block_ns = min_block_ns;
             r.max_copies_per_cpu_s = max_copies_per_cpu_s;
+            r.use_task_work = u32::from(hook == Hook::TaskWork);
+            r.use_rq_clock = u32::from(sched_clock_is_global());
         }
+        open.progs.on_sys_exit.set_autoload(hook == Hook::SysExit);
         let mut skel = open.load().context("loading the off-CPU BPF programs")?;
         let bss: *mut types::bss = skel
             .maps
@@ -146,7 +208,7 @@ impl<'obj> Loaded<'obj> {
             .as_deref_mut()
             .map(|b| b as *mut types::bss)
             .context("the BPF .bss section is not mmap'ed")?;
-        let mut me = Loaded { skel, bss };
+        let mut me = Loaded { skel, bss, hook };
         // SAFETY: a field address inside the mmap'ed .bss, which lives as
         // long as the skeleton; the kernel writes it too, so access is
         // atomic only.
@@ -238,10 +300,17 @@ impl<'obj> Loaded<'obj> {
     /// BPF run time in ns and runs of all the programs (zero unless stats are on).
     pub fn run_time(&self) -> (u64, u64) {
         let p = &self.skel.progs;
-        [&p.on_switch, &p.on_sys_exit, &p.on_fork, &p.on_exit]
-            .iter()
-            .map(|prog| prog_stats(prog.as_fd().as_raw_fd()))
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        let sys_exit = (self.hook == Hook::SysExit).then_some(&p.on_sys_exit);
+        [
+            Some(&p.on_switch),
+            sys_exit,
+            Some(&p.on_fork),
+            Some(&p.on_exit),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|prog| prog_stats(prog.as_fd().as_raw_fd()))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 }
 

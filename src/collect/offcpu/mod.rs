@@ -92,8 +92,9 @@ pub struct Summary {
     pub short_blocks: u64,
     /// Blocks whose user stack was copied and unwound.
     pub user_stacks: u64,
-    /// Blocks without a user stack: not in a system call (preempted in
-    /// user code, page faults), copy budget spent, ring full, more than 8
+    /// Blocks without a user stack: not in a system call (with the sys_exit
+    /// hook: preempted in user code, page faults; with task_work: kernel
+    /// threads only), copy budget spent, ring full, more than 8
     /// distinct blocks in one system call, stack unreadable.
     pub not_in_syscall: u64,
     pub no_budget: u64,
@@ -211,12 +212,17 @@ struct Outcome {
 fn run(
     roots: Vec<u32>,
     min_block_ns: u64,
-    ready: mpsc::Sender<Result<()>>,
+    ready: mpsc::Sender<Result<bpf::Hook>>,
     shared: Arc<Shared>,
 ) -> Option<Outcome> {
     let mut storage = MaybeUninit::uninit();
-    let loaded = match bpf::Loaded::start(&mut storage, &roots, min_block_ns, MAX_COPIES_PER_CPU_S)
-    {
+    let loaded = match bpf::Loaded::start(
+        &mut storage,
+        &roots,
+        min_block_ns,
+        MAX_COPIES_PER_CPU_S,
+        bpf::Hook::detect(),
+    ) {
         Ok(l) => l,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -240,7 +246,7 @@ fn run(
             return None;
         }
     };
-    let _ = ready.send(Ok(()));
+    let _ = ready.send(Ok(loaded.hook));
     let mut totals_read = Instant::now();
     loop {
         let stopping = shared.stop.load(Ordering::Relaxed);
@@ -284,6 +290,8 @@ fn run(
 pub struct OffcpuCollector {
     ctx: Context,
     min_block_us: u64,
+    /// Where user stacks are copied.
+    hook: bpf::Hook,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<Option<Outcome>>>,
     /// What the reader measured until [`Collector::halt`].
@@ -313,15 +321,16 @@ impl OffcpuCollector {
             .name("pgbelow-offcpu".into())
             .spawn(move || run(roots, min_block_us * 1000, tx, sh))
             .context("starting the off-CPU reader thread")?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
+        let hook = match rx.recv() {
+            Ok(Ok(hook)) => hook,
             Ok(Err(e)) => {
                 let _ = thread.join();
                 return Err(e);
             }
             Err(_) => anyhow::bail!("the off-CPU reader thread died while starting"),
-        }
+        };
         Ok(OffcpuCollector {
+            hook,
             ctx: ctx.clone(),
             min_block_us,
             shared,
@@ -337,8 +346,9 @@ impl OffcpuCollector {
 
     fn mechanism(&self) -> String {
         format!(
-            "eBPF tp_btf/sched_switch: blocks >= {} µs summed per (pid, state, kernel stack) in the kernel; user stacks: DWARF unwinding of 16 KiB copies taken when the blocking system call returns (raw_tp/sys_exit, <= {MAX_COPIES_PER_CPU_S}/CPU/s); kernel symbols from /proc/kallsyms, user symbols from blazesym",
-            self.min_block_us
+            "eBPF tp_btf/sched_switch: blocks >= {} µs summed per (pid, state, kernel stack) in the kernel; user stacks: DWARF unwinding of 16 KiB copies (<= {MAX_COPIES_PER_CPU_S}/CPU/s) taken by {}; kernel symbols from /proc/kallsyms, user symbols from blazesym",
+            self.min_block_us,
+            self.hook.describe()
         )
     }
 
