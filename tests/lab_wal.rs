@@ -79,13 +79,16 @@ fn slow_wal_device_raises_the_finding_and_ram_does_not() {
     assert!(quoted >= 3.0, "the finding's flush p99 {quoted} ms: {ev}");
     common::assert_stall_device_removed(&out);
     // Per query (issue 12): the commit's WAL fdatasync runs in pgbench's
-    // `END`, so that statement, not the UPDATEs before it, owns the time in D.
+    // `END`, so that statement, not the UPDATEs before it, owns the time in
+    // D. The UPDATEs are mostly seen waiting for row locks (S); their D
+    // share is what they flush themselves (a dirty buffer's WAL).
     let queries = r["queries"].as_array().unwrap();
     let d_of = |q: &Value| q["off_cpu_s"]["D"].as_f64().unwrap_or(0.0);
     let table: Vec<String> = queries
         .iter()
         .map(|q| format!("{:>8.3} s in D: {}", d_of(q), q["query"]))
         .collect();
+    eprintln!("off-CPU D per query: {table:#?}");
     let end = queries
         .iter()
         .find(|q| q["query"] == "end")

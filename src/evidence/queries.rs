@@ -14,6 +14,10 @@
 //! 100 ms are seen in proportion to the time they run). On-CPU samples go
 //! to the active looks only (an idle backend waits for its client off the
 //! CPU); the rest also to "not in a query" (idle, idle in transaction).
+//! Off-CPU seconds go to the looks whose wait event fits the state: D to
+//! IO waits and looks without a wait, S to the others (locks, latches,
+//! the client), so a COMMIT's fdatasync is not lent to the UPDATE its
+//! backend was mostly seen waiting in for a row lock.
 //! Top stacks of a query: its backends' stacks weighted by the query's
 //! share of each backend's samples — exact when a backend ran one query.
 use std::collections::BTreeMap;
@@ -153,6 +157,9 @@ enum Kind {
     OnCpu,
     /// Over all looks, idle ones to no query (waiting for the client).
     OffCpu,
+    /// Off-CPU time in one state, over the looks whose wait event fits it
+    /// (see [`fits`]); over all looks when none does.
+    OffIn(&'static str),
     /// Over all looks, idle ones to the last query (its calls end there).
     Syscalls,
 }
@@ -161,7 +168,7 @@ enum Kind {
 fn shares(rows: &[PidRow], kind: Kind) -> Vec<(Option<&str>, f64)> {
     fn key(r: &PidRow, kind: Kind) -> Option<&str> {
         match kind {
-            Kind::OffCpu => r.query.as_deref(),
+            Kind::OffCpu | Kind::OffIn(_) => r.query.as_deref(),
             Kind::OnCpu | Kind::Syscalls => r.query.as_deref().or(r.last.as_deref()),
         }
     }
@@ -171,15 +178,15 @@ fn shares(rows: &[PidRow], kind: Kind) -> Vec<(Option<&str>, f64)> {
         .filter(|r| match kind {
             Kind::OnCpu if any_active => r.query.is_some(),
             Kind::OnCpu => r.last.is_some(),
+            Kind::OffIn(state) => fits(&r.wait, state),
             _ => true,
         })
         .collect();
     let total: u32 = pool.iter().map(|r| r.n).sum();
     if total == 0 {
-        return if kind == Kind::OnCpu {
-            shares(rows, Kind::OffCpu)
-        } else {
-            Vec::new()
+        return match kind {
+            Kind::OnCpu | Kind::OffIn(_) => shares(rows, Kind::OffCpu),
+            _ => Vec::new(),
         };
     }
     let mut m: BTreeMap<Option<&str>, u32> = BTreeMap::new();
@@ -189,6 +196,21 @@ fn shares(rows: &[PidRow], kind: Kind) -> Vec<(Option<&str>, f64)> {
     m.into_iter()
         .map(|(k, n)| (k, f64::from(n) / f64::from(total)))
         .collect()
+}
+
+/// Whether a look's wait event can be the off-CPU `state` the kernel saw.
+/// IO waits (WALSync, DataFileRead, ...) block in D; heavyweight and
+/// lightweight locks, latches, the client and timeouts sleep in S; a look
+/// without a wait event (`CPU`) may be either (a page fault, an
+/// uninstrumented call). Without this, a backend seen mostly waiting for a
+/// row lock would lend that UPDATE the D time of its COMMIT's fdatasync.
+fn fits(wait: &str, state: &str) -> bool {
+    let io = wait.starts_with("IO:");
+    match state {
+        "D" => io || wait == "CPU",
+        "S" => !io,
+        _ => true,
+    }
 }
 
 /// The activity tick of the interval ending at `t` (collectors share the
@@ -245,12 +267,17 @@ fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
             };
             for (pid, states) in &ot.by_pid {
                 if let Some(rows) = a.pids.get(pid) {
-                    give(rows, Kind::OffCpu, &mut |q, s| {
-                        for (st, secs) in states {
+                    for (st, secs) in states {
+                        let kind = match st.as_str() {
+                            "D" => Kind::OffIn("D"),
+                            "S" => Kind::OffIn("S"),
+                            _ => Kind::OffIn("runq"),
+                        };
+                        give(rows, kind, &mut |q, s| {
                             *q.off.entry(st.clone()).or_default() += secs * s;
                             *q.off_from_pid.entry((*pid, st.clone())).or_default() += secs * s;
-                        }
-                    });
+                        });
+                    }
                 }
             }
         }
@@ -596,6 +623,35 @@ mod tests {
             vec![(Some("3"), 1.0)]
         );
         assert_eq!(shares(&[idle], Kind::OffCpu), vec![(None, 1.0)]);
+    }
+
+    /// A pgbench backend seen 8 times waiting for a row lock in its UPDATE
+    /// and twice in its COMMIT's WAL fdatasync: its D time is the
+    /// COMMIT's, its S time the UPDATE's and the idle look's.
+    #[test]
+    fn off_cpu_time_goes_to_the_looks_whose_wait_fits_the_state() {
+        let waiting = |q: &str, wait: &str, n| PidRow {
+            wait: wait.into(),
+            ..row(Some(q), n)
+        };
+        let mut idle = row(None, 1);
+        idle.wait = "Client:ClientRead".into();
+        let rows = [
+            waiting("update", "Lock:transactionid", 8),
+            waiting("end", "IO:WALSync", 2),
+            idle,
+        ];
+        assert_eq!(shares(&rows, Kind::OffIn("D")), vec![(Some("end"), 1.0)]);
+        let s = shares(&rows, Kind::OffIn("S"));
+        assert_eq!(s, vec![(None, 1.0 / 9.0), (Some("update"), 8.0 / 9.0)]);
+        let all = shares(&rows, Kind::OffIn("runq"));
+        assert_eq!(all, shares(&rows, Kind::OffCpu));
+        // No look fits (D while only seen in lock waits): all looks share.
+        let locked = [waiting("update", "Lock:transactionid", 3)];
+        assert_eq!(
+            shares(&locked, Kind::OffIn("D")),
+            vec![(Some("update"), 1.0)]
+        );
     }
 
     /// A real select-only run on 13 with profile, offcpu and pgstat: the
