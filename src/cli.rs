@@ -221,6 +221,7 @@ impl SamplingArgs {
             procfs_hz: self.procfs_hz,
             profile_hz: self.profile_hz,
             offcpu_min_us: self.offcpu_min_block,
+            offcpu_hook: None,
         }
     }
 }

@@ -22,16 +22,28 @@ struct Run {
     blocked_s: f64,
     summary: Summary,
     folded: String,
+    /// Context switches on the whole machine while the programs were
+    /// attached (/proc/stat `ctxt`, what vmstat's `cs` counts).
+    machine_switches: u64,
+}
+
+/// The machine's context switches since boot (/proc/stat `ctxt`).
+fn machine_ctxt() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    stat.lines()
+        .find_map(|l| l.strip_prefix("ctxt "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("ctxt in /proc/stat")
 }
 
 /// Runs `pgbelow-block ARGS` under the collector; `drive` feeds its stdin.
 fn record(args: &[&str], drive: impl FnOnce(&mut ChildStdin)) -> Run {
-    record_inner(args, |_| {}, drive)
+    record_inner(args, None, |_| {}, drive)
 }
 
 /// [`record`] with `setup(pid)` called before the program starts its work.
 fn record_with(args: &[&str], setup: impl FnOnce(u32)) -> Run {
-    record_inner(args, setup, |_| {})
+    record_inner(args, None, setup, |_| {})
 }
 
 /// `pgbelow-block ARGS`, once it said it is ready; its stdout.
@@ -49,12 +61,15 @@ fn spawn_block(args: &[&str]) -> (Child, BufReader<ChildStdout>) {
 
 fn record_inner(
     args: &[&str],
+    hook: Option<Hook>,
     setup: impl FnOnce(u32),
     drive: impl FnOnce(&mut ChildStdin),
 ) -> Run {
     let (mut child, mut out) = spawn_block(args);
     setup(child.id());
-    let ctx = Context::new(child.id());
+    let mut ctx = Context::new(child.id());
+    ctx.sampling.offcpu_hook = hook;
+    let ctxt0 = machine_ctxt();
     let mut c = OffcpuCollector::start(&ctx).expect("off-CPU collector starts (run as root)");
     let tmp = tempfile::tempdir().unwrap();
     let mut w = Writer::create(&tmp.path().join("rec"), this_host_manifest("lab")).unwrap();
@@ -65,6 +80,7 @@ fn record_inner(
     let blocked_ns: f64 = line(&mut out, "blocked_ns").parse().unwrap();
     c.sample(t0.elapsed().as_secs_f64(), &mut w).unwrap();
     c.finish(t0.elapsed().as_secs_f64(), &mut w).unwrap();
+    let machine_switches = machine_ctxt() - ctxt0;
     w.flush().unwrap();
     drop(stdin);
     assert!(child.wait().unwrap().success());
@@ -76,6 +92,7 @@ fn record_inner(
         _tmp: tmp,
         blocked_s: blocked_ns / 1e9,
         summary,
+        machine_switches,
     }
 }
 
@@ -151,6 +168,20 @@ fn nanosleep_is_s_in_hrtimer_nanosleep() {
     );
 }
 
+/// Kernels before 6.18 have no task_work kfunc: the raw_tp/sys_exit
+/// fallback must time blocks as well and copy the user stack of those in a
+/// system call.
+#[test]
+fn the_sys_exit_fallback_measures_and_unwinds_too() {
+    let run = record_inner(&["sleep", "20", "25"], Some(Hook::SysExit), |_| {}, |_| {});
+    assert!(
+        run.summary.mechanism.contains("raw_tp/sys_exit"),
+        "{}",
+        run.summary.mechanism
+    );
+    check(&run, "S", &["hrtimer_nanosleep"], "sleep_ms");
+}
+
 #[test]
 fn pipe_read_is_s_in_pipe_read() {
     let run = record(&["pipe", "25"], |stdin| {
@@ -211,15 +242,28 @@ fn short_blocks_are_counted_not_stored() {
     // Each round trip switches each process out once (and in once).
     let switches = 2.0 * 200_000.0;
     let ns_per_switch = s.bpf_run_s * 1e9 / switches;
+    // The "100k context switches per second" is vmstat's unit:
+    // every switch on the machine runs the sched_switch program, and on an
+    // idle machine each switch-out of the pair is two (to the idle task
+    // and back), on a busy one about one (straight to the other process).
+    let cs = run.machine_switches as f64;
+    let ns_per_cs = s.bpf_run_s * 1e9 / cs.max(1.0);
     eprintln!(
-        "{switches} switch-outs in {wall:.2} s ({:.0}/s); BPF {:.4} s in {} runs = {ns_per_switch:.0} ns per switch (all programs) → {:.2}% of one CPU at 100k switches/s; reader CPU {:.4} s; short blocks {}; folded lines {}",
+        "{switches} switch-outs in {wall:.2} s ({:.0}/s); BPF {:.4} s in {} runs = {ns_per_switch:.0} ns per switch (all programs) → {:.2}% of one CPU at 100k switches/s; machine context switches {cs} = {ns_per_cs:.0} ns per context switch → {:.2}% of one CPU at 100k cs/s; reader CPU {:.4} s; short blocks {}; folded lines {}",
         switches / wall,
         s.bpf_run_s,
         s.bpf_runs,
         ns_per_switch * 100_000.0 / 1e9 * 100.0,
+        ns_per_cs * 100_000.0 / 1e9 * 100.0,
         s.reader_cpu_s,
         s.short_blocks,
         run.folded.lines().count()
+    );
+    // Every short block the program counted began with a switch.
+    assert!(
+        cs >= s.short_blocks as f64,
+        "{cs} context switches on the machine, {} short blocks counted",
+        s.short_blocks
     );
     assert!(s.bpf_stats, "BPF run time was not counted");
     // The manifest names the hook that copied user stacks.

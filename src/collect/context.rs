@@ -53,6 +53,9 @@ pub struct Sampling {
     pub profile_hz: u64,
     /// Off-CPU blocks shorter than this are counted, not measured (µs).
     pub offcpu_min_us: u64,
+    /// Where the off-CPU collector copies user stacks; None: the best this
+    /// kernel has ([`Hook::detect`](super::offcpu::bpf::Hook::detect)).
+    pub offcpu_hook: Option<super::offcpu::bpf::Hook>,
 }
 
 pub const DEFAULT_PROCFS_HZ: f64 = 10.0;
@@ -65,6 +68,7 @@ impl Default for Sampling {
             procfs_hz: DEFAULT_PROCFS_HZ,
             profile_hz: DEFAULT_PROFILE_HZ,
             offcpu_min_us: super::offcpu::DEFAULT_MIN_BLOCK_US,
+            offcpu_hook: None,
         }
     }
 }

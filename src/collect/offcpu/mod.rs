@@ -212,6 +212,7 @@ struct Outcome {
 fn run(
     roots: Vec<u32>,
     min_block_ns: u64,
+    hook: bpf::Hook,
     ready: mpsc::Sender<Result<bpf::Hook>>,
     shared: Arc<Shared>,
 ) -> Option<Outcome> {
@@ -221,7 +222,7 @@ fn run(
         &roots,
         min_block_ns,
         MAX_COPIES_PER_CPU_S,
-        bpf::Hook::detect(),
+        hook,
     ) {
         Ok(l) => l,
         Err(e) => {
@@ -316,10 +317,11 @@ impl OffcpuCollector {
         let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::channel();
         let roots = ctx.roots();
+        let hook = ctx.sampling.offcpu_hook.unwrap_or_else(bpf::Hook::detect);
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("pgbelow-offcpu".into())
-            .spawn(move || run(roots, min_block_us * 1000, tx, sh))
+            .spawn(move || run(roots, min_block_us * 1000, hook, tx, sh))
             .context("starting the off-CPU reader thread")?;
         let hook = match rx.recv() {
             Ok(Ok(hook)) => hook,
