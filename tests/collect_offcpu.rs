@@ -29,11 +29,8 @@ struct Run {
 
 /// The machine's context switches since boot (/proc/stat `ctxt`).
 fn machine_ctxt() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap();
-    stat.lines()
-        .find_map(|l| l.strip_prefix("ctxt "))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("ctxt in /proc/stat")
+    use procfs::CurrentSI;
+    procfs::KernelStats::current().expect("/proc/stat").ctxt
 }
 
 /// Runs `pgbelow-block ARGS` under the collector; `drive` feeds its stdin.

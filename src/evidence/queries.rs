@@ -268,12 +268,11 @@ fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
             for (pid, states) in &ot.by_pid {
                 if let Some(rows) = a.pids.get(pid) {
                     for (st, secs) in states {
-                        let kind = match st.as_str() {
-                            "D" => Kind::OffIn("D"),
-                            "S" => Kind::OffIn("S"),
-                            _ => Kind::OffIn("runq"),
-                        };
-                        give(rows, kind, &mut |q, s| {
+                        let state = crate::collect::offcpu::bpf::STATES
+                            .into_iter()
+                            .find(|s| *s == st.as_str())
+                            .unwrap_or("runq");
+                        give(rows, Kind::OffIn(state), &mut |q, s| {
                             *q.off.entry(st.clone()).or_default() += secs * s;
                             *q.off_from_pid.entry((*pid, st.clone())).or_default() += secs * s;
                         });
