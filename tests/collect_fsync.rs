@@ -3,7 +3,7 @@
 //! timed in the kernel within generous bounds of the time it measured
 //! around the calls itself; an untracked process's flush is not counted.
 use std::io::{BufReader, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout};
 use std::time::Instant;
 
 use pgbelow::collect::fsync::{FsyncCollector, FILE};
@@ -12,19 +12,11 @@ use pgbelow::evidence::fsync::FsyncSection;
 use pgbelow::recording::{this_host_manifest, Writer};
 
 mod common;
-use common::line;
+use common::{line, spawn_block};
 
 /// `pgbelow-block fdatasync FILE 8 N`, started and ready.
 fn fdatasyncs(file: &std::path::Path, n: u64) -> (Child, BufReader<ChildStdout>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
-        .args(["fdatasync", file.to_str().unwrap(), "8", &n.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    line(&mut out, "ready");
-    (child, out)
+    spawn_block(&["fdatasync", file.to_str().unwrap(), "8", &n.to_string()])
 }
 
 #[test]

@@ -2,9 +2,9 @@
 //! ways (nanosleep, a pipe read, a vfork wait, fsync) gets its off-CPU time
 //! in the right state and kernel stack, within 10 % of the time it measured
 //! inside the blocking calls.
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::ChildStdin;
 use std::time::{Duration, Instant};
 
 use pgbelow::collect::offcpu::bpf::{Hook, Loaded};
@@ -14,7 +14,7 @@ use pgbelow::recording::{this_host_manifest, Writer};
 use pgbelow::report::sections::profile::parse_folded;
 
 mod common;
-use common::line;
+use common::{line, spawn_block};
 
 struct Run {
     dir: PathBuf,
@@ -41,19 +41,6 @@ fn record(args: &[&str], drive: impl FnOnce(&mut ChildStdin)) -> Run {
 /// [`record`] with `setup(pid)` called before the program starts its work.
 fn record_with(args: &[&str], setup: impl FnOnce(u32)) -> Run {
     record_inner(args, None, setup, |_| {})
-}
-
-/// `pgbelow-block ARGS`, once it said it is ready; its stdout.
-fn spawn_block(args: &[&str]) -> (Child, BufReader<ChildStdout>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    line(&mut out, "ready");
-    (child, out)
 }
 
 fn record_inner(

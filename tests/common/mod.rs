@@ -343,3 +343,23 @@ pub fn line(out: &mut impl std::io::BufRead, prefix: &str) -> String {
         }
     }
 }
+
+/// `pgbelow-block ARGS` (the test program that blocks in known ways), once
+/// it said it is ready; its stdin stays piped to drive it.
+pub fn spawn_block(
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    use std::process::Stdio;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    line(&mut out, "ready");
+    (child, out)
+}

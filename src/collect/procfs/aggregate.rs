@@ -290,9 +290,9 @@ impl Counters {
         let stat = parse::parse_stat(&read("stat")?)?;
         let sched = read("schedstat").and_then(|s| parse::parse_schedstat(&s));
         let io = read("io").and_then(|s| parse::parse_io(&s));
-        let status = read("status");
-        let ctxt = status.as_deref().and_then(parse::parse_status_ctxt);
-        let mem = status.as_deref().and_then(parse::parse_status_mem);
+        let parse::Status { ctxt, mem } = read("status")
+            .map(|s| parse::parse_status(&s))
+            .unwrap_or_default();
         Some(Counters::from_parts(
             &stat,
             sched,
@@ -496,7 +496,7 @@ mod tests {
         let stat = parse_stat(&fixture("stat_pg_checkpointer")).unwrap();
         let sched = parse::parse_schedstat(&fixture("schedstat_pg_checkpointer"));
         let io = parse::parse_io(&fixture("io_pg_backend"));
-        let ctxt = parse::parse_status_ctxt(&fixture("status_pg_checkpointer"));
+        let ctxt = parse::parse_status(&fixture("status_pg_checkpointer")).ctxt;
         let c = Counters::from_parts(&stat, sched, io, ctxt, None, 100);
         assert_eq!(c.cpu_ns, 892845);
         // Started before the recording: the first sight is only a baseline.

@@ -210,21 +210,6 @@ pub struct CtxSwitches {
     pub nonvoluntary: u64,
 }
 
-pub fn parse_status_ctxt(s: &str) -> Option<CtxSwitches> {
-    let mut c = CtxSwitches::default();
-    let mut seen = 0;
-    for line in s.lines() {
-        if let Some(v) = line.strip_prefix("voluntary_ctxt_switches:") {
-            c.voluntary = v.trim().parse().ok()?;
-            seen += 1;
-        } else if let Some(v) = line.strip_prefix("nonvoluntary_ctxt_switches:") {
-            c.nonvoluntary = v.trim().parse().ok()?;
-            seen += 1;
-        }
-    }
-    (seen == 2).then_some(c)
-}
-
 /// Memory gauges of /proc/PID/status, kB: the page tables (`VmPTE`), the
 /// shared memory mapped in normal pages (`RssShmem`) and in hugetlb pages
 /// (`HugetlbPages`; absent on kernels before 4.4, then 0).
@@ -235,27 +220,55 @@ pub struct StatusMem {
     pub hugetlb_kb: u64,
 }
 
-/// The memory gauges of /proc/PID/status; None without `VmPTE` (a kernel
-/// thread, or a zombie).
-pub fn parse_status_mem(s: &str) -> Option<StatusMem> {
+/// What the sampler takes from /proc/PID/status, read in one pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    /// None unless both context-switch counts are there.
+    pub ctxt: Option<CtxSwitches>,
+    /// None without `VmPTE` (a kernel thread, or a zombie).
+    pub mem: Option<StatusMem>,
+}
+
+/// The context switches and memory gauges of /proc/PID/status. A field
+/// that does not parse drops what it belongs to, not the other.
+pub fn parse_status(s: &str) -> Status {
+    let mut c = CtxSwitches::default();
     let mut m = StatusMem::default();
-    let mut pte = false;
+    let (mut ctxt_seen, mut ctxt_ok, mut pte, mut mem_ok) = (0, true, false, true);
     for line in s.lines() {
         let Some((k, v)) = line.split_once(':') else {
             continue;
         };
-        let slot = match k {
+        let (slot, ctxt) = match k {
+            "voluntary_ctxt_switches" => (&mut c.voluntary, true),
+            "nonvoluntary_ctxt_switches" => (&mut c.nonvoluntary, true),
             "VmPTE" => {
                 pte = true;
-                &mut m.pte_kb
+                (&mut m.pte_kb, false)
             }
-            "RssShmem" => &mut m.rss_shmem_kb,
-            "HugetlbPages" => &mut m.hugetlb_kb,
+            "RssShmem" => (&mut m.rss_shmem_kb, false),
+            "HugetlbPages" => (&mut m.hugetlb_kb, false),
             _ => continue,
         };
-        *slot = v.split_ascii_whitespace().next()?.parse().ok()?;
+        // Memory lines carry a unit ("4 kB"); counts are bare numbers.
+        let parsed = v
+            .split_ascii_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok());
+        match (parsed, ctxt) {
+            (Some(n), true) => {
+                *slot = n;
+                ctxt_seen += 1;
+            }
+            (Some(n), false) => *slot = n,
+            (None, true) => ctxt_ok = false,
+            (None, false) => mem_ok = false,
+        }
     }
-    pte.then_some(m)
+    Status {
+        ctxt: (ctxt_ok && ctxt_seen == 2).then_some(c),
+        mem: (mem_ok && pte).then_some(m),
+    }
 }
 
 /// The server's main shared memory as the postmaster's /proc/PID/maps shows
@@ -444,7 +457,9 @@ mod tests {
     // postmaster.
     #[test]
     fn page_tables_faults_and_the_shared_segment() {
-        let b = parse_status_mem(&fixture("status_pg15_backend_2gb_touched")).unwrap();
+        let b = parse_status(&fixture("status_pg15_backend_2gb_touched"))
+            .mem
+            .unwrap();
         assert_eq!(
             b,
             StatusMem {
@@ -456,9 +471,11 @@ mod tests {
         let st = parse_stat(&fixture("stat_pg15_backend_2gb_touched")).unwrap();
         assert_eq!(st.minflt, 8402);
         assert_eq!(st.comm, "postgres");
-        let pm = parse_status_mem(&fixture("status_pg15_postmaster_2gb")).unwrap();
+        let pm = parse_status(&fixture("status_pg15_postmaster_2gb"))
+            .mem
+            .unwrap();
         assert!(pm.pte_kb < 1024, "{pm:?}");
-        assert!(parse_status_mem("Name:\tkthreadd\n").is_none());
+        assert!(parse_status("Name:\tkthreadd\n").mem.is_none());
         let seg = parse_shared_segment(&fixture("maps_pg15_postmaster_huge_pages_off")).unwrap();
         assert_eq!(seg.mapping, "/dev/zero (deleted)");
         assert!(!seg.hugetlb);
@@ -468,15 +485,31 @@ mod tests {
     }
 
     #[test]
+    fn status_gives_both_parts_in_one_pass_and_a_bad_field_drops_only_its_part() {
+        let text = fixture("status_pg15_backend_2gb_touched");
+        let st = parse_status(&text);
+        assert!(st.ctxt.is_some() && st.mem.is_some(), "{st:?}");
+        let bad_count = text.replace(
+            "nonvoluntary_ctxt_switches:",
+            "nonvoluntary_ctxt_switches:\tx",
+        );
+        let st2 = parse_status(&bad_count);
+        assert_eq!((st2.ctxt, st2.mem), (None, st.mem));
+        let bad_pte = text.replace("VmPTE:", "VmPTE:\tx");
+        let st3 = parse_status(&bad_pte);
+        assert_eq!((st3.ctxt, st3.mem), (st.ctxt, None));
+    }
+
+    #[test]
     fn io_status_schedstat() {
         let io = parse_io(&fixture("io_pg_backend")).unwrap();
         assert_eq!(io.read_bytes, 0);
         assert_eq!(io.write_bytes, 192512);
         assert_eq!(parse_io(&fixture("io_sleep")).unwrap(), Io::default());
         assert!(parse_io("nothing here").is_none());
-        let c = parse_status_ctxt(&fixture("status_pg_backend")).unwrap();
+        let c = parse_status(&fixture("status_pg_backend")).ctxt.unwrap();
         assert!(c.voluntary > 0);
-        let s = parse_status_ctxt(&fixture("status_sleep")).unwrap();
+        let s = parse_status(&fixture("status_sleep")).ctxt.unwrap();
         assert_eq!(
             s,
             CtxSwitches {
