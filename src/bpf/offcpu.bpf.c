@@ -342,6 +342,29 @@ static __always_inline __u32 park(struct pending *p, struct block *b)
 	return n;
 }
 
+// Takes the blocks parked for the current thread into `e` and clears the
+// list, the blocks copied first: on a preemptible kernel the thread can be
+// switched out here, and a long wait then parks a block at the list's
+// start, which a clear-then-copy would overwrite or lose. Returns how many
+// blocks `e` holds.
+static __always_inline __u32 take_parked(struct pending *p, struct event *e)
+{
+	for (int i = 0; i < 2; i++) {
+		__u32 n = p->n;
+		if (n > MAX_PENDING)
+			n = MAX_PENDING;
+		__builtin_memcpy(e->b, p->b, sizeof(e->b));
+		// Unchanged since the copy: the list is ours to clear. Otherwise a
+		// block was parked meanwhile: copy again with it.
+		if (__sync_val_compare_and_swap(&p->n, n, 0) == n)
+			return n;
+	}
+	// Parked into twice while copying: keep the last copy and clear.
+	__u32 n = p->n;
+	p->n = 0;
+	return n > MAX_PENDING ? MAX_PENDING : n;
+}
+
 // Copies the user registers and stack of the current thread, with the
 // blocks parked for it, into the ring.
 static __always_inline void emit(struct task_struct *task, struct pt_regs *regs, int budgeted)
@@ -350,23 +373,19 @@ static __always_inline void emit(struct task_struct *task, struct pt_regs *regs,
 	struct pending *p = bpf_task_storage_get(&pendings, task, 0, 0);
 	if (!p || !p->n)
 		return;
-	__u32 n = p->n;
-	if (n > MAX_PENDING)
-		n = MAX_PENDING;
-	p->n = 0;
 	if (!budgeted && !take_budget()) {
-		__sync_fetch_and_add(&no_budget, n);
+		__sync_fetch_and_add(&no_budget, __sync_lock_test_and_set(&p->n, 0));
 		return;
 	}
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		__sync_fetch_and_add(&ring_full, n);
+		__sync_fetch_and_add(&ring_full, __sync_lock_test_and_set(&p->n, 0));
 		return;
 	}
+	__u32 n = take_parked(p, e);
 	e->tgid = id >> 32;
 	e->tid = (__u32)id;
 	e->n = n;
-	__builtin_memcpy(e->b, p->b, sizeof(e->b));
 	e->bp = BPF_CORE_READ(regs, bp);
 	e->sp = BPF_CORE_READ(regs, sp);
 	e->ip = BPF_CORE_READ(regs, ip);
