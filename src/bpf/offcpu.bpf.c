@@ -349,8 +349,9 @@ static __always_inline __u32 park(struct pending *p, struct block *b)
 // blocks `e` holds.
 static __always_inline __u32 take_parked(struct pending *p, struct event *e)
 {
+	__u32 n = 0;
 	for (int i = 0; i < 2; i++) {
-		__u32 n = p->n;
+		n = p->n;
 		if (n > MAX_PENDING)
 			n = MAX_PENDING;
 		__builtin_memcpy(e->b, p->b, sizeof(e->b));
@@ -359,10 +360,11 @@ static __always_inline __u32 take_parked(struct pending *p, struct event *e)
 		if (__sync_val_compare_and_swap(&p->n, n, 0) == n)
 			return n;
 	}
-	// Parked into twice while copying: keep the last copy and clear.
-	__u32 n = p->n;
+	// Parked into on both tries: keep the n blocks of the last copy (a
+	// count read now could name slots the copy does not hold); the later
+	// ones lose their user stack, their time is in `totals`.
 	p->n = 0;
-	return n > MAX_PENDING ? MAX_PENDING : n;
+	return n;
 }
 
 // Copies the user registers and stack of the current thread, with the

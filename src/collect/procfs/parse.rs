@@ -232,42 +232,42 @@ pub struct Status {
 /// The context switches and memory gauges of /proc/PID/status. A field
 /// that does not parse drops what it belongs to, not the other.
 pub fn parse_status(s: &str) -> Status {
-    let mut c = CtxSwitches::default();
-    let mut m = StatusMem::default();
-    let (mut ctxt_seen, mut ctxt_ok, mut pte, mut mem_ok) = (0, true, false, true);
+    // None: absent or not a number. Memory lines carry a unit ("4 kB").
+    let (mut vol, mut nonvol, mut pte) = (None, None, None);
+    // Absent on old kernels: 0.
+    let (mut shmem, mut hugetlb) = (Some(0), Some(0));
     for line in s.lines() {
         let Some((k, v)) = line.split_once(':') else {
             continue;
         };
-        let (slot, ctxt) = match k {
-            "voluntary_ctxt_switches" => (&mut c.voluntary, true),
-            "nonvoluntary_ctxt_switches" => (&mut c.nonvoluntary, true),
-            "VmPTE" => {
-                pte = true;
-                (&mut m.pte_kb, false)
-            }
-            "RssShmem" => (&mut m.rss_shmem_kb, false),
-            "HugetlbPages" => (&mut m.hugetlb_kb, false),
+        let slot = match k {
+            "voluntary_ctxt_switches" => &mut vol,
+            "nonvoluntary_ctxt_switches" => &mut nonvol,
+            "VmPTE" => &mut pte,
+            "RssShmem" => &mut shmem,
+            "HugetlbPages" => &mut hugetlb,
             _ => continue,
         };
-        // Memory lines carry a unit ("4 kB"); counts are bare numbers.
-        let parsed = v
+        *slot = v
             .split_ascii_whitespace()
             .next()
             .and_then(|n| n.parse().ok());
-        match (parsed, ctxt) {
-            (Some(n), true) => {
-                *slot = n;
-                ctxt_seen += 1;
-            }
-            (Some(n), false) => *slot = n,
-            (None, true) => ctxt_ok = false,
-            (None, false) => mem_ok = false,
-        }
     }
     Status {
-        ctxt: (ctxt_ok && ctxt_seen == 2).then_some(c),
-        mem: (mem_ok && pte).then_some(m),
+        ctxt: vol
+            .zip(nonvol)
+            .map(|(voluntary, nonvoluntary)| CtxSwitches {
+                voluntary,
+                nonvoluntary,
+            }),
+        mem: pte
+            .zip(shmem)
+            .zip(hugetlb)
+            .map(|((pte_kb, rss_shmem_kb), hugetlb_kb)| StatusMem {
+                pte_kb,
+                rss_shmem_kb,
+                hugetlb_kb,
+            }),
     }
 }
 
