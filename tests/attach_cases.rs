@@ -177,19 +177,25 @@ fn wait_replayed(p: &UserCluster, s: &UserCluster) {
 }
 
 /// Seed 004 attached to the standby alone: a primary with a synchronous
-/// (remote_apply) standby of 1 GB shared_buffers, a client dropping one-row
+/// (remote_apply) standby of 4 GB shared_buffers, a client dropping one-row
 /// tables one per transaction, and pgbelow recording only the standby.
 /// PostgreSQL 13's startup process scans the whole buffer pool per dropped
 /// relation and `standby-replay-drop-cost` fires; 15 drops the buffers of a
 /// relation whose size it knows by lookup, and stays silent.
+///
+/// Sized for margin, not for the threshold: at 1 GB and 300 drops a fast
+/// machine gave 13's startup process 0.24 s of CPU (0.8 ms per drop) and
+/// 11 profile samples, against the rule's 0.2 s, 0.5 ms and 10 samples, and
+/// the test failed one run in two. 4 GB (~4× the scan) and 600 drops give
+/// ~3 ms per drop and ~2 s of startup CPU: ≥ 5× every bound.
 #[test]
 fn replay_drop_cost_found_attached_to_the_standby() {
-    const TABLES: usize = 300;
+    const TABLES: usize = 600;
     let pg13 = pg13_bin();
     let mut results = Vec::new();
     for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
         let p = UserCluster::start_in(&bin, &[], &[]);
-        let s = p.standby(&[("shared_buffers", "1GB")]);
+        let s = p.standby(&[("shared_buffers", "4GB")]);
         wait_streaming(&p, &s, 1);
         p.psql(
             "postgres",
@@ -215,7 +221,7 @@ fn replay_drop_cost_found_attached_to_the_standby() {
         let r = record_while(
             &s,
             &d.path().join("rec"),
-            8,
+            10,
             "syscalls,procfs,pgstat,profile",
             || {
                 let t0 = std::time::Instant::now();
@@ -224,24 +230,20 @@ fn replay_drop_cost_found_attached_to_the_standby() {
                 drop_ms = t0.elapsed().as_secs_f64() * 1e3 / TABLES as f64;
             },
         );
-        let f = common::finding(&r, "standby-replay-drop-cost").cloned();
         eprintln!(
-            "PostgreSQL {label}: {drop_ms:.2} ms per DROP (client), recorded in {:.1} s; finding: {}",
+            "PostgreSQL {label}: {drop_ms:.2} ms per DROP (client), recorded in {:.1} s; startup cpu_s {}",
             started.elapsed().as_secs_f64(),
-            f.as_ref()
-                .map_or("none".to_string(), |f| f["evidence"].to_string())
+            r["procfs"]["roles"]["startup"]["cpu_s"],
         );
         eprintln!(
             "  startup syscalls: {}",
             r["syscalls"]["by_role"]["startup"]
         );
-        results.push((label, f));
+        results.push((label, r));
     }
-    let f13 = results[0]
-        .1
-        .as_ref()
-        .expect("standby-replay-drop-cost on 13");
+    let f13 = common::raised_with_margin(&results[0].1, "standby-replay-drop-cost", 5.0);
     let ev = &f13["evidence"];
+    eprintln!("13: {ev}");
     // Raised from the standby alone: no lab summary.
     assert!(ev["drops"].is_null(), "{ev}");
     assert!(
@@ -253,7 +255,7 @@ fn replay_drop_cost_found_attached_to_the_standby() {
         (TABLES as u64 / 2..=TABLES as u64 * 2).contains(&n),
         "{n} dropped relations counted for {TABLES}: {ev}"
     );
-    assert!(results[1].1.is_none(), "raised on 15: {:?}", results[1].1);
+    common::silent(&results[1].1, "standby-replay-drop-cost");
 }
 
 /// pgbench with a custom script against `c`, `secs` long, `clients` sessions.

@@ -10,7 +10,7 @@
 //! nothing.
 use serde_json::json;
 
-use super::{Finding, Rule, Severity};
+use super::{Figure, Finding, Measure, Rule, Severity};
 use crate::collect::cgroup::CgroupSample;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -97,6 +97,41 @@ pub fn throttled_share(rec: &Evidence) -> Option<f64> {
     worst_level(rec, 0).map(|l| round3(l.share()))
 }
 
+/// The level the rule decides on: the one `evaluate` weighs (throttled
+/// longest among those throttled in `MIN_THROTTLED_SECONDS` samples), else
+/// the one throttled longest among those with a quota's periods. None
+/// without enforcement periods anywhere.
+fn decided_level(rec: &Evidence) -> Option<Level> {
+    worst_level(rec, MIN_THROTTLED_SECONDS).or_else(|| worst_level(rec, 0))
+}
+
+/// Why no level had enforcement periods, and how to get them.
+fn unmeasured(rec: &Evidence) -> String {
+    if !rec.recorded("system") {
+        return "the cluster's cgroup cpu.stat was not recorded: add the system collector \
+                (--collectors …,system)"
+            .into();
+    }
+    let unreadable = rec
+        .manifest
+        .facts
+        .get(crate::collect::system::CGROUP_CPU)
+        .and_then(|f| f["unavailable"].as_str());
+    if let Some(why) = unreadable {
+        return format!(
+            "the postmaster's cpu cgroup could not be read ({why}): run pgbelow where it can read \
+             /proc/<postmaster>/cgroup and the cgroup's cpu.stat"
+        );
+    }
+    if rec.cgroup.iter().all(|s| s.levels.is_empty()) {
+        return "the recording holds no cpu cgroup samples (cgroup.jsonl, written by the system \
+                collector): record again with --collectors …,system"
+            .into();
+    }
+    "the cluster is in no cpu cgroup with a quota (cpu.max / cpu.cfs_quota_us): nothing to throttle"
+        .into()
+}
+
 pub struct CgroupThrottling;
 
 impl Rule for CgroupThrottling {
@@ -104,8 +139,22 @@ impl Rule for CgroupThrottling {
         ID
     }
 
+    /// The share of CFS periods throttled at the level `evaluate` weighs,
+    /// against `WARN_SHARE`.
+    fn measure(&self, rec: &Evidence) -> Measure {
+        match decided_level(rec) {
+            Some(l) => Measure::Figure(Figure::above(
+                "share of CFS periods throttled",
+                l.share() * 100.0,
+                "%",
+                WARN_SHARE * 100.0,
+            )),
+            None => Measure::Missing(unmeasured(rec)),
+        }
+    }
+
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
-        let worst = worst_level(rec, MIN_THROTTLED_SECONDS)?;
+        let worst = decided_level(rec).filter(|l| l.throttled_seconds >= MIN_THROTTLED_SECONDS)?;
         let share = worst.share();
         if share < WARN_SHARE {
             return None;
@@ -279,5 +328,45 @@ mod tests {
             }
         }
         assert!(CgroupThrottling.evaluate(&rec).is_none());
+    }
+
+    // The check: the share of periods throttled against its bound; not
+    // measured (never a 0) without a quota.
+    #[test]
+    fn measures_the_share_of_periods_throttled() {
+        use crate::analyse::{Measure, Status};
+        let figure = |rec: &Evidence| match CgroupThrottling.measure(rec) {
+            Measure::Figure(f) => f,
+            Measure::Missing(why) => panic!("{why}"),
+        };
+        let f = figure(&fixture("pg15-cgroup-cpu-quota-0.25"));
+        assert!(f.past(), "{f:?}");
+        assert_eq!(f.limit, WARN_SHARE * 100.0);
+        assert!((f.value - 100.0 * 150.0 / 154.0).abs() < 1e-9, "{f:?}");
+        // The same quota never spent: clear, at 0 %.
+        let mut rec = fixture("pg15-cgroup-cpu-quota-0.25");
+        for s in &mut rec.cgroup {
+            for l in &mut s.levels {
+                l.throttled_periods = 0;
+                l.throttled_s = 0.0;
+            }
+        }
+        let (c, finding) = CgroupThrottling.check(&rec);
+        assert!(finding.is_none());
+        assert_eq!(c.status, Status::Clear);
+        let f = figure(&rec);
+        assert!(!f.past() && f.value == 0.0, "{f:?}");
+        match CgroupThrottling.measure(&fixture("pg15-cgroup-cpu-no-quota")) {
+            Measure::Missing(why) => assert!(why.contains("no cpu cgroup with a quota"), "{why}"),
+            m => panic!("{m:?}"),
+        }
+        // Without the system collector the counters are unknown.
+        let mut rec = fixture("pg15-cgroup-cpu-quota-0.25");
+        rec.cgroup.clear();
+        rec.rec.manifest.collectors.retain(|c| c.name != "system");
+        match CgroupThrottling.measure(&rec) {
+            Measure::Missing(why) => assert!(why.contains("--collectors …,system"), "{why}"),
+            m => panic!("{m:?}"),
+        }
     }
 }

@@ -9,7 +9,7 @@
 //! Dirty+Writeback backlog and the blocked kernel stacks are evidence.
 use serde_json::json;
 
-use super::{Finding, Rule, Severity};
+use super::{Figure, Finding, Measure, Rule, Severity};
 use crate::evidence::{procfs, Evidence};
 use crate::procinfo::Role;
 
@@ -66,7 +66,7 @@ fn baseline(rec: &Evidence, tput: &crate::evidence::timeline::Throughput) -> Opt
     let windows: Vec<(f64, f64)> = rec
         .checkpoints
         .iter()
-        .filter_map(|c| Some((c.start_t?, c.end_t.unwrap_or(run_end) + 1.0)))
+        .filter_map(|c| window(c, run_end))
         .collect();
     let outside: Vec<f64> = series
         .iter()
@@ -84,6 +84,80 @@ fn baseline(rec: &Evidence, tput: &crate::evidence::timeline::Throughput) -> Opt
         med,
         source,
     })
+}
+
+/// A checkpoint's window: its start to its end (or the run's end while it
+/// was still running) plus a second. None without a start.
+fn window(c: &crate::evidence::pgstat::CheckpointEvent, run_end: f64) -> Option<(f64, f64)> {
+    Some((c.start_t?, c.end_t.unwrap_or(run_end) + 1.0))
+}
+
+/// The throughput seconds (t, tps) that end inside a checkpoint's window.
+fn seconds_in(
+    series: &[crate::evidence::timeline::Point],
+    (start, until): (f64, f64),
+) -> Vec<(f64, f64)> {
+    series
+        .iter()
+        .filter(|p| p.t >= start && p.t <= until)
+        .map(|p| (p.t, p.value))
+        .collect()
+}
+
+/// `evaluate`'s gate as one number: over the recorded checkpoints, the
+/// lowest throughput that `MIN_DIP_SECONDS` seconds of one checkpoint all
+/// stayed at or under (the highest of its `MIN_DIP_SECONDS` slowest
+/// seconds), over the baseline, and where the baseline came from. Below
+/// `DIP_SHARE` exactly when some checkpoint has enough dip seconds. Err:
+/// what the recording lacks for it.
+fn sustained_dip(rec: &Evidence) -> Result<(f64, &'static str), String> {
+    let Some(tput) = rec.throughput() else {
+        return Err(
+            "no throughput was recorded (pg_stat_database's commits or pgbench's progress): add \
+             the pgstat collector (--collectors …,pgstat)"
+                .into(),
+        );
+    };
+    let Some(b) = baseline(rec, &tput) else {
+        let n = tput.points.len();
+        return Err(if n < MIN_SECONDS {
+            format!(
+                "only {n} s of throughput were recorded, fewer than the {MIN_SECONDS} s a median \
+                 needs: record for longer"
+            )
+        } else {
+            "the median throughput was 0 tps: no transactions for a checkpoint to slow down".into()
+        });
+    };
+    let windows: Vec<Vec<(f64, f64)>> = rec
+        .checkpoints
+        .iter()
+        .filter_map(|c| window(c, b.run_end))
+        .map(|w| seconds_in(&tput.points, w))
+        .collect();
+    if windows.is_empty() {
+        return Err(if rec.recorded("pgstat") {
+            "no checkpoint ran during the recording: record across one (longer than \
+             checkpoint_timeout, or issue CHECKPOINT)"
+                .into()
+        } else {
+            "checkpoints were not recorded: add the pgstat collector (--collectors …,pgstat)".into()
+        });
+    }
+    windows
+        .into_iter()
+        .filter_map(|mut w| {
+            w.sort_by(|x, y| x.1.total_cmp(&y.1));
+            w.get(MIN_DIP_SECONDS - 1).map(|p| p.1)
+        })
+        .min_by(f64::total_cmp)
+        .map(|tps| (tps / b.med, b.source))
+        .ok_or_else(|| {
+            format!(
+                "every recorded checkpoint spanned fewer than {MIN_DIP_SECONDS} throughput seconds: \
+                 too short for a sustained drop; record across a longer checkpoint"
+            )
+        })
 }
 
 fn inside(windows: &[(f64, f64)], p: &crate::evidence::timeline::Point) -> bool {
@@ -110,6 +184,23 @@ pub fn throughput_ratio(rec: &Evidence) -> Option<f64> {
 impl Rule for CheckpointStall {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    /// The throughput a checkpoint kept down for `MIN_DIP_SECONDS` seconds,
+    /// against `DIP_SHARE` of the median.
+    fn measure(&self, rec: &Evidence) -> Measure {
+        match sustained_dip(rec) {
+            Ok((share, source)) => Measure::Figure(Figure::below(
+                format!(
+                    "best of a checkpoint's {MIN_DIP_SECONDS} slowest seconds, share of the median tps \
+                     {source}"
+                ),
+                share * 100.0,
+                "%",
+                DIP_SHARE * 100.0,
+            )),
+            Err(why) => Measure::Missing(why),
+        }
     }
 
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
@@ -161,12 +252,12 @@ impl Rule for CheckpointStall {
         // meet a warm-up dip must not hide the one that stalled the writers.
         let mut best: Option<Candidate> = None;
         for c in checkpoints.iter().cloned() {
-            let Some(start) = c.start_t else { continue };
-            let until = c.end_t.unwrap_or(run_end) + 1.0;
-            let dips: Vec<(f64, f64)> = series
-                .iter()
-                .filter(|p| p.t >= start && p.t <= until && p.value < DIP_SHARE * med)
-                .map(|p| (p.t, p.value))
+            let Some((start, until)) = window(&c, run_end) else {
+                continue;
+            };
+            let dips: Vec<(f64, f64)> = seconds_in(series, (start, until))
+                .into_iter()
+                .filter(|p| p.1 < DIP_SHARE * med)
                 .collect();
             if dips.len() < MIN_DIP_SECONDS {
                 continue;
@@ -514,5 +605,46 @@ mod tests {
             rec.rec.progress[i].tps = 0.0;
         }
         assert!(CheckpointStall.evaluate(&rec).is_none());
+    }
+
+    // The check: the throughput a checkpoint kept down for the dip seconds
+    // the rule needs, against the dip share; not measured without a
+    // checkpoint.
+    #[test]
+    fn measures_the_sustained_dip_inside_a_checkpoint() {
+        use crate::analyse::{Measure, Status};
+        let figure = |rec: &Evidence| match CheckpointStall.measure(rec) {
+            Measure::Figure(f) => f,
+            Measure::Missing(why) => panic!("{why}"),
+        };
+        let f = figure(&fixture("pg15-checkpoint-stall"));
+        assert!(f.past(), "{f:?}");
+        assert_eq!(f.limit, DIP_SHARE * 100.0);
+        assert!(!f.worse_above);
+        // Spreading the checkpoint lifts it towards the bound.
+        let spread = figure(&fixture("pg15-checkpoint-stall-flush-spread"));
+        assert!(
+            spread.past() && spread.value > f.value,
+            "{spread:?} vs {f:?}"
+        );
+        // The stall recording with its slow seconds at the median (pgbench's
+        // series: the server's is left out): clear, on the good side.
+        let mut rec = fixture("pg15-checkpoint-stall");
+        rec.rec.pgstat.clear();
+        for p in &mut rec.rec.progress {
+            if p.tps < 2000.0 {
+                p.tps = 12000.0;
+            }
+        }
+        let (c, finding) = CheckpointStall.check(&rec);
+        assert!(finding.is_none(), "{finding:?}");
+        assert_eq!(c.status, Status::Clear, "{c:?}");
+        let f = figure(&rec);
+        assert!(!f.past() && f.margin() < 0.75, "{f:?}");
+        // No checkpoint: not measured, never a ratio of 1.
+        match CheckpointStall.measure(&fixture("pg13-select-only-timeout")) {
+            Measure::Missing(why) => assert!(why.contains("checkpoint"), "{why}"),
+            m => panic!("{m:?}"),
+        }
     }
 }

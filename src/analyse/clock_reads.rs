@@ -12,8 +12,8 @@
 //! read.
 use serde_json::json;
 
-use super::statements::statements;
-use super::{Finding, Rule, Severity};
+use super::statements::{statements, Statements};
+use super::{Figure, Finding, Measure, Rule, Severity};
 use crate::evidence::clock::CLOCK_SYSCALLS;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -55,6 +55,164 @@ const WARN_VDSO_NS: f64 = 1000.0;
 /// ANALYZE/TIMING OFF ratio that makes it critical.
 const CRITICAL_RATIO: f64 = 2.0;
 
+/// What the rule measured of the server's clock reads, for `evaluate` and
+/// `measure` alike.
+struct Reads {
+    /// Intervals at `WARN_RATE_PER_S` or more, and the median rate of those.
+    sustained_s: usize,
+    sustained_rate: Option<f64>,
+    /// The rate the server's processes kept up in `MIN_SUSTAINED_S`
+    /// intervals (the `MIN_SUSTAINED_S`-th highest): `by_rate` is it reaching
+    /// `WARN_RATE_PER_S`. None with fewer intervals recorded.
+    kept_rate: Option<f64>,
+    cg: u64,
+    gtod: u64,
+    clock_syscalls: u64,
+    window: (f64, f64),
+    secs: f64,
+    timed_rows: u64,
+    per_row: Option<f64>,
+    stmts: Option<Statements>,
+    per_statement: Option<f64>,
+    by_rate: bool,
+    by_syscalls: bool,
+    by_read_cost: bool,
+}
+
+fn reads(rec: &Evidence) -> Reads {
+    let by_role = rec.syscalls_by_role(None);
+    // Every server process but pgbelow's own connection, per interval.
+    let rates: Vec<f64> = rec
+        .syscalls
+        .iter()
+        .filter(|s| s.dt > 0.0)
+        .map(|s| {
+            let n: u64 = s
+                .counts
+                .iter()
+                .filter(|(pid, _)| rec.role_of(**pid) != Role::Observer)
+                .flat_map(|(_, calls)| {
+                    CLOCK_SYSCALLS
+                        .iter()
+                        .map(|c| calls.get(*c).copied().unwrap_or(0))
+                })
+                .sum();
+            n as f64 / s.dt
+        })
+        .collect();
+    let sustained_s = rates.iter().filter(|r| **r >= WARN_RATE_PER_S).count();
+    let sustained_rate = {
+        let mut hot: Vec<f64> = rates
+            .iter()
+            .copied()
+            .filter(|r| *r >= WARN_RATE_PER_S)
+            .collect();
+        hot.sort_by(f64::total_cmp);
+        hot.get(hot.len() / 2).copied()
+    };
+    let kept_rate = {
+        let mut all = rates.clone();
+        all.sort_by(|a, b| b.total_cmp(a));
+        all.get(MIN_SUSTAINED_S.saturating_sub(1)).copied()
+    };
+    let by_rate = sustained_s >= MIN_SUSTAINED_S;
+    let backends = by_role.get(&Role::Backend);
+    let cg = backends.map_or(0, |b| b.get("clock_gettime"));
+    let gtod = backends.map_or(0, |b| b.get("gettimeofday"));
+    let clock_syscalls = cg + gtod;
+    let window = rec.syscall_span().unwrap_or((0.0, 0.0));
+    let secs = (window.1 - window.0).max(1e-9);
+    let timed_rows = rec.lab.explain.as_ref().map_or(0, |e| e.analyze_node_calls);
+    // Without the syscalls collector the counts are unknown, not zeros.
+    let counted = !rec.syscalls.is_empty();
+    let per_row = (counted && timed_rows >= MIN_TIMED_ROWS)
+        .then(|| clock_syscalls as f64 / timed_rows as f64);
+    let stmts = statements(rec);
+    let per_statement = stmts
+        .as_ref()
+        .filter(|s| counted && s.count >= MIN_STATEMENTS)
+        .map(|s| clock_syscalls as f64 / s.count as f64);
+    let by_syscalls = by_rate
+        || (counted
+            && clock_syscalls >= MIN_CLOCK_SYSCALLS
+            && match per_row {
+                Some(r) => r >= WARN_PER_ROW,
+                None => per_statement.is_some_and(|r| r >= WARN_PER_STATEMENT),
+            });
+    let by_read_cost = rec.clock.as_ref().is_some_and(|c| {
+        c.vdso.reads > 0
+            && (c.vdso_to_syscall >= WARN_VDSO_TO_SYSCALL || c.vdso.ns_per_read >= WARN_VDSO_NS)
+    });
+    Reads {
+        sustained_s,
+        sustained_rate,
+        kept_rate,
+        cg,
+        gtod,
+        clock_syscalls,
+        window,
+        secs,
+        timed_rows,
+        per_row,
+        stmts,
+        per_statement,
+        by_rate,
+        by_syscalls,
+        by_read_cost,
+    }
+}
+
+impl Reads {
+    /// Each figure the rule can decide on, in the order it prefers them:
+    /// the backends' clock syscalls per timed row (EXPLAIN ANALYZE), else
+    /// per statement (what `evaluate` weighs, one or the other), the rate
+    /// the server kept up, then the cost of a vDSO read.
+    fn figures(&self, rec: &Evidence) -> Vec<Figure> {
+        let mut out = Vec::new();
+        match (self.per_row, self.per_statement) {
+            (Some(r), _) => out.push(Figure::above(
+                "backends' clock syscalls per row timed by EXPLAIN ANALYZE",
+                r,
+                "",
+                WARN_PER_ROW,
+            )),
+            (None, Some(r)) => out.push(Figure::above(
+                format!(
+                    "backends' clock syscalls per {}",
+                    self.stmts.as_ref().map_or("statement", Statements::unit)
+                ),
+                r,
+                "",
+                WARN_PER_STATEMENT,
+            )),
+            _ => {}
+        }
+        if let Some(r) = self.kept_rate {
+            out.push(Figure::above(
+                format!("server's clock syscalls per second, kept up for {MIN_SUSTAINED_S} s"),
+                r,
+                "/s",
+                WARN_RATE_PER_S,
+            ));
+        }
+        if let Some(c) = rec.clock.as_ref().filter(|c| c.vdso.reads > 0) {
+            out.push(Figure::above(
+                "cost of a clock read through the vDSO",
+                c.vdso.ns_per_read,
+                "ns",
+                WARN_VDSO_NS,
+            ));
+            out.push(Figure::above(
+                "vDSO clock read cost / syscall read cost",
+                c.vdso_to_syscall,
+                "",
+                WARN_VDSO_TO_SYSCALL,
+            ));
+        }
+        out
+    }
+}
+
 pub struct ClockReads;
 
 impl Rule for ClockReads {
@@ -62,65 +220,47 @@ impl Rule for ClockReads {
         ID
     }
 
+    /// The figure that raised it (the first past its bound), else the one
+    /// the rule prefers.
+    fn measure(&self, rec: &Evidence) -> Measure {
+        let figures = reads(rec).figures(rec);
+        if let Some(f) = figures.iter().find(|f| f.past()).or(figures.first()) {
+            return Measure::Figure(f.clone());
+        }
+        let no_read_cost = rec.clock.as_ref().is_none_or(|c| c.vdso.reads == 0);
+        Measure::Missing(if rec.syscalls.is_empty() && no_read_cost {
+            "neither the server's clock syscalls nor the cost of a clock read were recorded: \
+                 add the syscalls and clock collectors (--collectors …,syscalls,clock)"
+                .into()
+        } else {
+            format!(
+                "too short to rate the server's clock syscalls (fewer than {MIN_SUSTAINED_S} \
+                     intervals, {MIN_STATEMENTS} statements or {MIN_TIMED_ROWS} timed rows) and no \
+                     clock read cost: record longer with --collectors …,syscalls,clock"
+            )
+        })
+    }
+
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
         let clock = rec.clock.clone();
         let explain = rec.lab.explain.clone();
-        let by_role = rec.syscalls_by_role(None);
-        // Every server process but pgbelow's own connection, per interval.
-        let rates: Vec<f64> = rec
-            .syscalls
-            .iter()
-            .filter(|s| s.dt > 0.0)
-            .map(|s| {
-                let n: u64 = s
-                    .counts
-                    .iter()
-                    .filter(|(pid, _)| rec.role_of(**pid) != Role::Observer)
-                    .flat_map(|(_, calls)| {
-                        CLOCK_SYSCALLS
-                            .iter()
-                            .map(|c| calls.get(*c).copied().unwrap_or(0))
-                    })
-                    .sum();
-                n as f64 / s.dt
-            })
-            .collect();
-        let sustained_s = rates.iter().filter(|r| **r >= WARN_RATE_PER_S).count();
-        let sustained_rate = {
-            let mut hot: Vec<f64> = rates
-                .iter()
-                .copied()
-                .filter(|r| *r >= WARN_RATE_PER_S)
-                .collect();
-            hot.sort_by(f64::total_cmp);
-            hot.get(hot.len() / 2).copied()
-        };
-        let by_rate = sustained_s >= MIN_SUSTAINED_S;
-        let backends = by_role.get(&Role::Backend);
-        let cg = backends.map_or(0, |b| b.get("clock_gettime"));
-        let gtod = backends.map_or(0, |b| b.get("gettimeofday"));
-        let clock_syscalls = cg + gtod;
-        let (a, b) = rec.syscall_span().unwrap_or((0.0, 0.0));
-        let secs = (b - a).max(1e-9);
-        let timed_rows = explain.as_ref().map_or(0, |e| e.analyze_node_calls);
-        let per_row =
-            (timed_rows >= MIN_TIMED_ROWS).then(|| clock_syscalls as f64 / timed_rows as f64);
-        let stmts = statements(rec);
-        let per_statement = stmts
-            .as_ref()
-            .filter(|s| s.count >= MIN_STATEMENTS)
-            .map(|s| clock_syscalls as f64 / s.count as f64);
-        let by_syscalls = by_rate
-            || (!rec.syscalls.is_empty()
-                && clock_syscalls >= MIN_CLOCK_SYSCALLS
-                && match per_row {
-                    Some(r) => r >= WARN_PER_ROW,
-                    None => per_statement.is_some_and(|r| r >= WARN_PER_STATEMENT),
-                });
-        let by_read_cost = clock.as_ref().is_some_and(|c| {
-            c.vdso.reads > 0
-                && (c.vdso_to_syscall >= WARN_VDSO_TO_SYSCALL || c.vdso.ns_per_read >= WARN_VDSO_NS)
-        });
+        let Reads {
+            sustained_s,
+            sustained_rate,
+            kept_rate: _,
+            cg,
+            gtod,
+            clock_syscalls,
+            window: (a, b),
+            secs,
+            timed_rows,
+            per_row,
+            stmts,
+            per_statement,
+            by_rate,
+            by_syscalls,
+            by_read_cost,
+        } = reads(rec);
         if !by_syscalls && !by_read_cost {
             return None;
         }
@@ -339,5 +479,36 @@ mod tests {
         assert!(ClockReads
             .evaluate(&fixture("pg13-select-only-timeout-all"))
             .is_none());
+    }
+
+    // The check: the backends' clock syscalls per timed row against its
+    // bound; not measured (never a 0) without the syscalls or clock
+    // collectors.
+    #[test]
+    fn measures_clock_syscalls_per_timed_row() {
+        use crate::analyse::{Measure, Status};
+        let figure = |rec: &Evidence| match ClockReads.measure(rec) {
+            Measure::Figure(f) => f,
+            Measure::Missing(why) => panic!("{why}"),
+        };
+        let f = figure(&fixture("pg15-explain-timing-forced"));
+        assert!(f.past(), "{f:?}");
+        assert_eq!(f.limit, WARN_PER_ROW);
+        assert!((f.value - 2.0).abs() < 0.01, "{f:?}");
+        let rec = fixture("pg15-explain-timing-healthy");
+        let (c, finding) = ClockReads.check(&rec);
+        assert!(finding.is_none());
+        assert_eq!(c.status, Status::Clear);
+        let f = figure(&rec);
+        assert_eq!(f.limit, WARN_PER_ROW, "{f:?}");
+        assert!(!f.past() && f.value < 0.01, "{f:?}");
+        // Neither collector: unknown, not zero syscalls.
+        let mut rec = fixture("pg15-explain-timing-healthy");
+        rec.rec.syscalls.clear();
+        rec.clock = None;
+        match ClockReads.measure(&rec) {
+            Measure::Missing(why) => assert!(why.contains("syscalls,clock"), "{why}"),
+            m => panic!("{m:?}"),
+        }
     }
 }

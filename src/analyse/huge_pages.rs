@@ -15,7 +15,7 @@
 //! got them, and a server whose backends touch little needs none.
 use serde_json::json;
 
-use super::{severity_at, Finding, Rule};
+use super::{severity_at, Figure, Finding, Measure, Rule};
 use crate::collect::procfs::parse::SharedSegment;
 use crate::collect::procfs::SHARED_MEMORY;
 use crate::evidence::procfs::{page_tables, PageTables};
@@ -73,10 +73,40 @@ fn segment(ev: &Evidence) -> Option<SharedSegment> {
 /// The key figure: page tables over the shared memory against its size, at
 /// the recording's peak (None without the gauges or the size).
 pub fn excess_share(ev: &Evidence) -> Option<f64> {
-    let seg = segment(ev)?;
+    measured(ev).ok().map(|(_, _, share)| share)
+}
+
+/// The shared memory, the page tables at the recording's peak and their
+/// excess as a share of the shared memory's size: what `evaluate` and
+/// `measure` weigh. Err: what the recording lacks for them.
+fn measured(ev: &Evidence) -> Result<(SharedSegment, PageTables, f64), String> {
     let series = page_tables(&ev.procfs);
-    let peak = peak(&series)?;
-    Some(peak.excess_kb as f64 / seg.size_kb.max(1) as f64)
+    let Some(peak) = peak(&series).cloned() else {
+        return Err(if !ev.procfs.is_empty() {
+            "the procfs samples carry no memory gauges (VmPTE): record again with this pgbelow's \
+             procfs collector"
+                .into()
+        } else {
+            "the processes' page tables (VmPTE) were not recorded: add the procfs collector \
+             (--collectors …,procfs)"
+                .into()
+        });
+    };
+    let Some(seg) = segment(ev) else {
+        let why = ev
+            .manifest
+            .facts
+            .get(SHARED_MEMORY)
+            .and_then(|f| f["unavailable"].as_str())
+            .unwrap_or("the postmaster's mapping was not recorded");
+        return Err(format!(
+            "the shared memory's size is unknown ({why}): run pgbelow as root or as the server's \
+             user so the procfs collector reads the postmaster's mappings, or use PostgreSQL 15+ \
+             (shared_memory_size)"
+        ));
+    };
+    let share = peak.excess_kb as f64 / seg.size_kb.max(1) as f64;
+    Ok((seg, peak, share))
 }
 
 fn peak(p: &[PageTables]) -> Option<&PageTables> {
@@ -95,14 +125,25 @@ impl Rule for NoHugePages {
         ID
     }
 
+    /// The excess page tables at their peak as a share of the shared
+    /// memory, against `WARN_SHARE` (also on hugetlb, where they stay small).
+    fn measure(&self, ev: &Evidence) -> Measure {
+        match measured(ev) {
+            Ok((_, _, share)) => Measure::Figure(Figure::above(
+                "page tables beyond the postmaster's, share of the shared memory's size",
+                share * 100.0,
+                "%",
+                WARN_SHARE * 100.0,
+            )),
+            Err(why) => Measure::Missing(why),
+        }
+    }
+
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
-        let seg = segment(ev)?;
-        let series = page_tables(&ev.procfs);
-        let peak = peak(&series)?.clone();
+        let (seg, peak, share) = measured(ev).ok()?;
         if seg.hugetlb || peak.postmaster_hugetlb_kb > 0 {
             return None;
         }
-        let share = peak.excess_kb as f64 / seg.size_kb.max(1) as f64;
         if peak.excess_kb < MIN_EXCESS_KB || share < WARN_SHARE {
             return None;
         }
@@ -344,5 +385,34 @@ mod tests {
         let f = NoHugePages.evaluate(&rec).expect("finding");
         assert_eq!(f.severity, Severity::Critical);
         assert_eq!(pages_for(1099104, 2048), 537);
+    }
+
+    // The check: the excess page tables' share of the shared memory against
+    // its bound; not measured without the procfs collector's gauges.
+    #[test]
+    fn measures_the_page_tables_share_of_the_shared_memory() {
+        use crate::analyse::{Measure, Status};
+        let figure = |rec: &Evidence| match NoHugePages.measure(rec) {
+            Measure::Figure(f) => f,
+            Measure::Missing(why) => panic!("{why}"),
+        };
+        let rec = fixture("pg15-no-huge-pages-off");
+        let f = figure(&rec);
+        assert!(f.past(), "{f:?}");
+        assert_eq!(f.limit, WARN_SHARE * 100.0);
+        assert!((f.value - 100.0 * excess_share(&rec).unwrap()).abs() < 1e-9);
+        let rec = fixture("pg15-no-huge-pages-on");
+        let (c, finding) = NoHugePages.check(&rec);
+        assert!(finding.is_none());
+        assert_eq!(c.status, Status::Clear);
+        let f = figure(&rec);
+        assert!(!f.past() && f.value < 1.0, "{f:?}");
+        let mut rec = fixture("pg15-no-huge-pages-off");
+        rec.procfs.clear();
+        rec.rec.manifest.collectors.retain(|c| c.name != "procfs");
+        match NoHugePages.measure(&rec) {
+            Measure::Missing(why) => assert!(why.contains("--collectors …,procfs"), "{why}"),
+            m => panic!("{m:?}"),
+        }
     }
 }

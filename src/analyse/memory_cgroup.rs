@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{Finding, Rule, Severity};
+use super::{Figure, Finding, Measure, Rule, Severity};
 use crate::collect::memcg::MemcgSample;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -133,6 +133,83 @@ pub fn refaults_per_s(ev: &Evidence) -> Option<f64> {
     (secs > 0.0).then(|| round3(m.iter().map(|(_, _, s)| s.refaults).sum::<u64>() as f64 / secs))
 }
 
+/// The memory cgroup's limit hits and what they cost over the recording:
+/// what `evaluate` and `measure` weigh.
+struct Pressure<'a> {
+    m: Vec<(f64, f64, &'a MemcgSample)>,
+    secs: f64,
+    /// Samples at the limit (usage ≥ `NEAR_LIMIT` of it) with limit hits.
+    pressed: usize,
+    hits: u64,
+    oom_kills: u64,
+    refaults: u64,
+    majfaults: u64,
+    restarts: u64,
+    reclaim: BTreeMap<&'static str, f64>,
+    /// On a CPU plus off it; procfs's blocked time is part of the latter.
+    reclaim_s: f64,
+}
+
+impl<'a> Pressure<'a> {
+    fn of(ev: &Evidence, m: Vec<(f64, f64, &'a MemcgSample)>) -> Pressure<'a> {
+        let secs: f64 = m.iter().map(|(_, dt, _)| dt).sum::<f64>().max(1e-9);
+        let pressed = m
+            .iter()
+            .filter(|(_, _, s)| {
+                s.usage_share().is_some_and(|u| u >= NEAR_LIMIT) && s.limit_hits() > 0
+            })
+            .count();
+        let sum = |f: fn(&MemcgSample) -> u64| m.iter().map(|(_, _, s)| f(s)).sum::<u64>();
+        let reclaim = reclaim_seconds(ev);
+        let get = |k: &str| reclaim.get(k).copied().unwrap_or(0.0);
+        let reclaim_s = get("on_cpu_profile") + get("off_cpu_offcpu").max(get("blocked_procfs"));
+        Pressure {
+            secs,
+            pressed,
+            hits: sum(MemcgSample::limit_hits),
+            oom_kills: sum(|s| s.oom_kill),
+            refaults: sum(|s| s.refaults),
+            majfaults: sum(|s| s.pgmajfault),
+            restarts: restarts(ev),
+            reclaim,
+            reclaim_s,
+            m,
+        }
+    }
+
+    /// The costs, each against its threshold: refaults per second first
+    /// (the key figure), the server's reclaim time only when a collector
+    /// that sees stacks recorded.
+    fn figures(&self) -> Vec<Figure> {
+        let mut out = vec![Figure::above(
+            "file pages read again after the cgroup evicted them (refaults)",
+            self.refaults as f64 / self.secs,
+            "/s",
+            MIN_REFAULTS_PER_S,
+        )];
+        if !self.reclaim.is_empty() {
+            out.push(Figure::above(
+                "server's time in reclaim, seconds per second",
+                self.reclaim_s / self.secs,
+                "",
+                MIN_RECLAIM_S_PER_S,
+            ));
+        }
+        out.push(Figure::above(
+            "major faults in the cgroup",
+            self.majfaults as f64 / self.secs,
+            "/s",
+            MIN_MAJFAULTS_PER_S,
+        ));
+        out
+    }
+
+    /// Did the limit hits cost enough (any one of the figures)?
+    fn costly(&self) -> bool {
+        self.figures().iter().any(Figure::past)
+    }
+}
+
 pub struct MemoryCgroupReclaim;
 
 impl Rule for MemoryCgroupReclaim {
@@ -140,36 +217,65 @@ impl Rule for MemoryCgroupReclaim {
         ID
     }
 
+    /// The cost the limit had, against its threshold: refaults per second,
+    /// or whichever of reclaim time and major faults passed its own.
+    fn measure(&self, ev: &Evidence) -> Measure {
+        let m = memory(ev);
+        if m.is_empty() {
+            let unreadable = ev
+                .manifest
+                .facts
+                .get(crate::collect::system::CGROUP_MEMORY)
+                .and_then(|f| f["unavailable"].as_str());
+            return Measure::Missing(match unreadable {
+                _ if !ev.recorded("system") => "the cluster's memory cgroup was not recorded: add \
+                                                the system collector (--collectors …,system)"
+                    .into(),
+                Some(why) => format!(
+                    "the postmaster's memory cgroup could not be read ({why}): run pgbelow where it \
+                     can read /proc/<postmaster>/cgroup and the cgroup's memory files"
+                ),
+                None => "the recording holds no memory cgroup samples (cgroup.jsonl, written by \
+                         the system collector): record again with --collectors …,system"
+                    .into(),
+            });
+        }
+        if m.iter().all(|(_, _, s)| s.usage_share().is_none()) {
+            return Measure::Missing(
+                "the cluster's memory cgroup has no limit (memory.max / memory.limit_in_bytes) up \
+                 the tree: nothing to reclaim against"
+                    .into(),
+            );
+        }
+        let figures = Pressure::of(ev, m).figures();
+        let f = figures.iter().find(|f| f.past()).unwrap_or(&figures[0]);
+        Measure::Figure(f.clone())
+    }
+
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
         let m = memory(ev);
         if m.is_empty() {
             return None;
         }
-        let secs: f64 = m.iter().map(|(_, dt, _)| dt).sum::<f64>().max(1e-9);
-        let pressed: Vec<&(f64, f64, &MemcgSample)> = m
-            .iter()
-            .filter(|(_, _, s)| {
-                s.usage_share().is_some_and(|u| u >= NEAR_LIMIT) && s.limit_hits() > 0
-            })
-            .collect();
-        let sum = |f: fn(&MemcgSample) -> u64| m.iter().map(|(_, _, s)| f(s)).sum::<u64>();
-        let hits = sum(MemcgSample::limit_hits);
-        let oom_kills = sum(|s| s.oom_kill);
-        let refaults = sum(|s| s.refaults);
-        let majfaults = sum(|s| s.pgmajfault);
-        let restarts = restarts(ev);
-        let reclaim = reclaim_seconds(ev);
-        // On a CPU plus off it; procfs's blocked time is part of the latter.
-        let get = |k: &str| reclaim.get(k).copied().unwrap_or(0.0);
-        let reclaim_s = get("on_cpu_profile") + get("off_cpu_offcpu").max(get("blocked_procfs"));
-        let costly = reclaim_s / secs >= MIN_RECLAIM_S_PER_S
-            || refaults as f64 / secs >= MIN_REFAULTS_PER_S
-            || majfaults as f64 / secs >= MIN_MAJFAULTS_PER_S;
+        let p = Pressure::of(ev, m);
         // A restart counts only with the cgroup at its limit.
-        let killed = oom_kills > 0 || (restarts > 0 && !pressed.is_empty());
-        if !killed && (pressed.len() < MIN_PRESSED_SECONDS || !costly) {
+        let killed = p.oom_kills > 0 || (p.restarts > 0 && p.pressed > 0);
+        if !killed && (p.pressed < MIN_PRESSED_SECONDS || !p.costly()) {
             return None;
         }
+        let Pressure {
+            m,
+            secs,
+            pressed,
+            hits,
+            oom_kills,
+            refaults,
+            majfaults,
+            restarts,
+            reclaim,
+            reclaim_s,
+        } = p;
+        let sum = |f: fn(&MemcgSample) -> u64| m.iter().map(|(_, _, s)| f(s)).sum::<u64>();
         let severity = if killed {
             Severity::Critical
         } else {
@@ -224,7 +330,7 @@ impl Rule for MemoryCgroupReclaim {
                 sh = mb(shmem_peak),
                 sb = sb.as_ref().map_or(String::new(), |v| format!(", shared_buffers {v}")),
                 cache = mb(cache_peak),
-                p = pressed.len(),
+                p = pressed,
                 n = m.len(),
                 rf = refaults as f64 / secs,
                 rs = if reclaim.is_empty() {
@@ -249,7 +355,7 @@ impl Rule for MemoryCgroupReclaim {
                 "dirty_peak_mb": mb(dirty_peak),
                 "limit_hits": hits,
                 "limit_hits_per_s": round3(hits as f64 / secs),
-                "pressed_seconds": pressed.len(),
+                "pressed_seconds": pressed,
                 "refaults": refaults,
                 "refaults_per_s": round3(refaults as f64 / secs),
                 "pgmajfault": majfaults,
@@ -372,5 +478,40 @@ mod tests {
         let f = MemoryCgroupReclaim.evaluate(&rec).expect("finding");
         assert_eq!(f.severity, Severity::Critical);
         assert_eq!(f.evidence["postmaster_restarts"], 1);
+    }
+
+    // The check: the refaults the limit caused against their bound; not
+    // measured (never a 0) without a limit.
+    #[test]
+    fn measures_the_refaults_at_the_limit() {
+        use crate::analyse::{Measure, Status};
+        let figure = |rec: &Evidence| match MemoryCgroupReclaim.measure(rec) {
+            Measure::Figure(f) => f,
+            Measure::Missing(why) => panic!("{why}"),
+        };
+        let rec = fixture("pg15-memcg-limit-160");
+        let f = figure(&rec);
+        assert!(f.past(), "{f:?}");
+        assert_eq!(f.limit, MIN_REFAULTS_PER_S);
+        assert!(
+            (f.value - refaults_per_s(&rec).unwrap()).abs() < 0.01,
+            "{f:?}"
+        );
+        // The same limit with nothing read again: clear.
+        let mut rec = fixture("pg15-memcg-limit-160");
+        for s in &mut rec.cgroup {
+            if let Some(m) = &mut s.memory {
+                m.refaults = 0;
+            }
+        }
+        let (c, finding) = MemoryCgroupReclaim.check(&rec);
+        assert!(finding.is_none());
+        assert_eq!(c.status, Status::Clear);
+        let f = figure(&rec);
+        assert!(!f.past(), "{f:?}");
+        match MemoryCgroupReclaim.measure(&fixture("pg15-memcg-no-limit")) {
+            Measure::Missing(why) => assert!(why.contains("no limit"), "{why}"),
+            m => panic!("{m:?}"),
+        }
     }
 }

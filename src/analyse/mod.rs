@@ -4,6 +4,7 @@
 //! scenarios, the workload runner or the reports.
 
 pub mod cgroup_throttling;
+pub mod check;
 pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod finding;
@@ -19,6 +20,7 @@ pub mod syncrep_wait;
 pub mod timer_syscalls;
 pub mod wal_fsync;
 
+pub use check::{Check, Figure, Measure, Status};
 pub use finding::{Finding, Severity};
 
 use crate::evidence::Evidence;
@@ -27,6 +29,15 @@ pub trait Rule {
     /// The finding id it raises (stable; part of the contract).
     fn id(&self) -> &'static str;
     fn evaluate(&self, ev: &Evidence) -> Option<Finding>;
+    /// The key figure the rule decides on against its bound, or what the
+    /// recording lacks to measure it and how to get it: the check's
+    /// `clear` / `not measurable` when nothing is raised.
+    fn measure(&self, ev: &Evidence) -> Measure;
+    /// `raised`, `clear` or `not measurable`, with the figure behind it.
+    fn check(&self, ev: &Evidence) -> (Check, Option<Finding>) {
+        let f = self.evaluate(ev);
+        (Check::new(self.id(), f.as_ref(), self.measure(ev)), f)
+    }
 }
 
 pub fn rules() -> Vec<Box<dyn Rule>> {
@@ -67,9 +78,21 @@ pub(crate) fn severity_at(value: f64, critical: f64) -> Severity {
 
 /// Every rule's findings, most severe first, then by id.
 pub fn analyse(ev: &Evidence) -> Vec<Finding> {
-    let mut out: Vec<Finding> = rules().iter().filter_map(|r| r.evaluate(ev)).collect();
+    diagnose(ev).1
+}
+
+/// Every rule's check (in rule order) and its findings, most severe first,
+/// then by id.
+pub fn diagnose(ev: &Evidence) -> (Vec<Check>, Vec<Finding>) {
+    let mut checks = Vec::new();
+    let mut out = Vec::new();
+    for r in rules() {
+        let (c, f) = r.check(ev);
+        checks.push(c);
+        out.extend(f);
+    }
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then_with(|| a.id.cmp(&b.id)));
-    out
+    (checks, out)
 }
 
 #[cfg(test)]

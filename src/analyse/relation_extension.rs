@@ -13,7 +13,7 @@
 //! go into the explanation with the version.
 use serde_json::json;
 
-use super::{Finding, Rule};
+use super::{Figure, Finding, Measure, Rule};
 use crate::evidence::pgstat::summarize_waits;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -35,8 +35,9 @@ const CRITICAL_SHARE: f64 = 0.40;
 pub struct RelationExtension;
 
 /// The backends' `Lock:extend` samples and their share of the busy ones
-/// (None without backend wait samples; a share of 0 when the wait is not
-/// among their top waits).
+/// (None without backend wait samples). Counted from the samples when the
+/// wait is not among the backends' top waits: a share of 0 only when no
+/// backend waited there.
 pub fn extend_wait(
     ev: &Evidence,
 ) -> Option<(
@@ -46,18 +47,70 @@ pub fn extend_wait(
 )> {
     let (ticks, roles) = summarize_waits(&ev.waits);
     let backends = roles.into_iter().find(|r| r.role == Role::Backend)?;
-    let w = backends
-        .top
-        .iter()
-        .find(|w| w.wait == EXTEND_WAIT)
-        .cloned()
-        .unwrap_or_default();
+    let w = match backends.top.iter().find(|w| w.wait == EXTEND_WAIT) {
+        Some(w) => w.clone(),
+        None => beyond_top(ev, ticks),
+    };
     Some((w, backends, ticks))
+}
+
+/// The backends' `Lock:extend` share counted as `summarize_waits` counts
+/// it, for a wait it left out of their top waits.
+fn beyond_top(ev: &Evidence, ticks: u64) -> crate::evidence::pgstat::WaitShare {
+    let (mut busy, mut n, mut max) = (0u64, 0u64, 0u64);
+    let rows = ev.waits.iter().flat_map(|s| &s.rows).filter(|r| {
+        r.role == Role::Backend && r.state.as_deref() != Some("hidden") && !r.is_idle()
+    });
+    for r in rows {
+        busy += r.samples;
+        if r.wait() == EXTEND_WAIT {
+            n += r.samples;
+            max = max.max(r.max_backends);
+        }
+    }
+    if n == 0 {
+        return Default::default();
+    }
+    crate::evidence::pgstat::WaitShare {
+        wait: EXTEND_WAIT.into(),
+        samples: n,
+        avg_backends: round3(n as f64 / ticks.max(1) as f64),
+        pct: (n as f64 * 100.0 / busy.max(1) as f64 * 10.0).round() / 10.0,
+        max_backends: max,
+    }
 }
 
 impl Rule for RelationExtension {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    /// The backends' share of busy samples in `Lock:extend`, against
+    /// `WARN_SHARE`.
+    fn measure(&self, ev: &Evidence) -> Measure {
+        match extend_wait(ev) {
+            Some((w, backends, _)) if !backends.top.is_empty() => Measure::Figure(Figure::above(
+                "Lock:extend share of busy backends",
+                w.pct,
+                "%",
+                WARN_SHARE * 100.0,
+            )),
+            Some(_) => Measure::Missing(
+                "the backends were never busy in pg_stat_activity's samples: no load to queue on \
+                 a relation's extension lock"
+                    .into(),
+            ),
+            None if ev.waits.is_empty() => Measure::Missing(
+                "the backends' wait events were not recorded: add the pgstat collector \
+                 (--collectors …,pgstat), which samples pg_stat_activity"
+                    .into(),
+            ),
+            None => Measure::Missing(
+                "pg_stat_activity showed no backend: none was connected, or their waits were \
+                 hidden from pgbelow's role (GRANT pg_read_all_stats to it)"
+                    .into(),
+            ),
+        }
     }
 
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
@@ -184,5 +237,32 @@ mod tests {
             s.rows.retain(|r| r.wait() != EXTEND_WAIT);
         }
         assert!(RelationExtension.evaluate(&ev).is_none());
+    }
+
+    // The check: the backends' Lock:extend share against its bound; not
+    // measured without pg_stat_activity's samples.
+    #[test]
+    fn measures_the_extend_wait_share() {
+        use crate::analyse::{Measure, Status};
+        let figure = |ev: &Evidence| match RelationExtension.measure(ev) {
+            Measure::Figure(f) => f,
+            Measure::Missing(why) => panic!("{why}"),
+        };
+        let f = figure(&fixture("pg15-relation-extension"));
+        assert!(f.past(), "{f:?}");
+        assert_eq!(f.limit, WARN_SHARE * 100.0);
+        let ev = fixture("pg16-relation-extension");
+        let (c, finding) = RelationExtension.check(&ev);
+        assert!(finding.is_none());
+        assert_eq!(c.status, Status::Clear);
+        let f = figure(&ev);
+        assert!(!f.past(), "{f:?}");
+        let mut ev = fixture("pg15-relation-extension");
+        ev.waits.clear();
+        ev.rec.manifest.collectors.retain(|c| c.name != "pgstat");
+        match RelationExtension.measure(&ev) {
+            Measure::Missing(why) => assert!(why.contains("--collectors …,pgstat"), "{why}"),
+            m => panic!("{m:?}"),
+        }
     }
 }

@@ -13,7 +13,7 @@
 //! buffer-drop functions.
 use serde_json::json;
 
-use super::{Finding, Rule, Severity};
+use super::{Figure, Finding, Measure, Rule, Severity};
 use crate::evidence::profile;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -173,6 +173,29 @@ pub fn cpu_ms_per_drop(rec: &Evidence) -> Option<f64> {
 impl Rule for ReplayDropCost {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn measure(&self, rec: &Evidence) -> Measure {
+        let p = per_drop(rec);
+        match p.cpu_ms_per_drop {
+            Some(c) => Measure::Figure(Figure::above(
+                "startup-process CPU per dropped relation",
+                round3(c),
+                "ms",
+                WARN_STARTUP_MS_PER_DROP,
+            )),
+            None if !rec.procfs_in(None).roles.contains_key(&Role::Startup) => Measure::Missing(
+                "no startup process was recorded (not a standby, or without the procfs collector): \
+                 record the standby with --collectors procfs,syscalls,profile"
+                    .into(),
+            ),
+            None => Measure::Missing(format!(
+                "{} relations dropped during the recording, fewer than the {MIN_DROPS} needed for a \
+                 cost per drop (counted from the startup process's unlinks: add the syscalls collector \
+                 if it was off)",
+                p.drops_all
+            )),
+        }
     }
 
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {

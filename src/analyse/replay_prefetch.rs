@@ -15,7 +15,7 @@
 //! into the text.
 use serde_json::json;
 
-use super::{Finding, Rule};
+use super::{Figure, Finding, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -176,6 +176,34 @@ fn mb(b: u64) -> f64 {
 impl Rule for ReplayWithoutPrefetch {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn measure(&self, ev: &Evidence) -> Measure {
+        let Some(r) = startup_reads(ev) else {
+            return Measure::Missing(
+                "no startup process's system calls were recorded (not a standby, or without the \
+                 syscalls collector): record the standby with --collectors syscalls,procfs,pgstat"
+                    .into(),
+            );
+        };
+        if r.preads < MIN_READS {
+            return Measure::Missing(format!(
+                "the startup process read {} blocks with pread, fewer than the {MIN_READS} needed \
+                 to judge how it reads (replay had little to read from disk)",
+                r.preads
+            ));
+        }
+        match r.d_share() {
+            Some(d) => Measure::Figure(Figure::above(
+                "startup process's time in D (waiting on reads)",
+                round3(d * 100.0),
+                "%",
+                MIN_D_SHARE * 100.0,
+            )),
+            None => Measure::Missing(
+                "the startup process's states were not sampled: add the procfs collector".into(),
+            ),
+        }
     }
 
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {

@@ -11,7 +11,7 @@
 //! samples. The version goes into the explanation, never into the decision.
 use serde_json::json;
 
-use super::{Finding, Rule};
+use super::{Figure, Finding, Measure, Rule};
 use crate::collect::pgstat::WaitSample;
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
@@ -78,6 +78,22 @@ pub fn connections(waits: &[WaitSample]) -> Option<(u64, u64)> {
 impl Rule for SnapshotScaling {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn measure(&self, ev: &Evidence) -> Measure {
+        let (backend, snap) = snapshot_samples(ev.stacks());
+        if backend < MIN_BACKEND_SAMPLES {
+            return Measure::Missing(format!(
+                "{backend} backend profile samples, fewer than the {MIN_BACKEND_SAMPLES} needed: \
+                 add the profile collector, or record longer under load"
+            ));
+        }
+        Measure::Figure(Figure::above(
+            "backend profile samples in GetSnapshotData",
+            round3(snap as f64 / backend as f64 * 100.0),
+            "%",
+            WARN_SHARE * 100.0,
+        ))
     }
 
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {

@@ -11,6 +11,19 @@ pub struct Statements {
     pub window: (f64, f64),
 }
 
+impl Statements {
+    /// What was counted: statements, or transactions where the server's
+    /// statements were not (no pg_stat_statements), so every ratio names
+    /// its true denominator.
+    pub fn unit(&self) -> &'static str {
+        if self.source.starts_with("pg_stat_database") {
+            "transaction"
+        } else {
+            "statement"
+        }
+    }
+}
+
 pub fn statements(rec: &Evidence) -> Option<Statements> {
     if let Some(w) = &rec.workload {
         if w.statements > 0 {
@@ -33,7 +46,7 @@ pub fn statements(rec: &Evidence) -> Option<Statements> {
             last.transactions
                 .saturating_sub(first.transactions)
                 .saturating_sub(own),
-            "pg_stat_database xact_commit+xact_rollback (one statement per transaction assumed)",
+            "pg_stat_database xact_commit+xact_rollback (transactions: pg_stat_statements is not installed, so statements were not counted)",
         ),
     };
     (last.t > first.t).then(|| Statements {

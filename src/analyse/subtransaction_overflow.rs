@@ -19,7 +19,7 @@
 //! lookups missed the cache; the version goes into the text only.
 use serde_json::json;
 
-use super::{Finding, Rule};
+use super::{Figure, Finding, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -129,6 +129,34 @@ pub fn subtrans_slru(ev: &Evidence) -> Option<(u64, u64, f64)> {
 impl Rule for SubtransactionOverflow {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn measure(&self, ev: &Evidence) -> Measure {
+        match subtrans_waits(ev) {
+            Some(w) if w.busy > 0 => Measure::Figure(Figure::above(
+                "busy backend samples in pg_subtrans waits",
+                round3(w.share() * 100.0),
+                "%",
+                WARN_SHARE * 100.0,
+            )),
+            _ => {
+                let (all, hit) = subtrans_profile(ev);
+                if all >= MIN_PROFILE_SAMPLES {
+                    Measure::Figure(Figure::above(
+                        "backend profile samples in pg_subtrans lookups",
+                        round3(hit as f64 / all as f64 * 100.0),
+                        "%",
+                        PROFILE_SHARE * 100.0,
+                    ))
+                } else {
+                    Measure::Missing(
+                        "no busy backend was seen in pg_stat_activity and the profile has too few \
+                         backend samples: add the pgstat collector (with a connection) or profile"
+                            .into(),
+                    )
+                }
+            }
+        }
     }
 
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {

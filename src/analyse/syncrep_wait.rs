@@ -8,7 +8,7 @@
 //! backend samples under `SyncRepWaitForLSN` and in epoll/mutex kernel code.
 use serde_json::json;
 
-use super::{Finding, Rule, Severity};
+use super::{Figure, Finding, Measure, Rule, Severity};
 use crate::collect::profile::KERNEL_SUFFIX;
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
@@ -182,6 +182,31 @@ fn profile_shares(rec: &Evidence) -> Option<ProfileShares> {
 impl Rule for SyncrepWait {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn measure(&self, rec: &Evidence) -> Measure {
+        let Some((n, _, _)) = commits(rec) else {
+            return Measure::Missing(
+                "commits were not counted: add the pgstat collector (with a connection) or run a workload"
+                    .into(),
+            );
+        };
+        if n < MIN_COMMITS {
+            return Measure::Missing(format!(
+                "{n} commits, fewer than the {MIN_COMMITS} needed for a rate per commit"
+            ));
+        }
+        match rec.syscalls_by_role(None).get(&Role::Backend) {
+            Some(b) => Measure::Figure(Figure::above(
+                "backend epoll_create1 per commit",
+                round3(epoll_creates(b) as f64 / n as f64),
+                "",
+                MIN_CREATE_PER_COMMIT,
+            )),
+            None => Measure::Missing(
+                "the backends' system calls were not counted: add the syscalls collector".into(),
+            ),
+        }
     }
 
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {

@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::statements::statements;
-use super::{Finding, Rule, Severity};
+use super::{Figure, Finding, Measure, Rule, Severity};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -35,6 +35,32 @@ pub struct TimerSyscalls;
 impl Rule for TimerSyscalls {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn measure(&self, rec: &Evidence) -> Measure {
+        let Some(stmts) = statements(rec) else {
+            return Measure::Missing(
+                "statements were not counted: add the pgstat collector with pg_stat_statements, or run a workload"
+                    .into(),
+            );
+        };
+        if stmts.count < MIN_STATEMENTS {
+            return Measure::Missing(format!(
+                "{} statements, fewer than the {MIN_STATEMENTS} needed for a rate per statement",
+                stmts.count
+            ));
+        }
+        match rec.syscalls_by_role(None).get(&Role::Backend) {
+            Some(b) => Measure::Figure(Figure::above(
+                format!("backend timer syscalls per {}", stmts.unit()),
+                round3((b.get("setitimer") + b.get("timer_settime")) as f64 / stmts.count as f64),
+                "",
+                WARN_PER_STATEMENT,
+            )),
+            None => Measure::Missing(
+                "the backends' system calls were not counted: add the syscalls collector".into(),
+            ),
+        }
     }
 
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {

@@ -194,6 +194,7 @@ impl Collector for ClockCollector {
             status: "ok".into(),
             reason: None,
             cpu_s: 0.0,
+            bpf_run_s: None,
         }
     }
 

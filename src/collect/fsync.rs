@@ -101,6 +101,9 @@ struct Bpf {
 
 impl Bpf {
     fn start(roots: &[u32], writes: bool) -> Result<Bpf> {
+        // The per-syscall tracepoints are found through tracefs: mounted
+        // (and noted in the cleanup ledger, unmounted at exit) if it is not.
+        super::syscalls::counter::perf::syscall_events_dir()?;
         let mut slot = ObjectSlot::new();
         // SAFETY: called once; the skeleton is stored next to the slot and
         // dropped first (or, on error, here before `slot`).
@@ -238,6 +241,11 @@ impl Collector for FsyncCollector {
             status: "ok".into(),
             reason: None,
             cpu_s: 0.0,
+            bpf_run_s: self
+                .summary
+                .as_ref()
+                .filter(|s| s.bpf_stats)
+                .map(|s| s.bpf_run_s),
         }
     }
 

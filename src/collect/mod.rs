@@ -136,10 +136,14 @@ pub fn start(name: &str, ctx: &Context) -> Result<Box<dyn Collector>> {
 pub const KNOWN: &[&str] = &[
     "syscalls", "procfs", "system", "profile", "pgstat", "clock", "fsync", "offcpu",
 ];
-/// Collectors on when `--collectors` is not given.
-/// (`offcpu` and `fsync` are opt-in: they cost every process on the
-/// machine something per context switch / per write; docs/benchmarks.md.)
-pub const DEFAULT: &[&str] = &["syscalls", "procfs", "system", "profile", "pgstat", "clock"];
+/// Collectors on when `--collectors` is not given. `fsync` is on: the WAL
+/// flushes' latency is what tells a slow device from commits doing their
+/// job (wal-fsync-latency), and its programs run only at fsync, fdatasync,
+/// write and pwrite64. `offcpu` is opt-in: it costs every process on the
+/// machine something per context switch (docs/benchmarks.md).
+pub const DEFAULT: &[&str] = &[
+    "syscalls", "procfs", "system", "profile", "pgstat", "clock", "fsync",
+];
 
 /// Parse `--collectors a,b,c` (or `none`, or `all`).
 pub fn parse_list(spec: Option<&str>) -> Result<Vec<String>> {

@@ -1708,6 +1708,7 @@ impl Collector for PgstatCollector {
             .into(),
             reason: (!self.notes.is_empty()).then(|| self.notes.join("; ")),
             cpu_s: 0.0,
+            bpf_run_s: None,
         }
     }
 

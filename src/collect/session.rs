@@ -46,6 +46,7 @@ impl Session {
                         status: "failed".into(),
                         reason: Some(format!("{e:#}")),
                         cpu_s: 0.0,
+                        bpf_run_s: None,
                     });
                     first_error.get_or_insert(e);
                 }

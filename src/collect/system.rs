@@ -338,6 +338,7 @@ impl Collector for SystemCollector {
             .into(),
             reason: self.problem.clone(),
             cpu_s: 0.0,
+            bpf_run_s: None,
         }
     }
 

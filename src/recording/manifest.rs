@@ -126,6 +126,11 @@ pub struct CollectorInfo {
     pub reason: Option<String>,
     /// CPU time pgbelow spent in this collector's user-space work, seconds.
     pub cpu_s: f64,
+    /// Time its BPF programs ran in the kernel, on behalf of the processes
+    /// they observe (kernel.bpf_stats_enabled while it recorded), seconds;
+    /// absent when not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpf_run_s: Option<f64>,
 }
 
 /// Settings whose values go into every manifest (the rules explain with them).

@@ -78,6 +78,10 @@ pub struct Report {
     /// Writeback and checkpoints around the worst second of tps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst_second: Option<WorstSecond>,
+    /// Every rule's status: raised, clear (its figure and bound) or not
+    /// measurable (what was missing). Additive: reports before it lack it.
+    #[serde(default)]
+    pub checks: Vec<analyse::Check>,
     pub findings: Vec<Finding>,
 }
 
@@ -220,7 +224,7 @@ fn by_node(
 /// Analyse a loaded recording and build its report.
 pub fn build(rec: &Evidence) -> Report {
     let m = &rec.manifest;
-    let findings = analyse::analyse(rec);
+    let (checks, findings) = analyse::diagnose(rec);
     let stmts = statements(rec);
     let span = rec.syscall_span();
     let queries = sections::queries::build(rec);
@@ -344,6 +348,7 @@ pub fn build(rec: &Evidence) -> Report {
         drop_many: rec.lab.drop.clone(),
         drop_sweep: rec.lab.drop_sweep.clone(),
         worst_second: worst_second(rec),
+        checks,
         findings,
     }
 }

@@ -76,6 +76,8 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(o);
     }
 
+    verdict(r, &mut o);
+
     if let Some(w) = &r.workload {
         let _ = writeln!(
             o,
@@ -250,6 +252,47 @@ pub fn render(r: &Report) -> String {
         }
     }
     o
+}
+
+/// The verdict in one line, then every check's status with its figure, so
+/// a reader sees first what was looked at and found healthy.
+fn verdict(r: &Report, o: &mut String) {
+    use crate::analyse::{Severity, Status};
+    let worst = r.findings.iter().map(|f| f.severity).max();
+    let named = |sev: Severity| {
+        let ids: Vec<&str> = r
+            .findings
+            .iter()
+            .filter(|f| f.severity == sev)
+            .map(|f| f.id.as_str())
+            .collect();
+        (!ids.is_empty()).then(|| format!("{} {} ({})", ids.len(), sev.as_str(), ids.join(", ")))
+    };
+    let mut parts: Vec<String> = [Severity::Critical, Severity::Warning, Severity::Info]
+        .into_iter()
+        .filter_map(named)
+        .collect();
+    let count = |st: Status| r.checks.iter().filter(|c| c.status == st).count();
+    if !r.checks.is_empty() {
+        parts.push(format!("{} checks clear", count(Status::Clear)));
+        let nm = count(Status::NotMeasurable);
+        if nm > 0 {
+            parts.push(format!("{nm} not measurable"));
+        }
+    }
+    let head = match worst {
+        Some(Severity::Critical) | Some(Severity::Warning) => "Verdict: trouble below PostgreSQL",
+        Some(Severity::Info) => "Verdict: nothing measured costs time; notes below",
+        None => "Verdict: healthy, as far as the checks could measure",
+    };
+    let _ = writeln!(o, "\n{head} — {}", parts.join(" · "));
+    if r.checks.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "Checks");
+    for c in &r.checks {
+        let _ = writeln!(o, "  {}", c.line());
+    }
 }
 
 /// The severities of finding lines (`  [warning] id — title`, and

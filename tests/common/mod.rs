@@ -133,6 +133,79 @@ pub fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
         .find(|f| f["id"] == id)
 }
 
+/// The check `id` of report `r` (its `checks` entry).
+pub fn check<'a>(r: &'a Value, id: &str) -> &'a Value {
+    r["checks"]
+        .as_array()
+        .expect("the report's checks")
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap_or_else(|| panic!("no check {id} in {}", r["checks"]))
+}
+
+/// How far past its bound check `c`'s key figure is (>1 past, <1 short),
+/// None when it was not measured.
+fn margin(c: &Value) -> Option<f64> {
+    let m = &c["measured"];
+    let (v, l) = (m["value"].as_f64()?, m["limit"].as_f64()?);
+    let (a, b) = if m["worse_above"].as_bool()? {
+        (v, l)
+    } else {
+        (l, v)
+    };
+    Some(if b > 0.0 { a / b } else { f64::INFINITY })
+}
+
+/// Asserts check `id` raised its finding with its key figure at least
+/// `k` times past the bound, and returns the finding. The margin is
+/// printed either way; evidence too thin to be sure of fails as a weak
+/// test set-up, not as a product failure, so a slower or faster machine
+/// shows up as what it is.
+pub fn raised_with_margin<'a>(r: &'a Value, id: &str, k: f64) -> &'a Value {
+    let c = check(r, id);
+    let m = margin(c);
+    eprintln!(
+        "check {id}: {} — {} (bound {}), margin {}",
+        c["status"],
+        c["figure"],
+        c["bound"],
+        m.map_or("not measured".into(), |m| format!("{m:.2}×"))
+    );
+    match m {
+        Some(m) if m >= k => {}
+        Some(m) => panic!(
+            "test set-up too weak: check {id}'s {} is only {m:.2}× past its bound {} (needs {k}×); \
+             make the case stronger. Check: {c}\nfindings: {}",
+            c["figure"], c["bound"], r["findings"]
+        ),
+        None => panic!(
+            "test set-up too weak: check {id} measured nothing ({}). findings: {}",
+            c["missing"], r["findings"]
+        ),
+    }
+    assert_eq!(
+        c["status"], "raised",
+        "{id} not raised with a strong figure: {c}\nfindings: {}",
+        r["findings"]
+    );
+    finding(r, id).expect("a raised check has its finding")
+}
+
+/// Asserts check `id` stayed silent (clear or not measurable), printing
+/// its figure and margin.
+pub fn silent(r: &Value, id: &str) {
+    let c = check(r, id);
+    eprintln!(
+        "check {id}: {} — {} (bound {}), margin {}",
+        c["status"],
+        c["figure"],
+        c["bound"],
+        margin(c).map_or("not measured".into(), |m| format!("{m:.2}×"))
+    );
+    assert_ne!(c["status"], "raised", "{id} raised: {}", r["findings"]);
+    assert!(finding(r, id).is_none(), "{id} raised: {}", r["findings"]);
+}
+
 /// Calls of `syscall` per statement made by the backends (0 if absent).
 pub fn per_statement(r: &Value, syscall: &str) -> f64 {
     r["syscalls"]["by_role"]["backend"]["top"]

@@ -405,6 +405,11 @@ impl Collector for OffcpuCollector {
             status: if degraded { "degraded" } else { "ok" }.into(),
             reason: degraded.then(|| notes.join("; ")),
             cpu_s: 0.0,
+            bpf_run_s: self
+                .summary
+                .as_ref()
+                .filter(|s| s.bpf_stats)
+                .map(|s| s.bpf_run_s),
         }
     }
 

@@ -206,6 +206,7 @@ impl Collector for ProcfsCollector {
             status: if reason.is_some() { "degraded" } else { "ok" }.into(),
             reason,
             cpu_s: 0.0,
+            bpf_run_s: None,
         }
     }
 

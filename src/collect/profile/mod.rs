@@ -580,6 +580,7 @@ impl Collector for ProfileCollector {
             status: if degraded { "degraded" } else { "ok" }.into(),
             reason,
             cpu_s: 0.0,
+            bpf_run_s: None,
         }
     }
 

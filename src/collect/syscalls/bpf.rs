@@ -127,6 +127,8 @@ pub(super) struct Ebpf {
     overflows_seen: u64,
     /// One struct proc, reused by every lookup.
     buf: Vec<u8>,
+    /// Holds the kernel's BPF run-time statistics on while it lives.
+    stats: Option<std::os::fd::OwnedFd>,
 }
 
 impl Ebpf {
@@ -155,6 +157,7 @@ impl Ebpf {
             keys: BTreeSet::new(),
             overflows_seen: 0,
             buf: vec![0; value_size],
+            stats: crate::collect::offcpu::bpf::enable_stats(),
         };
         for &root in roots {
             me.track(root, 0)?;
@@ -168,6 +171,19 @@ impl Ebpf {
         })?;
         me.keys = known;
         Ok(me)
+    }
+
+    /// Seconds its programs ran in the kernel so far, when the kernel
+    /// counted them (BPF statistics on).
+    pub(super) fn run_s(&self) -> Option<f64> {
+        use std::os::fd::{AsFd, AsRawFd};
+        self.stats.as_ref()?;
+        let p = &self.skel.progs;
+        let ns: u64 = [&p.on_sys_enter, &p.on_fork, &p.on_proc_exit]
+            .iter()
+            .map(|prog| crate::collect::offcpu::bpf::prog_stats(prog.as_fd().as_raw_fd()).0)
+            .sum();
+        Some(ns as f64 / 1e9)
     }
 
     /// Starts tracking `tgid` unless the kernel already does.

@@ -62,6 +62,7 @@ impl Collector for SyscallCollector {
             .into(),
             reason: self.counter.fallback_reason().map(String::from),
             cpu_s: 0.0,
+            bpf_run_s: self.counter.bpf_run_s().map(|s| (s * 1e6).round() / 1e6),
         }
     }
 

@@ -25,7 +25,7 @@ use crate::error::{find_fixable, fixable};
 #[path = "bpf.rs"]
 pub(crate) mod bpf;
 #[path = "perf.rs"]
-mod perf;
+pub(crate) mod perf;
 #[path = "procwalk.rs"]
 pub mod procwalk;
 
@@ -141,6 +141,15 @@ impl SyscallCounter {
         match &mut self.backend {
             Backend::Ebpf(b) => b.read(),
             Backend::Perf(p) => p.read(),
+        }
+    }
+
+    /// Seconds the eBPF programs ran in the kernel (None with perf, or
+    /// without BPF statistics).
+    pub fn bpf_run_s(&self) -> Option<f64> {
+        match &self.backend {
+            Backend::Ebpf(b) => b.run_s(),
+            Backend::Perf(_) => None,
         }
     }
 

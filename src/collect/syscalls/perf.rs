@@ -371,7 +371,7 @@ fn apply_group_read(words: &[u64], last: &mut [u64]) {
 }
 
 /// The tracefs `events/syscalls` directory; mounts tracefs if it is not.
-fn syscall_events_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn syscall_events_dir() -> anyhow::Result<PathBuf> {
     const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
     let find = || {
         CANDIDATES

@@ -1,0 +1,210 @@
+//! Every rule's status in every report: `raised` (its finding), `clear`
+//! (its key figure and the bound it stayed on the right side of) or
+//! `not_measurable` (what was missing and how to get it). A DBA learns to
+//! trust the warnings from the checks that say what was looked at and
+//! found healthy.
+use serde::{Deserialize, Serialize};
+
+use super::{Finding, Severity};
+
+/// The key figure a rule decides on, against its bound.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Figure {
+    /// What was measured, e.g. "WAL flush p99 (kernel)".
+    pub name: String,
+    pub value: f64,
+    pub unit: String,
+    /// The bound past which the rule raises (with its other conditions).
+    pub limit: f64,
+    /// Whether a value above the limit is the bad side (else below is).
+    pub worse_above: bool,
+}
+
+impl Figure {
+    pub fn above(name: impl Into<String>, value: f64, unit: &str, limit: f64) -> Figure {
+        Figure {
+            name: name.into(),
+            value,
+            unit: unit.into(),
+            limit,
+            worse_above: true,
+        }
+    }
+    pub fn below(name: impl Into<String>, value: f64, unit: &str, limit: f64) -> Figure {
+        Figure {
+            worse_above: false,
+            ..Figure::above(name, value, unit, limit)
+        }
+    }
+    /// Is the figure on the bad side of its bound?
+    pub fn past(&self) -> bool {
+        if self.worse_above {
+            self.value >= self.limit
+        } else {
+            self.value <= self.limit
+        }
+    }
+    /// How far past (>1) or short of (<1) the bound the figure is, as a
+    /// factor: value/limit when above is worse, limit/value otherwise.
+    pub fn margin(&self) -> f64 {
+        let (a, b) = if self.worse_above {
+            (self.value, self.limit)
+        } else {
+            (self.limit, self.value)
+        };
+        if b <= 0.0 {
+            if a > 0.0 {
+                f64::INFINITY
+            } else {
+                1.0
+            }
+        } else {
+            a / b
+        }
+    }
+    fn number(v: f64, unit: &str) -> String {
+        let n = if v == 0.0 || v.abs() >= 100.0 {
+            format!("{v:.0}")
+        } else if v.abs() >= 10.0 {
+            format!("{v:.1}")
+        } else if v.abs() >= 0.01 {
+            format!("{v:.2}")
+        } else {
+            format!("{v:.2e}")
+        };
+        match unit {
+            "" => n,
+            "%" => format!("{n} %"),
+            u => format!("{n} {u}"),
+        }
+    }
+    /// "WAL flush p99 (kernel) 0.40 ms"
+    pub fn text(&self) -> String {
+        format!("{} {}", self.name, Figure::number(self.value, &self.unit))
+    }
+    /// "≥ 30 ms" (the side that raises).
+    pub fn bound_text(&self) -> String {
+        format!(
+            "{} {}",
+            if self.worse_above { "≥" } else { "≤" },
+            Figure::number(self.limit, &self.unit)
+        )
+    }
+}
+
+/// What a rule measured: its key figure, or why it could not.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Measure {
+    Figure(Figure),
+    /// What was missing, and how to get it.
+    Missing(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Raised,
+    Clear,
+    NotMeasurable,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Raised => "raised",
+            Status::Clear => "clear",
+            Status::NotMeasurable => "not measurable",
+        }
+    }
+}
+
+/// One rule's verdict on a recording (report JSON `checks`, additive).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    pub id: String,
+    pub status: Status,
+    /// The finding's severity when raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub severity: Option<Severity>,
+    /// The key figure in words ("WAL flush p99 (kernel) 0.40 ms"), null when not measured.
+    pub figure: Option<String>,
+    /// The bound that raises ("≥ 30 ms"), null when not measured.
+    pub bound: Option<String>,
+    /// The key figure as a number, its bound and which side is bad.
+    pub measured: Option<Figure>,
+    /// Why it could not be measured and what to enable.
+    pub missing: Option<String>,
+}
+
+impl Check {
+    pub fn new(id: &str, finding: Option<&Finding>, m: Measure) -> Check {
+        let (measured, missing) = match m {
+            Measure::Figure(f) => (Some(f), None),
+            Measure::Missing(why) => (None, Some(why)),
+        };
+        let status = match (finding, &measured) {
+            (Some(_), _) => Status::Raised,
+            (None, Some(_)) => Status::Clear,
+            (None, None) => Status::NotMeasurable,
+        };
+        Check {
+            id: id.to_string(),
+            status,
+            severity: finding.map(|f| f.severity),
+            figure: measured.as_ref().map(Figure::text),
+            bound: measured.as_ref().map(Figure::bound_text),
+            measured,
+            // A raised finding measured its cost in its own terms.
+            missing: if finding.is_some() { None } else { missing },
+        }
+    }
+
+    /// One line for the text report.
+    pub fn line(&self) -> String {
+        let what = match (&self.figure, &self.bound, &self.missing) {
+            (Some(f), Some(b), _) if self.status == Status::Raised => {
+                format!("{f} (raises at {b})")
+            }
+            (Some(f), Some(b), _) => {
+                let past = self.measured.as_ref().is_some_and(Figure::past);
+                if past {
+                    format!("{f} (bound {b}; its other conditions not met)")
+                } else {
+                    format!("{f}, bound {b}")
+                }
+            }
+            (_, _, Some(m)) => m.clone(),
+            _ => String::new(),
+        };
+        let status = match self.severity {
+            Some(s) => s.as_str(),
+            None => self.status.as_str(),
+        };
+        format!("{status:<14} {:<34} {what}", self.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_follows_the_finding_then_the_figure() {
+        let f = Figure::above("WAL flush p99", 0.4, "ms", 30.0);
+        assert!(!f.past());
+        assert!((f.margin() - 0.4 / 30.0).abs() < 1e-9);
+        let c = Check::new("x", None, Measure::Figure(f.clone()));
+        assert_eq!(c.status, Status::Clear);
+        assert_eq!(c.figure.as_deref(), Some("WAL flush p99 0.40 ms"));
+        assert_eq!(c.bound.as_deref(), Some("≥ 30.0 ms"));
+        let c = Check::new("x", None, Measure::Missing("no fsync collector".into()));
+        assert_eq!(c.status, Status::NotMeasurable);
+        assert!(c.line().contains("no fsync collector"), "{}", c.line());
+        let below = Figure::below("tps ratio", 0.2, "", 0.5);
+        assert!(below.past());
+        assert!((below.margin() - 2.5).abs() < 1e-9);
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["status"], "not_measurable");
+        assert!(json["figure"].is_null());
+    }
+}
