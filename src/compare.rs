@@ -38,6 +38,48 @@ pub struct Comparison {
     /// Data one side has and the other did not record, one line each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_recorded: Vec<String>,
+    /// Every check, A vs B: its status and figure on each side (null for a
+    /// side whose report has no such check).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<CheckChange>,
+}
+
+/// One check on both sides.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckChange {
+    pub id: String,
+    /// "raised (warning)", "clear", "not measurable", or null.
+    pub status: [Option<String>; 2],
+    pub figure: [Option<String>; 2],
+    pub bound: Option<String>,
+}
+
+fn check_changes(a: &Report, b: &Report) -> Vec<CheckChange> {
+    let status = |c: &crate::analyse::Check| match c.severity {
+        Some(s) => format!("raised ({})", s.as_str()),
+        None => c.status.as_str().to_string(),
+    };
+    let mut ids: Vec<&String> = a.checks.iter().map(|c| &c.id).collect();
+    for c in &b.checks {
+        if !ids.contains(&&c.id) {
+            ids.push(&c.id);
+        }
+    }
+    ids.into_iter()
+        .map(|id| {
+            let ca = a.checks.iter().find(|c| &c.id == id);
+            let cb = b.checks.iter().find(|c| &c.id == id);
+            CheckChange {
+                id: id.clone(),
+                status: [ca.map(status), cb.map(status)],
+                figure: [
+                    ca.and_then(|c| c.figure.clone()),
+                    cb.and_then(|c| c.figure.clone()),
+                ],
+                bound: cb.or(ca).and_then(|c| c.bound.clone()),
+            }
+        })
+        .collect()
 }
 
 /// What a side recorded, by collector name (on and not failed).
@@ -404,6 +446,7 @@ pub fn compare(a_name: &str, a: &Report, b_name: &str, b: &Report) -> Comparison
         },
         warnings: mismatches(a, b),
         not_recorded: not_recorded(a, b),
+        checks: check_changes(a, b),
     }
 }
 
@@ -486,6 +529,29 @@ pub fn render(c: &Comparison) -> String {
             let _ = writeln!(o, "    {}", nums.join("; "));
         }
     }
+    if !c.checks.is_empty() {
+        let _ = writeln!(o, "\nchecks, A → B:");
+        let na = || "no such check".to_string();
+        for k in &c.checks {
+            let side = |i: usize| {
+                let st = k.status[i].clone().unwrap_or_else(na);
+                match &k.figure[i] {
+                    Some(f) => format!("{st}: {f}"),
+                    None => st,
+                }
+            };
+            let _ = writeln!(
+                o,
+                "  {:<34} {} → {}{}",
+                k.id,
+                side(0),
+                side(1),
+                k.bound
+                    .as_ref()
+                    .map_or(String::new(), |b| format!(" (bound {b})"))
+            );
+        }
+    }
     o
 }
 
@@ -524,6 +590,21 @@ mod tests {
         );
         assert_eq!(c.findings.resolved, vec!["timer-syscalls-per-statement"]);
         assert!(c.findings.new.is_empty());
+        // Check by check: raised on 13, clear with its figure on 15.
+        let k = c
+            .checks
+            .iter()
+            .find(|k| k.id == "timer-syscalls-per-statement")
+            .expect("the timer check on both sides");
+        assert_eq!(k.status[0].as_deref(), Some("raised (warning)"), "{k:?}");
+        assert_eq!(k.status[1].as_deref(), Some("clear"), "{k:?}");
+        assert!(
+            k.figure[1]
+                .as_deref()
+                .is_some_and(|f| f.contains("timer syscalls")),
+            "{k:?}"
+        );
+        assert!(render(&c).contains("checks, A → B:"));
         let s = c
             .syscalls_per_statement
             .iter()

@@ -17,7 +17,7 @@ use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags};
 use serde::{Deserialize, Serialize};
 
-use super::offcpu::bpf::{enable_stats, prog_stats};
+use super::offcpu::bpf::{enable_stats_if_asked, prog_stats};
 use super::syscalls::counter::bpf::ObjectSlot;
 use super::{tracked, Collector, Context};
 use crate::recording::{CollectorInfo, Writer};
@@ -218,7 +218,7 @@ impl FsyncCollector {
         Ok(FsyncCollector {
             ctx: ctx.clone(),
             bpf: Some(Bpf::start(&ctx.roots(), writes)?),
-            stats: enable_stats(),
+            stats: enable_stats_if_asked(),
             started: Instant::now(),
             summary: None,
         })

@@ -74,11 +74,25 @@ impl Timeline {
 
 /// Consecutive server samples with a positive interval: the pairs rates are
 /// taken over.
+/// Intervals shorter than this are merged into the next one (or dropped at
+/// the end): a rate over a 0.44 s or 0.001 s remainder is a spike, not a
+/// second of the workload (a "max 1175 tps" from a 0.44 s last interval).
+const MIN_INTERVAL_S: f64 = 0.5;
+
 fn intervals(samples: &[PgstatSample]) -> impl Iterator<Item = (&PgstatSample, &PgstatSample)> {
-    samples
-        .windows(2)
-        .filter(|w| w[1].t > w[0].t)
-        .map(|w| (&w[0], &w[1]))
+    let mut out = Vec::new();
+    let mut from: Option<&PgstatSample> = None;
+    for s in samples {
+        match from {
+            None => from = Some(s),
+            Some(a) if s.t - a.t >= MIN_INTERVAL_S => {
+                out.push((a, s));
+                from = Some(s);
+            }
+            Some(_) => {}
+        }
+    }
+    out.into_iter()
 }
 
 fn point(b: &PgstatSample, dt: f64, value: f64) -> Point {
@@ -314,6 +328,25 @@ mod tests {
 
     fn total(s: &super::Series) -> f64 {
         s.points.iter().map(|p| p.value * p.dt).sum()
+    }
+
+    #[test]
+    fn a_short_last_interval_is_no_spike() {
+        // The real recording with a 0.44 s remainder appended (its last
+        // sample's counters, 500 commits later): a rate over it would be a
+        // spike; it is dropped, and every interval lasts ≥ 0.5 s.
+        let mut rec = fixture("pg15-attach-counters-checkpoint");
+        let mut last = rec.pgstat.last().unwrap().clone();
+        last.t += 0.44;
+        last.transactions += 500;
+        rec.pgstat.push(last);
+        let thr = rec.timeline().throughput.unwrap();
+        assert!(thr.points.iter().all(|p| p.dt >= 0.5), "{:?}", thr.points);
+        let max = thr.points.iter().map(|p| p.value).fold(0.0, f64::max);
+        assert!(
+            max < 1136.0,
+            "a spike of {max} tps from 500 commits in 0.44 s"
+        );
     }
 
     /// A real attach recording of PostgreSQL 15 with pg_stat_statements

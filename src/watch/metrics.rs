@@ -24,6 +24,8 @@ pub struct Metrics {
     ratios: BTreeMap<&'static str, f64>,
     /// Each rule's id with the severity it raised in the last window.
     findings: BTreeMap<String, Option<Severity>>,
+    /// Each check's status, key figure and bound in the last window.
+    checks: BTreeMap<String, crate::analyse::Check>,
     collector_up: BTreeMap<String, bool>,
     postgres_up: bool,
     last_window_end: f64,
@@ -200,6 +202,11 @@ impl Metrics {
         for f in &rep.findings {
             self.findings.insert(f.id.clone(), Some(f.severity));
         }
+        self.checks = rep
+            .checks
+            .iter()
+            .map(|c| (c.id.clone(), c.clone()))
+            .collect();
     }
 
     /// The exposition; `openmetrics` picks OpenMetrics 1.0 over text 0.0.4.
@@ -278,6 +285,56 @@ impl Metrics {
                             if *sev == Some(s) { 1.0 } else { 0.0 },
                         )
                     })
+            }),
+        );
+        e.family(
+            "pgbelow_check_status",
+            Kind::Gauge,
+            "1 for the check's status over the last window (raised, clear, not_measurable), else 0.",
+            self.checks.iter().flat_map(|(id, c)| {
+                use crate::analyse::Status;
+                [Status::Raised, Status::Clear, Status::NotMeasurable]
+                    .into_iter()
+                    .map(move |s| {
+                        let name = serde_json::to_value(s)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default();
+                        (
+                            vec![("id".to_string(), id.clone()), ("status".to_string(), name)],
+                            if c.status == s { 1.0 } else { 0.0 },
+                        )
+                    })
+            }),
+        );
+        e.family(
+            "pgbelow_check_value",
+            Kind::Gauge,
+            "The check's key figure over the last window, in its unit (absent when not measured).",
+            self.checks.iter().filter_map(|(id, c)| {
+                let m = c.measured.as_ref()?;
+                Some((
+                    vec![
+                        ("id".to_string(), id.clone()),
+                        ("unit".to_string(), m.unit.clone()),
+                    ],
+                    m.value,
+                ))
+            }),
+        );
+        e.family(
+            "pgbelow_check_bound",
+            Kind::Gauge,
+            "The bound the check's key figure is compared with (absent when not measured).",
+            self.checks.iter().filter_map(|(id, c)| {
+                let m = c.measured.as_ref()?;
+                Some((
+                    vec![
+                        ("id".to_string(), id.clone()),
+                        ("unit".to_string(), m.unit.clone()),
+                    ],
+                    m.limit,
+                ))
             }),
         );
         e.family(
@@ -431,6 +488,13 @@ mod tests {
             "pgbelow_finding_active{id=\"timer-syscalls-per-statement\",severity=\"warning\"} 1"
         ));
         assert!(text.contains("pgbelow_collector_up{collector=\"syscalls\"} 1"));
+        assert!(
+            text.contains(
+                "pgbelow_check_status{id=\"timer-syscalls-per-statement\",status=\"raised\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("pgbelow_check_value{id=\"timer-syscalls-per-statement\",unit=\"\"}"));
         let per = text
             .lines()
             .find_map(|l| l.strip_prefix("pgbelow_timer_syscalls_per_statement "))

@@ -87,6 +87,24 @@ pub fn parse_event(b: &[u8]) -> Option<Event<'_>> {
     })
 }
 
+/// [`enable_stats`] only when asked (`PGBELOW_BPF_STATS=1`, as the
+/// benchmarks set it): statistics are global while any holder keeps them on,
+/// and they add two clock reads to every run of every BPF program, so a
+/// default collector whose program runs at every system call must not turn
+/// them on just to report its own cost.
+pub fn enable_stats_if_asked() -> Option<OwnedFd> {
+    (std::env::var("PGBELOW_BPF_STATS").as_deref() == Ok("1"))
+        .then(enable_stats)
+        .flatten()
+}
+
+/// Whether the kernel counts BPF run time now (our descriptor, or
+/// kernel.bpf_stats_enabled set by someone else).
+pub fn stats_counting(own: bool) -> bool {
+    own || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+        .is_ok_and(|s| s.trim() == "1")
+}
+
 /// Turns on the kernel's BPF run-time statistics for as long as the
 /// returned descriptor is open (BPF_ENABLE_STATS; the kernel undoes it when
 /// the descriptor closes, even if pgbelow is killed). None when refused.

@@ -157,7 +157,7 @@ impl Ebpf {
             keys: BTreeSet::new(),
             overflows_seen: 0,
             buf: vec![0; value_size],
-            stats: crate::collect::offcpu::bpf::enable_stats(),
+            stats: crate::collect::offcpu::bpf::enable_stats_if_asked(),
         };
         for &root in roots {
             me.track(root, 0)?;
@@ -177,7 +177,9 @@ impl Ebpf {
     /// counted them (BPF statistics on).
     pub(super) fn run_s(&self) -> Option<f64> {
         use std::os::fd::{AsFd, AsRawFd};
-        self.stats.as_ref()?;
+        if !crate::collect::offcpu::bpf::stats_counting(self.stats.is_some()) {
+            return None;
+        }
         let p = &self.skel.progs;
         let ns: u64 = [&p.on_sys_enter, &p.on_fork, &p.on_proc_exit]
             .iter()

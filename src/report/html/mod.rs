@@ -309,6 +309,40 @@ fn header(o: &mut String, r: &Report) {
     let _ = writeln!(o, "</table></header>");
 }
 
+/// Every check's status: what was looked at and found healthy, and what
+/// could not be measured and how to measure it.
+fn checks(o: &mut String, r: &Report) {
+    use crate::analyse::Status;
+    if r.checks.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "<section id=\"checks\"><h2>Checks</h2><table class=\"checks\">\
+         <thead><tr><th>status</th><th>check</th><th>measured</th><th>bound</th></tr></thead><tbody>"
+    );
+    for c in &r.checks {
+        let (class, status) = match (c.status, c.severity) {
+            (Status::Raised, Some(s)) => (format!("sev-{}", s.as_str()), s.as_str().to_string()),
+            (st, _) => (
+                format!("check-{}", st.as_str().replace(' ', "-")),
+                st.as_str().to_string(),
+            ),
+        };
+        let (what, bound) = match (&c.figure, &c.bound, &c.missing) {
+            (Some(f), Some(b), _) => (escape(f), escape(b)),
+            (_, _, Some(m)) => (escape(m), String::new()),
+            _ => (String::new(), String::new()),
+        };
+        let _ = writeln!(
+            o,
+            "<tr><td class=\"{class}\">{status}</td><td>{}</td><td>{what}</td><td>{bound}</td></tr>",
+            escape(&c.id)
+        );
+    }
+    let _ = writeln!(o, "</tbody></table></section>");
+}
+
 /// Why a panel is missing from a report.
 fn absent_reason(ev: &Evidence, name: &str) -> String {
     let collector = match name {
@@ -320,6 +354,14 @@ fn absent_reason(ev: &Evidence, name: &str) -> String {
     };
     if name == "replay-lag" && ev.recorded("pgstat") {
         "not recorded: no standby in the recording".into()
+    } else if name == "latency" && ev.recorded("pgstat") {
+        // The statements' mean time comes from pg_stat_statements; pgstat
+        // itself ran.
+        "not recorded: pg_stat_statements is not installed in the database pgbelow connected to \
+         (shared_preload_libraries = 'pg_stat_statements', then CREATE EXTENSION pg_stat_statements)"
+            .into()
+    } else if !collector.is_empty() && ev.recorded(collector) {
+        format!("not recorded: collector {collector} ran but saw none of it")
     } else {
         format!("not recorded (collector {collector} was off or failed)")
     }
@@ -339,6 +381,7 @@ pub fn render(r: &Report, ev: &Evidence) -> String {
         finding_card(o, f, end);
     }
     let _ = writeln!(o, "</section>");
+    checks(o, r);
     let panels = panels::build(r, ev);
     timeline(o, &panels, &|name| absent_reason(ev, name));
     page.scripts(&ChartData {
