@@ -172,6 +172,11 @@ pub struct Syscalls {
     /// Processes whose syscalls could not be counted at all (kernel map full).
     #[serde(default)]
     pub processes_lost: u64,
+    /// What `per_statement` divides by: "statement" (pgbench's count or
+    /// pg_stat_statements) or "transaction" (pg_stat_database, when
+    /// pg_stat_statements is not installed); null when nothing was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per: Option<String>,
     pub by_role: BTreeMap<Role, RoleTable>,
 }
 
@@ -327,6 +332,7 @@ pub fn build(rec: &Evidence) -> Report {
             window_s: span.map(|(a, b)| [round3(a), round3(b)]),
             dropped: rec.syscalls_dropped(),
             processes_lost: rec.processes_lost(),
+            per: stmts.as_ref().map(|s| s.unit().to_string()),
             by_role,
         },
         procfs: sections::procfs::build(rec),

@@ -113,6 +113,13 @@ pub fn render(r: &Report) -> String {
 
     if !r.syscalls.by_role.is_empty() {
         let _ = writeln!(o, "\nSyscalls by process role (counted in the kernel)");
+        if r.syscalls.per.as_deref() == Some("transaction") {
+            let _ = writeln!(
+                o,
+                "  /xact: per transaction (pg_stat_database): pg_stat_statements is not installed, so \
+                 statements were not counted; install it for per-statement figures"
+            );
+        }
         if r.syscalls.dropped > 0 {
             let _ = writeln!(
                 o,
@@ -162,7 +169,11 @@ pub fn render(r: &Report) -> String {
                     row.syscall, row.count, row.per_second
                 );
                 if let Some(ps) = row.per_statement {
-                    let _ = write!(o, " {ps:>8.3}/stmt");
+                    let per = match r.syscalls.per.as_deref() {
+                        Some("transaction") => "xact",
+                        _ => "stmt",
+                    };
+                    let _ = write!(o, " {ps:>8.3}/{per}");
                 }
                 let _ = writeln!(o);
             }

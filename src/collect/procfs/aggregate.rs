@@ -339,7 +339,13 @@ impl CounterDeltas {
                 cpu_s: round_us(c.cpu_ns.saturating_sub(b.cpu_ns) as f64 * 1e-9),
                 runq_s: round_us(c.runq_ns.saturating_sub(b.runq_ns) as f64 * 1e-9),
                 read_bytes: c.io.read_bytes.saturating_sub(b.io.read_bytes),
-                write_bytes: c.io.write_bytes.saturating_sub(b.io.write_bytes),
+                // Dirtied pages of files truncated or deleted before
+                // writeback never reach the device.
+                write_bytes: c
+                    .io
+                    .write_bytes
+                    .saturating_sub(c.io.cancelled_write_bytes)
+                    .saturating_sub(b.io.write_bytes.saturating_sub(b.io.cancelled_write_bytes)),
                 vcsw: c.ctxt.voluntary.saturating_sub(b.ctxt.voluntary),
                 nvcsw: c.ctxt.nonvoluntary.saturating_sub(b.ctxt.nonvoluntary),
                 minflt: c.minflt.saturating_sub(b.minflt),

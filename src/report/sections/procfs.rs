@@ -21,7 +21,7 @@ pub fn render(s: &ProcfsSection, out: &mut String) {
     let _ = writeln!(
         out,
         "  {:<28} {:>4} {:>8} {:>7} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9}",
-        "role", "pids", "cpu s", "runq s", "R s", "S s", "D s", "other s", "read MB", "write MB"
+        "role", "pids", "cpu s", "runq s", "R s", "S s", "D s", "other s", "read MB", "dirtied MB"
     );
     let st = |r: &RoleProcfs, k: &str| r.state_s.get(k).copied().unwrap_or(0.0);
     for (role, r) in &s.roles {
@@ -40,6 +40,14 @@ pub fn render(s: &ProcfsSection, out: &mut String) {
             r.write_bytes as f64 / 1e6,
         );
     }
+    // /proc/PID/io write_bytes is accounted when a page turns dirty: a WAL
+    // page flushed and written again counts again, so a commit-heavy
+    // backend "writes" many times what reaches the device.
+    let _ = writeln!(
+        out,
+        "  dirtied MB: /proc/PID/io write_bytes less cancelled_write_bytes — 4 kB per page each time it turns dirty \
+         (a WAL page written again after its flush counts again), not bytes written to the device"
+    );
     let split: Vec<String> = s
         .roles
         .iter()
