@@ -281,6 +281,43 @@ fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
             }
         }
     }
+    if ev.offcpu.is_none() {
+        // Without the offcpu collector, every recording's procfs samples
+        // still say it: the 10 Hz states (each row's process-seconds over
+        // the processes seen in it) for S and D, schedstat for the run
+        // queue. Coarser than offcpu's blocks, never a 0 for "not measured".
+        for ps in &ev.procfs {
+            let Some(a) = tick_at(ticks, ps.t) else {
+                continue;
+            };
+            let mut by_pid: BTreeMap<u32, BTreeMap<&str, f64>> = BTreeMap::new();
+            for row in &ps.rows {
+                let state = match row.state.as_str() {
+                    "D" => "D",
+                    "S" | "I" => "S",
+                    _ => continue,
+                };
+                let each = row.s / row.pids.len().max(1) as f64;
+                for pid in &row.pids {
+                    *by_pid.entry(*pid).or_default().entry(state).or_default() += each;
+                }
+            }
+            for (pid, d) in &ps.procs {
+                if d.runq_s > 0.0 {
+                    *by_pid.entry(*pid).or_default().entry("runq").or_default() += d.runq_s;
+                }
+            }
+            for (pid, states) in &by_pid {
+                if let Some(rows) = a.pids.get(pid) {
+                    for (st, secs) in states {
+                        give(rows, Kind::OffIn(st), &mut |q, s| {
+                            *q.off.entry(st.to_string()).or_default() += secs * s;
+                        });
+                    }
+                }
+            }
+        }
+    }
     for st in &ev.rec.syscalls {
         let Some(a) = tick_at(ticks, st.t) else {
             continue;
@@ -491,8 +528,16 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
     if ev.profile_ticks.iter().all(|t| t.by_pid.is_empty()) {
         notes.push("no on-CPU time per query: the profile collector was off or recorded no per-process counts".into());
     }
-    if ev.offcpu.is_none() {
-        notes.push("no off-CPU time per query: the offcpu collector was off".into());
+    match (ev.offcpu.is_none(), ev.procfs.is_empty()) {
+        (true, false) => notes.push(
+            "off-CPU time per query from the procfs samples (10 Hz states, schedstat run-queue delay); \
+             the offcpu collector measures every block and its stack"
+                .into(),
+        ),
+        (true, true) => {
+            notes.push("no off-CPU time per query: the offcpu and procfs collectors were off".into())
+        }
+        _ => {}
     }
     if ev.rec.syscalls.is_empty() {
         notes.push("no system calls per query: the syscalls collector was off".into());
@@ -657,6 +702,32 @@ mod tests {
     /// statement's off-CPU stacks are its backend's, in the states and
     /// within the seconds the query got; its latch wait for the client
     /// (epoll_wait) first.
+    #[test]
+    fn without_offcpu_the_procfs_samples_give_off_cpu_time() {
+        // The same real run with the offcpu collector's data removed: the
+        // select's off-CPU time comes from the procfs states and schedstat,
+        // not 0, and the note says where it came from.
+        let with = build(&crate::analyse::fixture("pg13-select-only-on-off-cpu")).unwrap();
+        let mut ev = crate::analyse::fixture("pg13-select-only-on-off-cpu");
+        ev.offcpu = None;
+        assert!(!ev.procfs.is_empty());
+        let s = build(&ev).unwrap();
+        let q = |s: &QueriesSection| {
+            s.queries
+                .iter()
+                .find(|q| q.query.starts_with("select abalance"))
+                .cloned()
+                .unwrap()
+        };
+        let (a, b) = (q(&with), q(&s));
+        let off: f64 = b.off_cpu_s.values().sum();
+        assert!(off > 0.0, "{b:#?}");
+        // The two measures agree on the order of magnitude.
+        let off_bpf: f64 = a.off_cpu_s.values().sum();
+        assert!(off < off_bpf * 5.0 + 1.0 && off > off_bpf / 5.0 - 1.0, "{off} vs {off_bpf}");
+        assert!(s.notes.iter().any(|n| n.contains("procfs samples")), "{:?}", s.notes);
+    }
+
     #[test]
     fn a_query_gets_its_backends_off_cpu_stacks() {
         let ev = crate::analyse::fixture("pg13-select-only-on-off-cpu");
