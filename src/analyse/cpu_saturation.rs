@@ -1,0 +1,308 @@
+//! `cpu-saturation`: the backends were runnable but waited on the run queue
+//! because other processes had the CPUs. The commonest cause below
+//! PostgreSQL: statements are slow though nothing in the server is.
+//!
+//! Raised from the backends' run-queue delay (/proc/PID/schedstat, the
+//! procfs collector) as a share of their time on a CPU, when the seconds
+//! lost are material; the machine's CPU split and load (/proc/stat,
+//! /proc/loadavg) and the processes outside the cluster that used the CPUs
+//! (the system collector's walks of /proc) say who had them. A cluster whose
+//! own cpu cgroup quota throttled it is `cgroup-cpu-throttling`'s finding,
+//! not this one: throttled tasks wait runnable too. So is a machine whose
+//! busy time was nearly all the cluster's own (its backends outnumber the
+//! CPUs): only when at least [`MIN_OUTSIDE_SHARE`] of the machine's busy
+//! CPU time went to processes outside the cluster — which needs the system
+//! collector's CPU split — is the wait a neighbour's.
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::{Figure, Finding, Measure, Rule};
+use crate::evidence::Evidence;
+use crate::procinfo::Role;
+use crate::round3;
+
+pub const ID: &str = "cpu-saturation";
+
+/// Run-queue seconds per second on a CPU, backends summed, from which the
+/// wait is a finding. Measured here (2-vCPU VM, PostgreSQL 15, pgbench
+/// select-only on 2 clients): 0.01–0.09 on the machine alone, 0.2–0.3 while
+/// another job kept its load at 2–3, 2.5–3.5 beside 4 busy loops (`lab run
+/// --scenario noisy-neighbour`). Half a second waiting per second running
+/// is past what a shared machine's own jitter gives.
+pub const WARN_SHARE: f64 = 0.5;
+/// Waiting twice as long as running: a statement takes three times its CPU.
+pub const CRITICAL_SHARE: f64 = 2.0;
+/// The backends' run-queue seconds must amount to this much in all…
+const MIN_RUNQ_S: f64 = 1.0;
+/// …and to this share of the recording per busy backend.
+const MIN_RUNQ_PER_BUSY_BACKEND: f64 = 0.05;
+/// A backend is busy when it ran or waited to run this share of the window.
+const BUSY_SHARE: f64 = 0.1;
+/// Share of the machine's busy CPU time that went to processes outside the
+/// cluster, from which the wait is theirs: below it the cluster's own
+/// processes filled the CPUs (too many active connections for the CPUs, a
+/// pooler's case, not a neighbour's).
+pub const MIN_OUTSIDE_SHARE: f64 = 0.25;
+/// Outside processes named in the summary.
+const NAMED: usize = 4;
+
+/// The backends' on-CPU and run-queue seconds over the recording, the
+/// recording's procfs window, and how many backends were busy in it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendWait {
+    pub cpu_s: f64,
+    pub runq_s: f64,
+    pub window_s: f64,
+    pub busy_backends: usize,
+    pub backends: usize,
+}
+
+impl BackendWait {
+    /// Run-queue seconds per second on a CPU (None without CPU time).
+    pub fn share(&self) -> Option<f64> {
+        (self.cpu_s > 0.0).then(|| self.runq_s / self.cpu_s)
+    }
+}
+
+/// The backends' waits, None without procfs samples or backends in them.
+pub fn backend_wait(rec: &Evidence) -> Option<BackendWait> {
+    if rec.procfs.is_empty() {
+        return None;
+    }
+    let p = rec.procfs_in(None);
+    let b = p.roles.get(&Role::Backend)?;
+    let window_s = (p.window_s[1] - p.window_s[0]).max(1e-9);
+    let mut per_pid: BTreeMap<u32, f64> = BTreeMap::new();
+    for s in &rec.procfs {
+        for (pid, d) in &s.procs {
+            if rec.role_of(*pid) == Role::Backend {
+                *per_pid.entry(*pid).or_default() += d.cpu_s + d.runq_s;
+            }
+        }
+    }
+    Some(BackendWait {
+        cpu_s: b.cpu_s,
+        runq_s: b.runq_s,
+        window_s,
+        busy_backends: per_pid
+            .values()
+            .filter(|s| **s >= BUSY_SHARE * window_s)
+            .count(),
+        backends: b.pids,
+    })
+}
+
+/// The rule's key figure: the backends' run-queue seconds per second on a
+/// CPU (for the matrix and watch).
+pub fn runq_share(rec: &Evidence) -> Option<f64> {
+    backend_wait(rec)?.share().map(round3)
+}
+
+/// Why the figure could not be measured, and how to get it.
+fn unmeasured(rec: &Evidence) -> String {
+    if !rec.recorded("procfs") || rec.procfs.is_empty() {
+        return "the backends' run-queue delay was not recorded: add the procfs collector \
+                (--collectors …,procfs; it reads /proc/PID/schedstat)"
+            .into();
+    }
+    "no backend used a CPU during the recording: nothing waited for one (run it while the \
+     workload runs)"
+        .into()
+}
+
+/// The outside processes grouped by name, most CPU first: (comm, pids, s).
+fn by_name(top: &[crate::collect::system::OutsideProcess]) -> Vec<(String, Vec<u32>, f64)> {
+    let mut g: Vec<(String, Vec<u32>, f64)> = Vec::new();
+    for p in top {
+        match g.iter_mut().find(|x| x.0 == p.comm) {
+            Some(x) => {
+                x.1.push(p.pid);
+                x.2 += p.cpu_s;
+            }
+            None => g.push((p.comm.clone(), vec![p.pid], p.cpu_s)),
+        }
+    }
+    g.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    g
+}
+
+fn pct(x: Option<f64>) -> Option<f64> {
+    x.map(|v| (v * 1000.0).round() / 10.0)
+}
+
+pub struct CpuSaturation;
+
+impl Rule for CpuSaturation {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    /// The backends' run-queue seconds per second on a CPU, against
+    /// `WARN_SHARE`.
+    fn measure(&self, rec: &Evidence) -> Measure {
+        match backend_wait(rec).and_then(|w| w.share()) {
+            Some(s) => Measure::Figure(Figure::above(
+                "backends' run-queue s per CPU s",
+                s,
+                "",
+                WARN_SHARE,
+            )),
+            None => Measure::Missing(unmeasured(rec)),
+        }
+    }
+
+    fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
+        let w = backend_wait(rec)?;
+        let share = w.share()?;
+        if share < WARN_SHARE {
+            return None;
+        }
+        let busy = w.busy_backends.max(1);
+        if w.runq_s < MIN_RUNQ_S
+            || w.runq_s < MIN_RUNQ_PER_BUSY_BACKEND * w.window_s * busy as f64
+        {
+            return None;
+        }
+        // The cluster's own quota made them wait: that rule's finding.
+        if super::cgroup_throttling::CgroupThrottling
+            .evaluate(rec)
+            .is_some()
+        {
+            return None;
+        }
+        let machine = crate::evidence::system::machine_cpu(&rec.system);
+        // Whose the CPUs were: the machine's busy time less the cluster's.
+        let cluster_cpu_s: f64 = rec
+            .procfs_in(None)
+            .roles
+            .iter()
+            .filter(|(r, _)| !matches!(r, Role::Observer))
+            .map(|(_, x)| x.cpu_s)
+            .sum();
+        let busy_cpu_s = machine
+            .as_ref()
+            .filter(|m| m.samples > 0)
+            .map(|m| m.total_s - m.idle_s)?;
+        let outside_share = if busy_cpu_s > 0.0 {
+            ((busy_cpu_s - cluster_cpu_s) / busy_cpu_s).max(0.0)
+        } else {
+            0.0
+        };
+        if outside_share < MIN_OUTSIDE_SHARE {
+            return None;
+        }
+        let cpus = machine
+            .as_ref()
+            .and_then(|m| m.cpus)
+            .or(u32::try_from(rec.manifest.host.cpus).ok().filter(|c| *c > 0));
+        let busy_share = machine.as_ref().and_then(|m| m.busy_share());
+        let steal_share = machine.as_ref().and_then(|m| m.steal_share());
+        let outside = rec.outside_cpu.as_ref();
+        let named: Vec<String> = outside
+            .map(|o| by_name(&o.top).into_iter().take(NAMED).map(|(comm, pids, s)| match pids.as_slice() {
+                [one] => format!("{comm} (pid {one}) {s:.1} s"),
+                _ => format!("{comm} ({} processes) {s:.1} s", pids.len()),
+            }).collect())
+            .unwrap_or_default();
+        let machine_text = match &machine {
+            Some(m) => {
+                let load = match (m.runnable_mean, m.load1_max) {
+                    (Some(r), Some(l)) => format!(
+                        "{r:.1} tasks runnable on average (1-minute load up to {l:.2})"
+                    ),
+                    _ => "load not recorded".into(),
+                };
+                let on = cpus.map_or(String::new(), |c| format!(" on {c} CPUs"));
+                let split = match (busy_share, steal_share) {
+                    (Some(b), Some(s)) => format!(
+                        ", {:.0} % of their time busy and {:.1} % stolen by the hypervisor",
+                        b * 100.0,
+                        s * 100.0
+                    ),
+                    _ => String::new(),
+                };
+                format!(
+                    " The machine: {load}{on}{split}; {:.0} % of that busy time went to \
+                     processes outside the cluster.",
+                    outside_share * 100.0
+                )
+            }
+            None => " (the machine's CPU split and load were not recorded: add the system collector)"
+                .into(),
+        };
+        let outside_text = match outside {
+            Some(o) if !named.is_empty() => format!(
+                " Outside the cluster, these used the CPUs meanwhile: {}; {:.1} CPU-seconds by \
+                 every process outside it.",
+                named.join(", "),
+                o.cpu_s
+            ),
+            Some(_) => " No process outside the cluster used measurable CPU meanwhile: the cluster's own processes filled the CPUs.".into(),
+            None => " (which processes outside the cluster used the CPUs was not recorded: the system collector writes it at the end)".into(),
+        };
+        let latency = rec
+            .workload
+            .as_ref()
+            .map(|w| (w.tps, w.latency_avg_ms));
+        let steal_heavy = steal_share.is_some_and(|s| s >= 0.05);
+        Some(Finding {
+            id: ID.into(),
+            severity: super::severity_at(share, CRITICAL_SHARE),
+            title: "The backends wait for a CPU: the machine's CPUs are saturated".into(),
+            summary: format!(
+                "The backends waited {r:.1} s runnable on the run queue against {c:.1} s on a CPU \
+                 ({share:.2} s waiting per second running; {busy} busy backend(s) over {win:.0} s): \
+                 every statement took that much longer for want of a CPU.{machine_text}{outside_text}{lat}",
+                r = w.runq_s,
+                c = w.cpu_s,
+                busy = w.busy_backends,
+                win = w.window_s,
+                lat = latency.map_or(String::new(), |(t, l)| format!(
+                    " pgbench: {t:.0} tps{}.",
+                    l.map_or(String::new(), |l| format!(", {l:.2} ms average latency"))
+                )),
+            ),
+            evidence: json!({
+                "backend_runq_s": round3(w.runq_s),
+                "backend_cpu_s": round3(w.cpu_s),
+                "runq_per_cpu_s": round3(share),
+                "busy_backends": w.busy_backends,
+                "backends": w.backends,
+                "window_s": round3(w.window_s),
+                "cpus": cpus,
+                "load1_mean": machine.as_ref().and_then(|m| m.load1_mean),
+                "load1_max": machine.as_ref().and_then(|m| m.load1_max),
+                "runnable_mean": machine.as_ref().and_then(|m| m.runnable_mean),
+                "runnable_max": machine.as_ref().and_then(|m| m.runnable_max),
+                "cpu_busy_pct": pct(busy_share),
+                "cpu_steal_pct": pct(steal_share),
+                "outside_cpu_s": outside.map(|o| o.cpu_s),
+                "outside_busy_pct": pct(Some(outside_share)),
+                "cluster_cpu_s": round3(cluster_cpu_s),
+                "machine_busy_cpu_s": round3(busy_cpu_s),
+                "outside_processes": outside.map(|o| o.top.iter().map(|p| json!({
+                    "comm": p.comm, "cpu_s": p.cpu_s, "pid": p.pid,
+                })).collect::<Vec<_>>()),
+                "tps": latency.map(|l| round3(l.0)),
+                "latency_avg_ms": latency.and_then(|l| l.1),
+            }),
+            remedy: format!(
+                "{}Give the backends the CPUs: move the processes named above off this machine or \
+                 off the cluster's CPUs, or lower their priority (renice +10, chrt --idle, \
+                 ionice for their I/O); give the cluster a larger share where it shares the \
+                 machine with a container or job (cgroup cpu.weight / cpu.shares for the \
+                 cluster, a cpuset of its own: cpuset.cpus, systemd CPUAffinity=, Kubernetes \
+                 CPU requests, a guaranteed QoS class); or add CPUs. Fewer active connections \
+                 (a pooler) keeps the backends' own demand under the CPUs. Prove the change \
+                 with `pgbelow compare A B`.",
+                if steal_heavy {
+                    "The hypervisor took the CPUs (steal): ask for dedicated vCPUs or a host with \
+                     fewer tenants, or move the VM. "
+                } else {
+                    ""
+                }
+            ),
+        })
+    }
+}
