@@ -306,3 +306,139 @@ impl Rule for CpuSaturation {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyse::{fixture, Measure, Severity, Status};
+    use serde_json::Value;
+
+    // Real lab run on PostgreSQL 15.18, this 2-vCPU VM, everything pinned
+    // to CPU 1 (taskset -c 1) while another job's pgbench ran on CPU 0:
+    // `pgbelow lab run --scenario noisy-neighbour --hogs 4 --collectors
+    // syscalls,procfs,system,pgstat` (15 s, 2 clients, select-only).
+    #[test]
+    fn fires_beside_busy_loops_and_names_them() {
+        let rec = fixture("pg15-noisy-neighbour-hogs-4");
+        let f = CpuSaturation.evaluate(&rec).expect("finding");
+        assert_eq!(f.id, ID);
+        assert_eq!(f.severity, Severity::Warning);
+        let ev = &f.evidence;
+        assert_eq!(ev["backend_runq_s"], 7.354);
+        assert_eq!(ev["backend_cpu_s"], 4.378);
+        assert_eq!(ev["runq_per_cpu_s"], 1.68);
+        assert_eq!(ev["busy_backends"], 2);
+        assert_eq!(ev["cpus"], 2);
+        assert!(ev["outside_busy_pct"].as_f64().unwrap() > 80.0, "{ev}");
+        let hogs: Vec<&Value> = ev["outside_processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["comm"] == "pgbelow-hog")
+            .collect();
+        assert_eq!(hogs.len(), 4, "{ev}");
+        assert!(f.summary.contains("pgbelow-hog (4 processes) 7.5 s"), "{}", f.summary);
+        assert!(f.summary.contains("on 2 CPUs"), "{}", f.summary);
+        assert!(f.remedy.contains("renice") && f.remedy.contains("cpu.weight"));
+        // Not measured is null, never 0; keys sorted.
+        let keys: Vec<&String> = ev.as_object().unwrap().keys().collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+        // Critical from twice the CPU time waiting.
+        let mut rec = rec;
+        for s in &mut rec.procfs {
+            for d in s.procs.values_mut() {
+                d.runq_s *= 1.5;
+            }
+        }
+        assert_eq!(
+            CpuSaturation.evaluate(&rec).unwrap().severity,
+            Severity::Critical
+        );
+    }
+
+    #[test]
+    fn not_the_finding_when_the_clusters_quota_throttled_it() {
+        // A 0.25 CPU quota: the backends waited 6× their CPU time, the
+        // throttling's doing (cgroup-cpu-throttling), whoever else ran.
+        let mut rec = fixture("pg15-cgroup-cpu-quota-0.25");
+        assert!(runq_share(&rec).unwrap() > 2.0);
+        // Even with the machine's CPUs recorded busy by others.
+        for s in &mut rec.system {
+            s.cpu_user_s = Some(2.0);
+            s.cpu_system_s = Some(0.0);
+            s.cpu_idle_s = Some(0.0);
+            s.cpu_steal_s = Some(0.0);
+        }
+        assert!(crate::analyse::cgroup_throttling::CgroupThrottling
+            .evaluate(&rec)
+            .is_some());
+        assert!(CpuSaturation.evaluate(&rec).is_none());
+    }
+
+    #[test]
+    fn the_waits_must_be_material_and_the_cpus_others() {
+        // Little waiting in all: not a cost worth a finding.
+        let mut rec = fixture("pg15-noisy-neighbour-hogs-4");
+        for s in &mut rec.procfs {
+            for d in s.procs.values_mut() {
+                d.runq_s *= 0.1;
+                d.cpu_s *= 0.1;
+            }
+        }
+        assert!(CpuSaturation.evaluate(&rec).is_none());
+        // The cluster's own processes filled the CPUs: not a neighbour's.
+        let mut rec = fixture("pg15-noisy-neighbour-hogs-4");
+        for s in &mut rec.system {
+            if s.cpu_user_s.is_some() {
+                // ≈ the cluster's 0.3 CPU-s per second, the rest idle.
+                s.cpu_user_s = Some(0.3);
+                s.cpu_system_s = Some(0.0);
+                s.cpu_steal_s = Some(0.0);
+                s.cpu_idle_s = Some(1.7);
+            }
+        }
+        assert!(CpuSaturation.evaluate(&rec).is_none());
+        // Older recordings without the machine's CPU split cannot tell whose
+        // the CPUs were: measured, not raised.
+        let mut rec = fixture("pg15-noisy-neighbour-hogs-4");
+        for s in &mut rec.system {
+            s.cpu_user_s = None;
+        }
+        assert!(CpuSaturation.evaluate(&rec).is_none());
+        let (c, _) = CpuSaturation.check(&rec);
+        assert_eq!(c.status, Status::Clear);
+        assert!(c.line().contains("other conditions not met"), "{}", c.line());
+    }
+
+    #[test]
+    fn measures_the_run_queue_share_or_says_what_to_enable() {
+        let rec = fixture("pg15-noisy-neighbour-hogs-4");
+        match CpuSaturation.measure(&rec) {
+            Measure::Figure(f) => {
+                assert!(f.past() && (f.value - 7.354 / 4.378).abs() < 1e-3, "{f:?}");
+                assert_eq!(f.limit, WARN_SHARE);
+            }
+            m => panic!("{m:?}"),
+        }
+        let (c, f) = CpuSaturation.check(&rec);
+        assert!(f.is_some());
+        assert_eq!(c.status, Status::Raised);
+        // No procfs collector: not measurable, never a 0.
+        let mut rec = fixture("pg15-noisy-neighbour-hogs-4");
+        rec.procfs.clear();
+        rec.rec.manifest.collectors.retain(|c| c.name != "procfs");
+        match CpuSaturation.measure(&rec) {
+            Measure::Missing(why) => assert!(why.contains("procfs collector"), "{why}"),
+            m => panic!("{m:?}"),
+        }
+        assert!(CpuSaturation.evaluate(&rec).is_none());
+        let (c, _) = CpuSaturation.check(&rec);
+        assert_eq!(c.status, Status::NotMeasurable);
+        assert!(c.figure.is_none());
+        // A recording made before the system collector recorded CPUs.
+        let rec = fixture("pg15-select-only-timeout");
+        assert!(matches!(CpuSaturation.measure(&rec), Measure::Missing(_)));
+    }
+}

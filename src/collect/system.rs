@@ -662,6 +662,87 @@ mod tests {
     }
 
     #[test]
+    fn cpu_split_and_load() {
+        let c = parse_stat(&fixture("stat")).unwrap();
+        // cpu  435245 0 127272 115073 3371 0 1375 7071 0 0
+        assert_eq!(
+            c,
+            CpuTimes {
+                user: 435245,
+                system: 127272 + 1375,
+                idle: 115073 + 3371,
+                steal: 7071,
+                cpus: 2,
+            }
+        );
+        assert_eq!(parse_loadavg(&fixture("loadavg")), Some((4.38, 3)));
+        assert_eq!(parse_loadavg("garbage"), None);
+        assert_eq!(parse_stat("cpu 1 2\n"), None);
+        let before = CpuTimes {
+            user: c.user - 150,
+            system: c.system - 30,
+            idle: c.idle - 20,
+            steal: c.steal,
+            cpus: 2,
+        };
+        let mut s = SystemSample::default();
+        add_cpu(&mut s, Some(c), Some(before), Some((4.38, 3)), 100.0);
+        assert_eq!(
+            (s.cpu_user_s, s.cpu_system_s, s.cpu_idle_s, s.cpu_steal_s),
+            (Some(1.5), Some(0.3), Some(0.2), Some(0.0))
+        );
+        assert_eq!((s.cpus, s.load1, s.runnable), (Some(2), Some(4.38), Some(3)));
+        // The first sample has no interval: no split, never zeros.
+        let mut s = SystemSample::default();
+        add_cpu(&mut s, Some(c), None, None, 100.0);
+        assert_eq!(s.cpu_user_s, None);
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(!json.contains("cpu_user_s") && !json.contains("load1"), "{json}");
+        // Older lines load without them.
+        let old: SystemSample = serde_json::from_str(
+            r#"{"t":1.0,"dt":1.0,"dirty_kb":1,"writeback_kb":0,"mem_free_kb":1,"cached_kb":1,"nr_dirty":0,"nr_writeback":0,"pgpgout_kb":0}"#,
+        )
+        .unwrap();
+        assert_eq!((old.cpus, old.cpu_idle_s), (None, None));
+    }
+
+    #[test]
+    fn outside_processes_by_cpu_since_the_first_walk() {
+        let seen = |comm: &str, ppid, start, ticks| Seen {
+            comm: comm.into(),
+            ppid,
+            start,
+            ticks,
+        };
+        let start: Walk = [
+            (10, seen("hog", 1, 5, 100)),
+            (11, seen("postgres", 1, 5, 50)),
+            (12, seen("old", 1, 5, 900)),
+            (13, seen("idle", 1, 5, 7)),
+        ]
+        .into_iter()
+        .collect();
+        let end: Walk = [
+            (10, seen("hog", 1, 5, 600)),
+            (11, seen("postgres", 1, 5, 450)),
+            // pid 12 reused by a new process: all of its ticks count.
+            (12, seen("new", 1, 99, 30)),
+            (13, seen("idle", 1, 5, 7)),
+            (14, seen("postgres", 11, 120, 80)),
+            (15, seen("born", 1, 130, 250)),
+        ]
+        .into_iter()
+        .collect();
+        // 11 is the postmaster, 14 its child.
+        let (total, seen_n, top) =
+            outside_cpu(&start, &end, |pid, p| pid == 11 || p.ppid == 11, 100.0);
+        assert_eq!(seen_n, 4);
+        assert_eq!(total, 5.0 + 0.3 + 2.5);
+        let names: Vec<(&str, f64)> = top.iter().map(|p| (p.comm.as_str(), p.cpu_s)).collect();
+        assert_eq!(names, vec![("hog", 5.0), ("born", 2.5), ("new", 0.3)]);
+    }
+
+    #[test]
     fn mountinfo_and_the_mount_of_a_path() {
         let m = parse_mountinfo(&fixture("mountinfo"));
         let root = m.iter().find(|x| x.mount_point == "/").unwrap();
