@@ -43,9 +43,9 @@ const BUSY_SHARE: f64 = 0.1;
 /// cluster, from which the wait is theirs: below it the cluster's own
 /// processes filled the CPUs (too many active connections for the CPUs, a
 /// pooler's case, not a neighbour's).
-pub const MIN_OUTSIDE_SHARE: f64 = 0.25;
+pub const MIN_OUTSIDE_SHARE: f64 = 0.4;
 /// Outside processes named in the summary.
-const NAMED: usize = 4;
+const NAMED: usize = 5;
 
 /// The backends' on-CPU and run-queue seconds over the recording, the
 /// recording's procfs window, and how many backends were busy in it.
@@ -231,10 +231,23 @@ impl Rule for CpuSaturation {
             None => " (the machine's CPU split and load were not recorded: add the system collector)"
                 .into(),
         };
+        // Busy time neither the cluster's nor a process still there at the
+        // end: processes that ran and exited meanwhile (builds, cron jobs,
+        // short clients), which the walks cannot name.
+        let unnamed =
+            outside.map(|o| (busy_cpu_s - cluster_cpu_s - o.cpu_s).max(0.0));
+        let unnamed_text = unnamed
+            .filter(|u| *u >= 1.0 && *u >= 0.2 * busy_cpu_s)
+            .map_or(String::new(), |u| {
+                format!(
+                    " {u:.1} CPU-seconds more went to processes that ended before the recording \
+                     did (not named)."
+                )
+            });
         let outside_text = match outside {
             Some(o) if !named.is_empty() => format!(
                 " Outside the cluster, these used the CPUs meanwhile: {}; {:.1} CPU-seconds by \
-                 every process outside it.",
+                 every process outside it still running at the end.{unnamed_text}",
                 named.join(", "),
                 o.cpu_s
             ),
@@ -279,6 +292,7 @@ impl Rule for CpuSaturation {
                 "cpu_steal_pct": pct(steal_share),
                 "outside_cpu_s": outside.map(|o| o.cpu_s),
                 "outside_busy_pct": pct(Some(outside_share)),
+                "outside_unnamed_cpu_s": unnamed.map(round3),
                 "cluster_cpu_s": round3(cluster_cpu_s),
                 "machine_busy_cpu_s": round3(busy_cpu_s),
                 "outside_processes": outside.map(|o| o.top.iter().map(|p| json!({
@@ -356,6 +370,27 @@ mod tests {
             CpuSaturation.evaluate(&rec).unwrap().severity,
             Severity::Critical
         );
+    }
+
+    // The same without loops (`--hogs 0`) while another engineer's cargo
+    // build kept the machine at 18 runnable tasks: the compilers ran and
+    // exited between the walks, so most of the busy time is not named, and
+    // the summary says so.
+    #[test]
+    fn fires_on_a_machine_others_keep_busy_and_says_what_it_cannot_name() {
+        let rec = fixture("pg15-noisy-neighbour-none-cargo-build");
+        assert_eq!(
+            rec.manifest.facts["noisy_neighbour"]["hogs"], 0,
+            "no loops of ours"
+        );
+        let f = CpuSaturation.evaluate(&rec).expect("finding");
+        assert_eq!(f.severity, Severity::Critical);
+        let ev = &f.evidence;
+        assert_eq!(ev["runq_per_cpu_s"], 2.441);
+        assert!(ev["outside_busy_pct"].as_f64().unwrap() > 80.0, "{ev}");
+        assert!(ev["outside_unnamed_cpu_s"].as_f64().unwrap() > 15.0, "{ev}");
+        assert!(f.summary.contains("cargo (pid"), "{}", f.summary);
+        assert!(f.summary.contains("ended before the recording did"), "{}", f.summary);
     }
 
     #[test]
