@@ -629,7 +629,10 @@ fn run_on(
             check_interrupt()?;
             let h = nn::Hogs::start(n, u64::from(opts.duration_s) + 60)?;
             if n > 0 {
-                status(&format!("{n} busy loops ({}) beside the workload", nn::HOG_NAME));
+                status(&format!(
+                    "{n} busy loops ({}) beside the workload",
+                    nn::HOG_NAME
+                ));
             }
             manifest.facts.insert("noisy_neighbour".into(), h.fact());
             Some(h)

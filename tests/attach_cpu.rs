@@ -80,24 +80,6 @@ impl Drop for Spinners {
     }
 }
 
-/// CPU seconds per second that processes outside the cluster other than
-/// the test's own loops used during the recording (its cpu_outside.json):
-/// another job on the machine.
-fn others_per_s(out: &Path) -> f64 {
-    let o: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("cpu_outside.json")).unwrap())
-            .unwrap();
-    let secs = o["t_end"].as_f64().unwrap() - o["t_start"].as_f64().unwrap();
-    let spin: f64 = o["top"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["comm"] == "pgbelow-spin")
-        .map(|p| p["cpu_s"].as_f64().unwrap())
-        .sum();
-    (o["cpu_s"].as_f64().unwrap() - spin) / secs.max(1e-9)
-}
-
 /// Beside 4 busy loops the backends wait on the run queue, the finding
 /// names the loops; without them it stays silent (unless another job on
 /// this shared machine kept its CPUs busy: then the baseline is not a
@@ -124,7 +106,7 @@ fn cpu_saturation_found_attached_beside_busy_loops() {
         });
         drop(spinners);
         let check = common::check(&r, "cpu-saturation").clone();
-        let others = others_per_s(&out);
+        let others = common::others_busy_per_s(&out, &r);
         eprintln!(
             "hogs {hogs}: {} ({}), others {others:.2} CPU-s/s, {tps}",
             check["figure"], check["status"]
@@ -154,7 +136,7 @@ fn cpu_saturation_found_attached_beside_busy_loops() {
             common::silent(&r, "cpu-saturation");
         } else {
             eprintln!(
-                "baseline not asserted: other processes used {others:.2} CPU-s/s of this machine \
+                "baseline not asserted: the machine was busy {others:.2} CPU-s/s beyond the cluster and its client \
                  during it: {}",
                 r["findings"]
             );

@@ -43,23 +43,6 @@ fn hogs_gone(out: &Path) -> usize {
     pids.len()
 }
 
-/// CPU seconds per second of the processes outside the cluster other than
-/// the lab's loops and pgbench (its cpu_outside.json): another job.
-fn others_per_s(out: &Path) -> f64 {
-    let o: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("cpu_outside.json")).unwrap())
-            .unwrap();
-    let secs = o["t_end"].as_f64().unwrap() - o["t_start"].as_f64().unwrap();
-    let ours: f64 = o["top"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["comm"] == "pgbelow-hog" || p["comm"] == "pgbench")
-        .map(|p| p["cpu_s"].as_f64().unwrap())
-        .sum();
-    (o["cpu_s"].as_f64().unwrap() - ours) / secs.max(1e-9)
-}
-
 #[test]
 fn busy_loops_raise_cpu_saturation_and_none_do_not() {
     let d = tempfile::tempdir().unwrap();
@@ -81,14 +64,14 @@ fn busy_loops_raise_cpu_saturation_and_none_do_not() {
 
     let out = d.path().join("none");
     let r = lab_run(&["--hogs", "0"], &out);
-    let others = others_per_s(&out);
+    let others = common::others_busy_per_s(&out, &r);
     let calm = common::check(&r, ID)["figure"].clone();
     let tps_none = r["workload"]["tps"].as_f64().unwrap();
     if others < 0.3 {
         common::silent(&r, ID);
     } else {
         eprintln!(
-            "baseline not asserted: other processes used {others:.2} CPU-s/s of this machine: {}",
+            "baseline not asserted: the machine was busy {others:.2} CPU-s/s beyond the cluster and its client: {}",
             r["findings"]
         );
     }

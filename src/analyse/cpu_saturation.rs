@@ -159,8 +159,7 @@ impl Rule for CpuSaturation {
             return None;
         }
         let busy = w.busy_backends.max(1);
-        if w.runq_s < MIN_RUNQ_S
-            || w.runq_s < MIN_RUNQ_PER_BUSY_BACKEND * w.window_s * busy as f64
+        if w.runq_s < MIN_RUNQ_S || w.runq_s < MIN_RUNQ_PER_BUSY_BACKEND * w.window_s * busy as f64
         {
             return None;
         }
@@ -195,22 +194,30 @@ impl Rule for CpuSaturation {
         let cpus = machine
             .as_ref()
             .and_then(|m| m.cpus)
-            .or(u32::try_from(rec.manifest.host.cpus).ok().filter(|c| *c > 0));
+            .or(u32::try_from(rec.manifest.host.cpus)
+                .ok()
+                .filter(|c| *c > 0));
         let busy_share = machine.as_ref().and_then(|m| m.busy_share());
         let steal_share = machine.as_ref().and_then(|m| m.steal_share());
         let outside = rec.outside_cpu.as_ref();
         let named: Vec<String> = outside
-            .map(|o| by_name(&o.top).into_iter().take(NAMED).map(|(comm, pids, s)| match pids.as_slice() {
-                [one] => format!("{comm} (pid {one}) {s:.1} s"),
-                _ => format!("{comm} ({} processes) {s:.1} s", pids.len()),
-            }).collect())
+            .map(|o| {
+                by_name(&o.top)
+                    .into_iter()
+                    .take(NAMED)
+                    .map(|(comm, pids, s)| match pids.as_slice() {
+                        [one] => format!("{comm} (pid {one}) {s:.1} s"),
+                        _ => format!("{comm} ({} processes) {s:.1} s", pids.len()),
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         let machine_text = match &machine {
             Some(m) => {
                 let load = match (m.runnable_mean, m.load1_max) {
-                    (Some(r), Some(l)) => format!(
-                        "{r:.1} tasks runnable on average (1-minute load up to {l:.2})"
-                    ),
+                    (Some(r), Some(l)) => {
+                        format!("{r:.1} tasks runnable on average (1-minute load up to {l:.2})")
+                    }
                     _ => "load not recorded".into(),
                 };
                 let on = cpus.map_or(String::new(), |c| format!(" on {c} CPUs"));
@@ -228,14 +235,15 @@ impl Rule for CpuSaturation {
                     outside_share * 100.0
                 )
             }
-            None => " (the machine's CPU split and load were not recorded: add the system collector)"
-                .into(),
+            None => {
+                " (the machine's CPU split and load were not recorded: add the system collector)"
+                    .into()
+            }
         };
         // Busy time neither the cluster's nor a process still there at the
         // end: processes that ran and exited meanwhile (builds, cron jobs,
         // short clients), which the walks cannot name.
-        let unnamed =
-            outside.map(|o| (busy_cpu_s - cluster_cpu_s - o.cpu_s).max(0.0));
+        let unnamed = outside.map(|o| (busy_cpu_s - cluster_cpu_s - o.cpu_s).max(0.0));
         let unnamed_text = unnamed
             .filter(|u| *u >= 1.0 && *u >= 0.2 * busy_cpu_s)
             .map_or(String::new(), |u| {
@@ -254,10 +262,7 @@ impl Rule for CpuSaturation {
             Some(_) => " No process outside the cluster used measurable CPU meanwhile: the cluster's own processes filled the CPUs.".into(),
             None => " (which processes outside the cluster used the CPUs was not recorded: the system collector writes it at the end)".into(),
         };
-        let latency = rec
-            .workload
-            .as_ref()
-            .map(|w| (w.tps, w.latency_avg_ms));
+        let latency = rec.workload.as_ref().map(|w| (w.tps, w.latency_avg_ms));
         let steal_heavy = steal_share.is_some_and(|s| s >= 0.05);
         Some(Finding {
             id: ID.into(),
@@ -351,7 +356,11 @@ mod tests {
             .filter(|p| p["comm"] == "pgbelow-hog")
             .collect();
         assert_eq!(hogs.len(), 4, "{ev}");
-        assert!(f.summary.contains("pgbelow-hog (4 processes) 7.5 s"), "{}", f.summary);
+        assert!(
+            f.summary.contains("pgbelow-hog (4 processes) 7.5 s"),
+            "{}",
+            f.summary
+        );
         assert!(f.summary.contains("on 2 CPUs"), "{}", f.summary);
         assert!(f.remedy.contains("renice") && f.remedy.contains("cpu.weight"));
         // Not measured is null, never 0; keys sorted.
@@ -390,7 +399,11 @@ mod tests {
         assert!(ev["outside_busy_pct"].as_f64().unwrap() > 80.0, "{ev}");
         assert!(ev["outside_unnamed_cpu_s"].as_f64().unwrap() > 15.0, "{ev}");
         assert!(f.summary.contains("cargo (pid"), "{}", f.summary);
-        assert!(f.summary.contains("ended before the recording did"), "{}", f.summary);
+        assert!(
+            f.summary.contains("ended before the recording did"),
+            "{}",
+            f.summary
+        );
     }
 
     #[test]
@@ -444,7 +457,11 @@ mod tests {
         assert!(CpuSaturation.evaluate(&rec).is_none());
         let (c, _) = CpuSaturation.check(&rec);
         assert_eq!(c.status, Status::Clear);
-        assert!(c.line().contains("other conditions not met"), "{}", c.line());
+        assert!(
+            c.line().contains("other conditions not met"),
+            "{}",
+            c.line()
+        );
     }
 
     #[test]

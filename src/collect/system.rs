@@ -691,13 +691,19 @@ mod tests {
             (s.cpu_user_s, s.cpu_system_s, s.cpu_idle_s, s.cpu_steal_s),
             (Some(1.5), Some(0.3), Some(0.2), Some(0.0))
         );
-        assert_eq!((s.cpus, s.load1, s.runnable), (Some(2), Some(4.38), Some(3)));
+        assert_eq!(
+            (s.cpus, s.load1, s.runnable),
+            (Some(2), Some(4.38), Some(3))
+        );
         // The first sample has no interval: no split, never zeros.
         let mut s = SystemSample::default();
         add_cpu(&mut s, Some(c), None, None, 100.0);
         assert_eq!(s.cpu_user_s, None);
         let json = serde_json::to_string(&s).unwrap();
-        assert!(!json.contains("cpu_user_s") && !json.contains("load1"), "{json}");
+        assert!(
+            !json.contains("cpu_user_s") && !json.contains("load1"),
+            "{json}"
+        );
         // Older lines load without them.
         let old: SystemSample = serde_json::from_str(
             r#"{"t":1.0,"dt":1.0,"dirty_kb":1,"writeback_kb":0,"mem_free_kb":1,"cached_kb":1,"nr_dirty":0,"nr_writeback":0,"pgpgout_kb":0}"#,

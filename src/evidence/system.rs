@@ -202,7 +202,13 @@ pub fn machine_cpu(rows: &[SystemSample]) -> Option<MachineCpu> {
     let rf: Vec<f64> = runnable.iter().map(|x| f64::from(*x)).collect();
     m.runnable_mean = mean(&rf).map(crate::round3);
     m.runnable_max = runnable.iter().copied().max();
-    for x in [&mut m.total_s, &mut m.user_s, &mut m.system_s, &mut m.idle_s, &mut m.steal_s] {
+    for x in [
+        &mut m.total_s,
+        &mut m.user_s,
+        &mut m.system_s,
+        &mut m.idle_s,
+        &mut m.steal_s,
+    ] {
         *x = crate::round3(*x);
     }
     Some(m)

@@ -185,9 +185,7 @@ impl Scenario {
             Scenario::SelectOnly
             | Scenario::SnapshotScaling
             | Scenario::CgroupCpuThrottling
-            | Scenario::NoisyNeighbour => {
-                &["-S", "-M", "prepared"]
-            }
+            | Scenario::NoisyNeighbour => &["-S", "-M", "prepared"],
             Scenario::Tpcb
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit

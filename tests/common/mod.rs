@@ -436,3 +436,34 @@ pub fn spawn_block(
     line(&mut out, "ready");
     (child, out)
 }
+
+/// CPU-seconds per second the machine was busy beyond what the recorded
+/// cluster and a client beside it explain (twice the cluster's own CPU
+/// time, generous for pgbench): another job on this shared machine, from
+/// the recording's system.jsonl (/proc/stat) and report `r`'s procfs
+/// section. A baseline that should be healthy is not one above ≈ 0.3.
+pub fn others_busy_per_s(out: &Path, r: &Value) -> f64 {
+    let text = std::fs::read_to_string(out.join("system.jsonl")).unwrap();
+    let (mut busy, mut secs) = (0.0, 0.0);
+    for l in text.lines() {
+        let s: Value = serde_json::from_str(l).unwrap();
+        if let (Some(u), Some(y), Some(st)) = (
+            s["cpu_user_s"].as_f64(),
+            s["cpu_system_s"].as_f64(),
+            s["cpu_steal_s"].as_f64(),
+        ) {
+            busy += u + y + st;
+            secs += s["dt"].as_f64().unwrap();
+        }
+    }
+    let cluster: f64 = r["procfs"]["roles"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| k.as_str() != "observer")
+                .filter_map(|(_, v)| v["cpu_s"].as_f64())
+                .sum()
+        })
+        .unwrap_or(0.0);
+    ((busy - 2.0 * cluster) / secs.max(1e-9)).max(0.0)
+}
