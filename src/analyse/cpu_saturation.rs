@@ -42,8 +42,11 @@ const BUSY_SHARE: f64 = 0.1;
 /// Share of the machine's busy CPU time that went to processes outside the
 /// cluster, from which the wait is theirs: below it the cluster's own
 /// processes filled the CPUs (too many active connections for the CPUs, a
-/// pooler's case, not a neighbour's).
-pub const MIN_OUTSIDE_SHARE: f64 = 0.4;
+/// pooler's case, not a neighbour's). Measured here with everything pinned
+/// to one of the 2 CPUs: 0.36 for 2 backends and their pgbench alone on it
+/// (they wait for each other and the client: 1.0 s per CPU s), 0.83–0.88
+/// beside 2–4 busy loops, 0.69–0.83 beside another job's pgbench or build.
+pub const MIN_OUTSIDE_SHARE: f64 = 0.5;
 /// Outside processes named in the summary.
 const NAMED: usize = 5;
 
@@ -404,6 +407,32 @@ mod tests {
             "{}",
             f.summary
         );
+    }
+
+    // `--hogs 0` on a quiet machine (97 % idle before it), pinned to one
+    // CPU: the two backends and pgbench share it, so the backends still
+    // wait about as long as they run — for each other and their client,
+    // not for a neighbour: only 36 % of the busy time was outside the
+    // cluster (pgbench, mostly). Clear, and the check says why.
+    #[test]
+    fn silent_when_the_cluster_and_its_client_fill_the_cpu() {
+        let rec = fixture("pg15-noisy-neighbour-none-quiet");
+        assert_eq!(rec.manifest.facts["noisy_neighbour"]["hogs"], 0);
+        let share = runq_share(&rec).unwrap();
+        assert!((0.9..1.1).contains(&share), "{share}");
+        assert!(CpuSaturation.evaluate(&rec).is_none());
+        let (c, f) = CpuSaturation.check(&rec);
+        assert!(f.is_none());
+        assert_eq!(c.status, Status::Clear);
+        assert!(
+            c.line().contains("other conditions not met"),
+            "{}",
+            c.line()
+        );
+        let m = crate::evidence::system::machine_cpu(&rec.system).unwrap();
+        assert!(m.busy_share().unwrap() < 0.6, "{m:?}");
+        let o = rec.outside_cpu.as_ref().unwrap();
+        assert!(o.cpu_s < 1.5, "{o:?}");
     }
 
     #[test]
