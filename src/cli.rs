@@ -160,6 +160,7 @@ pub enum ScenarioArg {
     SubtransactionOverflow,
     ReplayWithoutPrefetch,
     NoHugePages,
+    NoisyNeighbour,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -334,6 +335,11 @@ pub struct LabRunArgs {
     /// `off` (the default) maps the shared memory in 4 kB pages.
     #[arg(long, value_enum, value_name = "on|off")]
     pub huge_pages: Option<OnOff>,
+    /// noisy-neighbour: busy loops (processes named pgbelow-hog) beside the
+    /// workload, outside the cluster (default 2 per CPU; 0: none, the
+    /// healthy baseline).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub hogs: Option<u32>,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -484,7 +490,7 @@ impl LabRunArgs {
         use ScenarioArg::*;
         let s = self.scenario;
         let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 13] = [
+        let checks: [(bool, &str, &str); 14] = [
             (
                 self.idle_connections.is_some() && s != SnapshotScaling,
                 "--idle-connections",
@@ -541,6 +547,11 @@ impl LabRunArgs {
                 self.huge_pages.is_some() && s != NoHugePages,
                 "--huge-pages",
                 "no-huge-pages",
+            ),
+            (
+                self.hogs.is_some() && s != NoisyNeighbour,
+                "--hogs",
+                "noisy-neighbour",
             ),
             (
                 self.checkpoint_at.is_some()

@@ -67,6 +67,8 @@ pub struct LabOptions {
     /// `no-huge-pages`: run with huge_pages=on and vm.nr_hugepages reserved
     /// (None: off).
     pub huge_pages: Option<bool>,
+    /// `noisy-neighbour`: busy loops beside the workload (None: 2 per CPU; 0: none).
+    pub hogs: Option<u32>,
 }
 
 impl LabOptions {
@@ -98,6 +100,7 @@ impl LabOptions {
             memory_limit_mb: None,
             savepoints: None,
             huge_pages: None,
+            hogs: None,
         }
     }
 }
@@ -617,6 +620,25 @@ fn run_on(
     ctx.major = Some(install.major);
     ctx.syscall_mechanism = opts.syscall_mechanism;
     ctx.sampling = opts.sampling;
+    // noisy-neighbour: the busy loops start before the recording (its
+    // first walk of /proc sees them) and stop after it (its last one too).
+    let mut hogs = match opts.scenario {
+        Scenario::NoisyNeighbour => {
+            use crate::scenarios::noisy_neighbour as nn;
+            let n = nn::hogs(opts);
+            check_interrupt()?;
+            let h = nn::Hogs::start(n, u64::from(opts.duration_s) + 60)?;
+            if n > 0 {
+                status(&format!(
+                    "{n} busy loops ({}) beside the workload",
+                    nn::HOG_NAME
+                ));
+            }
+            manifest.facts.insert("noisy_neighbour".into(), h.fact());
+            Some(h)
+        }
+        _ => None,
+    };
     let mut session = Session::start(
         out.to_path_buf(),
         manifest,
@@ -667,6 +689,9 @@ fn run_on(
         Err(e) => (Status::Failed, Some(format!("{e:#}"))),
     };
     let dir = session.finish(st, err)?;
+    if let Some(h) = hogs.as_mut() {
+        h.stop();
+    }
     if opts.scenario == Scenario::NoHugePages {
         if let Err(e) = crate::scenarios::no_huge_pages::finish(&dsn) {
             eprintln!("pgbelow: warning: {e:#}");

@@ -197,6 +197,7 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
         }
         Scenario::CgroupCpuThrottling => pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS,
         Scenario::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
+        Scenario::NoisyNeighbour => pgbelow::scenarios::noisy_neighbour::DEFAULT_CLIENTS,
         _ => 1,
     });
     if scenario == Scenario::SubtransactionOverflow {
@@ -289,6 +290,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     pgbelow::scenarios::replay_prefetch::DEFAULT_DURATION_S
                 }
                 ScenarioArg::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_DURATION_S,
+                ScenarioArg::NoisyNeighbour => {
+                    pgbelow::scenarios::noisy_neighbour::DEFAULT_DURATION_S
+                }
                 _ => 20,
             });
             if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -338,6 +342,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     ScenarioArg::SubtransactionOverflow => Scenario::SubtransactionOverflow,
                     ScenarioArg::ReplayWithoutPrefetch => Scenario::ReplayWithoutPrefetch,
                     ScenarioArg::NoHugePages => Scenario::NoHugePages,
+                    ScenarioArg::NoisyNeighbour => Scenario::NoisyNeighbour,
                 },
                 pg: match (a.pg, a.pg_bin) {
                     (Some(m), _) => PgChoice::Major(m),
@@ -371,6 +376,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         pgbelow::scenarios::replay_prefetch::DEFAULT_CLIENTS
                     }
                     ScenarioArg::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_CLIENTS,
+                    ScenarioArg::NoisyNeighbour => {
+                        pgbelow::scenarios::noisy_neighbour::DEFAULT_CLIENTS
+                    }
                     _ => 1,
                 }),
                 scale: a.scale,
@@ -410,6 +418,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 memory_limit_mb: a.memory_limit,
                 savepoints: a.savepoints,
                 huge_pages: a.huge_pages.map(|h| h == OnOff::On),
+                hogs: a.hogs,
             };
             let res = pgbelow::app::lab(&opts)?;
             print_rendered(

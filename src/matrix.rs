@@ -169,6 +169,15 @@ pub const CASES: &[Case] = &[
         changes: &[],
     },
     Case {
+        scenario: Scenario::NoisyNeighbour,
+        finding: crate::analyse::cpu_saturation::ID,
+        figure: "backends' run-queue s per CPU s",
+        measure: crate::analyse::cpu_saturation::runq_share,
+        // The scheduler decides, not the version.
+        set: &[],
+        changes: &[],
+    },
+    Case {
         scenario: Scenario::WalFsyncLatency,
         finding: crate::analyse::wal_fsync::ID,
         figure: "share of busy backends in WAL flush waits",

@@ -13,6 +13,7 @@
 //! | memory-cgroup-reclaim (limited cgroup) | workload |    | workload (next start: `lab list`) |
 //! | no-huge-pages `--huge-pages on` | workload |           | workload (next start: `lab list`) |
 //! | `doctor` (first probe) | workload  |               | workload                |
+//! | noisy-neighbour `--hogs 3` (its busy loops) | workload | | workload (next start: `lab list`) |
 //!
 //! `record` killed by each signal is `attach_cases.rs`'s
 //! `record_stopped_by_any_signal_leaves_the_server_as_it_was`.
@@ -837,4 +838,66 @@ fn doctor_killed_during_its_first_probe() {
         &["lab", "cleanup"],
     );
     eprintln!("doctor: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// Every process named `pgbelow-hog` (the noisy-neighbour scenario's busy
+/// loops), waiting up to 3 s for them to go (a SIGKILLed parent's children
+/// get their parent-death signal asynchronously).
+fn hogs_left() -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left: Vec<u32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                    s.contains("(pgbelow-hog)")
+                        && !s
+                            .rsplit(')')
+                            .next()
+                            .unwrap_or("")
+                            .trim_start()
+                            .starts_with('Z')
+                })
+            })
+            .collect();
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// noisy-neighbour's busy loops (forked by pgbelow, not in the ledger: they
+/// are processes, not machine state) stopped during the workload by Ctrl-C
+/// (pgbelow kills and reaps them) and by SIGKILL (their parent-death
+/// signal): none is left either way.
+#[test]
+fn noisy_neighbour_hogs_do_not_outlive_the_run() {
+    let _alone = common::exclusive();
+    let l = ledger_dir();
+    assert!(
+        hogs_left().is_empty(),
+        "pgbelow-hog running before the test"
+    );
+    let argv = [
+        "lab",
+        "run",
+        "--scenario",
+        "noisy-neighbour",
+        "--hogs",
+        "3",
+        "--duration",
+        "30",
+        "--collectors",
+        "procfs,system",
+        "--format",
+        "json",
+    ];
+    for (sig, next) in [(Sig::IntGroup, &[][..]), (Sig::Kill, &["lab", "list"][..])] {
+        kill_cmd_at(l.path(), &argv, Phase::Workload, sig, next);
+        let left = hogs_left();
+        assert!(left.is_empty(), "{sig:?}: busy loops left: {left:?}");
+    }
 }

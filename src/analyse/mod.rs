@@ -7,6 +7,7 @@ pub mod cgroup_throttling;
 pub mod check;
 pub mod checkpoint_stall;
 pub mod clock_reads;
+pub mod cpu_saturation;
 pub mod finding;
 pub mod huge_pages;
 pub mod memory_cgroup;
@@ -55,6 +56,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(subtransaction_overflow::SubtransactionOverflow),
         Box::new(replay_prefetch::ReplayWithoutPrefetch),
         Box::new(huge_pages::NoHugePages),
+        Box::new(cpu_saturation::CpuSaturation),
     ]
 }
 

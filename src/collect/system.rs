@@ -1,7 +1,10 @@
-//! Memory and writeback, once per second: /proc/meminfo Dirty and
-//! Writeback, /proc/vmstat nr_dirty/nr_writeback, the dirty thresholds and
-//! pgpgout, into `system.jsonl`; the `vm.dirty_*` sysctls and the data
-//! directory's filesystem and mount options as manifest facts.
+//! Memory, writeback and the machine's CPUs, once per second: /proc/meminfo
+//! Dirty and Writeback, /proc/vmstat nr_dirty/nr_writeback, the dirty
+//! thresholds and pgpgout, the CPU time split of /proc/stat's `cpu` line and
+//! /proc/loadavg, into `system.jsonl`; the `vm.dirty_*` sysctls and the data
+//! directory's filesystem and mount options as manifest facts. Once at the
+//! start and once at the end it walks /proc/[pid]/stat: the processes outside
+//! the cluster that used the CPUs meanwhile go into `cpu_outside.json`.
 //! Format: docs/collectors/procfs.md.
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -14,6 +17,12 @@ use crate::recording::{CollectorInfo, Writer};
 
 /// The stream this collector writes.
 pub const STREAM: &str = "system.jsonl";
+
+/// The processes outside the cluster that used the CPUs ([`OutsideCpu`]),
+/// written at the end.
+pub const OUTSIDE_FILE: &str = "cpu_outside.json";
+/// Processes kept in [`OUTSIDE_FILE`], most CPU first.
+pub const TOP_OUTSIDE: usize = 8;
 
 /// Manifest fact naming the data directory's mount ([`DataDirMount`]).
 pub const DATA_DIR_MOUNT: &str = "data_dir_mount";
@@ -69,6 +78,190 @@ pub struct SystemSample {
     pub hugepages_rsvd: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hugepagesize_kb: Option<u64>,
+    /// The machine's CPU time in `(t-dt, t]`, CPU-seconds summed over every
+    /// CPU, from /proc/stat's aggregate `cpu` line: user+nice (guest
+    /// included), system+irq+softirq, idle+iowait, steal. Absent on the
+    /// first line (no interval yet) and in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_user_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_system_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_idle_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_steal_s: Option<f64>,
+    /// CPUs online (`cpuN` lines of /proc/stat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// /proc/loadavg: the 1-minute load average and the tasks runnable at `t`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load1: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runnable: Option<u32>,
+}
+
+/// /proc/stat's aggregate `cpu` line, in clock ticks, and the CPUs online.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// user + nice (guest time is inside user).
+    pub user: u64,
+    /// system + irq + softirq.
+    pub system: u64,
+    /// idle + iowait.
+    pub idle: u64,
+    pub steal: u64,
+    pub cpus: u32,
+}
+
+/// Parse /proc/stat: the `cpu` line (`user nice system idle iowait irq
+/// softirq steal guest guest_nice`; older kernels stop earlier) and the
+/// number of `cpuN` lines.
+pub fn parse_stat(s: &str) -> Option<CpuTimes> {
+    let mut out = None;
+    let mut cpus = 0;
+    for l in s.lines() {
+        let mut f = l.split_ascii_whitespace();
+        match f.next() {
+            Some("cpu") => {
+                let v: Vec<u64> = f.map_while(|x| x.parse().ok()).collect();
+                let g = |i: usize| v.get(i).copied().unwrap_or(0);
+                if v.len() >= 4 {
+                    out = Some(CpuTimes {
+                        user: g(0) + g(1),
+                        system: g(2) + g(5) + g(6),
+                        idle: g(3) + g(4),
+                        steal: g(7),
+                        cpus: 0,
+                    });
+                }
+            }
+            Some(name) if name.starts_with("cpu") => cpus += 1,
+            _ => {}
+        }
+    }
+    out.map(|c| CpuTimes { cpus, ..c })
+}
+
+/// /proc/loadavg: `0.52 0.58 0.59 3/412 12345` → (1-min load, runnable now).
+pub fn parse_loadavg(s: &str) -> Option<(f64, u32)> {
+    let mut f = s.split_ascii_whitespace();
+    let load1 = f.next()?.parse().ok()?;
+    let runnable = f.nth(2)?.split('/').next()?.parse().ok()?;
+    Some((load1, runnable))
+}
+
+/// Fill `s`'s CPU fields from the counters now and at the last sample.
+pub fn add_cpu(
+    s: &mut SystemSample,
+    now: Option<CpuTimes>,
+    before: Option<CpuTimes>,
+    loadavg: Option<(f64, u32)>,
+    ticks_per_s: f64,
+) {
+    if let (Some(a), Some(b)) = (now, before) {
+        let d = |x: u64, y: u64| crate::round3(x.saturating_sub(y) as f64 / ticks_per_s);
+        s.cpu_user_s = Some(d(a.user, b.user));
+        s.cpu_system_s = Some(d(a.system, b.system));
+        s.cpu_idle_s = Some(d(a.idle, b.idle));
+        s.cpu_steal_s = Some(d(a.steal, b.steal));
+    }
+    s.cpus = now.map(|c| c.cpus).filter(|n| *n > 0);
+    s.load1 = loadavg.map(|l| l.0);
+    s.runnable = loadavg.map(|l| l.1);
+}
+
+/// One process outside the cluster and the CPU it used during the recording.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutsideProcess {
+    pub pid: u32,
+    /// /proc/PID/stat's comm (15 bytes at most).
+    pub comm: String,
+    /// user + system CPU seconds between the two walks.
+    pub cpu_s: f64,
+}
+
+/// `cpu_outside.json`: what the processes outside the cluster (and other
+/// than pgbelow) used of the CPUs between the walk at the start and the one
+/// at the end.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutsideCpu {
+    /// Recording seconds of the two walks.
+    pub t_start: f64,
+    pub t_end: f64,
+    /// Every outside process's CPU seconds in all (those that exited
+    /// between the walks are not seen).
+    pub cpu_s: f64,
+    /// Processes outside the cluster seen at the end.
+    pub processes_seen: usize,
+    /// The [`TOP_OUTSIDE`] that used the most, most first.
+    pub top: Vec<OutsideProcess>,
+}
+
+/// One process at one walk of /proc.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub comm: String,
+    pub ppid: u32,
+    /// Clock ticks after boot (tells a reused pid).
+    pub start: u64,
+    /// user + system clock ticks.
+    pub ticks: u64,
+}
+
+/// Every process at one walk, by pid.
+pub type Walk = BTreeMap<u32, Seen>;
+
+/// Every process's comm, start time and CPU ticks.
+fn walk() -> Walk {
+    let Ok(all) = ::procfs::process::all_processes() else {
+        return Walk::new();
+    };
+    all.flatten()
+        .filter_map(|p| p.stat().ok())
+        .filter_map(|s| {
+            let seen = Seen {
+                ppid: u32::try_from(s.ppid).unwrap_or(0),
+                start: s.starttime,
+                ticks: s.utime + s.stime,
+                comm: s.comm,
+            };
+            Some((u32::try_from(s.pid).ok()?, seen))
+        })
+        .collect()
+}
+
+/// The processes of `end` but not `excluded`, with the ticks they used since
+/// `start` (all of them for a process started since or a reused pid).
+pub fn outside_cpu(
+    start: &Walk,
+    end: &Walk,
+    excluded: impl Fn(u32, &Seen) -> bool,
+    ticks_per_s: f64,
+) -> (f64, usize, Vec<OutsideProcess>) {
+    let mut all: Vec<OutsideProcess> = end
+        .iter()
+        .filter(|(pid, p)| !excluded(**pid, p))
+        .map(|(pid, p)| {
+            let before = match start.get(pid) {
+                Some(p0) if p0.start == p.start => p0.ticks,
+                _ => 0,
+            };
+            OutsideProcess {
+                pid: *pid,
+                comm: p.comm.clone(),
+                cpu_s: p.ticks.saturating_sub(before) as f64 / ticks_per_s,
+            }
+        })
+        .collect();
+    let seen = all.len();
+    let total = all.iter().map(|p| p.cpu_s).sum::<f64>();
+    all.retain(|p| p.cpu_s > 0.0);
+    all.sort_by(|a, b| b.cpu_s.total_cmp(&a.cpu_s).then(a.pid.cmp(&b.pid)));
+    all.truncate(TOP_OUTSIDE);
+    for p in &mut all {
+        p.cpu_s = crate::round3(p.cpu_s);
+    }
+    (crate::round3(total), seen, all)
 }
 
 /// `key: value kB` lines of /proc/meminfo, in kB (or a plain count).
@@ -127,6 +320,7 @@ pub fn sample_from(
         hugepages_free: m.get("HugePages_Free").copied(),
         hugepages_rsvd: m.get("HugePages_Rsvd").copied(),
         hugepagesize_kb: m.get("Hugepagesize").copied(),
+        ..SystemSample::default()
     };
     (s, pgpgout)
 }
@@ -239,6 +433,13 @@ pub struct SystemCollector {
     cgroup: Option<super::cgroup::CgroupCpu>,
     /// The postmaster's memory cgroup (the `memory` part of `cgroup.jsonl`).
     memcg: Option<super::memcg::Memcg>,
+    /// /proc/stat's counters at the last sample.
+    last_cpu: Option<CpuTimes>,
+    ticks_per_s: f64,
+    /// Every process at the start, and when ([`OutsideCpu`]).
+    first_walk: Walk,
+    t_walk: f64,
+    ctx: Context,
 }
 
 impl SystemCollector {
@@ -309,7 +510,17 @@ impl SystemCollector {
                 Err(why) => serde_json::json!({ "unavailable": why }),
             },
         ));
+        let ticks = ::procfs::ticks_per_second();
+        let t_walk = ctx.t();
+        let first_walk = walk();
         Ok(SystemCollector {
+            last_cpu: std::fs::read_to_string("/proc/stat")
+                .ok()
+                .and_then(|s| parse_stat(&s)),
+            ticks_per_s: if ticks > 0 { ticks as f64 } else { 100.0 },
+            first_walk,
+            t_walk,
+            ctx: ctx.clone(),
             cgroup: cgroup.ok(),
             memcg: memcg.ok(),
             facts,
@@ -345,7 +556,7 @@ impl Collector for SystemCollector {
     fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
         let meminfo = std::fs::read_to_string("/proc/meminfo")?;
         let vmstat = std::fs::read_to_string("/proc/vmstat")?;
-        let (s, pgpgout) = sample_from(
+        let (mut s, pgpgout) = sample_from(
             t,
             t - self.last_t,
             &meminfo,
@@ -353,6 +564,14 @@ impl Collector for SystemCollector {
             self.last_pgpgout,
             self.page_kb,
         );
+        let cpu = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| parse_stat(&s));
+        let load = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| parse_loadavg(&s));
+        add_cpu(&mut s, cpu, self.last_cpu, load, self.ticks_per_s);
+        self.last_cpu = cpu.or(self.last_cpu);
         self.last_pgpgout = pgpgout.or(self.last_pgpgout);
         let dt = crate::round3(t - self.last_t);
         self.last_t = t;
@@ -374,6 +593,32 @@ impl Collector for SystemCollector {
 
     fn facts(&self) -> Vec<(String, serde_json::Value)> {
         self.facts.clone()
+    }
+
+    /// The second walk of /proc: what the processes outside the cluster
+    /// used of the CPUs since the first.
+    fn finish(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        let end = walk();
+        let known: std::collections::BTreeSet<u32> = self.ctx.pids().into_iter().collect();
+        let roots = self.ctx.roots();
+        let me = std::process::id();
+        // A backend forked after the session's last look at the process
+        // table is a postmaster's child all the same.
+        let excluded = |pid: u32, p: &Seen| {
+            pid == me || known.contains(&pid) || roots.contains(&pid) || roots.contains(&p.ppid)
+        };
+        let (cpu_s, seen, top) = outside_cpu(&self.first_walk, &end, excluded, self.ticks_per_s);
+        self.first_walk.clear();
+        out.put(
+            OUTSIDE_FILE,
+            &OutsideCpu {
+                t_start: self.t_walk,
+                t_end: t,
+                cpu_s,
+                processes_seen: seen,
+                top,
+            },
+        )
     }
 }
 
@@ -414,6 +659,93 @@ mod tests {
             4,
         );
         assert_eq!(s.pgpgout_kb, 512);
+    }
+
+    #[test]
+    fn cpu_split_and_load() {
+        let c = parse_stat(&fixture("stat")).unwrap();
+        // cpu  435245 0 127272 115073 3371 0 1375 7071 0 0
+        assert_eq!(
+            c,
+            CpuTimes {
+                user: 435245,
+                system: 127272 + 1375,
+                idle: 115073 + 3371,
+                steal: 7071,
+                cpus: 2,
+            }
+        );
+        assert_eq!(parse_loadavg(&fixture("loadavg")), Some((4.38, 3)));
+        assert_eq!(parse_loadavg("garbage"), None);
+        assert_eq!(parse_stat("cpu 1 2\n"), None);
+        let before = CpuTimes {
+            user: c.user - 150,
+            system: c.system - 30,
+            idle: c.idle - 20,
+            steal: c.steal,
+            cpus: 2,
+        };
+        let mut s = SystemSample::default();
+        add_cpu(&mut s, Some(c), Some(before), Some((4.38, 3)), 100.0);
+        assert_eq!(
+            (s.cpu_user_s, s.cpu_system_s, s.cpu_idle_s, s.cpu_steal_s),
+            (Some(1.5), Some(0.3), Some(0.2), Some(0.0))
+        );
+        assert_eq!(
+            (s.cpus, s.load1, s.runnable),
+            (Some(2), Some(4.38), Some(3))
+        );
+        // The first sample has no interval: no split, never zeros.
+        let mut s = SystemSample::default();
+        add_cpu(&mut s, Some(c), None, None, 100.0);
+        assert_eq!(s.cpu_user_s, None);
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(
+            !json.contains("cpu_user_s") && !json.contains("load1"),
+            "{json}"
+        );
+        // Older lines load without them.
+        let old: SystemSample = serde_json::from_str(
+            r#"{"t":1.0,"dt":1.0,"dirty_kb":1,"writeback_kb":0,"mem_free_kb":1,"cached_kb":1,"nr_dirty":0,"nr_writeback":0,"pgpgout_kb":0}"#,
+        )
+        .unwrap();
+        assert_eq!((old.cpus, old.cpu_idle_s), (None, None));
+    }
+
+    #[test]
+    fn outside_processes_by_cpu_since_the_first_walk() {
+        let seen = |comm: &str, ppid, start, ticks| Seen {
+            comm: comm.into(),
+            ppid,
+            start,
+            ticks,
+        };
+        let start: Walk = [
+            (10, seen("hog", 1, 5, 100)),
+            (11, seen("postgres", 1, 5, 50)),
+            (12, seen("old", 1, 5, 900)),
+            (13, seen("idle", 1, 5, 7)),
+        ]
+        .into_iter()
+        .collect();
+        let end: Walk = [
+            (10, seen("hog", 1, 5, 600)),
+            (11, seen("postgres", 1, 5, 450)),
+            // pid 12 reused by a new process: all of its ticks count.
+            (12, seen("new", 1, 99, 30)),
+            (13, seen("idle", 1, 5, 7)),
+            (14, seen("postgres", 11, 120, 80)),
+            (15, seen("born", 1, 130, 250)),
+        ]
+        .into_iter()
+        .collect();
+        // 11 is the postmaster, 14 its child.
+        let (total, seen_n, top) =
+            outside_cpu(&start, &end, |pid, p| pid == 11 || p.ppid == 11, 100.0);
+        assert_eq!(seen_n, 4);
+        assert_eq!(total, 5.0 + 0.3 + 2.5);
+        let names: Vec<(&str, f64)> = top.iter().map(|p| (p.comm.as_str(), p.cpu_s)).collect();
+        assert_eq!(names, vec![("hog", 5.0), ("born", 2.5), ("new", 0.3)]);
     }
 
     #[test]

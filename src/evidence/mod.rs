@@ -63,6 +63,9 @@ pub struct Evidence {
     pub rec: Loaded,
     pub procfs: Vec<ProcfsSample>,
     pub system: Vec<SystemSample>,
+    /// The processes outside the cluster that used the CPUs during the
+    /// recording (the system collector's two walks of /proc).
+    pub outside_cpu: Option<crate::collect::system::OutsideCpu>,
     /// The postmaster's cpu cgroup: CFS periods and throttling per second.
     pub cgroup: Vec<crate::collect::cgroup::CgroupSample>,
     pub waits: Vec<WaitSample>,
@@ -121,6 +124,7 @@ impl Evidence {
         let procfs = read_stream(&dir, crate::collect::procfs::STREAM, &mut cut, &mut notes);
         let system = read_stream(&dir, crate::collect::system::STREAM, &mut cut, &mut notes);
         let cgroup = read_stream(&dir, crate::collect::cgroup::STREAM, &mut cut, &mut notes);
+        let outside_cpu = system::load_outside(&dir, &mut notes);
         let waits = read_stream(&dir, crate::collect::pgstat::WAITS, &mut cut, &mut notes);
         let server = read_stream(&dir, crate::collect::pgstat::SERVER, &mut cut, &mut notes);
         let log_events: Vec<LogEvent> = read_stream(
@@ -161,6 +165,7 @@ impl Evidence {
             rec,
             procfs,
             system,
+            outside_cpu,
             cgroup,
             waits,
             server,

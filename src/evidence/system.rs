@@ -2,13 +2,17 @@
 //! (peaks and when), pgpgout, the dirty thresholds, the `vm.dirty_*`
 //! sysctls and the data directory's mount; and [`around`], the rows near
 //! one second (the report shows the writeback timeline around the worst
-//! tps second).
+//! tps second); [`machine_cpu`], the machine's CPU time split and load over
+//! the recording, and [`load_outside`], the processes outside the cluster
+//! that used the CPUs (`cpu_outside.json`).
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::Evidence;
-use crate::collect::system::{DataDirMount, SystemSample, DATA_DIR_MOUNT};
+use crate::collect::system::{
+    DataDirMount, OutsideCpu, SystemSample, DATA_DIR_MOUNT, OUTSIDE_FILE,
+};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Peak {
@@ -129,4 +133,83 @@ pub fn summarize(rows: &[SystemSample]) -> SystemSection {
         dirty_writeback_peak: dw,
         ..SystemSection::default()
     }
+}
+
+/// `cpu_outside.json`, when the system collector wrote it (not in
+/// recordings made before it existed, nor in one killed before its end).
+pub fn load_outside(dir: &std::path::Path, notes: &mut Vec<String>) -> Option<OutsideCpu> {
+    crate::recording::reader::json_file(dir, OUTSIDE_FILE, notes)
+}
+
+/// The machine's CPUs over the samples that have /proc/stat's split.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineCpu {
+    /// Samples with a CPU split.
+    pub samples: usize,
+    /// CPU-seconds of all CPUs over those samples.
+    pub total_s: f64,
+    pub user_s: f64,
+    pub system_s: f64,
+    pub idle_s: f64,
+    pub steal_s: f64,
+    /// CPUs online (the most seen).
+    pub cpus: Option<u32>,
+    /// /proc/loadavg over the samples that have it: the 1-minute load
+    /// average's mean and peak (it lags: an exponential average over a
+    /// minute), and the tasks runnable at each sample, mean and peak.
+    pub load1_mean: Option<f64>,
+    pub load1_max: Option<f64>,
+    pub runnable_mean: Option<f64>,
+    pub runnable_max: Option<u32>,
+}
+
+impl MachineCpu {
+    /// Share of the CPUs' time busy (user, system, steal: not idle).
+    pub fn busy_share(&self) -> Option<f64> {
+        (self.total_s > 0.0).then(|| (self.total_s - self.idle_s) / self.total_s)
+    }
+    /// Share of the CPUs' time stolen by the hypervisor.
+    pub fn steal_share(&self) -> Option<f64> {
+        (self.total_s > 0.0).then(|| self.steal_s / self.total_s)
+    }
+}
+
+/// The machine's CPUs over the recording; None when no sample has them.
+pub fn machine_cpu(rows: &[SystemSample]) -> Option<MachineCpu> {
+    let mut m = MachineCpu::default();
+    let (mut loads, mut runnable) = (Vec::new(), Vec::new());
+    for r in rows {
+        if let (Some(u), Some(s), Some(i), Some(st)) =
+            (r.cpu_user_s, r.cpu_system_s, r.cpu_idle_s, r.cpu_steal_s)
+        {
+            m.samples += 1;
+            m.user_s += u;
+            m.system_s += s;
+            m.idle_s += i;
+            m.steal_s += st;
+            m.total_s += u + s + i + st;
+        }
+        m.cpus = m.cpus.max(r.cpus);
+        loads.extend(r.load1);
+        runnable.extend(r.runnable);
+    }
+    if m.samples == 0 && loads.is_empty() {
+        return None;
+    }
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    m.load1_mean = mean(&loads).map(crate::round3);
+    m.load1_max = loads.iter().copied().reduce(f64::max);
+    let rf: Vec<f64> = runnable.iter().map(|x| f64::from(*x)).collect();
+    m.runnable_mean = mean(&rf).map(crate::round3);
+    m.runnable_max = runnable.iter().copied().max();
+    for x in [
+        &mut m.total_s,
+        &mut m.user_s,
+        &mut m.system_s,
+        &mut m.idle_s,
+        &mut m.steal_s,
+    ] {
+        *x = crate::round3(*x);
+    }
+    Some(m)
 }

@@ -7,6 +7,7 @@ pub mod drop_sweep;
 pub mod explain_timing;
 pub mod memory_cgroup;
 pub mod no_huge_pages;
+pub mod noisy_neighbour;
 pub mod owned_cgroup;
 pub mod relation_extension;
 pub mod replay_prefetch;

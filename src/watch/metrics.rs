@@ -76,6 +76,10 @@ const RATIOS: &[(&str, &str)] = &[
         "pgbelow_shared_memory_page_tables_ratio",
         "The server processes' page tables beyond the postmaster's (Σ VmPTE) over the shared memory's size, at the window's peak (about 0.002 per process mapping all of it in 4 kB pages).",
     ),
+    (
+        "pgbelow_backend_runq_per_cpu_second",
+        "Backends' run-queue seconds (runnable, waiting for a CPU) per second on a CPU over the last window (schedstat).",
+    ),
 ];
 
 impl Metrics {
@@ -195,6 +199,10 @@ impl Metrics {
         put(
             "pgbelow_shared_memory_page_tables_ratio",
             crate::analyse::huge_pages::excess_share(ev),
+        );
+        put(
+            "pgbelow_backend_runq_per_cpu_second",
+            crate::analyse::cpu_saturation::runq_share(ev),
         );
         for sev in self.findings.values_mut() {
             *sev = None;

@@ -26,10 +26,11 @@ pub enum Scenario {
     SubtransactionOverflow,
     ReplayWithoutPrefetch,
     NoHugePages,
+    NoisyNeighbour,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 14] = [
+    pub const ALL: [Scenario; 15] = [
         Scenario::SelectOnly,
         Scenario::Tpcb,
         Scenario::ExplainTiming,
@@ -44,6 +45,7 @@ impl Scenario {
         Scenario::SubtransactionOverflow,
         Scenario::ReplayWithoutPrefetch,
         Scenario::NoHugePages,
+        Scenario::NoisyNeighbour,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +64,7 @@ impl Scenario {
             Scenario::SubtransactionOverflow => "subtransaction-overflow",
             Scenario::ReplayWithoutPrefetch => "replay-without-prefetch",
             Scenario::NoHugePages => "no-huge-pages",
+            Scenario::NoisyNeighbour => "noisy-neighbour",
         }
     }
 
@@ -167,15 +170,22 @@ impl Scenario {
                  afterwards) and sets huge_pages=on, the healthy baseline. The issue's size: \
                  --set shared_buffers=8GB --clients 200"
             }
+            Scenario::NoisyNeighbour => {
+                "pgbench -S -M prepared, 2 clients, 15 s, beside --hogs N busy loops outside the \
+                 cluster (default 2 per CPU; processes named pgbelow-hog, killed at the end): the \
+                 backends wait on the run queue for CPUs the loops hold. --hogs 0 runs without them \
+                 (the healthy baseline)"
+            }
         }
     }
 
     /// pgbench arguments for the run itself.
     pub fn pgbench_args(self) -> &'static [&'static str] {
         match self {
-            Scenario::SelectOnly | Scenario::SnapshotScaling | Scenario::CgroupCpuThrottling => {
-                &["-S", "-M", "prepared"]
-            }
+            Scenario::SelectOnly
+            | Scenario::SnapshotScaling
+            | Scenario::CgroupCpuThrottling
+            | Scenario::NoisyNeighbour => &["-S", "-M", "prepared"],
             Scenario::Tpcb
             | Scenario::ExplainTiming
             | Scenario::SyncrepCommit
@@ -215,6 +225,7 @@ impl Scenario {
                 | Scenario::CgroupCpuThrottling
                 | Scenario::WalFsyncLatency
                 | Scenario::MemoryCgroupReclaim
+                | Scenario::NoisyNeighbour
         )
     }
 
@@ -237,7 +248,8 @@ impl Scenario {
             | Scenario::CgroupCpuThrottling
             | Scenario::SubtransactionOverflow
             | Scenario::ReplayWithoutPrefetch
-            | Scenario::NoHugePages => 1,
+            | Scenario::NoHugePages
+            | Scenario::NoisyNeighbour => 1,
             // BEGIN, 3 UPDATE, SELECT, INSERT, END
             Scenario::Tpcb | Scenario::WalFsyncLatency | Scenario::MemoryCgroupReclaim => 7,
         }

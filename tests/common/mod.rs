@@ -436,3 +436,57 @@ pub fn spawn_block(
     line(&mut out, "ready");
     (child, out)
 }
+
+/// CPU-seconds per second another job on this shared machine used during
+/// the recording: the larger of the machine's busy time beyond what the
+/// recorded cluster and a client beside it explain (twice the cluster's own
+/// CPU time, generous for pgbench; system.jsonl's /proc/stat split and
+/// report `r`'s procfs section) and what the processes outside the cluster
+/// still running at the end used (cpu_outside.json, the tests' own loops
+/// and pgbench left out). A baseline that should be healthy is not one
+/// above ≈ 0.3.
+pub fn others_busy_per_s(out: &Path, r: &Value) -> f64 {
+    let text = std::fs::read_to_string(out.join("system.jsonl")).unwrap();
+    let (mut busy, mut secs) = (0.0, 0.0);
+    for l in text.lines() {
+        let s: Value = serde_json::from_str(l).unwrap();
+        if let (Some(u), Some(y), Some(st)) = (
+            s["cpu_user_s"].as_f64(),
+            s["cpu_system_s"].as_f64(),
+            s["cpu_steal_s"].as_f64(),
+        ) {
+            busy += u + y + st;
+            secs += s["dt"].as_f64().unwrap();
+        }
+    }
+    let cluster: f64 = r["procfs"]["roles"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| k.as_str() != "observer")
+                .filter_map(|(_, v)| v["cpu_s"].as_f64())
+                .sum()
+        })
+        .unwrap_or(0.0);
+    let beyond = (busy - 2.0 * cluster) / secs.max(1e-9);
+    // And what the processes still there at the end used, the tests' own
+    // busy loops and clients left out (cpu_outside.json).
+    let named = std::fs::read_to_string(out.join("cpu_outside.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .map_or(0.0, |o| {
+            let s: f64 = o["top"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| {
+                    !["pgbelow-hog", "pgbelow-spin", "pgbench"]
+                        .contains(&p["comm"].as_str().unwrap_or(""))
+                })
+                .filter_map(|p| p["cpu_s"].as_f64())
+                .sum();
+            s / (o["t_end"].as_f64().unwrap_or(0.0) - o["t_start"].as_f64().unwrap_or(0.0))
+                .max(1e-9)
+        });
+    beyond.max(named).max(0.0)
+}

@@ -1,0 +1,146 @@
+//! `cpu-saturation` attached: a cluster started with initdb and pg_ctl (as
+//! a user's is), pgbench select-only on 2 clients against it, and busy
+//! loops the test starts beside it (the project's `pgbelow-spin`), recorded
+//! with `pgbelow record`. The finding must come from what any server and
+//! host yield: the backends' schedstat, /proc/stat, /proc/loadavg and the
+//! walk of /proc that names the loops.
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::userdb::UserCluster;
+use serde_json::Value;
+
+/// `pgbelow record` of `c` for `secs`, running `during` 1.5 s in (after the
+/// collectors attached); the JSON report.
+fn record_while(
+    c: &UserCluster,
+    out: &Path,
+    secs: u32,
+    collectors: &str,
+    during: impl FnOnce(),
+) -> Value {
+    let _one = common::exclusive();
+    let child = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+        .args(["record", "--pid", &c.postmaster_pid().to_string()])
+        .args(["--dsn", &c.dsn("postgres")])
+        .args(["--duration", &secs.to_string()])
+        .args(["--collectors", collectors, "--format", "json", "--out"])
+        .arg(out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    during();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "record failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+/// `n` busy loops (`pgbelow-spin`, spinning for at most a minute); killed
+/// and reaped on drop.
+struct Spinners(Vec<Child>);
+
+impl Spinners {
+    fn start(n: usize) -> Spinners {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            let mut c = Command::new(assert_cmd::cargo::cargo_bin("pgbelow-spin"))
+                .arg("60")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            c.stdin.take().unwrap().write_all(b"go\n").unwrap();
+            v.push(c);
+        }
+        Spinners(v)
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Beside 4 busy loops the backends wait on the run queue, the finding
+/// names the loops; without them it stays silent (unless another job on
+/// this shared machine kept its CPUs busy: then the baseline is not a
+/// baseline, and the test says so instead of asserting).
+#[test]
+fn cpu_saturation_found_attached_beside_busy_loops() {
+    let c = UserCluster::start(&[], &[]);
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    let collectors = "syscalls,procfs,system,pgstat";
+    let d = tempfile::tempdir().unwrap();
+    let mut figures = Vec::new();
+    for hogs in [4, 0] {
+        let out = d.path().join(format!("rec-{hogs}"));
+        let mut spinners = None;
+        let mut tps = String::new();
+        let r = record_while(&c, &out, 9, collectors, || {
+            spinners = Some(Spinners::start(hogs));
+            let o = c.pgbench("postgres", &["-S", "-M", "prepared", "-c", "2", "-T", "6"]);
+            tps = String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find(|l| l.starts_with("tps"))
+                .unwrap_or("")
+                .to_string();
+        });
+        drop(spinners);
+        let check = common::check(&r, "cpu-saturation").clone();
+        let others = common::others_busy_per_s(&out, &r);
+        eprintln!(
+            "hogs {hogs}: {} ({}), others {others:.2} CPU-s/s, {tps}",
+            check["figure"], check["status"]
+        );
+        figures.push((hogs, check["figure"].clone(), others, tps));
+        if hogs > 0 {
+            let f = common::raised_with_margin(&r, "cpu-saturation", 2.0);
+            let ev = &f["evidence"];
+            assert!(
+                f["summary"].as_str().unwrap().contains("pgbelow-spin"),
+                "{}",
+                f["summary"]
+            );
+            let named: Vec<&str> = ev["outside_processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|p| p["comm"].as_str())
+                .collect();
+            assert!(
+                named.iter().filter(|n| **n == "pgbelow-spin").count() >= 3,
+                "{ev}"
+            );
+            assert_eq!(ev["busy_backends"], 2, "{ev}");
+            assert!(ev["outside_busy_pct"].as_f64().unwrap() >= 50.0, "{ev}");
+        } else if others < 0.3 {
+            common::silent(&r, "cpu-saturation");
+        } else {
+            eprintln!(
+                "baseline not asserted: the machine was busy {others:.2} CPU-s/s beyond the cluster and its client \
+                 during it: {}",
+                r["findings"]
+            );
+        }
+    }
+    eprintln!("figures: {figures:?}");
+}
