@@ -724,8 +724,15 @@ mod tests {
         assert!(off > 0.0, "{b:#?}");
         // The two measures agree on the order of magnitude.
         let off_bpf: f64 = a.off_cpu_s.values().sum();
-        assert!(off < off_bpf * 5.0 + 1.0 && off > off_bpf / 5.0 - 1.0, "{off} vs {off_bpf}");
-        assert!(s.notes.iter().any(|n| n.contains("procfs samples")), "{:?}", s.notes);
+        assert!(
+            off < off_bpf * 5.0 + 1.0 && off > off_bpf / 5.0 - 1.0,
+            "{off} vs {off_bpf}"
+        );
+        assert!(
+            s.notes.iter().any(|n| n.contains("procfs samples")),
+            "{:?}",
+            s.notes
+        );
     }
 
     #[test]
