@@ -8,51 +8,13 @@ mod common;
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+use common::record_while;
 use common::userdb::UserCluster;
-use serde_json::Value;
 
 /// `pgbelow record` of `c` for `secs`, running `during` 1.5 s in (after the
 /// collectors attached); the JSON report.
-fn record_while(
-    c: &UserCluster,
-    out: &Path,
-    secs: u32,
-    collectors: &str,
-    during: impl FnOnce(),
-) -> Value {
-    let _one = common::exclusive();
-    let child = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
-        .args(["record", "--pid", &c.postmaster_pid().to_string()])
-        .args(["--dsn", &c.dsn("postgres")])
-        .args(["--duration", &secs.to_string()])
-        .args(["--collectors", collectors, "--format", "json", "--out"])
-        .arg(out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    during();
-    let o = child.wait_with_output().unwrap();
-    assert!(
-        o.status.success(),
-        "record failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
-}
-
-/// `n` busy loops (`pgbelow-spin`, spinning for at most a minute); killed
-/// and reaped on drop.
 struct Spinners(Vec<Child>);
 
 impl Spinners {

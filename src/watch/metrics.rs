@@ -315,36 +315,36 @@ impl Metrics {
                     })
             }),
         );
-        e.family(
-            "pgbelow_check_value",
-            Kind::Gauge,
-            "The check's key figure over the last window, in its unit (absent when not measured).",
-            self.checks.iter().filter_map(|(id, c)| {
-                let m = c.measured.as_ref()?;
-                Some((
-                    vec![
-                        ("id".to_string(), id.clone()),
-                        ("unit".to_string(), m.unit.clone()),
-                    ],
-                    m.value,
-                ))
-            }),
-        );
-        e.family(
-            "pgbelow_check_bound",
-            Kind::Gauge,
-            "The bound the check's key figure is compared with (absent when not measured).",
-            self.checks.iter().filter_map(|(id, c)| {
-                let m = c.measured.as_ref()?;
-                Some((
-                    vec![
-                        ("id".to_string(), id.clone()),
-                        ("unit".to_string(), m.unit.clone()),
-                    ],
-                    m.limit,
-                ))
-            }),
-        );
+        type Pick = fn(&crate::analyse::Figure) -> f64;
+        let figures: [(&str, &str, Pick); 2] = [
+            (
+                "pgbelow_check_value",
+                "The check's key figure over the last window, in its unit (absent when not measured).",
+                |m| m.value,
+            ),
+            (
+                "pgbelow_check_bound",
+                "The bound the check's key figure is compared with (absent when not measured).",
+                |m| m.limit,
+            ),
+        ];
+        for (name, help, pick) in figures {
+            e.family(
+                name,
+                Kind::Gauge,
+                help,
+                self.checks.iter().filter_map(|(id, c)| {
+                    let m = c.measured.as_ref()?;
+                    Some((
+                        vec![
+                            ("id".to_string(), id.clone()),
+                            ("unit".to_string(), m.unit.clone()),
+                        ],
+                        pick(m),
+                    ))
+                }),
+            );
+        }
         e.family(
             "pgbelow_collector_up",
             Kind::Gauge,

@@ -490,3 +490,45 @@ pub fn others_busy_per_s(out: &Path, r: &Value) -> f64 {
         });
     beyond.max(named).max(0.0)
 }
+
+/// `pgbelow record` of `c` for `secs`; the JSON report.
+pub fn record(c: &userdb::UserCluster, out: &Path, secs: u32, collectors: &str) -> Value {
+    record_while(c, out, secs, collectors, || {})
+}
+
+/// `pgbelow record` of `c` for `secs`, running `during` 1.5 s in (after the
+/// collectors attached); the JSON report.
+pub fn record_while(
+    c: &userdb::UserCluster,
+    out: &Path,
+    secs: u32,
+    collectors: &str,
+    during: impl FnOnce(),
+) -> Value {
+    let _one = exclusive();
+    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+        .args(["record", "--pid", &c.postmaster_pid().to_string()])
+        .args(["--dsn", &c.dsn("postgres")])
+        .args(["--duration", &secs.to_string()])
+        .args(["--collectors", collectors, "--format", "json", "--out"])
+        .arg(out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    during();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "record failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
