@@ -11,8 +11,9 @@
 //! not this one: throttled tasks wait runnable too. So is a machine whose
 //! busy time was nearly all the cluster's own (its backends outnumber the
 //! CPUs): only when at least [`MIN_OUTSIDE_SHARE`] of the machine's busy
-//! CPU time went to processes outside the cluster — which needs the system
-//! collector's CPU split — is the wait a neighbour's.
+//! CPU time went to named processes outside the cluster or to the
+//! hypervisor (steal) — which needs the system collector's CPU split and
+//! walks — is the wait a neighbour's.
 use std::collections::BTreeMap;
 
 use serde_json::json;
@@ -186,8 +187,17 @@ impl Rule for CpuSaturation {
             .as_ref()
             .filter(|m| m.samples > 0)
             .map(|m| m.total_s - m.idle_s)?;
+        // Only what is known to be outside counts: the named processes
+        // outside the cluster (alive at the end walk) and the hypervisor's
+        // steal. CPU time of processes that ended meanwhile cannot be told
+        // from the cluster's own short-lived ones (parallel workers,
+        // autovacuum workers, closed sessions): the healthy corpus's
+        // analytic queries left 14 CPU-s of exited parallel workers that
+        // an "everything but the cluster" share called a neighbour.
+        let known_outside_s = rec.outside_cpu.as_ref().map_or(0.0, |o| o.cpu_s)
+            + machine.as_ref().map_or(0.0, |m| m.steal_s);
         let outside_share = if busy_cpu_s > 0.0 {
-            ((busy_cpu_s - cluster_cpu_s) / busy_cpu_s).max(0.0)
+            (known_outside_s / busy_cpu_s).clamp(0.0, 1.0)
         } else {
             0.0
         };
@@ -351,7 +361,8 @@ mod tests {
         assert_eq!(ev["runq_per_cpu_s"], 1.68);
         assert_eq!(ev["busy_backends"], 2);
         assert_eq!(ev["cpus"], 2);
-        assert!(ev["outside_busy_pct"].as_f64().unwrap() > 80.0, "{ev}");
+        // Named outside processes and steal: 60.7 % of the busy CPU time.
+        assert!(ev["outside_busy_pct"].as_f64().unwrap() > 55.0, "{ev}");
         let hogs: Vec<&Value> = ev["outside_processes"]
             .as_array()
             .unwrap()
@@ -386,27 +397,22 @@ mod tests {
 
     // The same without loops (`--hogs 0`) while another engineer's cargo
     // build kept the machine at 18 runnable tasks: the compilers ran and
-    // exited between the walks, so most of the busy time is not named, and
-    // the summary says so.
+    // exited between the walks, so most of the busy time cannot be named —
+    // nor told from the cluster's own processes that ended (parallel
+    // workers) — and is not blamed on a neighbour: the check stays clear,
+    // its figure past the bound.
     #[test]
-    fn fires_on_a_machine_others_keep_busy_and_says_what_it_cannot_name() {
+    fn busy_time_no_process_can_be_named_for_is_not_a_neighbour() {
         let rec = fixture("pg15-noisy-neighbour-none-cargo-build");
         assert_eq!(
             rec.manifest.facts["noisy_neighbour"]["hogs"], 0,
             "no loops of ours"
         );
-        let f = CpuSaturation.evaluate(&rec).expect("finding");
-        assert_eq!(f.severity, Severity::Critical);
-        let ev = &f.evidence;
-        assert_eq!(ev["runq_per_cpu_s"], 2.441);
-        assert!(ev["outside_busy_pct"].as_f64().unwrap() > 80.0, "{ev}");
-        assert!(ev["outside_unnamed_cpu_s"].as_f64().unwrap() > 15.0, "{ev}");
-        assert!(f.summary.contains("cargo (pid"), "{}", f.summary);
-        assert!(
-            f.summary.contains("ended before the recording did"),
-            "{}",
-            f.summary
-        );
+        assert!(CpuSaturation.evaluate(&rec).is_none());
+        match CpuSaturation.measure(&rec) {
+            Measure::Figure(f) => assert!(f.past(), "{f:?}"),
+            m => panic!("{m:?}"),
+        }
     }
 
     // `--hogs 0` on a quiet machine (97 % idle before it), pinned to one
@@ -465,8 +471,10 @@ mod tests {
             }
         }
         assert!(CpuSaturation.evaluate(&rec).is_none());
-        // The cluster's own processes filled the CPUs: not a neighbour's.
+        // The cluster's own processes filled the CPUs and no process
+        // outside it was named: not a neighbour's.
         let mut rec = fixture("pg15-noisy-neighbour-hogs-4");
+        rec.outside_cpu = None;
         for s in &mut rec.system {
             if s.cpu_user_s.is_some() {
                 // ≈ the cluster's 0.3 CPU-s per second, the rest idle.
