@@ -369,23 +369,7 @@ fn healthy_servers_raise_no_warning() {
 /// `n` sessions that connect and stay idle (pgbench running a script of one
 /// long sleep per client: connected, idle in their sleep's wait).
 fn pgbench_idle(c: &UserCluster, n: u32) -> Child {
-    let f = c.dir.path().join(format!("idle-{n}-{}.sql", rand_suffix()));
+    let f = c.dir.path().join("idle.sql");
     std::fs::write(&f, "\\sleep 60 s\n").unwrap();
-    let n = n.to_string();
-    let secs = (RECORD_S + 8).to_string();
-    c.pgbench_cmd(
-        "postgres",
-        &["-n", "-c", &n, "-T", &secs, "-f", f.to_str().unwrap()],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap()
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
+    pgbench(c, &["-c", &n.to_string(), "-f", f.to_str().unwrap()])
 }

@@ -126,6 +126,8 @@ fn standby_shared_buffers(rec: &Evidence) -> Option<String> {
 
 /// The startup process's CPU per dropped relation: the rule's key figure.
 struct PerDrop {
+    /// Whether procfs recorded a startup process at all.
+    startup_seen: bool,
     startup_cpu_s: f64,
     unlinks: u64,
     drops_all: u64,
@@ -136,11 +138,12 @@ struct PerDrop {
 
 fn per_drop(rec: &Evidence) -> PerDrop {
     // The role table only: no per-node split needed for one number.
-    let startup_cpu_s = rec
+    let startup = rec
         .procfs_in(None)
         .roles
         .get(&Role::Startup)
-        .map_or(0.0, |r| r.cpu_s);
+        .map(|r| r.cpu_s);
+    let startup_cpu_s = startup.unwrap_or(0.0);
     // Dropped relations: the scenario's count, else what the startup
     // process did — every replayed drop unlinks the relation's forks.
     let unlinks = startup_unlinks(rec);
@@ -156,6 +159,7 @@ fn per_drop(rec: &Evidence) -> PerDrop {
     let cpu_ms_per_drop =
         (drops_all >= MIN_DROPS).then(|| startup_cpu_s * 1e3 / drops_all.max(1) as f64);
     PerDrop {
+        startup_seen: startup.is_some(),
         startup_cpu_s,
         unlinks,
         drops_all,
@@ -184,7 +188,7 @@ impl Rule for ReplayDropCost {
                 "ms",
                 WARN_STARTUP_MS_PER_DROP,
             )),
-            None if !rec.procfs_in(None).roles.contains_key(&Role::Startup) => Measure::Missing(
+            None if !p.startup_seen => Measure::Missing(
                 "no startup process was recorded (not a standby, or without the procfs collector): \
                  record the standby with --collectors procfs,syscalls,profile"
                     .into(),
@@ -203,6 +207,7 @@ impl Rule for ReplayDropCost {
         // per DROP, the exact count); the standby's own processes decide.
         let d = rec.lab.drop.as_ref();
         let PerDrop {
+            startup_seen: _,
             startup_cpu_s,
             unlinks,
             drops_all,
