@@ -11,9 +11,12 @@
 # not enter the shares. Per configuration it prints the share of those
 # samples spent on observing:
 #   pgbelow     pgbelow's own threads (user and kernel)
+#   sessions    the backends of pgbelow's own connections (application_name
+#               pgbelow): its queries' cost inside the server
 #   bpf         BPF programs and their dispatch (bpf_prog_*, bpf_trace_run*)
-#   tracepoint  the syscall slow path a sys_enter program puts every task on
-#               (syscall_trace_enter, x64_sys_call)
+#   tracepoint  the syscall slow path a syscall tracepoint puts every task on
+#               (syscall_trace_enter, x64_sys_call, syscall_exit_work) and
+#               the per-syscall tracepoints' filter (perf_syscall_*)
 #   perf        perf sampling (perf_*: the profile collector's samples)
 #   procfs      /proc reads' kernel work done for pgbelow (in pgbelow)
 # and the total, which is the throughput a CPU-bound pinned workload loses.
@@ -46,8 +49,8 @@ taskset -c 0 "$pgbin/pgbench" -h "$work" -p "$port" -U postgres -S -M prepared -
 bench_pid=$!
 sleep 3
 echo "seconds=$secs default=$default $("$pgbin/postgres" --version) kernel=$(uname -r) load=$(cut -d' ' -f1-3 /proc/loadavg)"
-echo "| collectors | samples | pgbelow | bpf | tracepoint | perf | total observing |"
-echo "|---|---|---|---|---|---|---|"
+echo "| collectors | samples | pgbelow | its sessions | bpf | tracepoint | perf | total observing |"
+echo "|---|---|---|---|---|---|---|---|"
 for c in "${configs[@]}"; do
   list=$c; [ "$c" = none ] && list=none
   out="$work/rec-$RANDOM"
@@ -56,26 +59,35 @@ for c in "${configs[@]}"; do
   rec=$!
   sleep 3
   pids=$( (pgrep -P "$pm"; echo "$pm"; pgrep -P "$bench_pid"; echo "$bench_pid"; echo "$rec") | sort -u | paste -sd,)
+  # pgbelow's own sessions' backends are part of its cost, not the workload.
+  own_backends=$("$pgbin/psql" -h "$work" -p "$port" -U postgres -Atc \
+    "select string_agg(pid::text, ',') from pg_stat_activity where application_name like 'pgbelow%'" postgres 2>/dev/null || true)
   perf record -q -C 0 -F 2000 -o "$work/perf.data" -- sleep "$secs" >/dev/null 2>&1
   wait "$rec" || true
-  perf report -i "$work/perf.data" --pid "$pids" --no-children -g none --sort comm,sym \
+  [ -n "${PERF_KEEP:-}" ] && cp "$work/perf.data" "$PERF_KEEP.$(echo "$c" | tr , _)"
+  perf report -i "$work/perf.data" --pid "$pids" --no-children -g none --sort pid,sym -n \
     --stdio -t $'\t' 2>/dev/null | grep -v '^#' | grep -v '^$' > "$work/rows.txt" || true
-  python3 - "$work/rows.txt" "$c" <<'PY'
+  python3 - "$work/rows.txt" "$c" "${own_backends:-}" <<'PY'
 import sys
+own_pids = {p for p in sys.argv[3].split(",") if p}
 rows = []
 for l in open(sys.argv[1]):
     parts = [p.strip() for p in l.rstrip("\n").split("\t")]
-    if len(parts) < 3 or not parts[0].endswith("%"):
+    if len(parts) < 4 or not parts[0].endswith("%"):
         continue
-    rows.append((float(parts[0][:-1]), parts[1], parts[2]))
+    pid, _, comm = parts[2].partition(":")
+    rows.append((int(parts[1]), pid.strip(), comm, parts[3]))
 tot = sum(r[0] for r in rows) or 1
 def share(pred):
-    return 100 * sum(p for p, comm, sym in rows if pred(comm, sym)) / tot
-own = lambda comm, sym: comm.startswith("pgbelow")
-bpf = share(lambda c, s: not own(c, s) and ("bpf_prog_" in s or "bpf_trace_run" in s))
-tp = share(lambda c, s: not own(c, s) and any(k in s for k in ("syscall_trace_enter", "x64_sys_call", "trace_sys_enter")))
-perf = share(lambda c, s: not own(c, s) and "perf_" in s)
+    return 100 * sum(n for n, pid, comm, sym in rows if pred(pid, comm, sym)) / tot
+# pgbelow's threads, and its own sessions' backends (application_name
+# pgbelow): their work is the observer's, not the workload's.
+own = lambda pid, comm, sym: comm.startswith("pgbelow") or pid in own_pids
+sess = share(lambda p, c, s: p in own_pids)
+bpf = share(lambda p, c, s: not own(p, c, s) and ("bpf_prog_" in s or "bpf_trace_run" in s))
+tp = share(lambda p, c, s: not own(p, c, s) and any(k in s for k in ("syscall_trace_enter", "x64_sys_call", "trace_sys_enter", "syscall_exit_work", "perf_syscall")))
+perf = share(lambda p, c, s: not own(p, c, s) and "perf_" in s and "perf_syscall" not in s)
 pg = share(own)
-print(f"| {sys.argv[2]} | {len(rows)} symbols | {pg:.2f} % | {bpf:.2f} % | {tp:.2f} % | {perf:.2f} % | **{pg + bpf + tp + perf:.2f} %** |")
+print(f"| {sys.argv[2]} | {tot} | {pg - sess:.2f} % | {sess:.2f} % | {bpf:.2f} % | {tp:.2f} % | {perf:.2f} % | **{pg + bpf + tp + perf:.2f} %** |")
 PY
 done

@@ -4,14 +4,24 @@
 // flush under every wal_sync_method), as a log2 histogram in µs per
 // (process, system call), summed in the kernel.
 //
-// Hook: the per-syscall tracepoints syscalls:sys_{enter,exit}_{fdatasync,
-// fsync,pwrite64,write}: the programs run only for those four system calls
-// (not a raw sys_enter/sys_exit program, which runs for every system call on
-// the machine). fentry/fexit on vfs_fsync_range would cost nothing outside
-// the flushes, but this kernel refuses fentry programs (EPERM), and has no
-// kprobes. A write or pwrite64 is timed only when its file is open
-// O_DSYNC/O_SYNC (wal_sync_method open_datasync/open_sync): the enter
-// program reads the file's flags for tracked processes only.
+// Hooks, one set loaded per recording (userspace chooses):
+// - ext4 (WAL on ext4, the common case): raw tracepoints ext4_sync_file_
+//   enter/exit, which fire inside every fsync, fdatasync and O_DSYNC/O_SYNC
+//   write's sync (generic_write_sync -> vfs_fsync_range -> ext4_sync_file)
+//   and nowhere else: nothing runs for any other system call, and no
+//   syscall tracepoint puts tasks on the syscall slow path (measured: the
+//   syscall tracepoints cost a pinned select-only workload ~0.9 % of its
+//   CPU beside the syscalls collector, 1.6 % alone). The system call is read
+//   from the task's saved registers. The time is the filesystem's sync, the
+//   part of the call that waits on the device.
+// - any filesystem: the per-syscall tracepoints syscalls:sys_{enter,exit}_
+//   {fdatasync,fsync,pwrite64,write}: the programs run only for those four
+//   system calls, but enabling them slows every system call on the machine.
+//   A write or pwrite64 is timed only when its file is open O_DSYNC/O_SYNC
+//   (wal_sync_method open_datasync/open_sync): the enter program reads the
+//   file's flags for tracked processes only.
+// fentry/fexit on vfs_fsync_range would serve every filesystem, but this
+// kernel refuses fentry programs (EPERM), and has no kprobes.
 #include <linux/types.h>
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -114,14 +124,19 @@ static __always_inline __u32 log2_bucket(__u64 us)
 	return b;
 }
 
-static __always_inline void begin(struct enter_ctx *ctx)
+static __always_inline void begin_nr(__u32 nr)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!is_tracked(id >> 32))
 		return;
 	__u32 tid = (__u32)id;
-	struct start s = {.ts = bpf_ktime_get_ns(), .nr = ctx->nr};
+	struct start s = {.ts = bpf_ktime_get_ns(), .nr = nr};
 	bpf_map_update_elem(&starts, &tid, &s, BPF_ANY);
+}
+
+static __always_inline void begin(struct enter_ctx *ctx)
+{
+	begin_nr(ctx->nr);
 }
 
 // A write is a flush only to a file open O_DSYNC (or O_SYNC).
@@ -144,7 +159,7 @@ static __always_inline void begin_write(struct enter_ctx *ctx)
 	begin(ctx);
 }
 
-static __always_inline void end(struct exit_ctx *ctx)
+static __always_inline void end_ret(long ret)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
@@ -170,11 +185,41 @@ static __always_inline void end(struct exit_ctx *ctx)
 	__sync_fetch_and_add(&h->sum_ns, ns);
 	if (ns > h->max_ns)
 		h->max_ns = ns; // racy between threads of one process: a max, not a sum
-	if (ctx->ret < 0)
+	if (ret < 0)
 		__sync_fetch_and_add(&h->errors, 1);
 	__u32 b = log2_bucket(ns / 1000);
 	if (b < BUCKETS)
 		__sync_fetch_and_add(&h->buckets[b], 1);
+}
+
+static __always_inline void end(struct exit_ctx *ctx)
+{
+	end_ret(ctx->ret);
+}
+
+// x86_64's saved user registers: orig_ax is the system call number.
+struct pt_regs {
+	unsigned long orig_ax;
+} __attribute__((preserve_access_index));
+
+// ext4_sync_file_enter(struct file *file, int datasync): in the task that
+// flushes, within its system call.
+SEC("raw_tp/ext4_sync_file_enter")
+int ext4_enter(struct bpf_raw_tracepoint_args *ctx)
+{
+	if (!is_tracked(bpf_get_current_pid_tgid() >> 32))
+		return 0;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	begin_nr((__u32)BPF_CORE_READ(regs, orig_ax));
+	return 0;
+}
+
+// ext4_sync_file_exit(struct inode *inode, int ret).
+SEC("raw_tp/ext4_sync_file_exit")
+int ext4_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	end_ret((int)ctx->args[1]);
+	return 0;
 }
 
 SEC("tracepoint/syscalls/sys_enter_fdatasync")

@@ -2,9 +2,10 @@
 //! long each fsync, fdatasync and O_DSYNC/O_SYNC write's sync took, as a
 //! log2 histogram in µs per (process, system call).
 //!
-//! How: eBPF on the per-syscall tracepoints of fdatasync, fsync, pwrite64
-//! and write (src/bpf/fsynclat.bpf.c); writes are timed only to files open
-//! O_DSYNC/O_SYNC. The histograms are summed in the kernel and read once,
+//! How: eBPF on ext4's sync tracepoints when the WAL is on ext4 (nothing
+//! else pays), else on the per-syscall tracepoints of fdatasync, fsync,
+//! pwrite64 and write (src/bpf/fsynclat.bpf.c); writes are timed only to
+//! files open O_DSYNC/O_SYNC. The histograms are summed in the kernel and read once,
 //! at the end. Writes `fsync.json` ([`Summary`]). Format and cost:
 //! docs/collectors/fsync.md.
 use std::collections::BTreeMap;
@@ -99,11 +100,73 @@ struct Bpf {
     _slot: ObjectSlot,
 }
 
+/// Where the programs hook in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// ext4's sync tracepoints: run only inside flushes; nothing else on
+    /// the machine pays. Needs the WAL on ext4.
+    Ext4,
+    /// The per-syscall tracepoints of fdatasync, fsync, pwrite64 and write:
+    /// any filesystem, but every system call on the machine takes the
+    /// slow path while they are enabled.
+    Syscalls,
+}
+
+impl Hook {
+    fn mechanism(self) -> &'static str {
+        match self {
+            Hook::Ext4 => "eBPF on the raw tracepoints ext4_sync_file_enter/exit (every fsync, fdatasync and O_DSYNC/O_SYNC write's sync on ext4; the system call read from the task's registers): log2 µs histograms per (pid, system call) summed in the kernel",
+            Hook::Syscalls => MECHANISM,
+        }
+    }
+}
+
+/// ext4's superblock magic (statfs f_type).
+const EXT4_SUPER_MAGIC: i64 = 0xEF53;
+
+/// Ext4 when every postmaster's WAL directory (`pg_wal` in its data
+/// directory, its cwd) is on ext4: the flushes that matter are there. Any
+/// other filesystem, or one that cannot be looked at, gets the syscall
+/// tracepoints, which see every filesystem.
+fn hook_for(postmasters: &[u32]) -> Hook {
+    let ext4 = |pid: u32| {
+        let wal = format!("/proc/{pid}/cwd/pg_wal");
+        let Ok(path) = std::ffi::CString::new(wal) else {
+            return false;
+        };
+        // SAFETY: a valid C string and a zeroed statfs for the kernel to fill.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        (unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0)
+            && st.f_type as i64 == EXT4_SUPER_MAGIC
+    };
+    if !postmasters.is_empty() && postmasters.iter().all(|&p| ext4(p)) {
+        Hook::Ext4
+    } else {
+        Hook::Syscalls
+    }
+}
+
 impl Bpf {
-    fn start(roots: &[u32], writes: bool) -> Result<Bpf> {
-        // The per-syscall tracepoints are found through tracefs: mounted
-        // (and noted in the cleanup ledger, unmounted at exit) if it is not.
-        super::syscalls::counter::perf::syscall_events_dir()?;
+    /// With `hook`, or with the syscall tracepoints when the ext4 programs
+    /// cannot be loaded or attached (ext4 not built in, an old kernel).
+    fn start(roots: &[u32], writes: bool, hook: Hook) -> Result<(Bpf, Hook)> {
+        if hook == Hook::Ext4 {
+            if let Ok(b) = Self::start_hook(roots, writes, Hook::Ext4) {
+                return Ok((b, Hook::Ext4));
+            }
+        }
+        Ok((
+            Self::start_hook(roots, writes, Hook::Syscalls)?,
+            Hook::Syscalls,
+        ))
+    }
+
+    fn start_hook(roots: &[u32], writes: bool, hook: Hook) -> Result<Bpf> {
+        if hook == Hook::Syscalls {
+            // The per-syscall tracepoints are found through tracefs: mounted
+            // (and noted in the cleanup ledger, unmounted at exit) if it is not.
+            super::syscalls::counter::perf::syscall_events_dir()?;
+        }
         let mut slot = ObjectSlot::new();
         // SAFETY: called once; the skeleton is stored next to the slot and
         // dropped first (or, on error, here before `slot`).
@@ -111,15 +174,33 @@ impl Bpf {
         let mut open = FsynclatSkelBuilder::default()
             .open(storage)
             .context("opening the fsync-latency BPF object")?;
-        if !writes {
+        {
             let p = &mut open.progs;
-            for prog in [
+            let syscall_progs = [
+                &mut p.enter_fdatasync,
+                &mut p.exit_fdatasync,
+                &mut p.enter_fsync,
+                &mut p.exit_fsync,
                 &mut p.enter_pwrite64,
                 &mut p.exit_pwrite64,
                 &mut p.enter_write,
                 &mut p.exit_write,
-            ] {
-                prog.set_autoload(false);
+            ];
+            match hook {
+                Hook::Ext4 => {
+                    for prog in syscall_progs {
+                        prog.set_autoload(false);
+                    }
+                }
+                Hook::Syscalls => {
+                    // Writes are the last four.
+                    let skip = if writes { 8 } else { 4 };
+                    for prog in syscall_progs.into_iter().skip(skip) {
+                        prog.set_autoload(false);
+                    }
+                    p.ext4_enter.set_autoload(false);
+                    p.ext4_exit.set_autoload(false);
+                }
             }
         }
         let mut skel = open.load().context(
@@ -186,6 +267,8 @@ impl Bpf {
             &p.exit_pwrite64,
             &p.enter_write,
             &p.exit_write,
+            &p.ext4_enter,
+            &p.ext4_exit,
             &p.on_fork,
             &p.on_exit,
         ]
@@ -203,6 +286,7 @@ pub struct FsyncCollector {
     stats: Option<OwnedFd>,
     started: Instant,
     summary: Option<Summary>,
+    hook: Hook,
 }
 
 const MECHANISM: &str = "eBPF on the tracepoints syscalls:sys_{enter,exit}_{fdatasync,fsync,pwrite64,write} (writes timed only to files open O_DSYNC/O_SYNC): log2 µs histograms per (pid, system call) summed in the kernel";
@@ -215,9 +299,17 @@ impl FsyncCollector {
     /// `writes`: also time writes to O_DSYNC/O_SYNC files (the programs on
     /// write and pwrite64, which run for every write on the machine).
     pub fn start_with(ctx: &Context, writes: bool) -> Result<FsyncCollector> {
+        let postmasters: Vec<u32> = ctx.roots();
+        Self::start_hook(ctx, writes, hook_for(&postmasters))
+    }
+
+    /// With the hook given (tests force each).
+    pub fn start_hook(ctx: &Context, writes: bool, hook: Hook) -> Result<FsyncCollector> {
+        let (bpf, hook) = Bpf::start(&ctx.roots(), writes, hook)?;
         Ok(FsyncCollector {
+            hook,
             ctx: ctx.clone(),
-            bpf: Some(Bpf::start(&ctx.roots(), writes)?),
+            bpf: Some(bpf),
             stats: enable_stats_if_asked(),
             started: Instant::now(),
             summary: None,
@@ -237,7 +329,7 @@ impl Collector for FsyncCollector {
     fn info(&self) -> CollectorInfo {
         CollectorInfo {
             name: NAME.into(),
-            mechanism: MECHANISM.into(),
+            mechanism: self.hook.mechanism().into(),
             status: "ok".into(),
             reason: None,
             cpu_s: 0.0,
@@ -264,7 +356,7 @@ impl Collector for FsyncCollector {
         drop(bpf);
         self.stats = None; // statistics off again
         let mut s = Summary {
-            mechanism: MECHANISM.into(),
+            mechanism: self.hook.mechanism().into(),
             duration_s: super::session::round_ms(self.started.elapsed().as_secs_f64()),
             bpf_stats: run.1 > 0,
             bpf_run_s: run.0 as f64 / 1e9,
