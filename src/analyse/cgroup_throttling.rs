@@ -10,7 +10,7 @@
 //! nothing.
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule, Severity};
+use super::{Figure, Finding, Impact, Measure, Rule, Severity};
 use crate::collect::cgroup::CgroupSample;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -209,9 +209,22 @@ impl Rule for CgroupThrottling {
             .workload
             .as_ref()
             .and_then(|w| w.latency_avg_ms.map(|l| (l, w.tps)));
+        let impact = match (runq_s, cpu_s) {
+            (Some(r), Some(c)) if r + c > 0.0 => Impact::new(
+                r / (r + c),
+                "the server processes' runnable time",
+                format!("schedstat: {r:.1} s on the run queue, {c:.1} s on a CPU"),
+            ),
+            _ => Impact::new(
+                share,
+                "the cgroup's CFS periods",
+                "cpu.stat: periods throttled of periods run",
+            ),
+        };
         Some(Finding {
             id: ID.into(),
             severity,
+            impact,
             title: "The cluster's CPU quota throttles it".into(),
             summary: format!(
                 "The cgroup {cg} ({quota}) was throttled in {thr} of {per} CFS periods ({pct:.0} %), \

@@ -9,7 +9,7 @@
 //! Dirty+Writeback backlog and the blocked kernel stacks are evidence.
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule, Severity};
+use super::{Figure, Finding, Impact, Measure, Rule, Severity};
 use crate::evidence::{procfs, Evidence};
 use crate::procinfo::Role;
 
@@ -364,9 +364,16 @@ impl Rule for CheckpointStall {
         });
         let r1 = |x: f64| (x * 10.0).round() / 10.0;
         let dip_secs: Vec<f64> = dips.iter().map(|d| r1(d.0)).collect();
+        let lost =
+            dips.iter().map(|d| (1.0 - d.1 / med).max(0.0)).sum::<f64>() / dips.len().max(1) as f64;
         Some(Finding {
             id: ID.into(),
             severity,
+            impact: Impact::new(
+                lost,
+                format!("throughput in the checkpoint's {} slow second(s)", dips.len()),
+                format!("tps per second against the median {med:.0} ({baseline_source})"),
+            ),
             title: "Throughput collapses while a checkpoint drains the dirty backlog".into(),
             summary: format!(
                 "During the {} checkpoint from t={:.0} s{}, tps fell below {:.0}% of the median {} ({:.0}) in {} second(s), \

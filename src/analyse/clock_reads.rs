@@ -13,7 +13,7 @@
 use serde_json::json;
 
 use super::statements::{statements, Statements};
-use super::{Figure, Finding, Measure, Rule, Severity};
+use super::{Figure, Finding, Impact, Measure, Rule, Severity};
 use crate::evidence::clock::CLOCK_SYSCALLS;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -360,9 +360,37 @@ impl Rule for ClockReads {
             .version
             .clone()
             .unwrap_or_else(|| "unknown".into());
+        let backend_cpu_s = rec
+            .procfs_in(None)
+            .roles
+            .get(&Role::Backend)
+            .map(|x| x.cpu_s)
+            .filter(|c| *c > 0.0);
+        let impact = match (ratio, &clock, backend_cpu_s) {
+            (Some(r), _, _) if r > 1.0 => Impact::new(
+                1.0 - 1.0 / r,
+                "EXPLAIN ANALYZE's time",
+                format!("EXPLAIN ANALYZE took {r:.2}× its TIMING OFF run"),
+            ),
+            (_, Some(c), Some(cpu)) if c.syscall.ns_per_read > c.vdso.ns_per_read => {
+                let extra_s =
+                    clock_syscalls as f64 * (c.syscall.ns_per_read - c.vdso.ns_per_read) / 1e9;
+                Impact::new(
+                    extra_s / cpu,
+                    "the backends' CPU time",
+                    format!(
+                        "{clock_syscalls} clock syscalls × {:.0} ns more than a vDSO read, against \
+                         {cpu:.1} s of backend CPU (procfs)",
+                        c.syscall.ns_per_read - c.vdso.ns_per_read
+                    ),
+                )
+            }
+            _ => None,
+        };
         Some(Finding {
             id: ID.into(),
             severity,
+            impact,
             title: "Clock reads in the server cost system calls".into(),
             summary: format!(
                 "{} (clocksource {src_name}). PostgreSQL {version} times plan nodes, I/O (track_io_timing) and \

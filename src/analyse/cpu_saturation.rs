@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule};
+use super::{Figure, Finding, Impact, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -280,6 +280,14 @@ impl Rule for CpuSaturation {
         Some(Finding {
             id: ID.into(),
             severity: super::severity_at(share, CRITICAL_SHARE),
+            impact: Impact::new(
+                w.runq_s / (w.runq_s + w.cpu_s),
+                "the busy backends' runnable time",
+                format!(
+                    "schedstat: {:.1} s on the run queue, {:.1} s on a CPU",
+                    w.runq_s, w.cpu_s
+                ),
+            ),
             title: "The backends wait for a CPU: the machine's CPUs are saturated".into(),
             summary: format!(
                 "The backends waited {r:.1} s runnable on the run queue against {c:.1} s on a CPU \

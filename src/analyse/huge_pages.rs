@@ -15,7 +15,7 @@
 //! got them, and a server whose backends touch little needs none.
 use serde_json::json;
 
-use super::{severity_at, Figure, Finding, Measure, Rule};
+use super::{severity_at, Figure, Finding, Impact, Measure, Rule};
 use crate::collect::procfs::parse::SharedSegment;
 use crate::collect::procfs::SHARED_MEMORY;
 use crate::evidence::procfs::{page_tables, PageTables};
@@ -205,6 +205,14 @@ impl Rule for NoHugePages {
         Some(Finding {
             id: ID.into(),
             severity: severity_at(share, CRITICAL_SHARE),
+            impact: Impact::new(
+                share,
+                "the shared memory's size, in extra page tables (memory)",
+                format!(
+                    "/proc/PID/status VmPTE: {:.0} MB of page tables beyond the postmaster's",
+                    peak.excess_kb as f64 / 1024.0
+                ),
+            ),
             title: "Every backend maps the shared memory in 4 kB pages".into(),
             summary: format!(
                 "The server's {n} processes held {pte:.0} MB of page tables (Σ VmPTE) at {t:.0} s, \

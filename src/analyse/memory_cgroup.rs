@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule, Severity};
+use super::{Figure, Finding, Impact, Measure, Rule, Severity};
 use crate::collect::memcg::MemcgSample;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -314,9 +314,18 @@ impl Rule for MemoryCgroupReclaim {
         };
         let settings = &ev.manifest.postgres.settings;
         let sb = settings.get("shared_buffers").cloned();
+        let impact = Impact::new(
+            reclaim_s / secs,
+            "one CPU's time (reclaim by the cluster's processes, summed)",
+            format!(
+                "{:.1} s in reclaim (profile on CPU, off-CPU or procfs D) over {:.0} s",
+                reclaim_s, secs
+            ),
+        );
         Some(Finding {
             id: ID.into(),
             severity,
+            impact,
             title: "The cluster's memory cgroup limit makes it reclaim its own cache".into(),
             summary: format!(
                 "The memory cgroup {cg} is limited to {lim}; the cluster's usage reached {peak:.0} MB \

@@ -22,7 +22,7 @@ pub mod timer_syscalls;
 pub mod wal_fsync;
 
 pub use check::{Check, Figure, Measure, Status};
-pub use finding::{Finding, Severity};
+pub use finding::{Finding, Impact, Severity};
 
 use crate::evidence::Evidence;
 
@@ -99,3 +99,50 @@ pub fn diagnose(ev: &Evidence) -> (Vec<Check>, Vec<Finding>) {
 
 #[cfg(test)]
 pub(crate) use crate::evidence::fixture;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The contract: every warning or critical finding says what it costs,
+    /// from the recording, as a share between 0 and 1 with its basis. Real
+    /// lab recordings, one per case that raises.
+    #[test]
+    fn every_warning_carries_its_measured_impact() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings");
+        let mut seen = std::collections::BTreeSet::new();
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        for name in names {
+            for f in analyse(&fixture(&name)) {
+                if f.severity == Severity::Info {
+                    continue;
+                }
+                let i = f
+                    .impact
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{name}: {} {:?} has no impact", f.id, f.severity));
+                assert!(
+                    i.share > 0.0 && i.share <= 1.0 && !i.of.is_empty() && !i.basis.is_empty(),
+                    "{name}: {}: {i:?}",
+                    f.id
+                );
+                seen.insert(f.id.clone());
+            }
+        }
+        // The fixtures raise most rules; all of those were checked.
+        assert!(seen.len() >= 10, "only {seen:?} raised in the fixtures");
+    }
+
+    #[test]
+    fn an_impact_is_a_share_or_nothing() {
+        assert!(Impact::new(f64::NAN, "x", "y").is_none());
+        assert!(Impact::new(f64::INFINITY, "x", "y").is_none());
+        assert_eq!(Impact::new(1.7, "x", "y").unwrap().share, 1.0);
+        assert_eq!(Impact::new(0.12345, "x", "y").unwrap().share, 0.123);
+    }
+}

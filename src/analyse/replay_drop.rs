@@ -13,7 +13,7 @@
 //! buffer-drop functions.
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule, Severity};
+use super::{Figure, Finding, Impact, Measure, Rule, Severity};
 use crate::evidence::profile;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -314,6 +314,13 @@ impl Rule for ReplayDropCost {
         Some(Finding {
             id: ID.into(),
             severity,
+            impact: share.and_then(|s| {
+                Impact::new(
+                    s,
+                    "the startup process's CPU (replay)",
+                    format!("{samples} profile samples of the startup process, {:.0} % in the buffer-drop functions", s * 100.0),
+                )
+            }),
             title: "Standby replay pays a buffer-pool scan per dropped relation".into(),
             summary: match d {
                 Some(d) => format!(

@@ -15,7 +15,7 @@
 //! into the text.
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule};
+use super::{Figure, Finding, Impact, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -271,6 +271,13 @@ impl Rule for ReplayWithoutPrefetch {
         Some(Finding {
             id: ID.into(),
             severity,
+            impact: d_share.and_then(|d| {
+                Impact::new(
+                    d,
+                    "the startup process's time not waiting for a CPU",
+                    "procfs at 10 Hz: the startup process's samples in D (reads)",
+                )
+            }),
             title: "Standby replay reads its blocks one at a time, without prefetching".into(),
             summary: format!(
                 "The startup process made {preads} pread64 calls and {fadvise} fadvise64, read \

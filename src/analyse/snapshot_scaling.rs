@@ -11,7 +11,7 @@
 //! samples. The version goes into the explanation, never into the decision.
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule};
+use super::{Figure, Finding, Impact, Measure, Rule};
 use crate::collect::pgstat::WaitSample;
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
@@ -133,6 +133,11 @@ impl Rule for SnapshotScaling {
         Some(Finding {
             id: ID.into(),
             severity,
+            impact: Impact::new(
+                share,
+                "the backends' CPU",
+                format!("profile: {snap} of {backend} backend samples in GetSnapshotData"),
+            ),
             title: "Snapshots cost more with every open connection".into(),
             summary: format!(
                 "{pct:.1}% of the backends' on-CPU samples ({snap} of {backend}) were in \

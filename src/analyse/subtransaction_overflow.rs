@@ -19,7 +19,7 @@
 //! lookups missed the cache; the version goes into the text only.
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule};
+use super::{Figure, Finding, Impact, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -223,6 +223,24 @@ impl Rule for SubtransactionOverflow {
         Some(Finding {
             id: ID.into(),
             severity,
+            impact: if by_waits {
+                Impact::new(
+                    wait_share,
+                    "the backends' busy time",
+                    format!(
+                        "pg_stat_activity at 10 Hz: {} busy backend samples on pg_subtrans",
+                        waits.samples
+                    ),
+                )
+            } else {
+                Impact::new(
+                    prof_share,
+                    "the backends' CPU",
+                    format!(
+                        "profile: {prof_hit} of {prof_all} backend samples in pg_subtrans lookups"
+                    ),
+                )
+            },
             title: "Readers look up pg_subtrans: a transaction overflowed its subtransaction cache"
                 .into(),
             summary: format!(

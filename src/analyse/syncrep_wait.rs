@@ -8,7 +8,7 @@
 //! backend samples under `SyncRepWaitForLSN` and in epoll/mutex kernel code.
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule, Severity};
+use super::{Figure, Finding, Impact, Measure, Rule, Severity};
 use crate::collect::profile::KERNEL_SUFFIX;
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
@@ -311,6 +311,13 @@ impl Rule for SyncrepWait {
         let mut f = Finding {
             id: ID.into(),
             severity,
+            impact: epoll_share.and_then(|s| {
+                Impact::new(
+                    s,
+                    "the backends' CPU",
+                    "profile: backend samples in epoll set-up and its mutexes",
+                )
+            }),
             title: "An epoll set built and freed on every commit wait".into(),
             summary: format!(
                 "Backends made {create} epoll_create1, {ctl} epoll_ctl and {close} close calls for {n} commits \

@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::statements::statements;
-use super::{Figure, Finding, Measure, Rule, Severity};
+use super::{Figure, Finding, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -129,6 +129,11 @@ impl Rule for TimerSyscalls {
         let mut f = Finding {
             id: ID.into(),
             severity,
+            impact: Impact::new(
+                share,
+                "the backends' system calls",
+                format!("syscalls collector: {timer_calls} timer calls of the backends' {total}"),
+            ),
             title: "A timer syscall on every statement".into(),
             summary: format!(
                 "Backends made {timer_calls} timer syscalls (setitimer {setitimer}, timer_settime {timer_settime}) for \

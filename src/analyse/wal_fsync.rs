@@ -21,7 +21,7 @@
 //! enable.
 use serde_json::json;
 
-use super::{Figure, Finding, Measure, Rule, Severity};
+use super::{Figure, Finding, Impact, Measure, Rule, Severity};
 use crate::evidence::pgstat::{summarize_waits, RoleWaits};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -271,6 +271,14 @@ impl Rule for WalFsync {
         Some(Finding {
             id: ID.into(),
             severity,
+            impact: Impact::new(
+                share,
+                "the backends' busy time",
+                format!(
+                    "pg_stat_activity at 10 Hz: {avg:.2} of {busy:.2} busy backends on average in \
+                     IO:WALSync, IO:WALWrite or LWLock:WALWrite"
+                ),
+            ),
             title: if measured_slow {
                 "Commits wait on slow WAL flushes".into()
             } else {

@@ -259,6 +259,7 @@ pub fn render(r: &Report) -> String {
                     .collect();
                 let _ = writeln!(o, "    evidence: {}", parts.join(" "));
             }
+            let _ = writeln!(o, "    impact: {}", impact_text(f));
             let _ = writeln!(o, "    remedy: {}", f.remedy);
         }
     }
@@ -417,6 +418,15 @@ fn series_line(label: &str, s: &crate::evidence::Series, decimals: usize, o: &mu
         s.source,
         unit = s.unit,
     );
+}
+
+/// "34 % of the backends' busy time (pg_stat_activity …)", or what was not
+/// measured.
+pub(crate) fn impact_text(f: &crate::analyse::Finding) -> String {
+    match &f.impact {
+        Some(i) => format!("{:.1} % of {} ({})", i.share * 100.0, i.of, i.basis),
+        None => "not measured (see the summary for what to enable)".into(),
+    }
 }
 
 #[cfg(test)]

@@ -192,6 +192,7 @@ fn finding_card(o: &mut String, f: &crate::analyse::Finding, end: f64) {
         o,
         "<article class=\"finding {sev}\" tabindex=\"0\" data-finding=\"{}\"{window}>\
          <p><span class=\"sev\">{sev}</span> <code>{}</code>{}</p><h3>{}</h3><p>{}</p>\
+         <p class=\"impact\"><b>Impact.</b> {}</p>\
          <details><summary>evidence</summary>{}</details><p><b>Remedy.</b> {}</p></article>",
         escape(&f.id),
         escape(&f.id),
@@ -200,6 +201,7 @@ fn finding_card(o: &mut String, f: &crate::analyse::Finding, end: f64) {
             .unwrap_or_default(),
         escape(&f.title),
         escape(&f.summary),
+        escape(&crate::report::text::impact_text(f)),
         tables::evidence(&f.evidence),
         escape(&f.remedy)
     );
