@@ -84,6 +84,28 @@ fn render(r: &Report, format: Format, ev: &Evidence) -> Result<String> {
 }
 
 /// Exit 1 when `--fail-on` is given and a finding is at least that severe.
+/// A recording's saved report.json/report.txt that is damaged or out of
+/// date is rewritten from the recording, with a note; never silently kept.
+fn refresh_saved(dir: &std::path::Path, rep: &report::Report) {
+    let why = match report::saved(dir, rep) {
+        report::Saved::Current | report::Saved::Absent => return,
+        report::Saved::Damaged(e) => format!("was damaged ({e})"),
+        report::Saved::Stale => "was out of date (written by an earlier analysis)".into(),
+    };
+    let file = dir.join(report::JSON_FILE);
+    match report::write_files(dir, rep) {
+        Ok(()) => eprintln!(
+            "pgbelow: note: {} {why}; rewritten from the recording",
+            file.display()
+        ),
+        Err(e) => eprintln!(
+            "pgbelow: note: {} {why} and could not be rewritten ({e:#}); the report below is \
+             built from the recording",
+            file.display()
+        ),
+    }
+}
+
 fn exit_for(r: &Report, fail_on: Option<SeverityArg>) -> ExitCode {
     match (fail_on, doctor::worst(r)) {
         (Some(min), Some(w)) if w >= severity(min) => ExitCode::from(1),
@@ -456,6 +478,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ReportFormat::Pprof => return pprof(&loaded, a.output.as_deref()),
             };
             let rep = report::build(&loaded);
+            refresh_saved(&a.dir, &rep);
             write_or_print(a.output.as_deref(), render(&rep, format, &loaded)?, format)?;
             Ok(exit_for(&rep, a.fail_on))
         }

@@ -570,3 +570,37 @@ fn a_profile_summary_cannot_point_outside_the_recording() {
         );
     }
 }
+
+/// A damaged or out-of-date report.json in a recording is rewritten from
+/// the recording with a note, never silently kept; a current one is left
+/// alone without a word.
+#[test]
+fn a_damaged_saved_report_is_rewritten_with_a_note() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("rec");
+    copy_with("pg15-relation-extension", &dir, "report.json", b"{garbage");
+    let saved = dir.join("report.json");
+    let r = report(&dir, "text", 60);
+    assert_eq!(r.status.code(), Some(0), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("report.json was damaged") && r.stderr.contains("rewritten"),
+        "{}",
+        r.stderr
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&saved).unwrap())
+        .expect("report.json rewritten as JSON");
+    assert_eq!(v["schema_version"], 1, "{v}");
+    assert!(dir.join("report.txt").exists());
+    // Now current: nothing to say.
+    let r = report(&dir, "json", 60);
+    assert_eq!(r.status.code(), Some(0), "{}", r.stderr);
+    assert!(!r.stderr.contains("note"), "{}", r.stderr);
+    // A valid report that says something else (an earlier analysis).
+    let mut old = v.clone();
+    old["findings"] = serde_json::json!([]);
+    std::fs::write(&saved, serde_json::to_vec(&old).unwrap()).unwrap();
+    let r = report(&dir, "text", 60);
+    assert!(r.stderr.contains("out of date"), "{}", r.stderr);
+    let back: serde_json::Value = serde_json::from_slice(&std::fs::read(&saved).unwrap()).unwrap();
+    assert_eq!(back, v, "rewritten to the current analysis");
+}
