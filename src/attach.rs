@@ -106,6 +106,62 @@ pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, Strin
     Err(why.join("; "))
 }
 
+/// A connection string for the postmaster `pid` from what its
+/// `postmaster.pid` names (port, first socket directory) and the name of
+/// the account it runs as (the bootstrap superuser initdb names after it),
+/// seen through /proc/PID/root so that a containerised server's paths and
+/// accounts are its own. None when the file cannot be read or names no
+/// socket directory.
+pub fn dsn_from_postmaster_pid(pid: u32) -> Option<String> {
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cwd/postmaster.pid")).ok()?;
+    let lines: Vec<&str> = text.lines().collect();
+    // Lines: pid, data directory, start time, port, socket directory, …
+    let port: u16 = lines.get(3)?.trim().parse().ok()?;
+    let sock = lines.get(4)?.trim();
+    if sock.is_empty() {
+        return None;
+    }
+    // Through the server's root when it has its own (a container's
+    // /var/run/postgresql); the plain path when it shares ours.
+    let same_root = {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(&root), std::fs::metadata("/")) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
+        }
+    };
+    let host = if same_root {
+        PathBuf::from(sock)
+    } else {
+        root.join(sock.trim_start_matches('/'))
+    };
+    let uid = std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid()
+    })?;
+    let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap_or_default();
+    let user = passwd
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.get(2)?.parse::<u32>().ok()? == uid).then(|| f[0].to_string())
+        })
+        .unwrap_or_else(|| "postgres".into());
+    let q = |v: &str| {
+        if v.is_empty() || v.contains(|c: char| c.is_whitespace() || c == '\'' || c == '\\') {
+            format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"))
+        } else {
+            v.to_string()
+        }
+    };
+    Some(format!(
+        "host={} port={port} user={} dbname=postgres",
+        q(&host.display().to_string()),
+        q(&user)
+    ))
+}
+
 pub fn run(opts: &RecordOptions) -> Result<crate::recording::Recorded> {
     let (session, pid) = attach(opts, true)?;
     record_for(opts, session, pid)
@@ -142,6 +198,39 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
             "pass the postmaster's pid (the first line of $PGDATA/postmaster.pid), not a backend's",
         ));
     }
+    // --pid alone: postmaster.pid names the socket; try it as psql would
+    // with -h/-p from that file. If it cannot log in (peer authentication
+    // as another account, a password), record without the server's
+    // counters and say how to include them.
+    let conninfo = match (conninfo, opts.pid) {
+        (None, Some(pid)) => dsn_from_postmaster_pid(pid).and_then(|dsn| {
+            let tried = crate::connect::ConnSpec::resolve(Some(&dsn))
+                .and_then(|spec| ServerConn::connect_spec(&spec).map(drop));
+            match tried {
+                Ok(()) => {
+                    if announce {
+                        eprintln!(
+                            "pgbelow: recording the postmaster pid {pid}, connecting with \"{dsn}\" \
+                             (from its postmaster.pid)"
+                        );
+                    }
+                    Some(dsn)
+                }
+                Err(e) => {
+                    if announce {
+                        eprintln!(
+                            "pgbelow: note: no connection with \"{dsn}\" (from postmaster.pid): {}; \
+                             recording without the server's counters (pass --dsn with a role \
+                             that can log in to include them)",
+                            format!("{e:#}").replace('\n', " ")
+                        );
+                    }
+                    None
+                }
+            }
+        }),
+        (c, _) => c,
+    };
     let mut manifest = this_host_manifest("attach");
     let pid = if let Some(dsn) = &conninfo {
         // This connection only fills the manifest; the pgstat collector

@@ -66,13 +66,14 @@ pub struct WatchArgs {
     /// libpq connection string for the server's counters (read-only); the
     /// postmaster is found from it, again after a restart. Absent: the PG*
     /// environment variables and ~/.pgpass.
-    #[arg(long, value_name = "CONNSTR")]
+    #[arg(short = 'd', long, value_name = "CONNSTR")]
     pub dsn: Option<String>,
     /// Address of the /metrics endpoint.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9187")]
     pub listen: String,
-    /// Seconds per window: the rules and the ratio gauges cover the last one.
-    #[arg(long = "window", value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(5..=3600))]
+    /// Length of a window (60, 60s, 2m): the rules and the ratio gauges
+    /// cover the last one.
+    #[arg(long = "window", value_name = "DURATION", default_value = "60", value_parser = secs_5_3600)]
     pub window: u32,
     /// Keep windows that raised a finding as recordings in this directory
     /// (`pgbelow report` opens them).
@@ -236,7 +237,7 @@ pub struct Collection {
     #[arg(long, value_enum)]
     pub syscall_mechanism: Option<MechanismArg>,
     /// Recording directory (default: ./pgbelow-runs/<name>-<time>).
-    #[arg(long, value_name = "DIR")]
+    #[arg(short = 'o', long, visible_alias = "output", value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -256,9 +257,9 @@ pub struct LabRunArgs {
     /// A server setting for the lab cluster, repeatable.
     #[arg(long = "set", value_name = "GUC=VALUE", value_parser = parse_guc)]
     pub set: Vec<(String, String)>,
-    /// Seconds of workload (default 20; checkpoint-stall: 60, so that a timed
-    /// checkpoint runs under load).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=86400))]
+    /// Workload time: 20, 20s, 2m, 1h30m (default 20 s; checkpoint-stall: 60 s,
+    /// so that a timed checkpoint runs under load).
+    #[arg(long, value_name = "DURATION", value_parser = secs_1_86400)]
     pub duration: Option<u32>,
     /// pgbench clients (default 1; syncrep-commit: 8).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -357,8 +358,8 @@ pub struct LabMatrixArgs {
     /// Runs per major; the table shows the median.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub repeat: u32,
-    /// Seconds of workload per run.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=86400))]
+    /// Workload time per run: 20, 20s, 2m.
+    #[arg(long, value_name = "DURATION", default_value = "20", value_parser = secs_1_86400)]
     pub duration: u32,
     /// pgbench clients (default: the scenario's, as `lab run`).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -413,10 +414,11 @@ pub struct RecordArgs {
     /// the server's counters, over a read-only session. Absent: the PG*
     /// environment variables (PGHOST, PGPORT, PGUSER, PGDATABASE, …) and
     /// ~/.pgpass, as psql reads them.
-    #[arg(long, value_name = "CONNSTR")]
+    #[arg(short = 'd', long, value_name = "CONNSTR")]
     pub dsn: Option<String>,
-    /// Seconds to record (Ctrl-C stops early with a valid recording).
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=86400))]
+    /// How long to record: 30, 30s, 5m, 1h (Ctrl-C stops early with a valid
+    /// recording).
+    #[arg(long, value_name = "DURATION", default_value = "30", value_parser = secs_1_86400)]
     pub duration: u32,
     #[command(flatten)]
     pub collection: Collection,
@@ -439,7 +441,7 @@ pub struct ReportArgs {
     /// A recording directory.
     pub dir: PathBuf,
     /// Write the report to this file instead of stdout.
-    #[arg(long, value_name = "FILE")]
+    #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Report format.
     #[arg(long, value_enum, default_value = "text")]
@@ -458,7 +460,7 @@ pub struct CompareArgs {
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
     /// Write the comparison to this file instead of stdout.
-    #[arg(long, value_name = "FILE")]
+    #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Exit 1 when recording B (the "after") raises a finding of this
     /// severity or worse.
@@ -471,8 +473,8 @@ pub struct DoctorArgs {
     /// Recording directory for the probes.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Seconds of each probe's workload.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=600))]
+    /// Each probe's workload time: 8, 8s, 1m.
+    #[arg(long, value_name = "DURATION", default_value = "8", value_parser = secs_2_600)]
     pub duration: u32,
     /// Probe this PostgreSQL major instead of the system's.
     #[arg(long, value_name = "MAJOR")]
@@ -636,6 +638,39 @@ fn parse_size_list(s: &str) -> Result<SizeList, String> {
     pgbelow::scenarios::drop_sweep::parse_sizes(s).map(SizeList)
 }
 
+/// Seconds from a duration as a DBA types it: `30`, `30s`, `2.5`, `2m`,
+/// `1h30m` (humantime's units: s, m, h, d, ms …); rounded to whole seconds,
+/// within `min..=max`.
+fn parse_secs(s: &str, min: u32, max: u32) -> Result<u32, String> {
+    let t = s.trim();
+    let secs = match t.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => v,
+        Ok(_) => return Err(format!("'{s}' is not a duration")),
+        Err(_) => humantime::parse_duration(t)
+            .map_err(|e| format!("'{s}' is not a duration ({e}); e.g. 30, 30s, 2m, 1h30m"))?
+            .as_secs_f64(),
+    };
+    let r = secs.round();
+    if r < f64::from(min) || r > f64::from(max) {
+        return Err(format!(
+            "{s} is {secs} s; it must be between {min} s and {max} s"
+        ));
+    }
+    Ok(r as u32)
+}
+
+fn secs_1_86400(s: &str) -> Result<u32, String> {
+    parse_secs(s, 1, 86400)
+}
+
+fn secs_2_600(s: &str) -> Result<u32, String> {
+    parse_secs(s, 2, 600)
+}
+
+fn secs_5_3600(s: &str) -> Result<u32, String> {
+    parse_secs(s, 5, 3600)
+}
+
 fn parse_guc(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -654,6 +689,33 @@ fn parse_guc(s: &str) -> Result<(String, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_as_dbas_type_them() {
+        for (s, want) in [
+            ("30", 30),
+            ("30s", 30),
+            ("2m", 120),
+            ("1h30m", 5400),
+            ("2.5", 3),
+            (" 10s ", 10),
+            ("1500ms", 2),
+        ] {
+            assert_eq!(parse_secs(s, 1, 86400), Ok(want), "{s}");
+        }
+        for bad in ["", "ten", "-3", "0", "2d", "nan", "inf"] {
+            let e = parse_secs(bad, 1, 86400).unwrap_err();
+            assert!(!e.is_empty(), "{bad}");
+        }
+        let cli = Cli::try_parse_from(["pgbelow", "record", "--duration", "1m", "-d", "dbname=x"])
+            .unwrap();
+        let Command::Record(r) = cli.command else {
+            panic!("not record")
+        };
+        assert_eq!((r.duration, r.dsn.as_deref()), (60, Some("dbname=x")));
+        let e = Cli::try_parse_from(["pgbelow", "record", "--duration", "10x"]).unwrap_err();
+        assert!(e.to_string().contains("e.g. 30, 30s, 2m"), "{e}");
+    }
 
     #[test]
     fn guc_pairs() {

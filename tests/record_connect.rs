@@ -452,6 +452,54 @@ fn dsn_alone_finds_the_postmaster_and_records() {
     assert!(!bad.exists(), "a recording was started: {err}");
 }
 
+/// `--pid` alone: postmaster.pid names the port and socket directory, and
+/// the server's account names the role, so the server's counters are
+/// recorded as with --dsn. Where that cannot log in, the run goes on
+/// without them and says how to include them.
+#[test]
+fn pid_alone_connects_through_postmaster_pid() {
+    let pg = Pg::start("", "local all all trust\n", |_| {});
+    let home = tempfile::tempdir().unwrap();
+    let out = home.path().join("rec");
+    let pm = pg.postmaster_pid().to_string();
+    let o = record(
+        &[&["--pid", &pm][..], &SHORT, &out_args(&out)].concat(),
+        &[],
+        home.path(),
+    );
+    let (_, stderr) = text(&o);
+    assert!(
+        stderr.contains(&format!("host={} port={}", pg.sock().display(), pg.port)),
+        "{stderr}"
+    );
+    assert_recorded(&o, &pg, &out);
+
+    let pw = Pg::start("", "local all all scram-sha-256\n", |_| {});
+    let out = home.path().join("rec-pw");
+    let pm = pw.postmaster_pid().to_string();
+    let o = record(
+        &[&["--pid", &pm][..], &SHORT, &out_args(&out)].concat(),
+        &[],
+        home.path(),
+    );
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stderr}\n{stdout}");
+    assert!(
+        stderr.contains("note: no connection") && stderr.contains("pass --dsn"),
+        "{stderr}"
+    );
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let pgstat = m["collectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "pgstat")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(pgstat["status"], "failed", "{pgstat:#}");
+}
+
 #[test]
 fn the_pg_environment_alone_is_enough() {
     let pg = Pg::start("", "local all all trust\n", |_| {});
