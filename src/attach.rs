@@ -162,6 +162,33 @@ pub fn dsn_from_postmaster_pid(pid: u32) -> Option<String> {
     ))
 }
 
+/// The fix for a missing privilege, the same everywhere.
+const ROOT_FIX: &str = "run pgbelow as root (sudo pgbelow …): it reads other users' /proc files \
+     and loads BPF programs and perf events (CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_BPF, CAP_PERFMON)";
+
+/// Whether this process may look at `pid` at all: another user's
+/// /proc/PID/exe needs root (or CAP_SYS_PTRACE). Without it every check
+/// would fail with a misleading "not a postmaster".
+fn check_access(pid: u32) -> Result<()> {
+    match std::fs::read_link(format!("/proc/{pid}/exe")) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            let owner = std::fs::metadata(format!("/proc/{pid}")).map_or(String::new(), |m| {
+                use std::os::unix::fs::MetadataExt;
+                format!(", owned by uid {}", m.uid())
+            });
+            Err(crate::error::unprivileged(
+                format!(
+                    "cannot observe pid {pid}{owner}: /proc/{pid}/exe: permission denied (pgbelow runs as uid {me}, not root)"
+                ),
+                ROOT_FIX,
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 pub fn run(opts: &RecordOptions) -> Result<crate::recording::Recorded> {
     let (session, pid) = attach(opts, true)?;
     record_for(opts, session, pid)
@@ -190,6 +217,9 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
                 "pass the postmaster's pid: head -1 $PGDATA/postmaster.pid",
             ));
         }
+    }
+    if let Some(pid) = opts.pid {
+        check_access(pid)?;
     }
     crate::collect::preflight(&opts.collectors)?;
     if let Some(pid) = opts.pid.filter(|p| !procinfo::looks_like_postmaster(*p)) {
@@ -256,6 +286,15 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
             }
             (None, Err(why)) => {
                 let at = conn.server.clone();
+                // SAFETY: geteuid has no preconditions.
+                if unsafe { libc::geteuid() } != 0 && why.contains("ermission denied") {
+                    return Err(crate::error::unprivileged(
+                        format!(
+                            "cannot find the postmaster of the server at {at} ({why}): pgbelow is not root"
+                        ),
+                        ROOT_FIX,
+                    ));
+                }
                 return Err(fixable(
                     format!("cannot find the postmaster of the server at {at} among this host's processes ({why}): pgbelow must run on the database host"),
                     "run pgbelow on the database server's host; for a server in a container (another pid namespace), pass --pid with its postmaster's pid as this host sees it",

@@ -26,9 +26,38 @@ pub fn fixable(what: impl Into<String>, fix: impl Into<String>) -> anyhow::Error
     })
 }
 
+/// A [`Fixable`] that is a privilege pgbelow lacks: waiting and retrying
+/// cannot help (`watch` exits on it instead of retrying).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unprivileged(pub Fixable);
+
+impl fmt::Display for Unprivileged {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Unprivileged {}
+
+/// Build an `anyhow::Error` carrying an [`Unprivileged`].
+pub fn unprivileged(what: impl Into<String>, fix: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Unprivileged(Fixable {
+        what: what.into(),
+        fix: fix.into(),
+    }))
+}
+
+/// Is a missing privilege somewhere in the chain?
+pub fn is_unprivileged(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.is::<Unprivileged>())
+}
+
 /// The first [`Fixable`] in an error chain, if any.
 pub fn find_fixable(err: &anyhow::Error) -> Option<&Fixable> {
-    err.chain().find_map(|e| e.downcast_ref::<Fixable>())
+    err.chain().find_map(|e| {
+        e.downcast_ref::<Fixable>()
+            .or_else(|| e.downcast_ref::<Unprivileged>().map(|u| &u.0))
+    })
 }
 
 #[cfg(test)]

@@ -141,6 +141,11 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
         last_end = Some(std::time::Instant::now());
         let rec = match recorded {
             Ok(rec) => rec,
+            Err(e) if crate::error::is_unprivileged(&e) => {
+                // Retrying cannot grant a privilege: say it once and exit 2.
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
             Err(e) => {
                 let msg = one_line(&format!("{e:#}"));
                 if msg != last_error {
