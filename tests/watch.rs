@@ -338,6 +338,22 @@ fn prometheus_sees_the_finding_on_13_not_on_15() {
         "setitimer per statement on 13: {per13}"
     );
     assert!(per15 < 0.1, "setitimer per statement on 15: {per15}");
+    // One line per window on stderr for the journal, with what it found.
+    let log13 = w13.log();
+    assert!(
+        log13
+            .lines()
+            .any(|l| l.starts_with("pgbelow: watch: window ")
+                && l.contains("timer-syscalls-per-statement")),
+        "{log13}"
+    );
+    assert!(
+        w15.log()
+            .lines()
+            .any(|l| l.starts_with("pgbelow: watch: window ") && l.contains("clear")),
+        "{}",
+        w15.log()
+    );
     assert_eq!(
         sample(&m13, "pgbelow_collector_up{collector=\"syscalls\"}"),
         Some(1.0)

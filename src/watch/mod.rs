@@ -172,6 +172,7 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
             last_error.clear();
         }
         lock(metrics).add_window(&ev, &rep, server_up);
+        eprintln!("{}", window_line(n, &rep));
         match &opts.keep {
             Some(keep) if !rep.findings.is_empty() => {
                 crate::report::write_files(&rec.dir, &rep)?;
@@ -181,6 +182,36 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
         }
     }
     Ok(())
+}
+
+/// One line per window for the journal: what was found, or that the
+/// checks were clear.
+fn window_line(n: u64, rep: &crate::report::Report) -> String {
+    use crate::analyse::Status;
+    let count = |s: Status| rep.checks.iter().filter(|c| c.status == s).count();
+    let checks = format!(
+        "checks: {} clear, {} not measurable",
+        count(Status::Clear),
+        count(Status::NotMeasurable)
+    );
+    if rep.findings.is_empty() {
+        return format!("pgbelow: watch: window {n}: no findings; {checks}");
+    }
+    let found: Vec<String> = rep
+        .findings
+        .iter()
+        .map(|f| match &f.impact {
+            Some(i) => format!(
+                "{} {} ({:.0} % of {})",
+                f.severity.as_str(),
+                f.id,
+                i.share * 100.0,
+                i.of
+            ),
+            None => format!("{} {}", f.severity.as_str(), f.id),
+        })
+        .collect();
+    format!("pgbelow: watch: window {n}: {}; {checks}", found.join(", "))
 }
 
 fn lock(m: &Mutex<Metrics>) -> std::sync::MutexGuard<'_, Metrics> {
