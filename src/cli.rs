@@ -457,6 +457,8 @@ pub struct CompareArgs {
     pub dir_a: PathBuf,
     /// The "after" recording.
     pub dir_b: PathBuf,
+    /// Comparison format: text, json (the contract's CompareReport), or
+    /// html (both runs' charts and flame graphs side by side).
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
     /// Write the comparison to this file instead of stdout.
@@ -479,8 +481,12 @@ pub struct DoctorArgs {
     /// Probe this PostgreSQL major instead of the system's.
     #[arg(long, value_name = "MAJOR")]
     pub pg: Option<u32>,
+    /// Force how the probes count syscalls (default: eBPF, perf
+    /// tracepoints if BPF is unavailable).
     #[arg(long, value_enum)]
     pub syscall_mechanism: Option<MechanismArg>,
+    /// Exit 1 when a probe raises a finding of this severity or worse (CI
+    /// gates on a healthy machine).
     #[arg(long, value_enum)]
     pub fail_on: Option<SeverityArg>,
 }
