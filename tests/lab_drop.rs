@@ -62,12 +62,22 @@ fn startup_numbers(r: &Value) -> String {
     )
 }
 
-fn finding(report: &Value) -> Option<&Value> {
-    report["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["id"] == ID)
+/// `common::raised_with_margin` for ID, the startup numbers printed
+/// first when the check did not raise.
+fn raised(r: &Value, k: f64) -> &Value {
+    if common::check(r, ID)["status"] != "raised" {
+        eprintln!("{}", startup_numbers(r));
+    }
+    common::raised_with_margin(r, ID, k)
+}
+
+/// `common::silent` for ID, the startup numbers printed first when the
+/// check raised.
+fn silent(r: &Value) {
+    if common::check(r, ID)["status"] == "raised" {
+        eprintln!("{}", startup_numbers(r));
+    }
+    common::silent(r, ID);
 }
 
 #[test]
@@ -75,7 +85,9 @@ fn drop_many_fires_on_13_not_on_15() {
     let tmp = tempfile::tempdir().unwrap();
 
     let r13 = lab_run(&tmp.path().join("pg13"), "13");
-    let f = finding(&r13).unwrap_or_else(|| panic!("no {ID} on 13: {}", startup_numbers(&r13)));
+    // Measured 5.1× (2.5 ms of startup CPU per drop, bound 0.5 ms); CPU
+    // time, less on a faster machine: k under half.
+    let f = raised(&r13, 2.0);
     let ev = &f["evidence"];
     assert_eq!(ev["drops"], DROPS);
     assert_eq!(ev["synchronous_commit"], "remote_apply");
@@ -112,11 +124,7 @@ fn drop_many_fires_on_13_not_on_15() {
     );
 
     let r15 = lab_run(&tmp.path().join("pg15"), "15");
-    assert!(
-        finding(&r15).is_none(),
-        "{ID} on 15 with one-row tables: {}",
-        startup_numbers(&r15)
-    );
+    silent(&r15);
     let w: Value = serde_json::from_str(
         &std::fs::read_to_string(tmp.path().join("pg15/workload.json")).unwrap(),
     )
@@ -137,15 +145,11 @@ fn drop_many_on_14_is_fast_with_rows_and_15_slow_when_empty() {
     let tmp = tempfile::tempdir().unwrap();
 
     let r14 = lab_run(&tmp.path().join("pg14"), "14");
-    assert!(
-        finding(&r14).is_none(),
-        "{ID} on 14 with one-row tables: {}",
-        startup_numbers(&r14)
-    );
+    silent(&r14);
 
     let r15 = lab_run_with(&tmp.path().join("pg15e"), "15", &["--empty-tables"]);
-    let f = finding(&r15)
-        .unwrap_or_else(|| panic!("no {ID} on 15 with empty tables: {}", startup_numbers(&r15)));
+    // Measured 3.8× (1.9 ms per drop).
+    let f = raised(&r15, 1.5);
     let ev = &f["evidence"];
     assert_eq!(ev["empty_tables"], true);
     assert_eq!(ev["drops"], DROPS);

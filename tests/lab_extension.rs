@@ -1,17 +1,20 @@
-//! Case `relation-extension-lock` end to end on real PostgreSQL: 4
-//! concurrent COPY loaders grow one table. On 15 the backends queue in
-//! Lock:extend and write each new block with its own pwrite (the finding
-//! fires); on 16 they extend in bulk with fallocate (it does not).
+//! Case `relation-extension-lock` end to end on real PostgreSQL: concurrent
+//! COPY loaders grow one table. On 15 the backends queue in Lock:extend and
+//! write each new block with its own pwrite (the finding fires, with 10
+//! loaders: 4 gave a Lock:extend share only 2.6× past the bound); on 16,
+//! with the 4 loaders, they extend in bulk with fallocate (it does
+//! not). 10 loaders outrun even 16's bulk extension (10 % of its busy
+//! samples in Lock:extend, at the bound), and the rule says so.
 use std::path::Path;
 
 use serde_json::Value;
 
 mod common;
-use common::{assert_torn_down, finding};
+use common::assert_torn_down;
 
 const ID: &str = "relation-extension-lock";
 
-fn lab_run(pg: &str, out: &Path) -> Value {
+fn lab_run(pg: &str, clients: &str, out: &Path) -> Value {
     common::lab_json(
         &[
             "lab",
@@ -22,6 +25,8 @@ fn lab_run(pg: &str, out: &Path) -> Value {
             pg,
             "--duration",
             "10",
+            "--clients",
+            clients,
             "--collectors",
             "syscalls,pgstat",
             "--format",
@@ -45,9 +50,10 @@ fn backend_calls(r: &Value, name: &str) -> u64 {
 fn pg15_loaders_queue_on_the_extension_lock() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
-    let r = lab_run("15", &out);
+    let r = lab_run("15", "10", &out);
     assert_eq!(r["postgres"]["major"], 15);
-    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {:#}", r["pgstat"]));
+    // Measured 3.3× (33 % of busy samples in Lock:extend, bound 10 %).
+    let f = common::raised_with_margin(&r, ID, 1.5);
     let share = f["evidence"]["extend_wait_share"].as_f64().unwrap();
     assert!(share >= 0.1, "Lock:extend share {share}");
     assert_eq!(f["evidence"]["backend_fallocate"], 0, "{f:#}");
@@ -60,9 +66,9 @@ fn pg15_loaders_queue_on_the_extension_lock() {
 fn pg16_extends_in_bulk() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
-    let r = lab_run("16", &out);
+    let r = lab_run("16", "4", &out);
     assert_eq!(r["postgres"]["major"], 16);
-    assert!(finding(&r, ID).is_none(), "{ID} on 16: {:#}", r["pgstat"]);
+    common::silent(&r, ID);
     assert!(
         backend_calls(&r, "fallocate") > 10,
         "{:#}",

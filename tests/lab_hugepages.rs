@@ -1,4 +1,4 @@
-//! Case `no-huge-pages` end to end on real PostgreSQL: 40 clients look up
+//! Case `no-huge-pages` end to end on real PostgreSQL: 100 clients look up
 //! random rows of a table filling 1GB of shared_buffers, so every backend
 //! maps pages all over the shared memory. With huge_pages=off the procfs
 //! collector sees their page tables (VmPTE) grow and the finding is raised;
@@ -11,12 +11,12 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{assert_torn_down, finding, manifest, nr_hugepages};
+use common::{assert_torn_down, manifest, nr_hugepages};
 
 const ID: &str = "no-huge-pages";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let mut args = vec!["--set", "shared_buffers=1GB", "--clients", "40"];
+    let mut args = vec!["--set", "shared_buffers=1GB", "--clients", "100"];
     args.extend_from_slice(extra);
     common::lab_short_case(ID, &args, out)
 }
@@ -32,11 +32,13 @@ fn page_tables_raise_the_finding_without_huge_pages_and_not_with_them() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("off");
     let r = lab_run(&[], &out);
-    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    // Measured 4.4× (page tables 13 % of the shared memory, bound 3 %; 40
+    // clients gave 1.8×).
+    let f = common::raised_with_margin(&r, ID, 2.0);
     let ev = &f["evidence"];
     assert_eq!(ev["mapping"], "/dev/zero (deleted)", "{ev}");
     let excess_off = ev["excess_kb"].as_u64().unwrap();
-    // 40 backends mapping most of 1 GB in 4 kB pages: ≈ 2 MB each.
+    // 100 backends mapping most of 1 GB in 4 kB pages: ≈ 2 MB each.
     assert!(excess_off >= 32 * 1024, "{ev}");
     assert!(ev["backend_minflt"].as_u64().unwrap() > 10_000, "{ev}");
     let pages = ev["nr_hugepages_needed"].as_u64().unwrap();
@@ -46,7 +48,7 @@ fn page_tables_raise_the_finding_without_huge_pages_and_not_with_them() {
 
     let out = d.path().join("on");
     let r = lab_run(&["--huge-pages", "on"], &out);
-    assert!(finding(&r, ID).is_none(), "finding with huge pages: {r:#}");
+    common::silent(&r, ID);
     let m = manifest(&out);
     assert_eq!(m["facts"]["shared_memory"]["hugetlb"], true, "{m:#}");
     assert_eq!(m["postgres"]["settings"]["huge_pages"], "on");

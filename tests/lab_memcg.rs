@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{assert_torn_down, finding};
+use common::assert_torn_down;
 
 const ID: &str = "memory-cgroup-reclaim";
 
@@ -29,7 +29,9 @@ fn limit_above_shared_buffers_raises_the_finding_and_none_does_not() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("limit");
     let r = lab_run(&[], &out);
-    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    // Measured 42× (2115 refaults/s against 50/s); a rate, so a slower
+    // machine shows fewer: k well under half.
+    let f = common::raised_with_margin(&r, ID, 10.0);
     let ev = &f["evidence"];
     assert_eq!(ev["limit_mb"], 160.0, "{ev}");
     assert_eq!(f["severity"], "warning", "{ev}");
@@ -42,7 +44,7 @@ fn limit_above_shared_buffers_raises_the_finding_and_none_does_not() {
 
     let out = d.path().join("none");
     let r = lab_run(&["--memory-limit", "0"], &out);
-    assert!(finding(&r, ID).is_none(), "finding without a limit: {r:#}");
+    common::silent(&r, ID);
     let tps_none = r["workload"]["tps"].as_f64().unwrap();
     assert_torn_down(&out);
     common::assert_no_memory_cgroups();

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{assert_torn_down, finding};
+use common::assert_torn_down;
 
 const ID: &str = "replay-without-prefetch";
 
@@ -45,14 +45,14 @@ fn pg14_replays_without_prefetch() {
     let out = d.path().join("rec");
     let r = lab_run(Some("14"), &out);
     assert_eq!(r["postgres"]["major"], 14);
-    let f = finding(&r, ID).unwrap_or_else(|| {
-        panic!(
-            "no {ID} finding: startup {:#} {:#} replication {:#}",
-            r["syscalls"]["by_role"]["startup"],
-            r["procfs"]["roles"]["startup"],
-            r["pgstat"]["replication"]
-        )
-    });
+    eprintln!(
+        "startup {} {} replication {}",
+        r["syscalls"]["by_role"]["startup"],
+        r["procfs"]["roles"]["startup"],
+        r["pgstat"]["replication"]
+    );
+    // Measured 4.5× (22 % of the startup process in D, bound 5 %).
+    let f = common::raised_with_margin(&r, ID, 2.0);
     let ev = &f["evidence"];
     assert_eq!(ev["startup_fadvise64"], 0, "{ev}");
     assert!(ev["startup_pread64"].as_u64().unwrap() >= 1000, "{ev}");
@@ -70,7 +70,7 @@ fn pg15_prefetches_during_replay() {
     let out = d.path().join("rec");
     let r = lab_run(None, &out);
     assert_eq!(r["postgres"]["major"], 15);
-    assert!(finding(&r, ID).is_none(), "{ID} on 15: {:#}", r["findings"]);
+    common::silent(&r, ID);
     let (preads, fadvise) = (startup_calls(&r, "pread64"), startup_calls(&r, "fadvise64"));
     // Prefetching shows as fadvise64 beside the reads (one per block it
     // starts early; measured ≈ 1 per pread64 here).

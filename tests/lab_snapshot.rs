@@ -10,7 +10,7 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{assert_torn_down, finding};
+use common::assert_torn_down;
 
 const ID: &str = "snapshot-scaling-idle-connections";
 const IDLE: &str = "2000";
@@ -61,12 +61,12 @@ fn pg13_snapshots_pay_for_idle_connections() {
     let out = d.path().join("rec");
     let r = lab_run("13", &out);
     assert_eq!(r["postgres"]["major"], 13);
-    let f = finding(&r, ID).unwrap_or_else(|| {
-        panic!(
-            "no {ID} finding; backend samples, in GetSnapshotData: {:?}",
-            snapshot_share(&out)
-        )
-    });
+    eprintln!(
+        "backend samples, in GetSnapshotData: {:?}",
+        snapshot_share(&out)
+    );
+    // Measured 8.1× (24 % of backend samples in GetSnapshotData, bound 3 %).
+    let f = common::raised_with_margin(&r, ID, 4.0);
     let share = f["evidence"]["get_snapshot_data_share"].as_f64().unwrap();
     assert!(share >= 0.03, "share {share}");
     let idle = f["evidence"]["idle_connections"].as_u64().unwrap();
@@ -84,7 +84,8 @@ fn pg14_snapshots_do_not() {
     let r = lab_run("14", &out);
     assert_eq!(r["postgres"]["major"], 14);
     let (all, snap) = snapshot_share(&out);
-    assert!(finding(&r, ID).is_none(), "{ID} on 14: {snap} of {all}");
+    eprintln!("backend samples {all}, in GetSnapshotData {snap}");
+    common::silent(&r, ID);
     // The run was profiled enough to say so.
     assert!(all >= 100, "backend samples {all}");
     assert!(r["workload"]["tps"].as_f64().unwrap() > 100.0);

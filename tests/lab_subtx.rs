@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{assert_torn_down, finding};
+use common::assert_torn_down;
 
 const ID: &str = "subtransaction-overflow";
 
@@ -49,7 +49,8 @@ fn overflowed_snapshots_send_standby_readers_to_pg_subtrans() {
     let (out100, out50) = (d.path().join("r100"), d.path().join("r50"));
     let r = lab_run(100, &out100);
     let tps100 = r["workload"]["tps"].as_f64().unwrap();
-    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {:#}", r["pgstat"]));
+    // Measured 5.9× (59 % of busy samples in pg_subtrans waits, bound 10 %).
+    let f = common::raised_with_margin(&r, ID, 2.5);
     let ev = &f["evidence"];
     eprintln!("100 savepoints: {tps100:.0} tps, {ev}");
     assert_eq!(ev["standby"], true, "{ev}");
@@ -64,7 +65,7 @@ fn overflowed_snapshots_send_standby_readers_to_pg_subtrans() {
     let r = lab_run(50, &out50);
     let tps50 = r["workload"]["tps"].as_f64().unwrap();
     eprintln!("50 savepoints: {tps50:.0} tps");
-    assert!(finding(&r, ID).is_none(), "{ID} with 50: {:#}", r["pgstat"]);
+    common::silent(&r, ID);
     assert_eq!(slru_lookups(&out50), 0, "pg_subtrans looked up with 50");
     assert!(r["workload"]["transactions"].as_u64().unwrap() > 100);
     // Measured here: 238 vs 1150 tps.

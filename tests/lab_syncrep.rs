@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 
 mod common;
-use common::{finding, per_statement};
+use common::per_statement;
 
 const ID: &str = "syncrep-wait-syscalls";
 
@@ -33,7 +33,9 @@ fn pg13_sync_standbys_raise_the_finding_and_sweep() {
     let out = d.path().join("rec");
     let r = lab_run(&["--pg", "13", "--sweep"], &out);
     assert_eq!(r["postgres"]["major"], 13);
-    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    // One epoll_create1 per commit wait against the bound of 0.8 is 1.25× at
+    // most (measured 1.23×): below the usual 1.5, as the figure cannot grow.
+    let f = common::raised_with_margin(&r, ID, 1.1);
     let e = &f["evidence"];
     let create = e["epoll_create1_per_commit"].as_f64().unwrap();
     let ctl = e["epoll_ctl_per_commit"].as_f64().unwrap();
@@ -92,7 +94,7 @@ fn pg15_sync_standbys_raise_nothing() {
     let out = d.path().join("rec");
     let r = lab_run(&[], &out);
     assert_eq!(r["postgres"]["major"], 15);
-    assert!(finding(&r, ID).is_none(), "{r:#}");
+    common::silent(&r, ID);
     assert!(per_statement(&r, "epoll_create1") < 0.05);
     assert!(r["workload"]["transactions"].as_u64().unwrap() > 1000);
     assert!(r.get("syncrep_sweep").is_none());

@@ -10,7 +10,7 @@ use assert_cmd::Command;
 use serde_json::Value;
 
 mod common;
-use common::{assert_torn_down, finding, per_statement};
+use common::{assert_torn_down, per_statement};
 
 const ID: &str = "timer-syscalls-per-statement";
 
@@ -24,7 +24,9 @@ fn pg13_with_statement_timeout_raises_the_finding() {
     let out = d.path().join("rec");
     let r = lab_run(&["--pg", "13", "--set", "statement_timeout=10s"], &out);
     assert_eq!(r["postgres"]["major"], 13);
-    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    // One setitimer per statement against the bound of 0.5 is 2× at most
+    // (measured 2.00×): the set-up cannot give more.
+    let f = common::raised_with_margin(&r, ID, 1.5);
     assert!(matches!(
         f["severity"].as_str(),
         Some("warning" | "critical")
@@ -67,7 +69,7 @@ fn pg13_without_a_timeout_raises_nothing() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
     let r = lab_run(&["--pg", "13"], &out);
-    assert!(finding(&r, ID).is_none(), "{r:#}");
+    common::silent(&r, ID);
     assert!(per_statement(&r, "setitimer") < 0.05);
     // The backends were counted: recvfrom ≈ 1 per statement.
     let total = r["syscalls"]["by_role"]["backend"]["total"]
@@ -83,7 +85,7 @@ fn pg15_with_statement_timeout_raises_nothing() {
     let out = d.path().join("rec");
     let r = lab_run(&["--set", "statement_timeout=10s"], &out);
     assert_eq!(r["postgres"]["major"], 15);
-    assert!(finding(&r, ID).is_none(), "{r:#}");
+    common::silent(&r, ID);
     assert!(
         per_statement(&r, "setitimer") < 0.05,
         "{}",

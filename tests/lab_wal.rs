@@ -14,7 +14,6 @@ use assert_cmd::Command;
 use serde_json::Value;
 
 mod common;
-use common::finding;
 
 const ID: &str = "wal-fsync-latency";
 
@@ -62,7 +61,8 @@ fn slow_wal_device_raises_the_finding_and_ram_does_not() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("slow");
     let r = lab_run("procfs,system,pgstat,offcpu,fsync", &[], None, &out);
-    let f = finding(&r, ID).unwrap_or_else(|| panic!("no {ID} finding: {r:#}"));
+    // Measured 3.3× (kernel p99 99 ms against 30 ms).
+    let f = common::raised_with_margin(&r, ID, 1.5);
     let ev = &f["evidence"];
     let ms = ev["wal_sync_ms_mean"].as_f64().unwrap();
     assert!(ms >= 3.0, "ms per WAL sync {ms}: {ev}");
@@ -111,7 +111,7 @@ fn slow_wal_device_raises_the_finding_and_ram_does_not() {
         Some(("PGBELOW_STALL_DIR", "/dev/shm")),
         &out,
     );
-    assert!(finding(&r, ID).is_none(), "finding with WAL in RAM: {r:#}");
+    common::silent(&r, ID);
     let tps_ram = r["workload"]["tps"].as_f64().unwrap();
     let ram = flushes(&r, "backend", "fdatasync");
     eprintln!("same device in RAM, backends' fdatasync in the kernel: {ram}");
