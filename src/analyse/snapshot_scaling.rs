@@ -154,14 +154,22 @@ impl Rule for SnapshotScaling {
                 "tps": tps,
                 "postgres_version": version,
             }),
-            remedy: "Cut the server-side connections: put a transaction-mode pooler (PgBouncer, \
-                     pgcat, Odyssey) in front and size the pool near the cores' count, lower \
-                     max_connections to match, and close idle application connections \
-                     (idle_session_timeout on 14+, the pool's idle timeout). Upgrading to \
-                     PostgreSQL 14 or later removes the per-connection walk (snapshot scalability \
-                     series, dc7420c2c9 and 623a9ba79b); prove it with `pgbelow lab matrix \
-                     --scenario snapshot-scaling --pg 13,14`."
-                .into(),
+            remedy: format!(
+                "Cut the server-side connections: put a transaction-mode pooler (PgBouncer, \
+                 pgcat, Odyssey) in front and size the pool near the cores' count, lower \
+                 max_connections to match, and close idle application connections \
+                 (idle_session_timeout on 14+, the pool's idle timeout). {}",
+                match ev.manifest.postgres.major {
+                    Some(m) if m >= 14 =>
+                        "This server already has 14's snapshot scalability \
+                         work: fewer concurrent writers (whose commits invalidate the cached \
+                         snapshot) help as much as fewer connections.",
+                    _ =>
+                        "Upgrading to PostgreSQL 14 or later removes the per-connection walk \
+                         (snapshot scalability series, dc7420c2c9 and 623a9ba79b); prove it with \
+                         `pgbelow lab matrix --scenario snapshot-scaling --pg 13,14`.",
+                }
+            ),
         })
     }
 }
@@ -170,6 +178,23 @@ impl Rule for SnapshotScaling {
 mod tests {
     use super::*;
     use crate::analyse::fixture;
+
+    #[test]
+    fn the_remedy_offers_the_upgrade_only_before_14() {
+        let mut ev = fixture("pg13-snapshot-scaling");
+        let f = SnapshotScaling.evaluate(&ev).expect("finding on 13");
+        assert!(
+            f.remedy.contains("Upgrading to PostgreSQL 14"),
+            "{}",
+            f.remedy
+        );
+        ev.manifest.postgres.major = Some(16);
+        let f = SnapshotScaling
+            .evaluate(&ev)
+            .expect("same evidence, raised");
+        assert!(!f.remedy.contains("Upgrading to"), "{}", f.remedy);
+        assert!(f.remedy.contains("pooler"), "{}", f.remedy);
+    }
 
     // Real lab runs: `pgbelow lab run --scenario snapshot-scaling --pg 13
     // --duration 10 --collectors profile,pgstat` (and --pg 14).

@@ -158,13 +158,21 @@ impl Rule for TimerSyscalls {
                 "timer_settings": settings,
                 "postgres_version": version,
             }),
-            remedy: "Upgrade to PostgreSQL 14 or later, which re-arms the interval timer only when the next \
+            remedy: match major {
+                Some(m) if m >= 14 => "This server already keeps its timer armed across statements \
+                     (14+): the timeouts themselves change per statement. Set statement_timeout and \
+                     lock_timeout once per role or database (ALTER ROLE … SET statement_timeout) instead \
+                     of SET / SET LOCAL in every transaction (a driver or pooler option may be issuing \
+                     them), and prove the change with two recordings and `pgbelow compare A B`."
+                    .to_string(),
+                _ => "Upgrade to PostgreSQL 14 or later, which re-arms the interval timer only when the next \
                      timeout moves earlier (09cf1d5226; 15 adds d37776e451). Until then, weigh the cost — one \
                      setitimer per statement, a few percent of a short query's time — against what the timeout \
                      protects: keep statement_timeout where runaway queries are possible, but set it per role or \
                      database (ALTER ROLE … SET statement_timeout) rather than server-wide for latency-critical \
                      OLTP sessions, and prove the change with two `pgbelow lab run` recordings and `pgbelow compare A B`."
-                .into(),
+                    .to_string(),
+            },
         };
         // Only with a query timeline: older recordings' evidence is as it was.
         if !sources.is_empty() {
@@ -178,6 +186,24 @@ impl Rule for TimerSyscalls {
 mod tests {
     use super::*;
     use crate::analyse::fixture;
+
+    /// The remedy holds for the server measured: "upgrade to 14" only
+    /// where the server is older; on 14+ the per-statement timers come from
+    /// the timeouts changing, and the remedy says so.
+    #[test]
+    fn the_remedy_follows_the_version() {
+        let mut ev = fixture("pg13-select-only-timeout");
+        let f = TimerSyscalls.evaluate(&ev).expect("finding on 13");
+        assert!(
+            f.remedy.starts_with("Upgrade to PostgreSQL 14"),
+            "{}",
+            f.remedy
+        );
+        ev.manifest.postgres.major = Some(15);
+        let f = TimerSyscalls.evaluate(&ev).expect("same evidence, raised");
+        assert!(!f.remedy.contains("Upgrade to"), "{}", f.remedy);
+        assert!(f.remedy.contains("ALTER ROLE"), "{}", f.remedy);
+    }
 
     // Both fixtures are real lab runs: `pgbelow lab run --scenario select-only
     // --set statement_timeout=10s --duration 10` on PostgreSQL 13.23 and 15.18.

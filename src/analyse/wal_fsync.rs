@@ -311,7 +311,18 @@ impl Rule for WalFsync {
                 "wait_samples": ticks,
                 "latency_avg_ms": workload_latency.map(|l| l.0),
             }),
-            remedy: "Put WAL on storage with a low flush latency: pg_wal on its own fast device (initdb \
+            remedy: if severity == Severity::Info {
+                // Nothing measured slow: moving WAL would be a guess.
+                "Measure the flushes before changing anything: record as root with the fsync \
+                 collector (on by default; it needs BPF), or set track_wal_io_timing = on (14+) so \
+                 pg_stat_wal times the syncs. Fast flushes (p50 under 2 ms, p99 under 30 ms) on a \
+                 commit-heavy load are healthy: flushing WAL is what commits do. If they are slow: \
+                 pg_wal on a device with a low flush latency (a power-loss-protected write cache, no \
+                 I/O throttle), commit_delay to group commits, synchronous_commit=off where losing \
+                 the last commits on a crash is acceptable."
+                    .into()
+            } else {
+                "Put WAL on storage with a low flush latency: pg_wal on its own fast device (initdb \
                      --waldir, or move pg_wal and symlink it while the server is stopped), a device with a \
                      power-loss-protected write cache, no I/O throttle on it; check wal_sync_method with \
                      pg_test_fsync on that device. To need fewer flushes: commit_delay (e.g. 1000 µs with \
@@ -319,7 +330,8 @@ impl Rule for WalFsync {
                      transactions that may lose their last ~3× wal_writer_delay on a crash (no corruption) \
                      — per session or per transaction, not server-wide for data that must survive. \
                      track_wal_io_timing=on makes pg_stat_wal measure the sync time (14+; in pg_stat_io on 18)."
-                .into(),
+                    .into()
+            },
         })
     }
 }
@@ -328,6 +340,17 @@ impl Rule for WalFsync {
 mod tests {
     use super::*;
     use crate::analyse::fixture;
+
+    /// Waits with no measured latency: the remedy is to measure, not to
+    /// move WAL on a guess.
+    #[test]
+    fn an_unmeasured_finding_advises_measuring_first() {
+        let f = WalFsync
+            .evaluate(&fixture("pg15-relation-extension"))
+            .expect("info finding");
+        assert_eq!(f.severity, Severity::Info);
+        assert!(f.remedy.starts_with("Measure the flushes"), "{}", f.remedy);
+    }
 
     // Real attach-mode recordings (`pgbelow record --pid PM --dsn … --duration
     // 10 --collectors procfs,system,pgstat`) of PostgreSQL 15.18 under
