@@ -22,7 +22,7 @@ pub enum Command {
     #[command(subcommand, after_help = LAB_EXAMPLES)]
     Lab(LabCommand),
     /// Record a running PostgreSQL (read-only) for a while, then diagnose.
-    #[command(after_help = RECORD_EXAMPLES)]
+    #[command(after_help = RECORD_EXAMPLES, disable_help_flag = true)]
     Record(RecordArgs),
     /// Re-analyse a saved recording.
     #[command(after_help = REPORT_EXAMPLES)]
@@ -34,7 +34,7 @@ pub enum Command {
     #[command(after_help = DOCTOR_EXAMPLES)]
     Doctor(DoctorArgs),
     /// Watch a running PostgreSQL continuously and serve /metrics (Prometheus, OpenMetrics).
-    #[command(after_help = WATCH_EXAMPLES)]
+    #[command(after_help = WATCH_EXAMPLES, disable_help_flag = true)]
     Watch(WatchArgs),
     /// Print a shell completion script.
     #[command(after_help = COMPLETIONS_EXAMPLES)]
@@ -63,11 +63,8 @@ pub struct WatchArgs {
     /// is found from the postmaster.pid of the data directory it worked in.
     #[arg(long)]
     pub pid: Option<u32>,
-    /// libpq connection string for the server's counters (read-only); the
-    /// postmaster is found from it, again after a restart. Absent: the PG*
-    /// environment variables and ~/.pgpass.
-    #[arg(short = 'd', long, value_name = "CONNSTR")]
-    pub dsn: Option<String>,
+    #[command(flatten)]
+    pub conn: ConnArgs,
     /// Address of the /metrics endpoint.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9187")]
     pub listen: String,
@@ -404,18 +401,92 @@ pub enum SyncArg {
     Async,
 }
 
+/// How `record` and `watch` reach the server: psql's flags, over a
+/// connection string and the PG* environment as psql combines them. `-h`
+/// is the host, as in psql and pgbench; help is `--help` or `-?`.
+#[derive(Args, Debug)]
+pub struct ConnArgs {
+    /// libpq connection string (key=value pairs or a postgresql:// URI) for
+    /// the server's counters, over a read-only session; the postmaster is
+    /// found from it. Absent: the PG* environment variables (PGHOST,
+    /// PGPORT, PGUSER, PGDATABASE, …) and ~/.pgpass, as psql reads them.
+    #[arg(long, value_name = "CONNSTR")]
+    pub dsn: Option<String>,
+    /// Database name, or a whole connection string, as psql's -d.
+    #[arg(short = 'd', long, value_name = "DBNAME")]
+    pub dbname: Option<String>,
+    /// Server host or socket directory (psql's -h; overrides the connection
+    /// string's and PGHOST).
+    #[arg(short = 'h', long)]
+    pub host: Option<String>,
+    /// Server port (psql's -p).
+    #[arg(short = 'p', long)]
+    pub port: Option<u16>,
+    /// Role to connect as (psql's -U).
+    #[arg(short = 'U', long)]
+    pub username: Option<String>,
+    /// Print help.
+    #[arg(short = '?', long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+}
+
+impl ConnArgs {
+    /// One connection string from `--dsn`, `-d` and the psql flags: the
+    /// flags' keys appended, so that they win as in libpq (the last of a
+    /// repeated key counts); None when nothing was given (the environment
+    /// alone).
+    pub fn conninfo(&self) -> Result<Option<String>, String> {
+        let is_connstr = |v: &str| {
+            v.contains('=') || v.starts_with("postgres://") || v.starts_with("postgresql://")
+        };
+        let (base, dbname) = match (&self.dsn, &self.dbname) {
+            (Some(_), Some(d)) if is_connstr(d) => {
+                return Err("give the connection string once: --dsn or -d, not both".into())
+            }
+            (None, Some(d)) if is_connstr(d) => (Some(d.clone()), None),
+            (b, d) => (b.clone(), d.clone()),
+        };
+        let keys: Vec<(&str, String)> = [
+            ("host", self.host.clone()),
+            ("port", self.port.map(|p| p.to_string())),
+            ("user", self.username.clone()),
+            ("dbname", dbname),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
+        .collect();
+        if keys.is_empty() {
+            return Ok(base);
+        }
+        if base
+            .as_deref()
+            .is_some_and(|b| b.starts_with("postgres://") || b.starts_with("postgresql://"))
+        {
+            return Err(
+                "-h/-p/-U/-d DBNAME combine with a key=value connection string, not a URI: put them in the URI"
+                    .into(),
+            );
+        }
+        let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+        let mut out = base.unwrap_or_default();
+        for (k, v) in keys {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(&format!("{k}={}", quote(&v)));
+        }
+        Ok(Some(out))
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct RecordArgs {
     /// Pid of the postmaster to observe (first line of $PGDATA/postmaster.pid);
     /// found from the connection when absent.
     #[arg(long)]
     pub pid: Option<u32>,
-    /// libpq connection string (key=value pairs or a postgresql:// URI) for
-    /// the server's counters, over a read-only session. Absent: the PG*
-    /// environment variables (PGHOST, PGPORT, PGUSER, PGDATABASE, …) and
-    /// ~/.pgpass, as psql reads them.
-    #[arg(short = 'd', long, value_name = "CONNSTR")]
-    pub dsn: Option<String>,
+    #[command(flatten)]
+    pub conn: ConnArgs,
     /// How long to record: 30, 30s, 5m, 1h (Ctrl-C stops early with a valid
     /// recording).
     #[arg(long, value_name = "DURATION", default_value = "30", value_parser = secs_1_86400)]
@@ -718,9 +789,60 @@ mod tests {
         let Command::Record(r) = cli.command else {
             panic!("not record")
         };
-        assert_eq!((r.duration, r.dsn.as_deref()), (60, Some("dbname=x")));
+        assert_eq!(
+            (r.duration, r.conn.conninfo().unwrap().as_deref()),
+            (60, Some("dbname=x"))
+        );
         let e = Cli::try_parse_from(["pgbelow", "record", "--duration", "10x"]).unwrap_err();
         assert!(e.to_string().contains("e.g. 30, 30s, 2m"), "{e}");
+    }
+
+    fn conninfo(args: &[&str]) -> Result<Option<String>, String> {
+        let all = ["pgbelow", "record"].iter().chain(args);
+        match Cli::try_parse_from(all).map_err(|e| e.to_string())?.command {
+            Command::Record(r) => r.conn.conninfo(),
+            _ => unreachable!(),
+        }
+    }
+
+    /// psql's habits: -h host, -p port, -U user, -d a database or a whole
+    /// connection string; the flags win over --dsn's keys; help is -?.
+    #[test]
+    fn psql_connection_flags() {
+        assert_eq!(conninfo(&[]), Ok(None));
+        assert_eq!(
+            conninfo(&[
+                "-h",
+                "/var/run/postgresql",
+                "-p",
+                "5433",
+                "-U",
+                "mon",
+                "-d",
+                "app"
+            ]),
+            Ok(Some(
+                "host='/var/run/postgresql' port='5433' user='mon' dbname='app'".into()
+            ))
+        );
+        assert_eq!(
+            conninfo(&["--dsn", "host=db1 user=a", "-U", "b"]),
+            Ok(Some("host=db1 user=a user='b'".into()))
+        );
+        assert_eq!(
+            conninfo(&["-d", "host=db1 dbname=x"]),
+            Ok(Some("host=db1 dbname=x".into()))
+        );
+        assert_eq!(
+            conninfo(&["-d", "postgresql://db1/x"]),
+            Ok(Some("postgresql://db1/x".into()))
+        );
+        assert!(conninfo(&["-d", "postgresql://db1/x", "-h", "db2"]).is_err());
+        assert!(conninfo(&["--dsn", "host=a", "-d", "host=b"]).is_err());
+        let e = Cli::try_parse_from(["pgbelow", "record", "-?"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+        let e = Cli::try_parse_from(["pgbelow", "watch", "--help"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
     }
 
     #[test]

@@ -453,7 +453,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Record(a) => {
             let opts = attach::RecordOptions {
                 pid: a.pid,
-                dsn: a.dsn,
+                dsn: a.conn.conninfo().map_err(|e| {
+                    pgbelow::error::fixable(e, "see --help for -h, -p, -U, -d and --dsn")
+                })?,
                 duration_s: a.duration,
                 collectors: collect::parse_list(a.collection.collectors.as_deref())?,
                 syscall_mechanism: mechanism(a.collection.syscall_mechanism),
@@ -515,7 +517,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             pgbelow::watch::run(&pgbelow::watch::WatchOptions {
                 pid: a.pid,
-                dsn: a.dsn,
+                dsn: a.conn.conninfo().map_err(|e| {
+                    pgbelow::error::fixable(e, "see --help for -h, -p, -U, -d and --dsn")
+                })?,
                 listen: a.listen,
                 window_s: a.window,
                 keep: a.keep,

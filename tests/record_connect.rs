@@ -432,6 +432,26 @@ fn dsn_alone_finds_the_postmaster_and_records() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
 
+    // psql's flags instead of a connection string.
+    let out_flags = home.path().join("rec-flags");
+    let (sock, port) = (pg.sock().display().to_string(), pg.port.to_string());
+    let o = record(
+        &[
+            &["-h", &sock, "-p", &port, "-U", "postgres", "-d", "postgres"][..],
+            &["--duration", "1", "--collectors", "procfs"],
+            &out_args(&out_flags),
+        ]
+        .concat(),
+        &[],
+        home.path(),
+    );
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(&format!("the postmaster pid {}", pg.postmaster_pid())),
+        "{err}"
+    );
+
     // The URI form, to a database that does not exist: psql's words.
     let uri = format!(
         "postgresql://postgres@{}:{}/no_such_db",
