@@ -26,6 +26,8 @@ pub struct Metrics {
     findings: BTreeMap<String, Option<Severity>>,
     /// Each check's status, key figure and bound in the last window.
     checks: BTreeMap<String, crate::analyse::Check>,
+    /// The last window's findings' impact: (what it is a share of, share).
+    impacts: BTreeMap<String, (String, f64)>,
     collector_up: BTreeMap<String, bool>,
     postgres_up: bool,
     last_window_end: f64,
@@ -210,6 +212,14 @@ impl Metrics {
         for f in &rep.findings {
             self.findings.insert(f.id.clone(), Some(f.severity));
         }
+        self.impacts = rep
+            .findings
+            .iter()
+            .filter_map(|f| {
+                let i = f.impact.as_ref()?;
+                Some((f.id.clone(), (i.of.clone(), i.share)))
+            })
+            .collect();
         self.checks = rep
             .checks
             .iter()
@@ -294,6 +304,26 @@ impl Metrics {
                         )
                     })
             }),
+        );
+        e.family(
+            "pgbelow_finding_impact_ratio",
+            Kind::Gauge,
+            "The share of `of` (backend busy time, CPU, throughput, …) a finding raised in the last window explains (absent when none).",
+            self.impacts.iter().map(|(id, (of, share))| {
+                (
+                    vec![("id".to_string(), id.clone()), ("of".to_string(), of.clone())],
+                    *share,
+                )
+            }),
+        );
+        e.family(
+            "pgbelow_build_info",
+            Kind::Gauge,
+            "Always 1; the running pgbelow's version as a label.",
+            [(
+                vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())],
+                1.0,
+            )],
         );
         e.family(
             "pgbelow_check_status",
@@ -496,6 +526,13 @@ mod tests {
             "pgbelow_finding_active{id=\"timer-syscalls-per-statement\",severity=\"warning\"} 1"
         ));
         assert!(text.contains("pgbelow_collector_up{collector=\"syscalls\"} 1"));
+        assert!(
+            text.contains(
+                "pgbelow_finding_impact_ratio{id=\"timer-syscalls-per-statement\",of=\"the backends' system calls\"} 0."
+            ),
+            "{text}"
+        );
+        assert!(text.contains("pgbelow_build_info{version=\""), "{text}");
         assert!(
             text.contains(
                 "pgbelow_check_status{id=\"timer-syscalls-per-statement\",status=\"raised\"} 1"
