@@ -328,6 +328,29 @@ fn healthy_servers_raise_no_warning() {
                 );
                 continue;
             }
+            // Likewise a process that is not part of the test (not its
+            // pgbench or psql load, not pgbelow) using a quarter of the
+            // machine's busy CPU: a busy neighbour on a shared CI machine
+            // (measured: a CPU-bound loop on the other core, 5.8–6.1 s of
+            // 16 s busy, raised it on all three tpcb -c 4 runs). The rule
+            // named it; that is the finding working, not a false alarm.
+            let e = &f["evidence"];
+            let ours = ["pgbench", "psql", "pgbelow", "pgbelow-testload"];
+            let other_s: f64 = e["outside_processes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| !ours.iter().any(|o| p["comm"].as_str() == Some(o)))
+                .filter_map(|p| p["cpu_s"].as_f64())
+                .sum();
+            let busy_s = e["machine_busy_cpu_s"].as_f64().unwrap_or(f64::INFINITY);
+            if f["id"] == "cpu-saturation" && other_s >= 0.25 * busy_s {
+                eprintln!(
+                    "{}: cpu-saturation from other work on the machine ({other_s:.1} of {busy_s:.1} busy CPU-s): {}",
+                    r.workload, e
+                );
+                continue;
+            }
             if f["severity"] != "info" {
                 bad.push(format!(
                     "{}: [{}] {} — {}\n  evidence {}",
