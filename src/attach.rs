@@ -148,9 +148,10 @@ pub fn dsn_from_postmaster_pid(pid: u32) -> Option<String> {
             (f.get(2)?.parse::<u32>().ok()? == uid).then(|| f[0].to_string())
         })
         .unwrap_or_else(|| "postgres".into());
+    // Quoted only where needed, so the line printed reads as typed.
     let q = |v: &str| {
         if v.is_empty() || v.contains(|c: char| c.is_whitespace() || c == '\'' || c == '\\') {
-            format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"))
+            crate::connect::conninfo::quote(v)
         } else {
             v.to_string()
         }
@@ -228,23 +229,32 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
             "pass the postmaster's pid (the first line of $PGDATA/postmaster.pid), not a backend's",
         ));
     }
-    // --pid alone: postmaster.pid names the socket; try it as psql would
-    // with -h/-p from that file. If it cannot log in (peer authentication
-    // as another account, a password), record without the server's
-    // counters and say how to include them.
-    let conninfo = match (conninfo, opts.pid) {
-        (None, Some(pid)) => dsn_from_postmaster_pid(pid).and_then(|dsn| {
-            let tried = crate::connect::ConnSpec::resolve(Some(&dsn))
-                .and_then(|spec| ServerConn::connect_spec(&spec).map(drop));
-            match tried {
-                Ok(()) => {
+    // The one connection that fills the manifest (the pgstat collector,
+    // when selected, opens its own and names its backend the observer):
+    // from --dsn or the environment; with --pid alone, through the socket
+    // postmaster.pid names, as psql would with -h/-p from that file. If
+    // that cannot log in (peer authentication as another account, a
+    // password), record without the server's counters and say how to
+    // include them.
+    let (conninfo, conn) = match conninfo {
+        Some(dsn) => {
+            let spec = crate::connect::ConnSpec::resolve(Some(&dsn))?;
+            let conn = ServerConn::connect_spec(&spec)?;
+            (Some(dsn), Some(conn))
+        }
+        None => match opts.pid.and_then(dsn_from_postmaster_pid) {
+            Some(dsn) => match crate::connect::ConnSpec::resolve(Some(&dsn))
+                .and_then(|spec| ServerConn::connect_spec(&spec))
+            {
+                Ok(conn) => {
                     if announce {
                         eprintln!(
-                            "pgbelow: recording the postmaster pid {pid}, connecting with \"{dsn}\" \
-                             (from its postmaster.pid)"
+                            "pgbelow: recording the postmaster pid {}, connecting with \"{dsn}\" \
+                             (from its postmaster.pid)",
+                            opts.pid.unwrap_or_default()
                         );
                     }
-                    Some(dsn)
+                    (Some(dsn), Some(conn))
                 }
                 Err(e) => {
                     if announce {
@@ -255,18 +265,14 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
                             format!("{e:#}").replace('\n', " ")
                         );
                     }
-                    None
+                    (None, None)
                 }
-            }
-        }),
-        (c, _) => c,
+            },
+            None => (None, None),
+        },
     };
     let mut manifest = this_host_manifest("attach");
-    let pid = if let Some(dsn) = &conninfo {
-        // This connection only fills the manifest; the pgstat collector
-        // (when selected) opens its own and names its backend the observer.
-        let spec = crate::connect::ConnSpec::resolve(Some(dsn))?;
-        let mut conn = ServerConn::connect_spec(&spec)?;
+    let pid = if let Some(mut conn) = conn {
         let found = find_postmaster(&mut conn);
         let pid = match (opts.pid, found) {
             (Some(pid), Ok((pm, _))) if pm != pid => {

@@ -436,9 +436,8 @@ impl ConnArgs {
     /// repeated key counts); None when nothing was given (the environment
     /// alone).
     pub fn conninfo(&self) -> Result<Option<String>, String> {
-        let is_connstr = |v: &str| {
-            v.contains('=') || v.starts_with("postgres://") || v.starts_with("postgresql://")
-        };
+        use pgbelow::connect::conninfo::{is_uri, quote};
+        let is_connstr = |v: &str| v.contains('=') || is_uri(v);
         let (base, dbname) = match (&self.dsn, &self.dbname) {
             (Some(_), Some(d)) if is_connstr(d) => {
                 return Err("give the connection string once: --dsn or -d, not both".into())
@@ -458,16 +457,12 @@ impl ConnArgs {
         if keys.is_empty() {
             return Ok(base);
         }
-        if base
-            .as_deref()
-            .is_some_and(|b| b.starts_with("postgres://") || b.starts_with("postgresql://"))
-        {
+        if base.as_deref().is_some_and(is_uri) {
             return Err(
                 "-h/-p/-U/-d DBNAME combine with a key=value connection string, not a URI: put them in the URI"
                     .into(),
             );
         }
-        let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
         let mut out = base.unwrap_or_default();
         for (k, v) in keys {
             if !out.is_empty() {

@@ -357,18 +357,23 @@ fn assert_recorded(o: &Output, pg: &Pg, out: &Path) -> Value {
     );
     // pgstat ran over the connection (it opens its own; "degraded" when
     // the role cannot see other roles' waits).
-    let pgstat = manifest["collectors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "pgstat")
-        .cloned()
-        .unwrap_or_default();
+    let pgstat = collector(&manifest, "pgstat");
     assert!(
         pgstat["status"] == "ok" || pgstat["status"] == "degraded",
         "pgstat: {pgstat:#}"
     );
     r
+}
+
+/// The manifest's entry for collector `name` (null when absent).
+fn collector(manifest: &Value, name: &str) -> Value {
+    manifest["collectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// A failure: exit 2 and exactly one line on stderr, which is returned.
@@ -510,13 +515,7 @@ fn pid_alone_connects_through_postmaster_pid() {
     );
     let m: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
-    let pgstat = m["collectors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "pgstat")
-        .cloned()
-        .unwrap_or_default();
+    let pgstat = collector(&m, "pgstat");
     assert_eq!(pgstat["status"], "failed", "{pgstat:#}");
 }
 

@@ -299,8 +299,7 @@ impl FsyncCollector {
     /// `writes`: also time writes to O_DSYNC/O_SYNC files (the programs on
     /// write and pwrite64, which run for every write on the machine).
     pub fn start_with(ctx: &Context, writes: bool) -> Result<FsyncCollector> {
-        let postmasters: Vec<u32> = ctx.roots();
-        Self::start_hook(ctx, writes, hook_for(&postmasters))
+        Self::start_hook(ctx, writes, hook_for(&ctx.roots()))
     }
 
     /// With the hook given (tests force each).

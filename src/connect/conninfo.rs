@@ -7,14 +7,27 @@
 //!
 //! Error messages never quote values: a mistyped string may hold a password.
 
+const URI_PREFIXES: [&str; 2] = ["postgresql://", "postgres://"];
+
 /// The pairs of a connection string, in order; a later keyword overrides an earlier one.
 pub fn parse(s: &str) -> Result<Vec<(String, String)>, String> {
-    for prefix in ["postgresql://", "postgres://"] {
+    for prefix in URI_PREFIXES {
         if let Some(rest) = s.strip_prefix(prefix) {
             return parse_uri(rest);
         }
     }
     parse_pairs(s)
+}
+
+/// Whether `s` is the URI form.
+pub fn is_uri(s: &str) -> bool {
+    URI_PREFIXES.iter().any(|p| s.starts_with(p))
+}
+
+/// `v` as a single-quoted value of the `key=value` form, with `\` and `'`
+/// escaped as [`parse`] reads them back.
+pub fn quote(v: &str) -> String {
+    format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
 /// `key = value` pairs separated by whitespace; values may be single-quoted,
@@ -284,6 +297,12 @@ mod tests {
             p(&[("host", "::1,h2"), ("port", "5433,"), ("dbname", "x")])
         );
         assert_eq!(pairs("postgresql://"), vec![]);
+        assert!(is_uri("postgres://h/x") && is_uri("postgresql://") && !is_uri("host=h"));
+        let odd = "a b'c\\d";
+        assert_eq!(
+            parse(&format!("k={}", quote(odd))).unwrap(),
+            vec![("k".to_string(), odd.to_string())]
+        );
         assert_eq!(
             pairs("postgresql://u@?ssl=true"),
             p(&[("user", "u"), ("sslmode", "require")])
