@@ -659,22 +659,31 @@ fn run_on(
         None => None,
     };
     // replay-without-prefetch: the standbys' relation files leave the page
-    // cache every second, so that replay reads them from the disk.
+    // cache every EVICT_EVERY_S, so that replay reads them from the disk.
     let standby_dirs: Vec<PathBuf> = topo
         .standbys()
         .iter()
         .map(|s| s.cluster.data_dir().to_path_buf())
         .filter(|_| opts.scenario == Scenario::ReplayWithoutPrefetch)
         .collect();
-    let mut each_second = || -> Result<()> {
+    let mut evict = || -> Result<()> {
         for d in &standby_dirs {
             crate::scenarios::replay_prefetch::evict(d)?;
         }
         Ok(())
     };
     let outcome = if opts.scenario.uses_pgbench() {
-        each_second()
-            .and_then(|()| drive(&mut session, pgbench, &target, &dsn, opts, &mut each_second))
+        let period = crate::scenarios::replay_prefetch::EVICT_EVERY_S;
+        evict().and_then(|()| {
+            drive(
+                &mut session,
+                pgbench,
+                &target,
+                &dsn,
+                opts,
+                (period, &mut evict),
+            )
+        })
     } else {
         crate::scenarios::drive(&mut session, &dsn, opts)
     };
@@ -767,16 +776,17 @@ pub(crate) fn tick_while(
 }
 
 /// Run pgbench, ticking the collectors each second and streaming progress;
-/// `dsn` is the same database, for `--checkpoint-at`; `each_second` runs
-/// once a second beside the tick.
+/// `dsn` is the same database, for `--checkpoint-at`; `periodic` runs
+/// every `period.0` seconds beside the tick.
 fn drive(
     session: &mut Session,
     pgbench: &Pgbench,
     target: &PgbenchTarget,
     dsn: &str,
     opts: &LabOptions,
-    each_second: &mut dyn FnMut() -> Result<()>,
+    periodic: (f64, &mut dyn FnMut() -> Result<()>),
 ) -> Result<()> {
+    let (period_s, each) = periodic;
     let bar = if opts.show_progress {
         let b = ProgressBar::new(u64::from(opts.duration_s));
         b.set_style(
@@ -792,11 +802,11 @@ fn drive(
     let mut interrupted = false;
     let mut seen = Vec::new();
     let mut checkpoint: Option<std::thread::JoinHandle<Result<()>>> = None;
-    let mut next_second = t_start + 1.0;
+    let mut next_call = t_start + period_s;
     tick_while(session, t_start + 1.0, |session| {
-        if session.t() >= next_second {
-            each_second()?;
-            next_second += 1.0;
+        if session.t() >= next_call {
+            each()?;
+            next_call += period_s;
         }
         if let Some(at) = opts.checkpoint_at {
             if checkpoint.is_none() && session.t() - t_start >= f64::from(at) {

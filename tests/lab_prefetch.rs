@@ -1,6 +1,6 @@
 //! Case `replay-without-prefetch` end to end on real PostgreSQL: random
 //! updates on a primary, a standby with 16 MB of shared_buffers whose
-//! relation files the lab evicts from the page cache every second. On 14
+//! relation files the lab evicts from the page cache five times a second. On 14
 //! the startup process reads each block with a synchronous pread and no
 //! fadvise, blocks in D, and replay falls behind (the finding fires); on 15
 //! it prefetches with posix_fadvise (it does not).
@@ -51,7 +51,13 @@ fn pg14_replays_without_prefetch() {
         r["procfs"]["roles"]["startup"],
         r["pgstat"]["replication"]
     );
-    // Measured 4.5× (22 % of the startup process in D, bound 5 %).
+    // Measured 6.4–8.0× (32–40 % of the startup process in D, bound 5 %)
+    // since the lab evicts five times a second; 1.6–4.5× when it evicted
+    // once a second, which failed CI. How long a read that misses the
+    // guest's page cache waits is the host's (7–60 µs here), so the lab
+    // cannot promise more than ≈ 2× on the fastest host; a read limit
+    // (as the attach test has) would cap 15's prefetching reads too and
+    // erase the A/B.
     let f = common::raised_with_margin(&r, ID, 2.0);
     let ev = &f["evidence"];
     assert_eq!(ev["startup_fadvise64"], 0, "{ev}");

@@ -532,3 +532,87 @@ pub fn record_while(
         )
     })
 }
+
+/// A read limit on the disk under `dir` for a cluster's processes, as a
+/// standby on a slow network volume has: a cgroup of the test's own
+/// (`pgbelow-test-reads-PID`, blkio v1 or io v2) with at most `iops` reads
+/// a second, so that each synchronous read waits for the disk however fast
+/// the host serves it. Dropping it moves the processes back and removes it.
+pub struct SlowReads {
+    dir: PathBuf,
+    parent: PathBuf,
+}
+
+impl SlowReads {
+    pub fn new(dir: &Path, postmaster: u32, iops: u32) -> SlowReads {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(dir).unwrap().dev();
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        // Limits apply to whole disks, not partitions.
+        let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+        let disk = if sys.join("partition").exists() {
+            std::fs::read_to_string(sys.join("../dev")).unwrap()
+        } else {
+            format!("{major}:{minor}")
+        };
+        let disk = disk.trim();
+        let v1 = Path::new("/sys/fs/cgroup/blkio");
+        let (parent, file, value) = if v1.join("blkio.throttle.read_iops_device").exists() {
+            (
+                v1.to_path_buf(),
+                "blkio.throttle.read_iops_device",
+                format!("{disk} {iops}"),
+            )
+        } else {
+            let v2 = PathBuf::from("/sys/fs/cgroup");
+            std::fs::write(v2.join("cgroup.subtree_control"), "+io").unwrap();
+            (v2, "io.max", format!("{disk} riops={iops}"))
+        };
+        let cg = parent.join(format!("pgbelow-test-reads-{}", std::process::id()));
+        std::fs::create_dir(&cg).unwrap();
+        let slow = SlowReads {
+            dir: cg.clone(),
+            parent,
+        };
+        std::fs::write(cg.join(file), &value)
+            .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", cg.join(file).display()));
+        for pid in std::iter::once(postmaster).chain(children(postmaster)) {
+            // A process that exited meanwhile is not there to move.
+            let _ = std::fs::write(cg.join("cgroup.procs"), pid.to_string());
+        }
+        slow
+    }
+}
+
+impl Drop for SlowReads {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write(self.parent.join("cgroup.procs"), pid);
+        }
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            eprintln!("removing {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// The processes whose parent is `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(p)
+        })
+        .collect()
+}
