@@ -98,7 +98,7 @@ pub struct CompletionsArgs {
 #[derive(Args, Debug)]
 pub struct ManArgs {
     /// Write pgbelow.1 and one page per subcommand (pgbelow-record.1, …) into this directory.
-    #[arg(long, value_name = "DIR")]
+    #[arg(short = 'o', long, value_name = "DIR")]
     pub output: Option<PathBuf>,
 }
 
@@ -234,7 +234,12 @@ pub struct Collection {
     #[arg(long, value_enum)]
     pub syscall_mechanism: Option<MechanismArg>,
     /// Recording directory (default: ./pgbelow-runs/<name>-<time>).
-    #[arg(short = 'o', long, visible_alias = "output", value_name = "DIR")]
+    #[arg(
+        short = 'o',
+        long = "output",
+        visible_alias = "out",
+        value_name = "DIR"
+    )]
     pub out: Option<PathBuf>,
     #[command(flatten)]
     pub sampling: SamplingArgs,

@@ -20,7 +20,10 @@ use pgbelow::workload::Scenario;
 use pgbelow::{attach, collect, doctor, error, interrupt, ledger};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     if let Err(e) = interrupt::install() {
         eprintln!("pgbelow: error: cannot install signal handlers: {e}");
         return ExitCode::from(2);
@@ -52,6 +55,60 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Help and version as clap prints them; a usage error as every other
+/// error: one `pgbelow: error:` line with its fix (clap's tip, else where
+/// the options are described), exit code 2.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+        || (e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand)
+    {
+        let _ = e.print();
+        return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+    }
+    eprintln!("{}", usage_line(&e.render().to_string(), &command_path()));
+    ExitCode::from(2)
+}
+
+/// `pgbelow lab run`: the subcommands named on the command line.
+fn command_path() -> String {
+    let mut cmd = Cli::command();
+    let mut path = vec!["pgbelow".to_string()];
+    for a in std::env::args().skip(1) {
+        match cmd.find_subcommand(&a) {
+            Some(sub) => {
+                path.push(sub.get_name().to_string());
+                cmd = sub.clone();
+            }
+            None => break,
+        }
+    }
+    path.join(" ")
+}
+
+/// clap's rendered error (`error: …`, tips, `Usage: …`) as one line;
+/// `command` is where its options are described.
+fn usage_line(rendered: &str, command: &str) -> String {
+    let mut what = Vec::new();
+    let mut tips = Vec::new();
+    for l in rendered.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(m) = l.strip_prefix("error:") {
+            what.push(m.trim().to_string());
+        } else if let Some(t) = l.strip_prefix("tip:") {
+            tips.push(t.trim().to_string());
+        } else if l.starts_with("Usage:") {
+        } else if !l.starts_with("For more information") && tips.is_empty() {
+            what.push(l.to_string());
+        }
+    }
+    let fix = if tips.is_empty() {
+        format!("see `{command} --help`")
+    } else {
+        tips.join("; ")
+    };
+    format!("pgbelow: error: {} (fix: {fix})", one_line(&what.join(" ")))
 }
 
 fn one_line(s: &str) -> String {

@@ -94,13 +94,34 @@ fn report_of_a_corrupt_manifest() {
         "{\"schema_version\": 1, \"mode\"",
     )
     .unwrap();
-    pgbelow()
-        .arg("report")
-        .arg(d.path())
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("manifest.json"))
-        .stderr(predicate::str::contains("fix:"));
+    let out = pgbelow().arg("report").arg(d.path()).assert().code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    // Damaged, not foreign: the file, why, and what to do.
+    let want = format!(
+        "pgbelow: error: the recording in {0} is damaged: {0}/manifest.json is not JSON (",
+        d.path().display()
+    );
+    assert!(err.starts_with(&want), "{err}");
+    assert!(
+        err.contains("(fix: the other files cannot be read without it: restore manifest.json from a copy, or record again)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn report_of_a_directory_that_is_not_a_recording() {
+    let d = tempfile::tempdir().unwrap();
+    let out = pgbelow().arg("report").arg(d.path()).assert().code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "pgbelow: error: {} is not a readable pgbelow recording: it has no manifest.json \
+             (fix: pass a directory written by `pgbelow lab run` or `pgbelow record`)",
+            d.path().display()
+        )
+    );
 }
 
 #[test]
@@ -565,4 +586,38 @@ fn severities_coloured_only_on_a_terminal() {
             "NO_COLOR={no_color:?}: {text:?}"
         );
     }
+}
+
+/// Usage errors read like every other error: one `pgbelow:` line with its
+/// fix, exit code 2; help still prints and exits 0.
+#[test]
+fn usage_errors_are_one_line_with_the_fix() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["record", "--duration", "xyz"],
+            "pgbelow: error: invalid value 'xyz' for '--duration <DURATION>': 'xyz' is not a \
+             duration (expected number at 0); e.g. 30, 30s, 2m, 1h30m \
+             (fix: see `pgbelow record --help`)",
+        ),
+        (
+            &["record", "--outt", "x"],
+            "pgbelow: error: unexpected argument '--outt' found \
+             (fix: a similar argument exists: '--out')",
+        ),
+        (
+            &["reprot"],
+            "pgbelow: error: unrecognized subcommand 'reprot' \
+             (fix: a similar subcommand exists: 'report')",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = pgbelow().args(*args).assert().code(2);
+        let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+        assert_eq!(err.trim_end(), *want, "pgbelow {args:?}");
+    }
+    pgbelow()
+        .args(["record", "--help"])
+        .assert()
+        .code(0)
+        .stdout(predicate::str::contains("--duration"));
 }

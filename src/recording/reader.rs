@@ -104,10 +104,30 @@ impl Loaded {
                 "pass a directory written by `pgbelow lab run` or `pgbelow record`",
             )
         };
-        let bytes =
-            read_small(&mpath).map_err(|e| not_a_recording(format!("{}: {e}", mpath.display())))?;
-        let version: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| not_a_recording(format!("manifest.json: {e}")))?;
+        // A manifest that is there but cannot be read is a damaged
+        // recording, not a foreign directory: say so, and what to do.
+        let damaged = |why: String| {
+            fixable(
+                format!(
+                    "the recording in {} is damaged: {} {why}",
+                    dir.display(),
+                    mpath.display()
+                ),
+                format!(
+                    "the other files cannot be read without it: restore {} from a copy, or record again",
+                    files::MANIFEST
+                ),
+            )
+        };
+        let bytes = read_small(&mpath).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound if dir.is_dir() => {
+                not_a_recording(format!("it has no {}", files::MANIFEST))
+            }
+            std::io::ErrorKind::NotFound => not_a_recording("no such directory".into()),
+            _ => damaged(format!("cannot be read: {e}")),
+        })?;
+        let version: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| damaged(format!("is not JSON ({e})")))?;
         let v = version
             .get("schema_version")
             .and_then(|v| v.as_u64())
@@ -122,7 +142,7 @@ impl Loaded {
             ));
         }
         let manifest: Manifest = serde_json::from_value(version)
-            .map_err(|e| not_a_recording(format!("manifest.json: {e}")))?;
+            .map_err(|e| damaged(format!("is not a pgbelow manifest ({e})")))?;
         let mut truncated = 0;
         let mut unreadable = Vec::new();
         let workload = json_file(dir, files::WORKLOAD_SUMMARY, &mut unreadable);

@@ -458,15 +458,21 @@ impl ProfileCollector {
             Err(e) => return Err(e),
         };
         if opts.kernel && !symbols::kallsyms_visible() {
-            let kr = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "?".into());
+            let sysctl = |name: &str| {
+                std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_else(|_| "?".into())
+            };
+            let (cause, fix) = symbols::kallsyms_hidden_why(
+                &sysctl("kptr_restrict"),
+                &sysctl("perf_event_paranoid"),
+            );
             start_notes.push(
                 Fixable {
                     what: format!(
-                        "kernel frames cannot be named: /proc/kallsyms hides addresses (kernel.kptr_restrict = {kr})"
+                        "kernel frames cannot be named: /proc/kallsyms hides their addresses ({cause})"
                     ),
-                    fix: "run pgbelow as root, or `sysctl kernel.kptr_restrict=0`".into(),
+                    fix,
                 }
                 .to_string(),
             );
@@ -564,12 +570,17 @@ impl Collector for ProfileCollector {
         };
         let degraded = notes.iter().any(|n| n.contains("(fix: "));
         let reason = match &self.summary {
+            // The notes with their fixes are the profile section's; here
+            // only what is wrong, once.
             Some(s) if degraded => Some(format!(
-                "{} samples, {} lost, {:.0}% of user frames unresolved; {}",
+                "{} samples, {} lost; {} (the fix: under On-CPU profile)",
                 s.samples,
                 s.lost,
-                s.unresolved_share * 100.0,
-                notes.join("; ")
+                notes
+                    .iter()
+                    .map(|n| n.split(" (fix: ").next().unwrap_or(n))
+                    .collect::<Vec<_>>()
+                    .join("; ")
             )),
             _ if degraded => Some(notes.join("; ")),
             _ => None,
@@ -857,6 +868,45 @@ fn subtitle(s: &Summary) -> String {
     )
 }
 
+/// The Debian package that installed `path`, if the system's dpkg knows it.
+fn dpkg_owner(path: &str) -> Option<String> {
+    let out = std::process::Command::new("dpkg-query")
+        .args(["-S", path])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let pkg = text.lines().next()?.split_once(':')?.0.trim();
+    (out.status.success() && !pkg.is_empty() && !pkg.contains(' ')).then(|| pkg.to_string())
+}
+
+/// Where the symbols of stripped `path` come from: its package's `-dbgsym`
+/// and the archive that carries it (`os_release`: /etc/os-release).
+pub fn symbols_hint(path: &str, package: Option<&str>, os_release: &str) -> String {
+    let field = |k: &str| {
+        os_release.lines().find_map(|l| {
+            let v = l.strip_prefix(k)?.strip_prefix('=')?;
+            Some(v.trim_matches('"').to_string())
+        })
+    };
+    let Some(pkg) = package else {
+        return format!(
+            "install the debug symbols of the package that installed {path} (its -dbgsym or -debuginfo)"
+        );
+    };
+    let archive = match (field("ID").as_deref(), field("VERSION_CODENAME")) {
+        (Some("debian"), Some(c)) => format!(
+            " from Debian's debug archive (`deb http://deb.debian.org/debian-debug/ {c}-debug main` \
+             in the apt sources; apt.postgresql.org carries its own beside its packages)"
+        ),
+        (Some("ubuntu"), Some(c)) => format!(
+            " from Ubuntu's ddebs archive (`deb http://ddebs.ubuntu.com {c} main` in the apt sources)"
+        ),
+        _ => String::new(),
+    };
+    format!("`apt-get install {pkg}-dbgsym`{archive}")
+}
+
 /// One line per problem with the stacks, with the fix where there is one.
 fn quality_notes(s: &Summary, ctx: &Context) -> Vec<String> {
     let mut notes = Vec::new();
@@ -883,16 +933,17 @@ fn quality_notes(s: &Summary, ctx: &Context) -> Vec<String> {
                 m.path
             );
             let is_postgres = m.path.ends_with("/postgres");
-            let fix = if is_postgres && m.symtab == Some(false) {
-                let major = ctx.major.map_or("MAJOR".to_string(), |v| v.to_string());
-                let npm = crate::provision::PgInstall::cache_dir()
-                    .map(|d| format!(" (the npm builds under {} keep theirs)", d.display()))
-                    .unwrap_or_default();
-                Some(format!(
-                    "install postgresql-{major}-dbgsym, or pass --pg-bin with a build that keeps its symbol table{npm}"
-                ))
-            } else if m.symtab == Some(false) {
-                Some("install the debug symbols of that package (its -dbgsym)".to_string())
+            let fix = if m.symtab == Some(false) {
+                let os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+                let hint = symbols_hint(&m.path, dpkg_owner(&m.path).as_deref(), &os);
+                Some(if is_postgres {
+                    let major = ctx.major.map_or("MAJOR".to_string(), |v| v.to_string());
+                    format!(
+                        "{hint}; in `pgbelow lab`, `--pg {major}` runs a build from npm, which keeps its symbol table"
+                    )
+                } else {
+                    hint
+                })
             } else {
                 None
             };
@@ -963,4 +1014,25 @@ pub(crate) fn flame<'a>(
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::symbols_hint;
+
+    #[test]
+    fn the_symbols_hint_names_the_package_and_its_archive() {
+        // /etc/os-release of this kind of machine (Debian 12).
+        let os = include_str!("../../../tests/fixtures/os/debian-12.os-release");
+        let path = "/usr/lib/postgresql/15/bin/postgres";
+        let h = symbols_hint(path, Some("postgresql-15"), os);
+        assert!(
+            h.starts_with("`apt-get install postgresql-15-dbgsym` from Debian's debug archive"),
+            "{h}"
+        );
+        assert!(h.contains("debian-debug/ bookworm-debug main"), "{h}");
+        assert!(!h.contains("--pg-bin"), "{h}");
+        let h = symbols_hint(path, None, os);
+        assert!(h.contains(path) && h.contains("-dbgsym"), "{h}");
+    }
 }

@@ -13,6 +13,31 @@ use super::unwind::{decode, Backing, ModuleInfo};
 /// Suffix of kernel frames in folded stacks (the convention inferno colours).
 pub const KERNEL_SUFFIX: &str = "_[k]";
 
+/// Why /proc/kallsyms shows this process zeros, and the fix, from
+/// `kernel.kptr_restrict` and `kernel.perf_event_paranoid` (the kernel's
+/// kallsyms_show_value: 0 shows addresses to everyone when perf is allowed
+/// (paranoid ≤ 1), else only with CAP_SYSLOG; 1 only with CAP_SYSLOG; 2 to
+/// no one).
+pub fn kallsyms_hidden_why(kptr_restrict: &str, paranoid: &str) -> (String, String) {
+    let root = "run pgbelow as root (or grant it CAP_SYSLOG)";
+    match kptr_restrict {
+        "2" => (
+            "kernel.kptr_restrict = 2 hides them from every process".into(),
+            format!("`sysctl kernel.kptr_restrict=1` and {root}"),
+        ),
+        "0" => (
+            format!(
+                "kernel.perf_event_paranoid = {paranoid} shows them only to processes with CAP_SYSLOG"
+            ),
+            format!("{root}, or `sysctl kernel.perf_event_paranoid=1`"),
+        ),
+        kr => (
+            format!("kernel.kptr_restrict = {kr} shows them only to processes with CAP_SYSLOG"),
+            root.into(),
+        ),
+    }
+}
+
 /// Does /proc/kallsyms show addresses (not zeros, as with kptr_restrict)?
 pub fn kallsyms_visible() -> bool {
     use std::io::BufRead;
@@ -171,6 +196,25 @@ pub fn unresolved_label(modules: &[ModuleInfo], frame: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hidden_kernel_addresses_name_the_setting_that_hides_them() {
+        use super::kallsyms_hidden_why as why;
+        // The fix never asks for the value just reported.
+        let (cause, fix) = why("0", "2");
+        assert!(cause.contains("perf_event_paranoid = 2"), "{cause}");
+        assert!(
+            fix.contains("CAP_SYSLOG") && fix.contains("perf_event_paranoid=1"),
+            "{fix}"
+        );
+        assert!(!fix.contains("kptr_restrict=0"), "{fix}");
+        let (cause, fix) = why("1", "2");
+        assert!(cause.contains("kptr_restrict = 1"), "{cause}");
+        assert!(fix.starts_with("run pgbelow as root"), "{fix}");
+        let (cause, fix) = why("2", "1");
+        assert!(cause.contains("kptr_restrict = 2"), "{cause}");
+        assert!(fix.contains("kptr_restrict=1"), "{fix}");
+    }
+
     use super::*;
 
     #[test]
