@@ -350,8 +350,19 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
 /// is asked, or the postmaster exits), then close the recording.
 pub fn record_for(
     opts: &RecordOptions,
+    session: Session,
+    pid: u32,
+) -> Result<crate::recording::Recorded> {
+    record_for_each_tick(opts, session, pid, &mut |_| {})
+}
+
+/// [`record_for`], calling `on_tick` after each second's samples are
+/// written (watch's live counters).
+pub fn record_for_each_tick(
+    opts: &RecordOptions,
     mut session: Session,
     pid: u32,
+    on_tick: &mut dyn FnMut(&Session),
 ) -> Result<crate::recording::Recorded> {
     let bar = if opts.show_progress {
         let b = ProgressBar::new(u64::from(opts.duration_s));
@@ -379,6 +390,7 @@ pub fn record_for(
             outcome = Err(e);
             break;
         }
+        on_tick(&session);
         bar.set_position(n);
         if !std::path::Path::new(&format!("/proc/{}", pid)).exists() {
             outcome = Err(anyhow::anyhow!(

@@ -544,7 +544,12 @@ pub struct CompareArgs {
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     /// Recording directory for the probes.
-    #[arg(long, value_name = "DIR")]
+    #[arg(
+        short = 'o',
+        long = "output",
+        visible_alias = "out",
+        value_name = "DIR"
+    )]
     pub out: Option<PathBuf>,
     /// Each probe's workload time: 8, 8s, 1m.
     #[arg(long, value_name = "DURATION", default_value = "8", value_parser = secs_2_600)]

@@ -533,3 +533,35 @@ fn listen_on_a_port_in_use_is_one_line_exit_2() {
         "{err}"
     );
 }
+
+/// Counters are current at every scrape, not only when a window closes:
+/// two scrapes a few seconds apart inside one 60 s window see the backends'
+/// system calls grow, before any window was evaluated.
+#[test]
+fn syscall_counters_move_within_a_window() {
+    let _alone = common::exclusive();
+    let logs = tempfile::tempdir().unwrap();
+    let c = UserCluster::start(&[], &[]);
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    let mut l = load(&c, 40);
+    let w = Watch::start(&c, 60, logs.path(), &["--collectors", "syscalls,procfs"]);
+    let key = "pgbelow_syscalls_total{role=\"backend\",syscall=\"recvfrom\"}";
+    let first = w.wait_for(30, "backend recvfrom counted", |m| {
+        sample(m, key).is_some_and(|n| n > 0.0)
+    });
+    let a = sample(&first, key).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let second = w.metrics().expect("a second scrape");
+    let b = sample(&second, key).unwrap_or(0.0);
+    let windows = sample(&second, "pgbelow_windows_total").unwrap_or(0.0);
+    eprintln!("{key}: {a} then {b} 3 s later; windows evaluated: {windows}");
+    assert_eq!(
+        windows, 0.0,
+        "the scrapes were meant to fall in the first window"
+    );
+    // 400 statements a second, each at least one recvfrom: hundreds more.
+    assert!(b >= a + 100.0, "{key}: {a} then {b}\n{}", w.log());
+    let _ = l.kill();
+    let _ = l.wait();
+    w.stop();
+}

@@ -104,7 +104,15 @@ impl Metrics {
         }
     }
 
-    /// Add one window's recording and its report.
+    /// Add calls by (role, syscall) as they are read (watch/live.rs).
+    pub fn add_syscalls(&mut self, deltas: super::live::Deltas) {
+        for (k, n) in deltas {
+            *self.syscalls.entry(k).or_default() += n;
+        }
+    }
+
+    /// Add one window's recording and its report (the syscall counters
+    /// come live, through [`Metrics::add_syscalls`]).
     pub fn add_window(&mut self, ev: &Evidence, rep: &Report, server_up: bool) {
         self.windows += 1;
         self.postgres_up = server_up;
@@ -115,15 +123,8 @@ impl Metrics {
             self.collector_up
                 .insert(c.name.clone(), server_up && c.status == "ok");
         }
+        // Syscall counters are added live, each second (add_syscalls).
         let by_role = ev.rec.syscalls_by_role(None);
-        for (role, rs) in &by_role {
-            for (sc, n) in &rs.calls {
-                *self
-                    .syscalls
-                    .entry((role.as_str().to_string(), sc.clone()))
-                    .or_default() += n;
-            }
-        }
         for (role, rp) in ev.procfs_in(None).roles {
             for (state, s) in rp.state_s {
                 *self
@@ -515,6 +516,9 @@ mod tests {
         let ev = crate::evidence::fixture("pg13-select-only-timeout-all");
         let rep = crate::report::build(&ev);
         let mut m = Metrics::new(&["syscalls".into(), "procfs".into()]);
+        let mut live = super::super::live::LiveSyscalls::default();
+        live.learn(ev.rec.processes.keys().map(|p| (*p, ev.rec.role_of(*p))));
+        m.add_syscalls(live.read_new(&ev.rec.dir));
         m.add_window(&ev, &rep, true);
         let text = m.render(false, 1.5, 1 << 20);
         assert!(text.contains("# TYPE pgbelow_syscalls_total counter"));

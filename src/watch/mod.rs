@@ -5,6 +5,7 @@
 //! When the server goes away the collectors are marked down and it
 //! re-attaches (from `--dsn`, to the new postmaster) once it is back.
 //! Windows that raised a finding can be kept as recordings (`--keep`).
+pub mod live;
 pub mod metrics;
 
 use std::path::{Path, PathBuf};
@@ -116,6 +117,7 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
             }
         }
         let dir = work.join(format!("window-{n}"));
+        let mut live = live::LiveSyscalls::default();
         let ropts = RecordOptions {
             pid,
             dsn: opts.dsn.clone(),
@@ -136,8 +138,13 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
                     .ok()
                     .or(data_dir.take());
             }
-            attach::record_for(&ropts, session, pm)
+            attach::record_for_each_tick(&ropts, session, pm, &mut |session| {
+                live.learn_roles(session);
+                lock(metrics).add_syscalls(live.read_new(&dir));
+            })
         });
+        // What the session wrote after its last tick (the final interval).
+        lock(metrics).add_syscalls(live.read_new(&dir));
         last_end = Some(std::time::Instant::now());
         let rec = match recorded {
             Ok(rec) => rec,
