@@ -561,6 +561,15 @@ fn syscall_counters_move_within_a_window() {
     );
     // 400 statements a second, each at least one recvfrom: hundreds more.
     assert!(b >= a + 100.0, "{key}: {a} then {b}\n{}", w.log());
+    // The backends' CPU seconds move as well (a 400-statement/s load: a few
+    // ms of CPU a second at the least).
+    let cpu = "pgbelow_process_cpu_seconds_total{role=\"backend\"}";
+    let (c1, c2) = (sample(&first, cpu), sample(&second, cpu));
+    eprintln!("{cpu}: {c1:?} then {c2:?}");
+    assert!(
+        c2.unwrap_or(0.0) > c1.unwrap_or(0.0),
+        "{cpu}: {c1:?} then {c2:?}"
+    );
     let _ = l.kill();
     let _ = l.wait();
     w.stop();

@@ -1,10 +1,12 @@
-//! Live syscall counters: what each second's sample of the current window
-//! added, read as the session writes it, so that `pgbelow_syscalls_total`
-//! is current at every scrape instead of moving once per window.
+//! Live counters: what each second's samples of the current window added
+//! (system calls, process states, run-queue and CPU seconds), read as the
+//! session writes them, so that these counters are current at every scrape
+//! instead of moving once per window.
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
+use crate::collect::procfs::aggregate::ProcfsSample;
 use crate::collect::session::Session;
 use crate::procinfo::Role;
 use crate::recording::files;
@@ -13,12 +15,42 @@ use crate::recording::reader::SyscallSample;
 /// Calls by (role, syscall name).
 pub type Deltas = BTreeMap<(String, String), u64>;
 
-/// Where the window's syscall stream was read up to, and the roles of the
+/// What the samples read in one call added.
+#[derive(Debug, Default, PartialEq)]
+pub struct LiveDeltas {
+    pub syscalls: Deltas,
+    /// Process-seconds by (role, state: R, S, D or other).
+    pub state_s: BTreeMap<(String, String), f64>,
+    /// Seconds runnable but waiting for a CPU, and on a CPU, by role.
+    pub runq_s: BTreeMap<String, f64>,
+    pub cpu_s: BTreeMap<String, f64>,
+}
+
+/// Where the window's streams were read up to, and the roles of the
 /// processes seen so far.
 #[derive(Debug, Default)]
 pub struct LiveSyscalls {
     offset: u64,
+    procfs_offset: u64,
     roles: BTreeMap<u32, Role>,
+}
+
+/// The complete lines appended to `path` since `offset`, which moves past
+/// them; a line still being written is left for the next call.
+fn new_lines(path: &Path, offset: &mut u64) -> Vec<u8> {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(*offset)).is_err() || f.read_to_end(&mut buf).is_err() {
+        return Vec::new();
+    }
+    let Some(end) = buf.iter().rposition(|b| *b == b'\n') else {
+        return Vec::new();
+    };
+    *offset += end as u64 + 1;
+    buf.truncate(end);
+    buf
 }
 
 impl LiveSyscalls {
@@ -35,31 +67,45 @@ impl LiveSyscalls {
         self.roles.extend(roles);
     }
 
-    /// The complete sample lines written to `dir` since the last call, as
-    /// calls by role. A line still being written is left for the next call.
-    pub fn read_new(&mut self, dir: &Path) -> Deltas {
-        let mut out = Deltas::new();
-        let Ok(mut f) = std::fs::File::open(dir.join(files::SYSCALLS)) else {
-            return out;
-        };
-        let mut buf = Vec::new();
-        if f.seek(SeekFrom::Start(self.offset)).is_err() || f.read_to_end(&mut buf).is_err() {
-            return out;
-        }
-        let Some(end) = buf.iter().rposition(|b| *b == b'\n') else {
-            return out;
-        };
-        self.offset += end as u64 + 1;
-        for line in buf[..end].split(|b| *b == b'\n') {
-            // A damaged line is the report's to name; here it counts nothing.
+    /// What the sample lines written to `dir` since the last call add.
+    pub fn read_new(&mut self, dir: &Path) -> LiveDeltas {
+        let mut out = LiveDeltas::default();
+        let role = |pid: &u32| self.roles.get(pid).copied().unwrap_or(Role::ShortLived);
+        let text = new_lines(&dir.join(files::SYSCALLS), &mut self.offset);
+        // A damaged line is the report's to name; here it counts nothing.
+        for line in text.split(|b| *b == b'\n') {
             let Ok(s) = serde_json::from_slice::<SyscallSample>(line) else {
                 continue;
             };
             for (pid, calls) in s.counts {
-                let role = self.roles.get(&pid).copied().unwrap_or(Role::ShortLived);
+                let r = role(&pid).as_str();
                 for (name, n) in calls {
-                    *out.entry((role.as_str().to_string(), name)).or_default() += n;
+                    *out.syscalls.entry((r.to_string(), name)).or_default() += n;
                 }
+            }
+        }
+        let text = new_lines(
+            &dir.join(crate::collect::procfs::STREAM),
+            &mut self.procfs_offset,
+        );
+        for line in text.split(|b| *b == b'\n') {
+            let Ok(s) = serde_json::from_slice::<ProcfsSample>(line) else {
+                continue;
+            };
+            for row in &s.rows {
+                // The buckets of the report's states (evidence/procfs.rs).
+                let state = match row.state.as_str() {
+                    st @ ("R" | "S" | "D") => st,
+                    _ => "other",
+                };
+                *out.state_s
+                    .entry((row.role.as_str().to_string(), state.to_string()))
+                    .or_default() += row.s;
+            }
+            for (pid, d) in &s.procs {
+                let r = role(pid).as_str().to_string();
+                *out.runq_s.entry(r.clone()).or_default() += d.runq_s;
+                *out.cpu_s.entry(r).or_default() += d.cpu_s;
             }
         }
         out
@@ -89,11 +135,11 @@ mod tests {
         let cut = text.len() / 2;
         let mut live = LiveSyscalls::default();
         std::fs::write(d.path().join(files::SYSCALLS), &text[..cut]).unwrap();
-        let first: u64 = live.read_new(d.path()).values().sum();
+        let first: u64 = live.read_new(d.path()).syscalls.values().sum();
         std::fs::write(d.path().join(files::SYSCALLS), &text).unwrap();
-        let second: u64 = live.read_new(d.path()).values().sum();
+        let second: u64 = live.read_new(d.path()).syscalls.values().sum();
         assert!(first > 0 && second > 0, "{first} {second}");
         assert_eq!(first + second, total);
-        assert!(live.read_new(d.path()).is_empty());
+        assert_eq!(live.read_new(d.path()), LiveDeltas::default());
     }
 }

@@ -14,6 +14,8 @@ use crate::report::Report;
 pub struct Metrics {
     syscalls: BTreeMap<(String, String), u64>,
     state_s: BTreeMap<(String, String), f64>,
+    runq_s: BTreeMap<String, f64>,
+    cpu_s: BTreeMap<String, f64>,
     commits: u64,
     statements: u64,
     checkpoints: BTreeMap<&'static str, u64>,
@@ -104,15 +106,25 @@ impl Metrics {
         }
     }
 
-    /// Add calls by (role, syscall) as they are read (watch/live.rs).
-    pub fn add_syscalls(&mut self, deltas: super::live::Deltas) {
-        for (k, n) in deltas {
+    /// Add what the window's samples added since the last call, as they
+    /// are read (watch/live.rs).
+    pub fn add_live(&mut self, d: super::live::LiveDeltas) {
+        for (k, n) in d.syscalls {
             *self.syscalls.entry(k).or_default() += n;
+        }
+        for (k, v) in d.state_s {
+            *self.state_s.entry(k).or_default() += v;
+        }
+        for (k, v) in d.runq_s {
+            *self.runq_s.entry(k).or_default() += v;
+        }
+        for (k, v) in d.cpu_s {
+            *self.cpu_s.entry(k).or_default() += v;
         }
     }
 
-    /// Add one window's recording and its report (the syscall counters
-    /// come live, through [`Metrics::add_syscalls`]).
+    /// Add one window's recording and its report (the syscall, state,
+    /// run-queue and CPU counters come live, through [`Metrics::add_live`]).
     pub fn add_window(&mut self, ev: &Evidence, rep: &Report, server_up: bool) {
         self.windows += 1;
         self.postgres_up = server_up;
@@ -123,16 +135,8 @@ impl Metrics {
             self.collector_up
                 .insert(c.name.clone(), server_up && c.status == "ok");
         }
-        // Syscall counters are added live, each second (add_syscalls).
+        // Syscall and process counters are added live, each second (add_live).
         let by_role = ev.rec.syscalls_by_role(None);
-        for (role, rp) in ev.procfs_in(None).roles {
-            for (state, s) in rp.state_s {
-                *self
-                    .state_s
-                    .entry((role.as_str().to_string(), state))
-                    .or_default() += s;
-            }
-        }
         let (commits, statements) = match (ev.rec.pgstat.first(), ev.rec.pgstat.last()) {
             (Some(a), Some(b)) => (
                 b.commits.zip(a.commits).map(|(b, a)| b.saturating_sub(a)),
@@ -256,6 +260,22 @@ impl Metrics {
             self.state_s
                 .iter()
                 .map(|((r, s), v)| (lab(&[("role", r), ("state", s)]), crate::round3(*v))),
+        );
+        e.family(
+            "pgbelow_process_runqueue_seconds_total",
+            Kind::Counter,
+            "Seconds the cluster's processes were runnable but waiting for a CPU (schedstat), by role.",
+            self.runq_s
+                .iter()
+                .map(|(r, v)| (lab(&[("role", r)]), crate::round3(*v))),
+        );
+        e.family(
+            "pgbelow_process_cpu_seconds_total",
+            Kind::Counter,
+            "Seconds the cluster's processes ran on a CPU (user + system), by role.",
+            self.cpu_s
+                .iter()
+                .map(|(r, v)| (lab(&[("role", r)]), crate::round3(*v))),
         );
         e.family(
             "pgbelow_commits_total",
@@ -518,7 +538,7 @@ mod tests {
         let mut m = Metrics::new(&["syscalls".into(), "procfs".into()]);
         let mut live = super::super::live::LiveSyscalls::default();
         live.learn(ev.rec.processes.keys().map(|p| (*p, ev.rec.role_of(*p))));
-        m.add_syscalls(live.read_new(&ev.rec.dir));
+        m.add_live(live.read_new(&ev.rec.dir));
         m.add_window(&ev, &rep, true);
         let text = m.render(false, 1.5, 1 << 20);
         assert!(text.contains("# TYPE pgbelow_syscalls_total counter"));
@@ -537,6 +557,18 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("pgbelow_build_info{version=\""), "{text}");
+        // The live counters, from the same recording's samples.
+        for key in [
+            "pgbelow_process_state_seconds_total{role=\"backend\",state=\"R\"}",
+            "pgbelow_process_cpu_seconds_total{role=\"backend\"}",
+            "pgbelow_process_runqueue_seconds_total{role=\"backend\"}",
+        ] {
+            let v = text
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {key} in\n{text}"));
+            assert!(v > 0.0, "{key} {v}");
+        }
         assert!(
             text.contains(
                 "pgbelow_check_status{id=\"timer-syscalls-per-statement\",status=\"raised\"} 1"

@@ -140,11 +140,11 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
             }
             attach::record_for_each_tick(&ropts, session, pm, &mut |session| {
                 live.learn_roles(session);
-                lock(metrics).add_syscalls(live.read_new(&dir));
+                lock(metrics).add_live(live.read_new(&dir));
             })
         });
         // What the session wrote after its last tick (the final interval).
-        lock(metrics).add_syscalls(live.read_new(&dir));
+        lock(metrics).add_live(live.read_new(&dir));
         last_end = Some(std::time::Instant::now());
         let rec = match recorded {
             Ok(rec) => rec,
