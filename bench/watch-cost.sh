@@ -43,6 +43,6 @@ for i in $(seq 1 $((minutes * 2))); do
     'BEGIN { printf "%.1f %s %s %.2f%%\n", i/2, c, r, (c-c0)/(t-t0)*100 }'
 done
 echo "scrape:"
-curl -s "http://127.0.0.1:$mport/metrics" | grep -E '^pgbelow_(self|window|statements_per_second|finding_active.*} 1)' || true
+curl -s "http://127.0.0.1:$mport/metrics" | grep -E '^(process_|pgbelow_(window|statements_total|finding_active.*} 1))' || true
 wait "$lpid" || true; lpid=""
 grep -E "^tps" "$dir/pgbench.out" || true

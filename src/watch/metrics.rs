@@ -9,6 +9,14 @@ use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::report::Report;
 
+/// pgbelow's own CPU seconds, resident bytes and open descriptors.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Own {
+    pub cpu_s: f64,
+    pub rss: u64,
+    pub fds: u64,
+}
+
 /// Every counter and gauge, keyed by their labels (sorted: deterministic output).
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
@@ -33,6 +41,8 @@ pub struct Metrics {
     collector_up: BTreeMap<String, bool>,
     postgres_up: bool,
     last_window_end: f64,
+    /// When the agent started (Unix time).
+    started: f64,
     /// Seconds between the last two windows in which nothing was counted
     /// (the last window's evaluation and the next one's attach).
     pub gap_s: Option<f64>,
@@ -45,16 +55,8 @@ const RATIOS: &[(&str, &str)] = &[
         "Backends' setitimer+timer_settime calls per statement over the last window.",
     ),
     (
-        "pgbelow_clock_syscalls_per_second",
-        "Backends' clock_gettime+gettimeofday syscalls per second over the last window (vDSO reads are not syscalls).",
-    ),
-    (
         "pgbelow_epoll_create1_per_commit",
         "Backends' epoll_create1 calls per committed transaction over the last window.",
-    ),
-    (
-        "pgbelow_statements_per_second",
-        "Statements per second over the last window.",
     ),
     (
         "pgbelow_replay_cpu_ms_per_dropped_relation",
@@ -73,7 +75,7 @@ const RATIOS: &[(&str, &str)] = &[
         "File pages the cluster's memory cgroup evicted and read again, per second over the last window (workingset_refault_file; absent without a memory cgroup).",
     ),
     (
-        "pgbelow_subtrans_wait_share",
+        "pgbelow_subtrans_wait_ratio",
         "Share of the backends' busy pg_stat_activity samples waiting on pg_subtrans (LWLock SubtransSLRU/SubtransBuffer; SubtransControlLock/subtrans up to 12) over the last window.",
     ),
     (
@@ -94,6 +96,7 @@ impl Metrics {
                 .map(|r| (r.id().to_string(), None))
                 .collect(),
             collector_up: collectors.iter().map(|c| (c.clone(), false)).collect(),
+            started: chrono::Utc::now().timestamp_millis() as f64 / 1000.0,
             ..Default::default()
         }
     }
@@ -160,7 +163,6 @@ impl Metrics {
         let backend = by_role.get(&Role::Backend);
         let get = |n: &str| backend.map_or(0, |b| b.get(n)) as f64;
         let ratio = |a: f64, b: Option<u64>| b.filter(|b| *b > 0).map(|b| a / b as f64);
-        let secs_n = (secs > 0.0).then_some(secs);
         self.ratios.clear();
         let mut put = |name: &'static str, v: Option<f64>| {
             if let Some(v) = v {
@@ -172,16 +174,8 @@ impl Metrics {
             ratio(get("setitimer") + get("timer_settime"), statements),
         );
         put(
-            "pgbelow_clock_syscalls_per_second",
-            secs_n.map(|s| (get("clock_gettime") + get("gettimeofday")) / s),
-        );
-        put(
             "pgbelow_epoll_create1_per_commit",
             ratio(get("epoll_create1"), commits),
-        );
-        put(
-            "pgbelow_statements_per_second",
-            statements.zip(secs_n).map(|(n, s)| n as f64 / s),
         );
         put(
             "pgbelow_replay_cpu_ms_per_dropped_relation",
@@ -200,7 +194,7 @@ impl Metrics {
             crate::analyse::memory_cgroup::refaults_per_s(ev),
         );
         put(
-            "pgbelow_subtrans_wait_share",
+            "pgbelow_subtrans_wait_ratio",
             crate::analyse::subtransaction_overflow::subtrans_waits(ev).map(|w| w.share()),
         );
         put(
@@ -233,8 +227,8 @@ impl Metrics {
     }
 
     /// The exposition; `openmetrics` picks OpenMetrics 1.0 over text 0.0.4.
-    /// `cpu_s` and `rss` are the process's own, read at scrape time.
-    pub fn render(&self, openmetrics: bool, cpu_s: f64, rss: u64) -> String {
+    /// `own` is the process's own figures, read at scrape time.
+    pub fn render(&self, openmetrics: bool, own: &Own) -> String {
         let mut e = Exposition {
             out: String::new(),
             openmetrics,
@@ -438,17 +432,31 @@ impl Metrics {
                 [(vec![], self.last_window_end)],
             );
         }
+        // The exporter's own process, by the names every Prometheus client
+        // library's process collector uses.
         e.family(
-            "pgbelow_self_cpu_seconds_total",
+            "process_cpu_seconds_total",
             Kind::Counter,
-            "CPU seconds used by pgbelow itself (user+system, all threads).",
-            [(vec![], crate::round3(cpu_s))],
+            "Total user and system CPU time spent in seconds (pgbelow itself, all threads).",
+            [(vec![], crate::round3(own.cpu_s))],
         );
         e.family(
-            "pgbelow_self_resident_bytes",
+            "process_resident_memory_bytes",
             Kind::Gauge,
-            "Resident memory of pgbelow itself.",
-            [(vec![], rss as f64)],
+            "Resident memory size in bytes (pgbelow itself).",
+            [(vec![], own.rss as f64)],
+        );
+        e.family(
+            "process_open_fds",
+            Kind::Gauge,
+            "Number of open file descriptors (pgbelow itself).",
+            [(vec![], own.fds as f64)],
+        );
+        e.family(
+            "process_start_time_seconds",
+            Kind::Gauge,
+            "Start time of the process since the Unix epoch in seconds.",
+            [(vec![], self.started)],
         );
         if openmetrics {
             e.out.push_str("# EOF\n");
@@ -535,12 +543,17 @@ mod tests {
     fn a_recorded_window_gives_counters_ratios_and_findings() {
         let ev = crate::evidence::fixture("pg13-select-only-timeout-all");
         let rep = crate::report::build(&ev);
+        let own = Own {
+            cpu_s: 1.5,
+            rss: 1 << 20,
+            fds: 12,
+        };
         let mut m = Metrics::new(&["syscalls".into(), "procfs".into()]);
         let mut live = super::super::live::LiveSyscalls::default();
         live.learn(ev.rec.processes.keys().map(|p| (*p, ev.rec.role_of(*p))));
         m.add_live(live.read_new(&ev.rec.dir));
         m.add_window(&ev, &rep, true);
-        let text = m.render(false, 1.5, 1 << 20);
+        let text = m.render(false, &own);
         assert!(text.contains("# TYPE pgbelow_syscalls_total counter"));
         assert!(
             text.contains("pgbelow_syscalls_total{role=\"backend\",syscall=\"setitimer\"}"),
@@ -557,6 +570,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("pgbelow_build_info{version=\""), "{text}");
+        // The exporter's own process, by the client libraries' names.
+        for l in [
+            "process_cpu_seconds_total 1.5",
+            "process_resident_memory_bytes 1048576",
+            "process_open_fds 12",
+        ] {
+            assert!(text.lines().any(|t| t == l), "no {l:?} in\n{text}");
+        }
+        assert!(text.contains("process_start_time_seconds 1"), "{text}");
+        assert!(!text.contains("pgbelow_self_"), "{text}");
         // The live counters, from the same recording's samples.
         for key in [
             "pgbelow_process_state_seconds_total{role=\"backend\",state=\"R\"}",
@@ -583,12 +606,12 @@ mod tests {
         let per: f64 = per.parse().unwrap();
         assert!((0.8..=2.2).contains(&per), "{per}");
 
-        let om = m.render(true, 1.5, 1 << 20);
+        let om = m.render(true, &own);
         assert!(om.contains("# TYPE pgbelow_syscalls counter"));
         assert!(om.ends_with("# EOF\n"));
         m.down();
         assert!(m
-            .render(false, 0.0, 0)
+            .render(false, &Own::default())
             .contains("pgbelow_collector_up{collector=\"syscalls\"} 0"));
     }
 
@@ -601,7 +624,7 @@ mod tests {
             let rep = crate::report::build(&ev);
             let mut m = Metrics::new(&[]);
             m.add_window(&ev, &rep, true);
-            m.render(false, 0.0, 0)
+            m.render(false, &Own::default())
                 .lines()
                 .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
         };

@@ -304,7 +304,12 @@ fn serve(server: &tiny_http::Server, metrics: &Mutex<Metrics>) {
             let om = req.headers().iter().any(|h| {
                 h.field.equiv("Accept") && h.value.as_str().contains("application/openmetrics-text")
             });
-            let body = lock(metrics).render(om, process_cpu_s(), resident_bytes());
+            let own = metrics::Own {
+                cpu_s: process_cpu_s(),
+                rss: resident_bytes(),
+                fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
+            };
+            let body = lock(metrics).render(om, &own);
             let ctype = if om {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8"
             } else {
