@@ -880,9 +880,38 @@ fn dpkg_owner(path: &str) -> Option<String> {
     (out.status.success() && !pkg.is_empty() && !pkg.contains(' ')).then(|| pkg.to_string())
 }
 
+/// The GNU build id of the ELF file at `path`, in hex.
+fn build_id(path: &str) -> Option<String> {
+    use object::Object;
+    let data = std::fs::read(path).ok()?;
+    let id = object::File::parse(&*data).ok()?.build_id().ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Where the symbols of stripped `path` come from: its package's `-dbgsym`
-/// and the archive that carries it (`os_release`: /etc/os-release).
-pub fn symbols_hint(path: &str, package: Option<&str>, os_release: &str) -> String {
+/// and the archive that carries it (`os_release`: /etc/os-release); and,
+/// when `DEBUGINFOD_URLS` is set and the file has a build id, debuginfod,
+/// into the build-id directory the symbolizer reads (blazesym consults
+/// /usr/lib/debug/.build-id).
+pub fn symbols_hint(
+    path: &str,
+    package: Option<&str>,
+    os_release: &str,
+    debuginfod: Option<&str>,
+) -> String {
+    let from_debuginfod = match debuginfod.filter(|id| id.len() > 2) {
+        Some(id) => format!(
+            "; or from debuginfod (DEBUGINFOD_URLS is set): \
+             `install -D \"$(debuginfod-find debuginfo {path})\" /usr/lib/debug/.build-id/{}/{}.debug`",
+            &id[..2],
+            &id[2..]
+        ),
+        None => String::new(),
+    };
+    symbols_from_package(path, package, os_release) + &from_debuginfod
+}
+
+fn symbols_from_package(path: &str, package: Option<&str>, os_release: &str) -> String {
     let field = |k: &str| {
         os_release.lines().find_map(|l| {
             let v = l.strip_prefix(k)?.strip_prefix('=')?;
@@ -935,7 +964,15 @@ fn quality_notes(s: &Summary, ctx: &Context) -> Vec<String> {
             let is_postgres = m.path.ends_with("/postgres");
             let fix = if m.symtab == Some(false) {
                 let os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
-                let hint = symbols_hint(&m.path, dpkg_owner(&m.path).as_deref(), &os);
+                let debuginfod = std::env::var_os("DEBUGINFOD_URLS")
+                    .filter(|u| !u.is_empty())
+                    .and_then(|_| build_id(&m.path));
+                let hint = symbols_hint(
+                    &m.path,
+                    dpkg_owner(&m.path).as_deref(),
+                    &os,
+                    debuginfod.as_deref(),
+                );
                 Some(if is_postgres {
                     let major = ctx.major.map_or("MAJOR".to_string(), |v| v.to_string());
                     format!(
@@ -1025,14 +1062,32 @@ mod hint_tests {
         // /etc/os-release of this kind of machine (Debian 12).
         let os = include_str!("../../../tests/fixtures/os/debian-12.os-release");
         let path = "/usr/lib/postgresql/15/bin/postgres";
-        let h = symbols_hint(path, Some("postgresql-15"), os);
+        let h = symbols_hint(path, Some("postgresql-15"), os, None);
         assert!(
             h.starts_with("`apt-get install postgresql-15-dbgsym` from Debian's debug archive"),
             "{h}"
         );
         assert!(h.contains("debian-debug/ bookworm-debug main"), "{h}");
         assert!(!h.contains("--pg-bin"), "{h}");
-        let h = symbols_hint(path, None, os);
+        let h = symbols_hint(path, None, os, None);
         assert!(h.contains(path) && h.contains("-dbgsym"), "{h}");
+        assert!(!h.contains("debuginfod"), "{h}");
+        // With DEBUGINFOD_URLS set: where to put what debuginfod serves.
+        let h = symbols_hint(path, Some("postgresql-15"), os, Some("ab12cd"));
+        assert!(
+            h.ends_with(
+                "`install -D \"$(debuginfod-find debuginfo /usr/lib/postgresql/15/bin/postgres)\" \
+                 /usr/lib/debug/.build-id/ab/12cd.debug`"
+            ),
+            "{h}"
+        );
+    }
+
+    #[test]
+    fn the_build_id_of_a_real_binary() {
+        // The system's PostgreSQL, as the hint reads it (Debian builds
+        // carry a 20-byte GNU build id).
+        let id = super::build_id("/usr/lib/postgresql/15/bin/postgres").expect("a build id");
+        assert_eq!(id.len(), 40, "{id}");
     }
 }
