@@ -150,14 +150,15 @@ impl Metrics {
         self.commits += commits.unwrap_or(0);
         self.statements += statements.unwrap_or(0);
         let cp = |s: &crate::collect::pgstat::ServerSample| s.checkpointer.clone();
-        if let (Some(a), Some(b)) = (
-            ev.server.first().and_then(cp),
-            ev.server.last().and_then(cp),
-        ) {
-            *self.checkpoints.entry("timed").or_default() += b.timed.saturating_sub(a.timed);
-            *self.checkpoints.entry("requested").or_default() +=
-                b.requested.saturating_sub(a.requested);
-            self.checkpoint_buffers += b.buffers_written.saturating_sub(a.buffers_written);
+        // The server's own cumulative counters, as its last sample read
+        // them: a checkpoint is counted when it starts and its buffers while
+        // it writes, so window deltas showed a window's buffers beside 0
+        // checkpoints when the checkpoint began in the window before. As
+        // read, both count from the same statistics reset.
+        if let Some(b) = ev.server.last().and_then(cp) {
+            self.checkpoints.insert("timed", b.timed);
+            self.checkpoints.insert("requested", b.requested);
+            self.checkpoint_buffers = b.buffers_written;
         }
 
         let backend = by_role.get(&Role::Backend);
@@ -286,7 +287,7 @@ impl Metrics {
         e.family(
             "pgbelow_checkpoints_total",
             Kind::Counter,
-            "Checkpoints started, by kind (timed, requested).",
+            "Checkpoints started, by kind (timed, requested), since the server's statistics reset (pg_stat_bgwriter; pg_stat_checkpointer from 17).",
             self.checkpoints
                 .iter()
                 .map(|(k, n)| (lab(&[("kind", k)]), *n as f64)),
@@ -294,7 +295,7 @@ impl Metrics {
         e.family(
             "pgbelow_checkpoint_buffers_written_total",
             Kind::Counter,
-            "Buffers written by checkpoints.",
+            "Buffers written by checkpoints since the server's statistics reset (pg_stat_bgwriter; pg_stat_checkpointer from 17).",
             [(vec![], self.checkpoint_buffers as f64)],
         );
         for (name, help) in RATIOS {
@@ -617,6 +618,37 @@ mod tests {
 
     // The rules' key figures as gauges: present where the window holds what
     // they divide by, absent (not 0) where it does not.
+    // The checkpoint counters are the server's own, read together: buffers
+    // written by checkpoints never stand beside 0 checkpoints.
+    #[test]
+    fn checkpoint_counters_agree_with_each_other() {
+        // An attached recording whose window held a checkpoint.
+        let ev = crate::evidence::fixture("pg15-attach-counters-checkpoint");
+        let rep = crate::report::build(&ev);
+        let mut m = Metrics::new(&[]);
+        m.add_window(&ev, &rep, true);
+        let text = m.render(false, &Own::default());
+        let get = |k: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {k} in\n{text}"))
+        };
+        let buffers = get("pgbelow_checkpoint_buffers_written_total");
+        let started = get("pgbelow_checkpoints_total{kind=\"timed\"}")
+            + get("pgbelow_checkpoints_total{kind=\"requested\"}");
+        let last = ev
+            .server
+            .last()
+            .and_then(|s| s.checkpointer.clone())
+            .unwrap();
+        assert_eq!(buffers, last.buffers_written as f64);
+        assert_eq!(started, (last.timed + last.requested) as f64);
+        assert!(
+            buffers > 0.0 && started >= 1.0,
+            "{buffers} buffers, {started} checkpoints"
+        );
+    }
+
     #[test]
     fn replay_and_checkpoint_gauges() {
         let gauge = |fixture: &str, name: &str| -> Option<f64> {
