@@ -534,13 +534,16 @@ pub fn record_while(
 }
 
 /// A read limit on the disk under `dir` for a cluster's processes, as a
-/// standby on a slow network volume has: a cgroup of the test's own
-/// (`pgbelow-test-reads-PID`, blkio v1 or io v2) with at most `iops` reads
-/// a second, so that each synchronous read waits for the disk however fast
-/// the host serves it. Dropping it moves the processes back and removes it.
+/// standby on a slow network volume has: a cgroup (`pgbelow-test-reads-PID`,
+/// blkio v1 or io v2) with at most `iops` reads a second, so that each
+/// synchronous read waits for the disk however fast the host serves it.
+/// The lab's own [`OwnedCgroup`]: noted in the cleanup ledger (a killed
+/// test's is reclaimed by the next pgbelow run), and dropping it moves the
+/// processes back and removes it.
+///
+/// [`OwnedCgroup`]: pgbelow::scenarios::owned_cgroup::OwnedCgroup
 pub struct SlowReads {
-    dir: PathBuf,
-    parent: PathBuf,
+    _cg: pgbelow::scenarios::owned_cgroup::OwnedCgroup,
 }
 
 impl SlowReads {
@@ -568,31 +571,17 @@ impl SlowReads {
             std::fs::write(v2.join("cgroup.subtree_control"), "+io").unwrap();
             (v2, "io.max", format!("{disk} riops={iops}"))
         };
-        let cg = parent.join(format!("pgbelow-test-reads-{}", std::process::id()));
-        std::fs::create_dir(&cg).unwrap();
-        let slow = SlowReads {
-            dir: cg.clone(),
-            parent,
-        };
-        std::fs::write(cg.join(file), &value)
-            .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", cg.join(file).display()));
-        for pid in std::iter::once(postmaster).chain(children(postmaster)) {
-            // A process that exited meanwhile is not there to move.
-            let _ = std::fs::write(cg.join("cgroup.procs"), pid.to_string());
-        }
-        slow
-    }
-}
-
-impl Drop for SlowReads {
-    fn drop(&mut self) {
-        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs.lines() {
-            let _ = std::fs::write(self.parent.join("cgroup.procs"), pid);
-        }
-        if let Err(e) = std::fs::remove_dir(&self.dir) {
-            eprintln!("removing {}: {e}", self.dir.display());
-        }
+        let cg = pgbelow::scenarios::owned_cgroup::OwnedCgroup::create(
+            &parent,
+            &format!("pgbelow-test-reads-{}", std::process::id()),
+        )
+        .unwrap();
+        cg.set(file, &value).unwrap();
+        let pids: Vec<u32> = std::iter::once(postmaster)
+            .chain(children(postmaster))
+            .collect();
+        cg.adopt(&pids).unwrap();
+        SlowReads { _cg: cg }
     }
 }
 
