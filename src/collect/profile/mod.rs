@@ -134,6 +134,9 @@ pub struct ModuleSummary {
     pub path: String,
     /// Whether the file has `.symtab` (or DWARF); None if it could not be read.
     pub symtab: Option<bool>,
+    /// Its GNU build id in hex, as read when it was parsed for unwinding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_id: Option<String>,
     pub frames: u64,
     pub unresolved: u64,
 }
@@ -834,6 +837,7 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
         s.modules.push(ModuleSummary {
             path: info.path.clone(),
             symtab: info.elf.as_ref().map(|e| e.symtab),
+            build_id: info.elf.as_ref().and_then(|e| e.build_id.clone()),
             frames,
             unresolved,
         });
@@ -842,6 +846,7 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
         s.modules.push(ModuleSummary {
             path: "[anon]".into(),
             symtab: None,
+            build_id: None,
             frames: anon.0,
             unresolved: anon.1,
         });
@@ -878,14 +883,6 @@ fn dpkg_owner(path: &str) -> Option<String> {
     let text = String::from_utf8(out.stdout).ok()?;
     let pkg = text.lines().next()?.split_once(':')?.0.trim();
     (out.status.success() && !pkg.is_empty() && !pkg.contains(' ')).then(|| pkg.to_string())
-}
-
-/// The GNU build id of the ELF file at `path`, in hex.
-fn build_id(path: &str) -> Option<String> {
-    use object::Object;
-    let data = std::fs::read(path).ok()?;
-    let id = object::File::parse(&*data).ok()?.build_id().ok()??;
-    Some(id.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Where the symbols of stripped `path` come from: its package's `-dbgsym`
@@ -966,7 +963,7 @@ fn quality_notes(s: &Summary, ctx: &Context) -> Vec<String> {
                 let os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
                 let debuginfod = std::env::var_os("DEBUGINFOD_URLS")
                     .filter(|u| !u.is_empty())
-                    .and_then(|_| build_id(&m.path));
+                    .and_then(|_| m.build_id.clone());
                 let hint = symbols_hint(
                     &m.path,
                     dpkg_owner(&m.path).as_deref(),
@@ -1085,9 +1082,13 @@ mod hint_tests {
 
     #[test]
     fn the_build_id_of_a_real_binary() {
-        // The system's PostgreSQL, as the hint reads it (Debian builds
+        // The system's PostgreSQL, as the unwinder parses it (Debian builds
         // carry a 20-byte GNU build id).
-        let id = super::build_id("/usr/lib/postgresql/15/bin/postgres").expect("a build id");
+        let path = std::path::Path::new("/usr/lib/postgresql/15/bin/postgres");
+        let bytes = std::fs::read(path).expect("the system's postgres");
+        let backing = super::unwind::Backing::Owned(bytes);
+        let elf = super::unwind::ElfData::parse(std::sync::Arc::new(backing)).expect("an ELF file");
+        let id = elf.build_id.expect("a build id");
         assert_eq!(id.len(), 40, "{id}");
     }
 }

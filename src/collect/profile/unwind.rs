@@ -56,6 +56,9 @@ pub struct ElfData {
     loads: Vec<(u64, u64, u64)>,
     /// Has a `.symtab` (static functions resolvable) or DWARF.
     pub symtab: bool,
+    /// The GNU build id in hex (where debuginfod and /usr/lib/debug/.build-id
+    /// find its symbols).
+    pub build_id: Option<String>,
 }
 
 impl ElfData {
@@ -81,7 +84,13 @@ impl ElfData {
             .map(|s| s.address()..s.address() + s.size());
         let symtab = file.section_by_name(".symtab").is_some()
             || file.section_by_name(".debug_info").is_some();
+        let build_id = file
+            .build_id()
+            .ok()
+            .flatten()
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
         Some(ElfData {
+            build_id,
             text: sec(".text"),
             eh_frame: sec(".eh_frame"),
             eh_frame_hdr: sec(".eh_frame_hdr"),
