@@ -22,6 +22,8 @@
 # and the total, which is the throughput a CPU-bound pinned workload loses.
 #
 # usage: bench/overhead-perf.sh [SECONDS=8] [CONFIG ...]   (CONFIG: a --collectors list)
+# PGBELOW_ARGS: more `pgbelow record` options for every configuration
+# (e.g. --syscalls-budget 100 to count every system call).
 set -euo pipefail
 secs=${1:-8}; shift || true
 cd "$(dirname "$0")/.."
@@ -48,14 +50,14 @@ taskset -c 0 "$pgbin/pgbench" -h "$work" -p "$port" -U postgres -S -M prepared -
   -T 100000 postgres >/dev/null 2>&1 &
 bench_pid=$!
 sleep 3
-echo "seconds=$secs default=$default $("$pgbin/postgres" --version) kernel=$(uname -r) load=$(cut -d' ' -f1-3 /proc/loadavg)"
+echo "seconds=$secs default=$default args=${PGBELOW_ARGS:-} $("$pgbin/postgres" --version) kernel=$(uname -r) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| collectors | samples | pgbelow | its sessions | bpf | tracepoint | perf | total observing |"
 echo "|---|---|---|---|---|---|---|---|"
 for c in "${configs[@]}"; do
   list=$c; [ "$c" = none ] && list=none
   out="$work/rec-$RANDOM"
   taskset -c 0 "$bin" record --pid "$pm" --dsn "host=$work port=$port user=postgres dbname=postgres" \
-    --duration $((secs + 6)) --collectors "$list" --format json --out "$out" >/dev/null 2>&1 &
+    --duration $((secs + 6)) --collectors "$list" ${PGBELOW_ARGS:-} --format json --out "$out" >/dev/null 2>&1 &
   rec=$!
   sleep 3
   pids=$( (pgrep -P "$pm"; echo "$pm"; pgrep -P "$bench_pid"; echo "$bench_pid"; echo "$rec") | sort -u | paste -sd,)

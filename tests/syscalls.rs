@@ -426,6 +426,75 @@ fn perf_drop_closes_events() {
     assert_eq!(own_fds("anon_inode:[perf_event]"), before);
 }
 
+/// Past its budget the program is attached for part of the time only:
+/// it then counts about that share of the calls, and the counted time says
+/// by how much to scale them. The estimate is biased low by the counting's
+/// own cost (a call is slower while counted); getppid in a loop, where the
+/// call is all the work, is the worst case for that bias.
+#[test]
+fn ebpf_duty_cycle_counts_a_share_of_the_time() {
+    if !privileged() {
+        return;
+    }
+    let _g = serial();
+    let n: u64 = 10_000_000;
+    let mut load = Load::spawn(&["fork", &n.to_string()]);
+    let mut counter = start(load.pid, Mechanism::Ebpf);
+    counter.set_duty(0.25);
+    // Let the cycle settle into the new duty before the load starts.
+    counter.next_interval();
+    std::thread::sleep(Duration::from_millis(1100));
+    counter.next_interval();
+    let c0 = counter.counted_s().expect("eBPF counts with a duty cycle");
+    let t0 = Instant::now();
+    // The load runs in its own thread; this one begins an interval each
+    // second, as the collector does.
+    let runner = std::thread::spawn(move || {
+        load.send_byte();
+        let child = load.expect_pid("forked");
+        assert_eq!(load.expect_pid("done"), child);
+        (load, child, t0.elapsed().as_secs_f64())
+    });
+    let mut next = Instant::now() + Duration::from_secs(1);
+    while !runner.is_finished() {
+        if Instant::now() >= next {
+            counter.next_interval();
+            next += Duration::from_secs(1);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (_load, child, wall) = runner.join().expect("load thread");
+    let counted = counter.counted_s().unwrap() - c0;
+    let share = counted / wall;
+    let seen = count(&counter.read().unwrap(), child, getppid());
+    let estimate = seen as f64 / share;
+    let msg = format!(
+        "{n} calls in {wall:.2} s; counted {counted:.2} s (share {share:.2}), \
+         {seen} calls seen, estimate {estimate:.0} ({:.2} of the true count)",
+        estimate / n as f64
+    );
+    eprintln!("{msg}");
+    assert!(wall > 1.5, "the load must span several intervals: {msg}");
+    assert!((0.1..0.45).contains(&share), "counted share: {msg}");
+    assert!(seen < n * 6 / 10, "only part of the calls counted: {msg}");
+    assert!(
+        (0.25..1.3).contains(&(estimate / n as f64)),
+        "scaled estimate: {msg}"
+    );
+    // Back to every call.
+    counter.set_duty(1.0);
+    std::thread::sleep(Duration::from_millis(400));
+    let a = counter.counted_s().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let b = counter.counted_s().unwrap();
+    assert!(
+        b - a > 0.45,
+        "duty 1 counts all the time: {:.3} s of 0.5",
+        b - a
+    );
+    assert_eq!(counter.duty_error(), None);
+}
+
 // ---- measurements (cargo test --release --test syscalls -- --ignored --nocapture) ----
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -81,9 +81,17 @@ __u64 lost_children;
 // Pushes to new_procs that failed (queue full): userspace then lists all keys.
 __u64 queue_overflows;
 
+// Every syscall that entered on each CPU, tracked or not, one cache line per
+// CPU (no sharing between CPUs, so a plain add): userspace turns the busiest
+// CPU's rate into this program's cost and counts for only part of the time
+// when that cost passes its budget (src/collect/syscalls/duty.rs).
+#define MAX_CPUS 512
+__u64 cpu_calls[MAX_CPUS * 8];
+
 SEC("raw_tp/sys_enter")
 int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
+	cpu_calls[(bpf_get_smp_processor_id() & (MAX_CPUS - 1)) * 8] += 1;
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!is_tracked(tgid))
 		return 0;

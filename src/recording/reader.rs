@@ -30,6 +30,26 @@ pub struct SyscallSample {
     /// of their syscalls are in `counts`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lost_children: u64,
+    /// Share of `dt` the calls were counted in, when counting them all
+    /// would have cost more than its budget; `counts` are then the counted
+    /// calls scaled by `dt` over the counted time (estimates). Absent: every
+    /// call was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted_share: Option<f64>,
+}
+
+/// Time-weighted share of `samples` in which calls were counted; None when
+/// every call was.
+fn counted_share(samples: &[SyscallSample]) -> Option<f64> {
+    if samples.iter().all(|s| s.counted_share.is_none()) {
+        return None;
+    }
+    let total: f64 = samples.iter().map(|s| s.dt).sum();
+    let counted: f64 = samples
+        .iter()
+        .map(|s| s.dt * s.counted_share.unwrap_or(1.0))
+        .sum();
+    (total > 0.0).then(|| counted / total)
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -227,6 +247,12 @@ impl Loaded {
         let first = self.syscalls.first()?;
         let last = self.syscalls.last()?;
         Some((first.t - first.dt, last.t))
+    }
+
+    /// Share of the syscall samples' time in which calls were counted, when
+    /// some were counted for part of their interval only (duty-cycled).
+    pub fn syscalls_counted_share(&self) -> Option<f64> {
+        counted_share(&self.syscalls)
     }
 
     pub fn syscalls_dropped(&self) -> u64 {
@@ -504,6 +530,22 @@ pub fn parse_jsonl<T: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counted_share_is_time_weighted_and_absent_when_all_was_counted() {
+        let mut t = 0;
+        let mut samples: Vec<SyscallSample> = parse_jsonl(
+            "{\"t\":1.0,\"dt\":1.0,\"counts\":{}}\n{\"t\":3.0,\"dt\":2.0,\"counts\":{}}\n"
+                .as_bytes(),
+            "x",
+            &mut t,
+        )
+        .unwrap();
+        assert_eq!(counted_share(&samples), None);
+        samples[1].counted_share = Some(0.25);
+        // 1 s all counted, 2 s a quarter counted: 1.5 s of 3.
+        assert!((counted_share(&samples).unwrap() - 0.5).abs() < 1e-9);
+    }
 
     #[test]
     fn a_cut_last_line_is_tolerated_but_a_damaged_middle_is_not() {

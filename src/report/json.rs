@@ -177,6 +177,11 @@ pub struct Syscalls {
     /// pg_stat_statements is not installed); null when nothing was counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<String>,
+    /// Share of the window in which calls were counted, when counting all
+    /// of them would have passed the collector's cost budget; the counts
+    /// are then estimates scaled from that share. Absent: every call counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted_share: Option<f64>,
     pub by_role: BTreeMap<Role, RoleTable>,
 }
 
@@ -332,6 +337,7 @@ pub fn build(rec: &Evidence) -> Report {
             window_s: span.map(|(a, b)| [round3(a), round3(b)]),
             dropped: rec.syscalls_dropped(),
             processes_lost: rec.processes_lost(),
+            counted_share: rec.syscalls_counted_share().map(round3),
             per: stmts.as_ref().map(|s| s.unit().to_string()),
             by_role,
         },

@@ -120,6 +120,14 @@ pub fn render(r: &Report) -> String {
                  statements were not counted; install it for per-statement figures"
             );
         }
+        if let Some(share) = r.syscalls.counted_share {
+            let _ = writeln!(
+                o,
+                "  estimates: the call rate made counting every call cost more than its budget, so calls \
+                 were counted {:.0} % of the time and scaled (--syscalls-budget 100 counts all)",
+                share * 100.0
+            );
+        }
         if r.syscalls.dropped > 0 {
             let _ = writeln!(
                 o,

@@ -12,6 +12,7 @@ use libbpf_rs::{MapCore, MapFlags, OpenObject};
 
 use super::procwalk;
 use super::CountSnapshot;
+use crate::collect::syscalls::duty::DutyCycle;
 use crate::collect::tracked;
 
 #[allow(
@@ -103,12 +104,27 @@ impl Bss {
         self.load(|b| unsafe { std::ptr::addr_of_mut!((*b).queue_overflows) })
     }
 
+    /// Syscalls that entered on each CPU so far (all processes).
+    fn cpu_calls(&self, cpus: usize) -> Vec<u64> {
+        // SAFETY: only a field address inside the mapping is computed.
+        let base = unsafe { std::ptr::addr_of_mut!((*self.0.as_ptr()).cpu_calls) }.cast::<u64>();
+        (0..cpus.min(512))
+            // SAFETY: cpu * 8 < 4096, the array's length; the mapping lives
+            // as long as `self`; access is atomic.
+            .map(|cpu| unsafe { AtomicU64::from_ptr(base.add(cpu * 8)) }.load(Ordering::Relaxed))
+            .collect()
+    }
+
     fn set_tracked(&self, tgid: u32, on: bool) {
         tracked::set(self.tracked(), tgid, on);
     }
 }
 
 pub(super) struct Ebpf {
+    /// Keeps `on_sys_enter` attached, for part of the time when counting
+    /// all of it costs too much. Declared before `skel`: its thread stops
+    /// and detaches first.
+    duty: Option<DutyCycle>,
     /// Owns the object, maps and links: dropping it detaches everything.
     skel: SyscountSkel<'static>,
     bss: Bss,
@@ -137,9 +153,11 @@ impl Ebpf {
         // SAFETY: called once; the skeleton is stored next to the slot and
         // dropped first (or, on error, dropped here before `slot`).
         let storage = unsafe { slot.borrow_static() };
-        let open = SyscountSkelBuilder::default()
+        let mut open = SyscountSkelBuilder::default()
             .open(storage)
             .context("opening the BPF object")?;
+        // Attached by the duty cycle, which may detach it for part of the time.
+        open.progs.on_sys_enter.set_autoattach(false);
         let mut skel = open.load().context("loading the BPF programs")?;
         let bss = skel
             .maps
@@ -158,6 +176,7 @@ impl Ebpf {
             overflows_seen: 0,
             buf: vec![0; value_size],
             stats: crate::collect::offcpu::bpf::enable_stats_if_asked(),
+            duty: None,
         };
         for &root in roots {
             me.track(root, 0)?;
@@ -165,12 +184,33 @@ impl Ebpf {
         // Attach before walking /proc: a process forked by a tracked one from
         // now on is tracked by the kernel, and the walk finds the older ones.
         me.skel.attach().context("attaching the BPF programs")?;
+        let prog = {
+            use std::os::fd::AsFd;
+            me.skel.progs.on_sys_enter.as_fd().try_clone_to_owned()?
+        };
+        me.duty = Some(
+            DutyCycle::start(prog, c"sys_enter")
+                .context("attaching the BPF program to sys_enter")?,
+        );
         let mut known: BTreeSet<u32> = roots.iter().copied().collect();
         procwalk::walk_new_descendants(roots.iter().copied(), &mut known, &mut |child, parent| {
             me.track(child, parent)
         })?;
         me.keys = known;
         Ok(me)
+    }
+
+    /// The duty cycle of the counting program.
+    pub(super) fn duty(&self) -> Option<&DutyCycle> {
+        self.duty.as_ref()
+    }
+
+    /// Syscalls that entered on each online-or-not CPU so far, every
+    /// process's, while the program was attached.
+    pub(super) fn cpu_calls(&self) -> Vec<u64> {
+        // SAFETY: sysconf has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+        self.bss.cpu_calls(n)
     }
 
     /// Seconds its programs ran in the kernel so far, when the kernel

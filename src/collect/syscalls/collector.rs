@@ -13,16 +13,72 @@ pub struct SyscallCollector {
     counter: SyscallCounter,
     last: CountSnapshot,
     last_t: f64,
+    /// Fraction of one CPU counting may cost.
+    budget: f64,
+    last_counted_s: f64,
+    last_cpu_calls: Vec<u64>,
 }
 
 impl SyscallCollector {
     /// Count the syscalls of every process under `postmasters` (one per node).
-    pub fn start(postmasters: &[u32], prefer: Option<Mechanism>) -> Result<SyscallCollector> {
+    /// `budget`: the fraction of any one CPU counting may cost
+    /// ([`super::duty`]).
+    pub fn start(
+        postmasters: &[u32],
+        prefer: Option<Mechanism>,
+        budget: f64,
+    ) -> Result<SyscallCollector> {
+        let counter = SyscallCounter::start(postmasters, prefer)?;
         Ok(SyscallCollector {
-            counter: SyscallCounter::start(postmasters, prefer)?,
+            last_cpu_calls: counter.cpu_calls().unwrap_or_default(),
+            counter,
             last: CountSnapshot::default(),
             last_t: 0.0,
+            budget,
+            last_counted_s: 0.0,
         })
+    }
+
+    /// The counted share of this interval (None: all of it), and the duty
+    /// for the next one from the busiest CPU's rate in this one.
+    fn duty_step(&mut self, dt: f64) -> Option<f64> {
+        let counted_s = self.counter.counted_s()?;
+        let counted = counted_s - self.last_counted_s;
+        self.last_counted_s = counted_s;
+        if let Some(now) = self.counter.cpu_calls() {
+            let busiest = now
+                .iter()
+                .zip(self.last_cpu_calls.iter().chain(std::iter::repeat(&0)))
+                .map(|(n, p)| n.saturating_sub(*p))
+                .max()
+                .unwrap_or(0);
+            self.last_cpu_calls = now;
+            if let (true, Some(ns)) = (counted > 0.01, self.counter.ns_per_call()) {
+                let rate = busiest as f64 / counted;
+                self.counter
+                    .set_duty(super::duty::duty_for(rate, ns, self.budget));
+            }
+        }
+        counted_share(counted, dt)
+    }
+}
+
+/// `counted` of `dt` seconds, when it is materially less than all of it
+/// (the first interval starts a little before the program is attached).
+fn counted_share(counted: f64, dt: f64) -> Option<f64> {
+    (dt > 0.0 && counted < 0.95 * dt).then(|| (counted / dt).max(0.0))
+}
+
+/// Counts seen in `share` of the interval, scaled to all of it.
+fn scale(counts: &mut BTreeMap<u32, BTreeMap<String, u64>>, share: f64) {
+    if share <= 0.0 {
+        counts.clear();
+        return;
+    }
+    for calls in counts.values_mut() {
+        for n in calls.values_mut() {
+            *n = (*n as f64 / share).round() as u64;
+        }
     }
 }
 
@@ -54,13 +110,19 @@ impl Collector for SyscallCollector {
         CollectorInfo {
             name: "syscalls".into(),
             mechanism: self.counter.mechanism().to_string(),
-            status: if self.counter.fallback_reason().is_some() {
+            status: if self.counter.fallback_reason().is_some()
+                || self.counter.duty_error().is_some()
+            {
                 "degraded"
             } else {
                 "ok"
             }
             .into(),
-            reason: self.counter.fallback_reason().map(String::from),
+            reason: self
+                .counter
+                .fallback_reason()
+                .map(String::from)
+                .or_else(|| self.counter.duty_error()),
             cpu_s: 0.0,
             bpf_run_s: self.counter.bpf_run_s().map(|s| (s * 1e6).round() / 1e6),
         }
@@ -68,12 +130,20 @@ impl Collector for SyscallCollector {
 
     fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
         let now = self.counter.read()?;
+        let dt = t - self.last_t;
+        let share = self.duty_step(dt);
+        self.counter.next_interval();
+        let mut counts = delta(&self.last, &now);
+        if let Some(s) = share {
+            scale(&mut counts, s);
+        }
         let sample = SyscallSample {
             t,
-            dt: t - self.last_t,
-            counts: delta(&self.last, &now),
+            dt,
+            counts,
             dropped: now.dropped.saturating_sub(self.last.dropped),
             lost_children: now.lost_children.saturating_sub(self.last.lost_children),
+            counted_share: share.map(|s| (s * 1000.0).round() / 1000.0),
         };
         out.append(files::SYSCALLS, &sample)?;
         self.last = now;
@@ -101,5 +171,18 @@ mod tests {
         assert_eq!(d[&10], BTreeMap::from([("setitimer".to_string(), 4)]));
         assert_eq!(d[&11], BTreeMap::from([("sendto".to_string(), 2)]));
         assert_eq!(d.len(), 2);
+    }
+
+    #[test]
+    fn counted_share_scales_the_counts() {
+        // The first interval starts before the program is attached: not a share.
+        assert_eq!(counted_share(0.97, 1.0), None);
+        assert_eq!(counted_share(1.0, 0.0), None);
+        let s = counted_share(0.25, 1.0).unwrap();
+        let mut c = BTreeMap::from([(7, BTreeMap::from([("read".to_string(), 1001)]))]);
+        scale(&mut c, s);
+        assert_eq!(c[&7]["read"], 4004);
+        scale(&mut c, 0.0);
+        assert!(c.is_empty());
     }
 }

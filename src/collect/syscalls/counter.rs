@@ -153,6 +153,52 @@ impl SyscallCounter {
         }
     }
 
+    /// Count only `duty` of the time from now on (eBPF; perf counts all).
+    pub fn set_duty(&self, duty: f64) {
+        if let Some(d) = self.duty() {
+            d.set_duty(duty);
+        }
+    }
+
+    /// A collector interval begins (duty cycle: one counted window in it).
+    pub fn next_interval(&self) {
+        if let Some(d) = self.duty() {
+            d.next_interval();
+        }
+    }
+
+    /// Seconds counted since start, when counting may be duty-cycled
+    /// (eBPF); None when every call is counted (perf).
+    pub fn counted_s(&self) -> Option<f64> {
+        self.duty().map(|d| d.counted().as_secs_f64())
+    }
+
+    /// What counting adds to a tracked process's call, measured at start
+    /// (eBPF).
+    pub fn ns_per_call(&self) -> Option<f64> {
+        self.duty().map(|d| d.ns_per_call())
+    }
+
+    /// Why counting stopped (the program could not be re-attached).
+    pub fn duty_error(&self) -> Option<String> {
+        self.duty().and_then(|d| d.error())
+    }
+
+    fn duty(&self) -> Option<&super::duty::DutyCycle> {
+        match &self.backend {
+            Backend::Ebpf(b) => b.duty(),
+            Backend::Perf(_) => None,
+        }
+    }
+
+    /// Syscalls every process made on each CPU so far, while counted (eBPF).
+    pub fn cpu_calls(&self) -> Option<Vec<u64>> {
+        match &self.backend {
+            Backend::Ebpf(b) => Some(b.cpu_calls()),
+            Backend::Perf(_) => None,
+        }
+    }
+
     /// Why the preferred mechanism was not used, if a fallback happened (goes into the manifest).
     pub fn fallback_reason(&self) -> Option<&str> {
         self.fallback_reason.as_deref()

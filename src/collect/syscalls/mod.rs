@@ -5,6 +5,7 @@
 
 pub mod collector;
 pub mod counter;
+pub mod duty;
 pub mod names;
 
 pub use collector::SyscallCollector;
