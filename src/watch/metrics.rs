@@ -243,7 +243,7 @@ impl Metrics {
         e.family(
             "pgbelow_syscalls_total",
             Kind::Counter,
-            "Syscalls made by the cluster's processes, by role.",
+            "Syscalls made by the cluster's processes, by role (scaled estimates past --syscalls-budget).",
             self.syscalls
                 .iter()
                 .map(|((r, s), n)| (lab(&[("role", r), ("syscall", s)]), *n as f64)),

@@ -197,9 +197,18 @@ pub fn all(o: &mut String, r: &Report, ev: &Evidence) {
             })
         })
         .collect();
+    let caption = match r.syscalls.counted_share {
+        Some(share) => format!(
+            "Syscalls per role (most frequent, and the watched ones for backends); estimates: \
+             counted {:.0} % of the time and scaled, as counting every call would have passed \
+             its cost budget",
+            share * 100.0
+        ),
+        None => "Syscalls per role (most frequent, and the watched ones for backends)".into(),
+    };
     table(
         o,
-        "Syscalls per role (most frequent, and the watched ones for backends)",
+        &caption,
         &["role", "syscall", "calls", "per second", "per statement"],
         &rows,
     );
