@@ -495,6 +495,85 @@ fn ebpf_duty_cycle_counts_a_share_of_the_time() {
     assert_eq!(counter.duty_error(), None);
 }
 
+/// The collector end to end: under its budget every call is counted and
+/// the recording says nothing of estimates; past it (a tight getppid loop
+/// against a 0.1 % budget) the samples after the first are counted in part,
+/// marked with their counted share and scaled.
+#[test]
+fn collector_counts_all_under_its_budget_and_scales_past_it() {
+    use pgbelow::collect::session::Session;
+    use pgbelow::collect::Context;
+    use pgbelow::recording::{this_host_manifest, Status};
+    if !privileged() {
+        return;
+    }
+    let _g = serial();
+    for (budget, n) in [(100.0, 3_000_000u64), (0.1, 15_000_000)] {
+        let mut load = Load::spawn(&["fork", &n.to_string()]);
+        let d = tempfile::tempdir().unwrap();
+        let mut manifest = this_host_manifest("lab");
+        manifest.postgres.postmaster_pid = load.pid;
+        let mut ctx = Context::new(load.pid);
+        ctx.sampling.syscalls_budget_pct = budget;
+        let mut s = Session::start(
+            d.path().join("rec"),
+            manifest,
+            ctx,
+            &["syscalls".to_string()],
+            Vec::new(),
+        )
+        .unwrap();
+        // The load in its own thread; this one ticks once a second.
+        let runner = std::thread::spawn(move || {
+            load.send_byte();
+            let child = load.expect_pid("forked");
+            assert_eq!(load.expect_pid("done"), child);
+            (load, child)
+        });
+        let mut next = Instant::now() + Duration::from_secs(1);
+        while !runner.is_finished() {
+            if Instant::now() >= next {
+                s.tick().unwrap();
+                next += Duration::from_secs(1);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (load, child) = runner.join().expect("load thread");
+        let dir = s.finish(Status::Complete, None).unwrap();
+        drop(load);
+        let rec = pgbelow::evidence::Evidence::load(&dir).unwrap();
+        let counted: u64 = rec
+            .syscall_totals(None)
+            .get(&child)
+            .and_then(|c| c.get("getppid"))
+            .copied()
+            .unwrap_or(0);
+        let shares: Vec<Option<f64>> = rec.syscalls.iter().map(|x| x.counted_share).collect();
+        let msg = format!(
+            "budget {budget} %: {n} getppid, {counted} in the recording ({:.2}); \
+             counted share {:?}, per sample {shares:?}",
+            counted as f64 / n as f64,
+            rec.syscalls_counted_share()
+        );
+        eprintln!("{msg}");
+        if budget >= 100.0 {
+            assert_eq!(rec.syscalls_counted_share(), None, "{msg}");
+            assert_eq!(counted, n, "{msg}");
+        } else {
+            assert!(rec.syscalls.len() >= 3, "several intervals: {msg}");
+            assert_eq!(shares[0], None, "the first interval is whole: {msg}");
+            assert!(
+                rec.syscalls_counted_share().is_some_and(|s| s < 0.7),
+                "{msg}"
+            );
+            assert!(
+                (0.25..1.3).contains(&(counted as f64 / n as f64)),
+                "scaled estimate: {msg}"
+            );
+        }
+    }
+}
+
 // ---- measurements (cargo test --release --test syscalls -- --ignored --nocapture) ----
 
 fn median(mut v: Vec<f64>) -> f64 {

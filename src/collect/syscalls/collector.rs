@@ -17,6 +17,8 @@ pub struct SyscallCollector {
     budget: f64,
     last_counted_s: f64,
     last_cpu_calls: Vec<u64>,
+    /// The duty the current interval runs under.
+    duty: f64,
 }
 
 impl SyscallCollector {
@@ -36,6 +38,7 @@ impl SyscallCollector {
             last_t: 0.0,
             budget,
             last_counted_s: 0.0,
+            duty: 1.0,
         })
     }
 
@@ -45,6 +48,7 @@ impl SyscallCollector {
         let counted_s = self.counter.counted_s()?;
         let counted = counted_s - self.last_counted_s;
         self.last_counted_s = counted_s;
+        let share = counted_share(self.duty < 1.0, counted, dt);
         if let Some(now) = self.counter.cpu_calls() {
             let busiest = now
                 .iter()
@@ -53,20 +57,28 @@ impl SyscallCollector {
                 .max()
                 .unwrap_or(0);
             self.last_cpu_calls = now;
-            if let (true, Some(ns)) = (counted > 0.01, self.counter.ns_per_call()) {
-                let rate = busiest as f64 / counted;
-                self.counter
-                    .set_duty(super::duty::duty_for(rate, ns, self.budget));
+            // Whole intervals only: a short one (a final or hand-called
+            // tick) says little about the rate.
+            if let (true, Some(ns)) = (
+                dt >= MIN_DECIDING_S && counted > 0.01,
+                self.counter.ns_per_call(),
+            ) {
+                self.duty = super::duty::duty_for(busiest as f64 / counted, ns, self.budget);
+                self.counter.set_duty(self.duty);
             }
         }
-        counted_share(counted, dt)
+        share
     }
 }
 
-/// `counted` of `dt` seconds, when it is materially less than all of it
-/// (the first interval starts a little before the program is attached).
-fn counted_share(counted: f64, dt: f64) -> Option<f64> {
-    (dt > 0.0 && counted < 0.95 * dt).then(|| (counted / dt).max(0.0))
+/// Shortest interval whose rate changes the duty (s).
+const MIN_DECIDING_S: f64 = 0.5;
+
+/// The share of `dt` that was counted, when the interval ran under a duty
+/// below 1 (`partial`); None when every call was counted. (The first
+/// interval begins before the program is attached: it is whole.)
+fn counted_share(partial: bool, counted: f64, dt: f64) -> Option<f64> {
+    (partial && dt > 0.0).then(|| (counted / dt).clamp(0.0, 1.0))
 }
 
 /// Counts seen in `share` of the interval, scaled to all of it.
@@ -175,10 +187,12 @@ mod tests {
 
     #[test]
     fn counted_share_scales_the_counts() {
-        // The first interval starts before the program is attached: not a share.
-        assert_eq!(counted_share(0.97, 1.0), None);
-        assert_eq!(counted_share(1.0, 0.0), None);
-        let s = counted_share(0.25, 1.0).unwrap();
+        // Under duty 1 the counts are whole, however short the counted time
+        // (the first interval starts before the program is attached).
+        assert_eq!(counted_share(false, 0.3, 1.0), None);
+        assert_eq!(counted_share(true, 1.0, 0.0), None);
+        assert_eq!(counted_share(true, 1.2, 1.0), Some(1.0));
+        let s = counted_share(true, 0.25, 1.0).unwrap();
         let mut c = BTreeMap::from([(7, BTreeMap::from([("read".to_string(), 1001)]))]);
         scale(&mut c, s);
         assert_eq!(c[&7]["read"], 4004);
