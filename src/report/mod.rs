@@ -1,4 +1,4 @@
-//! Reports of a recording: a JSON document (the contract in DESIGN.md) and
+//! Reports of a recording: a JSON document (the contract in docs/contract.md) and
 //! a text rendering of the same document.
 
 pub mod html;
