@@ -426,6 +426,26 @@ fn perf_drop_closes_events() {
     assert_eq!(own_fds("anon_inode:[perf_event]"), before);
 }
 
+/// Starts `load` (a `fork N` workload) in its own thread and calls `tick`
+/// once a second here until the child is done; the load and the child's pid.
+fn run_ticking(mut load: Load, mut tick: impl FnMut()) -> (Load, u32) {
+    let runner = std::thread::spawn(move || {
+        load.send_byte();
+        let child = load.expect_pid("forked");
+        assert_eq!(load.expect_pid("done"), child);
+        (load, child)
+    });
+    let mut next = Instant::now() + Duration::from_secs(1);
+    while !runner.is_finished() {
+        if Instant::now() >= next {
+            tick();
+            next += Duration::from_secs(1);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    runner.join().expect("load thread")
+}
+
 /// Past its budget the program is attached for part of the time only:
 /// it then counts about that share of the calls, and the counted time says
 /// by how much to scale them. The estimate is biased low by the counting's
@@ -438,7 +458,7 @@ fn ebpf_duty_cycle_counts_a_share_of_the_time() {
     }
     let _g = serial();
     let n: u64 = 10_000_000;
-    let mut load = Load::spawn(&["fork", &n.to_string()]);
+    let load = Load::spawn(&["fork", &n.to_string()]);
     let mut counter = start(load.pid, Mechanism::Ebpf);
     counter.set_duty(0.25);
     // Let the cycle settle into the new duty before the load starts.
@@ -447,23 +467,9 @@ fn ebpf_duty_cycle_counts_a_share_of_the_time() {
     counter.next_interval();
     let c0 = counter.counted_s().expect("eBPF counts with a duty cycle");
     let t0 = Instant::now();
-    // The load runs in its own thread; this one begins an interval each
-    // second, as the collector does.
-    let runner = std::thread::spawn(move || {
-        load.send_byte();
-        let child = load.expect_pid("forked");
-        assert_eq!(load.expect_pid("done"), child);
-        (load, child, t0.elapsed().as_secs_f64())
-    });
-    let mut next = Instant::now() + Duration::from_secs(1);
-    while !runner.is_finished() {
-        if Instant::now() >= next {
-            counter.next_interval();
-            next += Duration::from_secs(1);
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let (_load, child, wall) = runner.join().expect("load thread");
+    // This thread begins an interval each second, as the collector does.
+    let (_load, child) = run_ticking(load, || counter.next_interval());
+    let wall = t0.elapsed().as_secs_f64();
     let counted = counter.counted_s().unwrap() - c0;
     let share = counted / wall;
     let seen = count(&counter.read().unwrap(), child, getppid());
@@ -509,7 +515,7 @@ fn collector_counts_all_under_its_budget_and_scales_past_it() {
     }
     let _g = serial();
     for (budget, n) in [(100.0, 3_000_000u64), (0.1, 15_000_000)] {
-        let mut load = Load::spawn(&["fork", &n.to_string()]);
+        let load = Load::spawn(&["fork", &n.to_string()]);
         let d = tempfile::tempdir().unwrap();
         let mut manifest = this_host_manifest("lab");
         manifest.postgres.postmaster_pid = load.pid;
@@ -523,22 +529,7 @@ fn collector_counts_all_under_its_budget_and_scales_past_it() {
             Vec::new(),
         )
         .unwrap();
-        // The load in its own thread; this one ticks once a second.
-        let runner = std::thread::spawn(move || {
-            load.send_byte();
-            let child = load.expect_pid("forked");
-            assert_eq!(load.expect_pid("done"), child);
-            (load, child)
-        });
-        let mut next = Instant::now() + Duration::from_secs(1);
-        while !runner.is_finished() {
-            if Instant::now() >= next {
-                s.tick().unwrap();
-                next += Duration::from_secs(1);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let (load, child) = runner.join().expect("load thread");
+        let (load, child) = run_ticking(load, || s.tick().unwrap());
         let dir = s.finish(Status::Complete, None).unwrap();
         drop(load);
         let rec = pgbelow::evidence::Evidence::load(&dir).unwrap();

@@ -125,6 +125,9 @@ pub(super) struct Ebpf {
     /// all of it costs too much. Declared before `skel`: its thread stops
     /// and detaches first.
     duty: Option<DutyCycle>,
+    /// CPUs the kernel may run (configured, online or not): the per-CPU
+    /// call counts read.
+    cpus: usize,
     /// Owns the object, maps and links: dropping it detaches everything.
     skel: SyscountSkel<'static>,
     bss: Bss,
@@ -177,6 +180,8 @@ impl Ebpf {
             buf: vec![0; value_size],
             stats: crate::collect::offcpu::bpf::enable_stats_if_asked(),
             duty: None,
+            // SAFETY: sysconf has no preconditions.
+            cpus: unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize,
         };
         for &root in roots {
             me.track(root, 0)?;
@@ -208,9 +213,7 @@ impl Ebpf {
     /// Syscalls that entered on each online-or-not CPU so far, every
     /// process's, while the program was attached.
     pub(super) fn cpu_calls(&self) -> Vec<u64> {
-        // SAFETY: sysconf has no preconditions.
-        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
-        self.bss.cpu_calls(n)
+        self.bss.cpu_calls(self.cpus)
     }
 
     /// Seconds its programs ran in the kernel so far, when the kernel

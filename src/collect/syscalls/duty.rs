@@ -111,10 +111,6 @@ impl DutyCycle {
         self.shared.1.notify_all();
     }
 
-    pub fn duty(&self) -> f64 {
-        self.lock().duty
-    }
-
     /// A collector interval begins: below duty 1, one counted window of
     /// `duty` × [`PERIOD`] is placed in it at a random offset (so that no
     /// periodic load keeps falling outside it).
