@@ -142,31 +142,6 @@ pub enum LabCommand {
     Cleanup,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ScenarioArg {
-    SelectOnly,
-    Tpcb,
-    ExplainTiming,
-    SyncrepCommit,
-    DropMany,
-    CheckpointStall,
-    SnapshotScaling,
-    RelationExtension,
-    CgroupCpuThrottling,
-    WalFsyncLatency,
-    MemoryCgroupReclaim,
-    SubtransactionOverflow,
-    ReplayWithoutPrefetch,
-    NoHugePages,
-    NoisyNeighbour,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OnOff {
-    On,
-    Off,
-}
-
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum Format {
     Text,
@@ -256,8 +231,8 @@ pub struct Collection {
 #[derive(Args, Debug)]
 pub struct LabRunArgs {
     /// Built-in scenario (see `pgbelow lab list`).
-    #[arg(long, value_enum)]
-    pub scenario: ScenarioArg,
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(pgbelow::scenarios::names()))]
+    pub scenario: String,
     /// PostgreSQL major version (10–18): the system's if it matches, else fetched from npm.
     #[arg(long, value_name = "MAJOR", conflicts_with = "pg_bin")]
     pub pg: Option<u32>,
@@ -288,69 +263,13 @@ pub struct LabRunArgs {
     /// A server setting for every standby, repeatable (after the primary's --set, which they inherit).
     #[arg(long = "standby-set", value_name = "GUC=VALUE", value_parser = parse_guc)]
     pub standby_set: Vec<(String, String)>,
-    /// After the recorded run, the scenario's sweep: syncrep-commit runs the
-    /// workload at each synchronous_commit level and reports tps per level;
-    /// drop-many drops N tables for each N and standby shared_buffers of
-    /// --sweep-tables × --sweep-standby-shared-buffers (a fresh primary and
-    /// standby per shared_buffers) and fits the growth on log-log.
-    #[arg(long)]
-    pub sweep: bool,
-    /// drop-many --sweep: table counts (default 50,100,200).
-    #[arg(long, value_name = "LIST", requires = "sweep", value_parser = parse_table_list)]
-    pub sweep_tables: Option<TableList>,
-    /// drop-many --sweep: standby shared_buffers values (default 128MB,1GB,4GB).
-    #[arg(long, value_name = "LIST", requires = "sweep", value_parser = parse_size_list)]
-    pub sweep_standby_shared_buffers: Option<SizeList>,
-    /// drop-many: tables to create and drop (default 300).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000000))]
-    pub tables: Option<u32>,
-    /// drop-many: leave the tables empty (no row: no cached size on the standby).
-    #[arg(long)]
-    pub empty_tables: bool,
-    /// drop-many: drop all tables in one transaction instead of one per transaction.
-    #[arg(long)]
-    pub one_transaction: bool,
     /// Issue CHECKPOINT this many seconds into a pgbench workload (select-only,
     /// tpcb, checkpoint-stall) to see what a checkpoint does under load.
     #[arg(long, value_name = "S", value_parser = clap::value_parser!(u32).range(0..=86400))]
     pub checkpoint_at: Option<u32>,
-    /// checkpoint-stall: write bandwidth of the data device, MB/s (default:
-    /// calibrated, a quarter of the rate the workload dirties checkpoint
-    /// buffers on this machine, measured in an unthrottled warm-up).
-    #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u32).range(1..=100000))]
-    pub write_limit: Option<u32>,
-    /// checkpoint-stall: dirty page cap of the data device, MB (default:
-    /// calibrated, 4 s of the workload's dirtying, 16–256 MB).
-    #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u32).range(1..=1000000))]
-    pub dirty_cap: Option<u32>,
-    /// snapshot-scaling: connections held idle during the run (default 1000;
-    /// max_connections is set to fit unless --set gives it).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100000))]
-    pub idle_connections: Option<u32>,
-    /// cgroup-cpu-throttling: the cluster's CFS quota in CPUs per 100 ms
-    /// period (default 0.25; 0: no quota, the healthy baseline).
-    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_quota)]
-    pub cpu_quota: Option<f64>,
-    /// memory-cgroup-reclaim: the cluster's memory cgroup limit (`160MB`,
-    /// `1GB`, a bare number is MB; default 160MB; 0: no limit, the healthy
-    /// baseline).
-    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
-    pub memory_limit: Option<u64>,
-    /// subtransaction-overflow: savepoints (each with a write) the long
-    /// transaction holds on the primary (default 100; ≤ 64 fit a backend's
-    /// subxid cache: 50 is the healthy baseline).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100000))]
-    pub savepoints: Option<u32>,
-    /// no-huge-pages: `on` reserves vm.nr_hugepages for the cluster (root;
-    /// restored afterwards) and sets huge_pages=on, the healthy baseline;
-    /// `off` (the default) maps the shared memory in 4 kB pages.
-    #[arg(long, value_enum, value_name = "on|off")]
-    pub huge_pages: Option<OnOff>,
-    /// noisy-neighbour: busy loops (processes named pgbelow-hog) beside the
-    /// workload, outside the cluster (default 2 per CPU; 0: none, the
-    /// healthy baseline).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=1024))]
-    pub hogs: Option<u32>,
+    /// The scenarios' own flags (each says which scenario reads it).
+    #[command(flatten)]
+    pub scenario_flags: ScenarioFlags,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -360,8 +279,8 @@ pub struct LabRunArgs {
 #[derive(Args, Debug)]
 pub struct LabMatrixArgs {
     /// Scenario with a key figure (every scenario but tpcb; select-only with statement_timeout=10s; tables in docs/matrix.md).
-    #[arg(long, value_enum)]
-    pub scenario: ScenarioArg,
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(pgbelow::scenarios::names()))]
+    pub scenario: String,
     /// PostgreSQL majors, comma-separated (10–18; fetched from npm unless the system's).
     #[arg(long, value_name = "LIST", value_parser = pgbelow::matrix::parse_majors)]
     pub pg: ::std::vec::Vec<u32>,
@@ -578,87 +497,61 @@ pub struct DoctorArgs {
 impl LabRunArgs {
     /// A flag given for a scenario that would silently ignore it: the flag
     /// and the scenarios it belongs to.
-    pub fn misplaced_flag(&self) -> Option<(&'static str, &'static str)> {
-        use ScenarioArg::*;
-        let s = self.scenario;
-        let drop_many = s == DropMany;
-        let checks: [(bool, &str, &str); 14] = [
-            (
-                self.idle_connections.is_some() && s != SnapshotScaling,
-                "--idle-connections",
-                "snapshot-scaling",
-            ),
-            (self.tables.is_some() && !drop_many, "--tables", "drop-many"),
-            (
-                self.empty_tables && !drop_many,
-                "--empty-tables",
-                "drop-many",
-            ),
-            (
-                self.one_transaction && !drop_many,
-                "--one-transaction",
-                "drop-many",
-            ),
-            (
-                self.sweep_tables.is_some() && !drop_many,
-                "--sweep-tables",
-                "drop-many",
-            ),
-            (
-                self.sweep_standby_shared_buffers.is_some() && !drop_many,
-                "--sweep-standby-shared-buffers",
-                "drop-many",
-            ),
-            (
-                self.sweep && !matches!(s, DropMany | SyncrepCommit),
-                "--sweep",
-                "syncrep-commit and drop-many",
-            ),
-            (
-                (self.write_limit.is_some() || self.dirty_cap.is_some())
-                    && !matches!(s, CheckpointStall | WalFsyncLatency),
-                "--write-limit/--dirty-cap",
-                "checkpoint-stall and wal-fsync-latency",
-            ),
-            (
-                self.cpu_quota.is_some() && s != CgroupCpuThrottling,
-                "--cpu-quota",
-                "cgroup-cpu-throttling",
-            ),
-            (
-                self.memory_limit.is_some() && s != MemoryCgroupReclaim,
-                "--memory-limit",
-                "memory-cgroup-reclaim",
-            ),
-            (
-                self.savepoints.is_some() && s != SubtransactionOverflow,
-                "--savepoints",
-                "subtransaction-overflow",
-            ),
-            (
-                self.huge_pages.is_some() && s != NoHugePages,
-                "--huge-pages",
-                "no-huge-pages",
-            ),
-            (
-                self.hogs.is_some() && s != NoisyNeighbour,
-                "--hogs",
-                "noisy-neighbour",
-            ),
-            (
-                self.checkpoint_at.is_some()
-                    && !matches!(
-                        s,
-                        SelectOnly | Tpcb | CheckpointStall | SnapshotScaling | RelationExtension
-                    ),
-                "--checkpoint-at",
-                "select-only, tpcb, checkpoint-stall, snapshot-scaling and relation-extension (the pgbench workloads)",
-            ),
-        ];
-        checks
-            .into_iter()
-            .find(|c| c.0)
-            .map(|(_, flag, owners)| (flag, owners))
+    pub fn misplaced_flag(&self) -> Option<(String, String)> {
+        let scenario = pgbelow::scenarios::find(&self.scenario)?;
+        pgbelow::scenarios::misplaced_flag(
+            scenario,
+            &self.scenario_flags.0,
+            self.checkpoint_at.is_some(),
+        )
+    }
+}
+
+/// Every scenario's flags, from the registry: each scenario declares its
+/// own ([`pgbelow::scenarios::Spec::flags`]); given values are checked by
+/// the flag's parser and kept as [`pgbelow::scenarios::Params`].
+#[derive(Clone, Debug, Default)]
+pub struct ScenarioFlags(pub pgbelow::scenarios::Params);
+
+impl clap::FromArgMatches for ScenarioFlags {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut p = pgbelow::scenarios::Params::default();
+        for (f, _) in pgbelow::scenarios::flags() {
+            if f.value_name.is_none() {
+                if m.get_flag(f.long) {
+                    p.set(f.long, true);
+                }
+            } else if let Some(v) = m.get_one::<String>(f.long) {
+                p.set(f.long, v);
+            }
+        }
+        Ok(ScenarioFlags(p))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for ScenarioFlags {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for (f, _) in pgbelow::scenarios::flags() {
+            let mut arg = clap::Arg::new(f.long).long(f.long).help(f.help);
+            arg = match f.value_name {
+                None => arg.action(clap::ArgAction::SetTrue),
+                Some(v) => arg.value_name(v).value_parser(f.parse),
+            };
+            if let Some(r) = f.requires {
+                arg = arg.requires(r);
+            }
+            cmd = cmd.arg(arg);
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
     }
 }
 
@@ -680,62 +573,6 @@ fn parse_syscalls_budget(s: &str) -> Result<f64, String> {
             "'{s}' is not a budget: give 0.1 to 100 (percent of one CPU; 100 counts every call)"
         )),
     }
-}
-
-/// `--cpu-quota 0.5`: CPUs, 0 (none) or 0.01–1024.
-fn parse_cpu_quota(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(q) if q == 0.0 || (0.01..=1024.0).contains(&q) => Ok(q),
-        _ => Err(format!(
-            "'{s}' is not a CPU count: give 0 (no quota) or 0.01 to 1024"
-        )),
-    }
-}
-
-/// `--memory-limit 160MB`: MB, 0 (none) or 16 MB to 1 PB; kB, MB, GB, TB
-/// as PostgreSQL writes them (case ignored), a bare number is MB.
-fn parse_memory_limit(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(digits);
-    let per_mb = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "mb" => Some((1, 1)),
-        "kb" => Some((1, 1024)),
-        "gb" => Some((1024, 1)),
-        "tb" => Some((1024 * 1024, 1)),
-        _ => None,
-    };
-    match (n.parse::<u64>().ok(), per_mb) {
-        (Some(n), Some((mul, div))) => {
-            let mb = n.saturating_mul(mul) / div;
-            if n == 0 || (16..=1 << 30).contains(&mb) {
-                Ok(if n == 0 { 0 } else { mb })
-            } else {
-                Err(format!(
-                    "'{s}' is outside 16MB to 1PB: give 0 (no limit) or a size such as 160MB"
-                ))
-            }
-        }
-        _ => Err(format!(
-            "'{s}' is not a size: give 0 (no limit) or a number with kB, MB, GB or TB (160MB, 1GB)"
-        )),
-    }
-}
-
-/// `--sweep-tables 50,100,200`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TableList(pub Vec<u32>);
-
-/// `--sweep-standby-shared-buffers 128MB,1GB`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SizeList(pub Vec<String>);
-
-fn parse_table_list(s: &str) -> Result<TableList, String> {
-    pgbelow::scenarios::drop_sweep::parse_tables(s).map(TableList)
-}
-
-fn parse_size_list(s: &str) -> Result<SizeList, String> {
-    pgbelow::scenarios::drop_sweep::parse_sizes(s).map(SizeList)
 }
 
 /// Seconds from a duration as a DBA types it: `30`, `30s`, `2.5`, `2m`,
@@ -887,19 +724,16 @@ mod tests {
         a
     }
 
+    fn misplaced(a: &LabRunArgs) -> Option<(&str, &str)> {
+        // Leaked: the pairs are compared in tests only.
+        a.misplaced_flag().map(|(f, o)| (&*f.leak(), &*o.leak()))
+    }
+
     #[test]
     fn memory_limits() {
-        assert_eq!(parse_memory_limit("160MB"), Ok(160));
-        assert_eq!(parse_memory_limit("160"), Ok(160));
-        assert_eq!(parse_memory_limit("1gb"), Ok(1024));
-        assert_eq!(parse_memory_limit("262144kB"), Ok(256));
-        assert_eq!(parse_memory_limit("0"), Ok(0));
-        assert!(parse_memory_limit("8MB").is_err());
-        assert!(parse_memory_limit("lots").is_err());
-        assert!(parse_memory_limit("-5MB").is_err());
         let a = run_args(&["--scenario", "tpcb", "--memory-limit", "200MB"]);
         assert_eq!(
-            a.misplaced_flag(),
+            misplaced(&a),
             Some(("--memory-limit", "memory-cgroup-reclaim"))
         );
         let a = run_args(&[
@@ -908,18 +742,36 @@ mod tests {
             "--memory-limit",
             "200MB",
         ]);
-        assert_eq!(a.memory_limit, Some(200));
+        assert_eq!(a.scenario_flags.0.get::<u64>("memory-limit"), Some(200));
         assert_eq!(a.misplaced_flag(), None);
+        let a = run_args(&[
+            "--scenario",
+            "memory-cgroup-reclaim",
+            "--memory-limit",
+            "1gb",
+        ]);
+        assert_eq!(a.scenario_flags.0.get::<u64>("memory-limit"), Some(1024));
+        let bad = [
+            "pgbelow",
+            "lab",
+            "run",
+            "--scenario",
+            "memory-cgroup-reclaim",
+        ];
+        assert!(Cli::try_parse_from([&bad[..], &["--memory-limit", "8MB"]].concat()).is_err());
     }
 
     #[test]
     fn flags_of_another_scenario_are_refused() {
         let a = run_args(&["--scenario", "tpcb", "--tables", "5"]);
-        assert_eq!(a.misplaced_flag(), Some(("--tables", "drop-many")));
+        assert_eq!(misplaced(&a), Some(("--tables", "drop-many")));
         let a = run_args(&["--scenario", "explain-timing", "--sweep"]);
         assert_eq!(a.misplaced_flag().unwrap().0, "--sweep");
         let a = run_args(&["--scenario", "tpcb", "--write-limit", "8"]);
-        assert_eq!(a.misplaced_flag().unwrap().0, "--write-limit/--dirty-cap");
+        assert_eq!(
+            misplaced(&a),
+            Some(("--write-limit", "checkpoint-stall and wal-fsync-latency"))
+        );
         let a = run_args(&["--scenario", "drop-many", "--checkpoint-at", "3"]);
         assert_eq!(a.misplaced_flag().unwrap().0, "--checkpoint-at");
         for ok in [
@@ -957,11 +809,13 @@ mod tests {
         let Command::Lab(LabCommand::Run(a)) = cli.command else {
             panic!("not lab run");
         };
-        assert_eq!(a.sweep_tables, Some(TableList(vec![20, 60])));
+        let o = pgbelow::scenarios::drop_many::Options::from_params(&a.scenario_flags.0);
+        assert_eq!(o.sweep_tables, Some(vec![20, 60]));
         assert_eq!(
-            a.sweep_standby_shared_buffers,
-            Some(SizeList(vec!["128MB".into(), "2GB".into()]))
+            o.sweep_shared_buffers,
+            Some(vec!["128MB".to_string(), "2GB".to_string()])
         );
+        assert!(a.scenario_flags.0.on("sweep"));
         // The lists need --sweep; a bad size is a usage error.
         let base = ["pgbelow", "lab", "run", "--scenario", "drop-many"];
         let without = [&base[..], &["--sweep-tables", "20"]].concat();

@@ -32,6 +32,15 @@ pub fn requested() -> bool {
     COUNT.load(Ordering::SeqCst) > 0
 }
 
+/// An error once the user asked us to stop: between steps that a stop
+/// request would not end by itself.
+pub fn check() -> anyhow::Result<()> {
+    if requested() {
+        anyhow::bail!("interrupted");
+    }
+    Ok(())
+}
+
 /// True after a second stop request: skip graceful waits.
 pub fn forced() -> bool {
     COUNT.load(Ordering::SeqCst) > 1

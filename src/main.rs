@@ -4,19 +4,16 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{CommandFactory, Parser, ValueEnum};
+use clap::{CommandFactory, Parser};
 
-use cli::{
-    Cli, Command, Format, LabCommand, MechanismArg, OnOff, ReportFormat, ScenarioArg, SeverityArg,
-    SyncArg,
-};
+use cli::{Cli, Command, Format, LabCommand, MechanismArg, ReportFormat, SeverityArg, SyncArg};
 use pgbelow::analyse::Severity;
 use pgbelow::collect::syscalls::Mechanism;
 use pgbelow::evidence::Evidence;
 use pgbelow::lab::{LabOptions, PgChoice, Replication};
 use pgbelow::provision::SyncMode;
 use pgbelow::report::{self, Report};
-use pgbelow::workload::Scenario;
+use pgbelow::scenarios;
 use pgbelow::{attach, collect, doctor, error, interrupt, ledger};
 
 fn main() -> ExitCode {
@@ -253,44 +250,24 @@ fn pprof(ev: &Evidence, output: Option<&std::path::Path>) -> Result<ExitCode> {
 /// `pgbelow lab matrix`: the runs, then the table on stdout and
 /// `matrix.json` beside the recordings.
 fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
-    let name = a
-        .scenario
-        .to_possible_value()
-        .map(|v| v.get_name().to_string())
-        .unwrap_or_default();
-    let scenario = Scenario::parse(&name)
+    let name = a.scenario.clone();
+    let scenario = scenarios::find(&name)
         .ok_or_else(|| anyhow::anyhow!("scenario {name} has no lab workload"))?;
+    let spec = scenario.spec();
     let mut base = LabOptions::new(scenario, PgChoice::System);
     base.set = a.set;
     base.duration_s = a.duration;
-    base.clients = a.clients.unwrap_or(match scenario {
-        Scenario::SnapshotScaling => pgbelow::scenarios::snapshot_scaling::DEFAULT_CLIENTS,
-        Scenario::RelationExtension => pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS,
-        Scenario::ReplayWithoutPrefetch => pgbelow::scenarios::replay_prefetch::DEFAULT_CLIENTS,
-        Scenario::CheckpointStall => pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS,
-        Scenario::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_CLIENTS,
-        Scenario::SyncrepCommit => 8,
-        Scenario::MemoryCgroupReclaim => pgbelow::scenarios::memory_cgroup::DEFAULT_CLIENTS,
-        Scenario::SubtransactionOverflow => {
-            pgbelow::scenarios::subtransaction_overflow::DEFAULT_CLIENTS
-        }
-        Scenario::CgroupCpuThrottling => pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS,
-        Scenario::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
-        Scenario::NoisyNeighbour => pgbelow::scenarios::noisy_neighbour::DEFAULT_CLIENTS,
-        _ => 1,
-    });
-    if scenario == Scenario::SubtransactionOverflow {
-        base.replication.standbys = 1;
-        base.replication.sync = pgbelow::provision::SyncMode::Async;
-    }
-    // As `lab run`: commits that wait for 2 synchronous standbys (FIRST 2).
-    if scenario == Scenario::SyncrepCommit {
-        base.replication.standbys = 2;
-        base.replication.sync = pgbelow::provision::SyncMode::First;
-    }
+    base.clients = a.clients.unwrap_or(spec.clients);
+    // As `lab run`: the scenario's standbys (syncrep-commit: FIRST 2).
+    base.replication.standbys = spec.standbys as usize;
+    base.replication.sync = spec.sync;
     base.scale = a.scale;
-    base.idle_connections = a.idle_connections;
-    base.drop_many.empty = a.empty_tables;
+    if let Some(n) = a.idle_connections {
+        base.params.set("idle-connections", n);
+    }
+    if a.empty_tables {
+        base.params.set("empty-tables", true);
+    }
     base.collectors = collect::parse_list(a.collectors.as_deref())?;
     base.show_progress = show;
     let out = a.out.unwrap_or_else(|| {
@@ -322,14 +299,72 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `lab run`'s options: the scenario's defaults (from its spec) where the
+/// command line is silent; a flag of another scenario refused.
+fn lab_options(a: cli::LabRunArgs, show: bool) -> Result<LabOptions> {
+    let scenario = scenarios::find(&a.scenario)
+        .ok_or_else(|| anyhow::anyhow!("scenario {} has no lab workload", a.scenario))?;
+    let spec = scenario.spec();
+    let duration = a.duration.unwrap_or(spec.duration_s);
+    if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
+        return Err(pgbelow::error::fixable(
+            format!("--checkpoint-at {at} is not inside the {duration} s workload"),
+            format!("pass --checkpoint-at below {duration}, or a longer --duration"),
+        ));
+    }
+    if let Some((flag, owners)) = a.misplaced_flag() {
+        return Err(pgbelow::error::fixable(
+            format!("{flag} does nothing for --scenario {}", spec.name),
+            format!("drop {flag}, or run it with {owners}"),
+        ));
+    }
+    let standbys = a.standbys.unwrap_or(spec.standbys);
+    if standbys == 0 && (a.sync.is_some() || !a.standby_set.is_empty()) {
+        return Err(error::fixable(
+            "--sync and --standby-set need standbys",
+            "add --standbys N (1–8), or drop --sync/--standby-set",
+        ));
+    }
+    Ok(LabOptions {
+        scenario,
+        pg: match (a.pg, a.pg_bin) {
+            (Some(m), _) => PgChoice::Major(m),
+            (None, Some(d)) => PgChoice::Dir(d),
+            (None, None) => PgChoice::System,
+        },
+        set: a.set,
+        duration_s: duration,
+        clients: a.clients.unwrap_or(spec.clients),
+        scale: a.scale,
+        collectors: collect::parse_list(a.collection.collectors.as_deref())?,
+        syscall_mechanism: mechanism(a.collection.syscall_mechanism),
+        sampling: a.collection.sampling.sampling(),
+        out: a.collection.out,
+        show_progress: show,
+        replication: Replication {
+            standbys: standbys as usize,
+            sync: match a.sync {
+                Some(SyncArg::Quorum) => SyncMode::Quorum,
+                Some(SyncArg::Async) => SyncMode::Async,
+                Some(SyncArg::First) => SyncMode::First,
+                None => spec.sync,
+            },
+            standby_set: a.standby_set,
+        },
+        checkpoint_at: a.checkpoint_at,
+        params: a.scenario_flags.0,
+    })
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     let show = std::io::IsTerminal::is_terminal(&std::io::stderr())
         || std::env::var_os("PGBELOW_PROGRESS").is_some();
     match cli.command {
         Command::Lab(LabCommand::List) => {
             let mut s = String::new();
-            for sc in Scenario::ALL {
-                s += &format!("{:<14} {}\n", sc.name(), sc.description());
+            for sc in scenarios::ALL {
+                let spec = sc.spec();
+                s += &format!("{:<14} {}\n", spec.name, spec.description);
             }
             print(&s)?;
             Ok(ExitCode::SUCCESS)
@@ -351,161 +386,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Lab(LabCommand::Run(a)) => {
-            let duration = a.duration.unwrap_or(match a.scenario {
-                ScenarioArg::CheckpointStall => {
-                    pgbelow::scenarios::checkpoint_stall::DEFAULT_DURATION_S
-                }
-                ScenarioArg::CgroupCpuThrottling => {
-                    pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_DURATION_S
-                }
-                ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_DURATION_S,
-                ScenarioArg::MemoryCgroupReclaim => {
-                    pgbelow::scenarios::memory_cgroup::DEFAULT_DURATION_S
-                }
-                ScenarioArg::SubtransactionOverflow => {
-                    pgbelow::scenarios::subtransaction_overflow::DEFAULT_DURATION_S
-                }
-                ScenarioArg::ReplayWithoutPrefetch => {
-                    pgbelow::scenarios::replay_prefetch::DEFAULT_DURATION_S
-                }
-                ScenarioArg::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_DURATION_S,
-                ScenarioArg::NoisyNeighbour => {
-                    pgbelow::scenarios::noisy_neighbour::DEFAULT_DURATION_S
-                }
-                _ => 20,
-            });
-            if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
-                return Err(pgbelow::error::fixable(
-                    format!("--checkpoint-at {at} is not inside the {duration} s workload"),
-                    format!("pass --checkpoint-at below {duration}, or a longer --duration"),
-                ));
-            }
-            if let Some((flag, owners)) = a.misplaced_flag() {
-                return Err(pgbelow::error::fixable(
-                    format!(
-                        "{flag} does nothing for --scenario {}",
-                        a.scenario
-                            .to_possible_value()
-                            .map_or("?".into(), |v| v.get_name().to_string())
-                    ),
-                    format!("drop {flag}, or run it with {owners}"),
-                ));
-            }
-            // syncrep-commit needs commits that wait: 2 standbys unless told otherwise.
-            let standbys = a.standbys.unwrap_or(match a.scenario {
-                ScenarioArg::SyncrepCommit => 2,
-                ScenarioArg::DropMany
-                | ScenarioArg::SubtransactionOverflow
-                | ScenarioArg::ReplayWithoutPrefetch => 1,
-                _ => 0,
-            });
-            if standbys == 0 && (a.sync.is_some() || !a.standby_set.is_empty()) {
-                return Err(error::fixable(
-                    "--sync and --standby-set need standbys",
-                    "add --standbys N (1–8), or drop --sync/--standby-set",
-                ));
-            }
-            let opts = LabOptions {
-                scenario: match a.scenario {
-                    ScenarioArg::SelectOnly => Scenario::SelectOnly,
-                    ScenarioArg::Tpcb => Scenario::Tpcb,
-                    ScenarioArg::ExplainTiming => Scenario::ExplainTiming,
-                    ScenarioArg::SyncrepCommit => Scenario::SyncrepCommit,
-                    ScenarioArg::DropMany => Scenario::DropMany,
-                    ScenarioArg::CheckpointStall => Scenario::CheckpointStall,
-                    ScenarioArg::SnapshotScaling => Scenario::SnapshotScaling,
-                    ScenarioArg::RelationExtension => Scenario::RelationExtension,
-                    ScenarioArg::CgroupCpuThrottling => Scenario::CgroupCpuThrottling,
-                    ScenarioArg::WalFsyncLatency => Scenario::WalFsyncLatency,
-                    ScenarioArg::MemoryCgroupReclaim => Scenario::MemoryCgroupReclaim,
-                    ScenarioArg::SubtransactionOverflow => Scenario::SubtransactionOverflow,
-                    ScenarioArg::ReplayWithoutPrefetch => Scenario::ReplayWithoutPrefetch,
-                    ScenarioArg::NoHugePages => Scenario::NoHugePages,
-                    ScenarioArg::NoisyNeighbour => Scenario::NoisyNeighbour,
-                },
-                pg: match (a.pg, a.pg_bin) {
-                    (Some(m), _) => PgChoice::Major(m),
-                    (None, Some(d)) => PgChoice::Dir(d),
-                    (None, None) => PgChoice::System,
-                },
-                set: a.set,
-                duration_s: duration,
-                clients: a.clients.unwrap_or(match a.scenario {
-                    ScenarioArg::SyncrepCommit => 8,
-                    ScenarioArg::CheckpointStall => {
-                        pgbelow::scenarios::checkpoint_stall::DEFAULT_CLIENTS
-                    }
-                    ScenarioArg::SnapshotScaling => {
-                        pgbelow::scenarios::snapshot_scaling::DEFAULT_CLIENTS
-                    }
-                    ScenarioArg::RelationExtension => {
-                        pgbelow::scenarios::relation_extension::DEFAULT_CLIENTS
-                    }
-                    ScenarioArg::CgroupCpuThrottling => {
-                        pgbelow::scenarios::cgroup_cpu_throttling::DEFAULT_CLIENTS
-                    }
-                    ScenarioArg::WalFsyncLatency => pgbelow::scenarios::wal_fsync::DEFAULT_CLIENTS,
-                    ScenarioArg::MemoryCgroupReclaim => {
-                        pgbelow::scenarios::memory_cgroup::DEFAULT_CLIENTS
-                    }
-                    ScenarioArg::SubtransactionOverflow => {
-                        pgbelow::scenarios::subtransaction_overflow::DEFAULT_CLIENTS
-                    }
-                    ScenarioArg::ReplayWithoutPrefetch => {
-                        pgbelow::scenarios::replay_prefetch::DEFAULT_CLIENTS
-                    }
-                    ScenarioArg::NoHugePages => pgbelow::scenarios::no_huge_pages::DEFAULT_CLIENTS,
-                    ScenarioArg::NoisyNeighbour => {
-                        pgbelow::scenarios::noisy_neighbour::DEFAULT_CLIENTS
-                    }
-                    _ => 1,
-                }),
-                scale: a.scale,
-                collectors: collect::parse_list(a.collection.collectors.as_deref())?,
-                syscall_mechanism: mechanism(a.collection.syscall_mechanism),
-                sampling: a.collection.sampling.sampling(),
-                out: a.collection.out,
-                show_progress: show,
-                replication: Replication {
-                    standbys: standbys as usize,
-                    sync: match a.sync {
-                        Some(SyncArg::Quorum) => SyncMode::Quorum,
-                        Some(SyncArg::Async) => SyncMode::Async,
-                        // Its readers need a standby, not commits that wait for one.
-                        None if a.scenario == ScenarioArg::SubtransactionOverflow => {
-                            SyncMode::Async
-                        }
-                        Some(SyncArg::First) | None => SyncMode::First,
-                    },
-                    standby_set: a.standby_set,
-                },
-                sweep: a.sweep,
-                drop_many: pgbelow::scenarios::drop_many::Options {
-                    tables: a.tables,
-                    empty: a.empty_tables,
-                    one_transaction: a.one_transaction,
-                    sweep_tables: a.sweep_tables.map(|l| l.0),
-                    sweep_shared_buffers: a.sweep_standby_shared_buffers.map(|l| l.0),
-                },
-                stall: pgbelow::scenarios::checkpoint_stall::Options {
-                    write_mbps: a.write_limit,
-                    dirty_cap_mb: a.dirty_cap,
-                },
-                checkpoint_at: a.checkpoint_at,
-                idle_connections: a.idle_connections,
-                cpu_quota: a.cpu_quota,
-                memory_limit_mb: a.memory_limit,
-                savepoints: a.savepoints,
-                huge_pages: a.huge_pages.map(|h| h == OnOff::On),
-                hogs: a.hogs,
-            };
+            let format = a.output.format;
+            let fail_on = a.output.fail_on;
+            let opts = lab_options(a, show)?;
             let res = pgbelow::app::lab(&opts)?;
-            print_rendered(
-                render(&res.report, a.output.format, &res.evidence)?,
-                a.output.format,
-            )?;
-            say_where(&res.dir, a.output.format)?;
-            Ok(exit_for(&res.report, a.output.fail_on))
+            print_rendered(render(&res.report, format, &res.evidence)?, format)?;
+            say_where(&res.dir, format)?;
+            Ok(exit_for(&res.report, fail_on))
         }
         Command::Record(a) => {
             let opts = attach::RecordOptions {

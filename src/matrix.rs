@@ -10,12 +10,12 @@ use serde::Serialize;
 
 use crate::evidence::Evidence;
 use crate::lab::{LabOptions, PgChoice};
-use crate::workload::Scenario;
 
 /// A scenario the matrix knows: what to set, what to measure, which finding
 /// to look for and which commits changed it.
 pub struct Case {
-    pub scenario: Scenario,
+    /// The scenario's name.
+    pub scenario: &'static str,
     /// The finding whose presence the table shows.
     pub finding: &'static str,
     /// The key figure's name in the table (and JSON).
@@ -29,7 +29,7 @@ pub struct Case {
 
 pub const CASES: &[Case] = &[
     Case {
-        scenario: Scenario::SnapshotScaling,
+        scenario: "snapshot-scaling",
         finding: crate::analyse::snapshot_scaling::ID,
         figure: "GetSnapshotData share of backend samples",
         measure: snapshot_share,
@@ -41,7 +41,7 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
-        scenario: Scenario::RelationExtension,
+        scenario: "relation-extension",
         finding: crate::analyse::relation_extension::ID,
         figure: "Lock:extend share of backend busy samples",
         measure: extend_share,
@@ -53,7 +53,7 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
-        scenario: Scenario::SubtransactionOverflow,
+        scenario: "subtransaction-overflow",
         finding: crate::analyse::subtransaction_overflow::ID,
         figure: "pg_subtrans wait share of standby backend busy samples",
         measure: subtrans_share,
@@ -65,7 +65,7 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
-        scenario: Scenario::ReplayWithoutPrefetch,
+        scenario: "replay-without-prefetch",
         finding: crate::analyse::replay_prefetch::ID,
         figure: "largest WAL gap not yet replayed (MB)",
         measure: crate::analyse::replay_prefetch::replay_gap_max_mb,
@@ -77,7 +77,7 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
-        scenario: Scenario::SelectOnly,
+        scenario: "select-only",
         finding: crate::analyse::timer_syscalls::ID,
         figure: "timer syscalls per statement",
         measure: timer_per_statement,
@@ -89,7 +89,7 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
-        scenario: Scenario::MemoryCgroupReclaim,
+        scenario: "memory-cgroup-reclaim",
         finding: crate::analyse::memory_cgroup::ID,
         figure: "page-cache refaults per second in the memory cgroup",
         measure: crate::analyse::memory_cgroup::refaults_per_s,
@@ -99,7 +99,7 @@ pub const CASES: &[Case] = &[
         changes: &[],
     },
     Case {
-        scenario: Scenario::NoHugePages,
+        scenario: "no-huge-pages",
         finding: crate::analyse::huge_pages::ID,
         figure: "page tables beyond the postmaster's / shared memory size",
         measure: crate::analyse::huge_pages::excess_share,
@@ -110,7 +110,7 @@ pub const CASES: &[Case] = &[
         changes: &[],
     },
     Case {
-        scenario: Scenario::SyncrepCommit,
+        scenario: "syncrep-commit",
         finding: crate::analyse::syncrep_wait::ID,
         figure: "backends' epoll_create1 per commit",
         measure: crate::analyse::syncrep_wait::epoll_create_per_commit,
@@ -124,7 +124,7 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
-        scenario: Scenario::DropMany,
+        scenario: "drop-many",
         finding: crate::analyse::replay_drop::ID,
         figure: "standby startup process CPU ms per dropped relation",
         measure: drop_cpu_ms,
@@ -138,7 +138,7 @@ pub const CASES: &[Case] = &[
         )],
     },
     Case {
-        scenario: Scenario::ExplainTiming,
+        scenario: "explain-timing",
         finding: crate::analyse::clock_reads::ID,
         figure: "backends' clock syscalls per row timed by EXPLAIN ANALYZE",
         measure: clock_per_timed_row,
@@ -149,7 +149,7 @@ pub const CASES: &[Case] = &[
         changes: &[],
     },
     Case {
-        scenario: Scenario::CheckpointStall,
+        scenario: "checkpoint-stall",
         finding: crate::analyse::checkpoint_stall::ID,
         figure: "tps of the worst tenth of checkpoint seconds / tps outside checkpoints",
         measure: checkpoint_tps_ratio,
@@ -160,7 +160,7 @@ pub const CASES: &[Case] = &[
         changes: &[],
     },
     Case {
-        scenario: Scenario::CgroupCpuThrottling,
+        scenario: "cgroup-cpu-throttling",
         finding: crate::analyse::cgroup_throttling::ID,
         figure: "share of CFS periods throttled",
         measure: crate::analyse::cgroup_throttling::throttled_share,
@@ -169,7 +169,7 @@ pub const CASES: &[Case] = &[
         changes: &[],
     },
     Case {
-        scenario: Scenario::NoisyNeighbour,
+        scenario: "noisy-neighbour",
         finding: crate::analyse::cpu_saturation::ID,
         figure: "backends' run-queue s per CPU s",
         measure: crate::analyse::cpu_saturation::runq_share,
@@ -178,7 +178,7 @@ pub const CASES: &[Case] = &[
         changes: &[],
     },
     Case {
-        scenario: Scenario::WalFsyncLatency,
+        scenario: "wal-fsync-latency",
         finding: crate::analyse::wal_fsync::ID,
         figure: "share of busy backends in WAL flush waits",
         measure: crate::analyse::wal_fsync::wal_wait_share,
@@ -190,8 +190,8 @@ pub const CASES: &[Case] = &[
 ];
 
 /// The case for a scenario, if the matrix knows it.
-pub fn case(s: Scenario) -> Option<&'static Case> {
-    CASES.iter().find(|c| c.scenario == s)
+pub fn case(scenario: &str) -> Option<&'static Case> {
+    CASES.iter().find(|c| c.scenario == scenario)
 }
 
 fn snapshot_share(ev: &Evidence) -> Option<f64> {
@@ -300,17 +300,17 @@ fn changed_by(case: &Case, major: u32) -> Option<String> {
 
 /// Run the matrix: each major, `repeat` times, in order.
 pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
-    let Some(case) = case(opts.base.scenario) else {
+    let Some(case) = case(opts.base.scenario.spec().name) else {
         return Err(crate::error::fixable(
             format!(
                 "lab matrix has no key figure for scenario {}",
-                opts.base.scenario.name()
+                opts.base.scenario.spec().name
             ),
             format!(
                 "use one of: {}",
                 CASES
                     .iter()
-                    .map(|c| c.scenario.name())
+                    .map(|c| c.scenario)
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -338,11 +338,10 @@ pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
         };
         let mut tps = Vec::new();
         for k in 1..=opts.repeat {
-            crate::lab::check_interrupt()?;
+            crate::interrupt::check()?;
             status(&format!(
                 "{} on PostgreSQL {major}, run {k} of {}",
-                case.scenario.name(),
-                opts.repeat
+                case.scenario, opts.repeat
             ));
             let mut o = base.clone();
             o.pg = PgChoice::Major(major);
@@ -365,7 +364,7 @@ pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
                     }
                 }
                 Err(e) => {
-                    crate::lab::check_interrupt()?;
+                    crate::interrupt::check()?;
                     row.errors.push(format!("run {k}: {e:#}"));
                 }
             }
@@ -375,7 +374,7 @@ pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
         rows.push(row);
     }
     Ok(Matrix {
-        scenario: case.scenario.name().into(),
+        scenario: case.scenario.into(),
         finding: case.finding.into(),
         figure: case.figure.into(),
         repeat: opts.repeat,
@@ -514,7 +513,7 @@ mod tests {
 
     #[test]
     fn the_change_shows_from_its_major_on() {
-        let c = case(Scenario::SnapshotScaling).unwrap();
+        let c = case("snapshot-scaling").unwrap();
         assert_eq!(changed_by(c, 13), None);
         assert!(changed_by(c, 14).unwrap().starts_with("dc7420c2c9"));
         assert!(changed_by(c, 16).unwrap().starts_with("dc7420c2c9"));
@@ -526,7 +525,7 @@ mod tests {
     #[test]
     fn the_key_figures_on_real_recordings() {
         use crate::evidence::fixture;
-        let finding = |sc: Scenario, name: &str| {
+        let finding = |sc: &str, name: &str| {
             let c = case(sc).unwrap();
             let ev = fixture(name);
             let f = crate::analyse::analyse(&ev)
@@ -534,34 +533,34 @@ mod tests {
                 .find(|f| f.id == c.finding);
             ((c.measure)(&ev), f)
         };
-        let row = |sc: Scenario, name: &str| {
+        let row = |sc: &str, name: &str| {
             let (fig, f) = finding(sc, name);
             (fig, f.is_some())
         };
         // The figure is the one the rule reports, where it reports it.
         for (sc, name, key) in [
             (
-                Scenario::SyncrepCommit,
+                "syncrep-commit",
                 "pg13-syncrep-commit",
                 "epoll_create1_per_commit",
             ),
             (
-                Scenario::DropMany,
+                "drop-many",
                 "pg13-drop-many-1row-1g",
                 "startup_cpu_ms_per_drop",
             ),
             (
-                Scenario::ExplainTiming,
+                "explain-timing",
                 "pg15-explain-timing-forced",
                 "clock_syscalls_per_timed_row",
             ),
             (
-                Scenario::CgroupCpuThrottling,
+                "cgroup-cpu-throttling",
                 "pg15-cgroup-cpu-quota-0.25",
                 "throttled_share",
             ),
             (
-                Scenario::WalFsyncLatency,
+                "wal-fsync-latency",
                 "pg15-attach-wal-slow-device",
                 "share_of_busy_backends",
             ),
@@ -573,7 +572,7 @@ mod tests {
         let cases = [
             // 13.23 vs 15: one epoll set per commit wait before 3347c982ba.
             (
-                Scenario::SyncrepCommit,
+                "syncrep-commit",
                 "pg13-syncrep-commit",
                 0.977,
                 "pg15-syncrep-commit",
@@ -582,7 +581,7 @@ mod tests {
             // Standby shared_buffers 1 GB, one-row tables: 13 scans the
             // pool per drop, 15 looks the blocks up.
             (
-                Scenario::DropMany,
+                "drop-many",
                 "pg13-drop-many-1row-1g",
                 1.792,
                 "pg15-drop-many-1row-1g",
@@ -590,21 +589,21 @@ mod tests {
             ),
             // 15 both: clock reads forced to syscalls vs the vDSO (tsc).
             (
-                Scenario::ExplainTiming,
+                "explain-timing",
                 "pg15-explain-timing-forced",
                 2.0,
                 "pg15-explain-timing-healthy",
                 0.0,
             ),
             (
-                Scenario::CgroupCpuThrottling,
+                "cgroup-cpu-throttling",
                 "pg15-cgroup-cpu-quota-0.25",
                 0.974,
                 "pg15-cgroup-cpu-quota-0.5",
                 0.435,
             ),
             (
-                Scenario::WalFsyncLatency,
+                "wal-fsync-latency",
                 "pg15-attach-wal-slow-device",
                 0.25,
                 "pg15-attach-wal-tmpfs",
@@ -617,46 +616,36 @@ mod tests {
             assert_eq!(fig, Some(good_fig), "{good}");
             // The half-CPU quota still throttles (a warning); the others
             // are healthy.
-            assert_eq!(fired, sc == Scenario::CgroupCpuThrottling, "{good}");
+            assert_eq!(fired, sc == "cgroup-cpu-throttling", "{good}");
         }
         // Empty tables scan the pool on 15 too: the figure says so.
         assert_eq!(
-            row(Scenario::DropMany, "pg15-drop-many-empty-1g"),
+            row("drop-many", "pg15-drop-many-empty-1g"),
             (Some(1.525), true)
         );
         // A stalled checkpoint: the worst tenth of its seconds near 0 tps;
         // spread with flush control, a third of the tps outside.
         assert_eq!(
-            row(Scenario::CheckpointStall, "pg15-checkpoint-stall"),
+            row("checkpoint-stall", "pg15-checkpoint-stall"),
             (Some(0.031), true)
         );
         assert_eq!(
-            row(
-                Scenario::CheckpointStall,
-                "pg15-checkpoint-stall-flush-spread"
-            )
-            .0,
+            row("checkpoint-stall", "pg15-checkpoint-stall-flush-spread").0,
             Some(0.313)
         );
         // No figure where the recording cannot give one.
         assert_eq!(
-            row(Scenario::CgroupCpuThrottling, "pg15-cgroup-cpu-no-quota").0,
+            row("cgroup-cpu-throttling", "pg15-cgroup-cpu-no-quota").0,
             None
         );
-        assert_eq!(
-            row(Scenario::CheckpointStall, "pg13-select-only-timeout").0,
-            None
-        );
-        assert_eq!(
-            row(Scenario::ExplainTiming, "pg13-select-only-timeout").0,
-            None
-        );
+        assert_eq!(row("checkpoint-stall", "pg13-select-only-timeout").0, None);
+        assert_eq!(row("explain-timing", "pg13-select-only-timeout").0, None);
     }
 
     #[test]
     fn every_scenario_with_a_key_figure_has_a_case() {
-        for s in Scenario::ALL {
-            assert_eq!(case(s).is_some(), s != Scenario::Tpcb, "{}", s.name());
+        for s in crate::scenarios::names() {
+            assert_eq!(case(s).is_some(), s != "tpcb", "{s}");
         }
     }
 

@@ -14,7 +14,8 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// `crate::<module>` paths a file names, outside comments.
+/// `crate::<module>` paths a file names, outside comments, grouped
+/// imports (`use crate::{a::X, b};`) included.
 fn imports(text: &str, forbidden: &[&str]) -> Vec<String> {
     let mut found = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -24,6 +25,59 @@ fn imports(text: &str, forbidden: &[&str]) -> Vec<String> {
                 found.push(format!("line {}: {}", i + 1, line.trim()));
             }
         }
+    }
+    let code: String = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("crate::{") {
+        let group = &rest[at + "crate::{".len()..];
+        // The group's end: the brace that closes it.
+        let mut depth = 1;
+        let end = group
+            .char_indices()
+            .find(|&(_, c)| {
+                depth += match c {
+                    '{' => 1,
+                    '}' => -1,
+                    _ => 0,
+                };
+                depth == 0
+            })
+            .map_or(group.len(), |(j, _)| j);
+        let (inner, mut item, mut depth) = (&group[..end], String::new(), 0);
+        let mut heads = Vec::new();
+        for c in inner.chars().chain([',']) {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    heads.push(
+                        item.trim()
+                            .split("::")
+                            .next()
+                            .unwrap_or("")
+                            .trim()
+                            .to_string(),
+                    );
+                    item.clear();
+                    continue;
+                }
+                _ => {}
+            }
+            item.push(c);
+        }
+        for m in forbidden {
+            if heads.iter().any(|h| h == m) {
+                found.push(format!(
+                    "crate::{{{}}}",
+                    inner.split_whitespace().collect::<Vec<_>>().join(" ")
+                ));
+            }
+        }
+        rest = &group[end..];
     }
     found
 }
@@ -95,6 +149,71 @@ fn recording_knows_neither_the_report_nor_the_rules() {
 }
 
 #[test]
+fn scenarios_are_plug_ins_below_the_lab() {
+    check(
+        "scenarios",
+        &[
+            "lab", "report", "analyse", "evidence", "app", "doctor", "matrix", "attach", "watch",
+        ],
+    );
+}
+
+#[test]
+fn the_workload_runs_pgbench_and_knows_no_scenario() {
+    check(
+        "workload",
+        &[
+            "scenarios",
+            "lab",
+            "report",
+            "analyse",
+            "evidence",
+            "app",
+            "doctor",
+        ],
+    );
+}
+
+/// Non-test code of `file`.
+fn code_of(file: &Path) -> String {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    text.split("#[cfg(test)]").next().unwrap_or("").to_string()
+}
+
+#[test]
+fn the_lab_runner_and_the_cli_name_no_scenario() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src.join("lab"), &mut files);
+    let lab_lines: usize = files.iter().map(|f| code_of(f).lines().count()).sum();
+    assert!(
+        lab_lines <= 500,
+        "src/lab has {lab_lines} lines of code (≤ 500)"
+    );
+    files.extend([src.join("main.rs"), src.join("cli.rs")]);
+    let mut bad = Vec::new();
+    for f in &files {
+        let code = code_of(f);
+        for name in pgbelow::scenarios::names() {
+            let module = name.replace('-', "_");
+            if code.contains(&format!("\"{name}\""))
+                || code.contains(&format!("scenarios::{module}"))
+            {
+                bad.push(format!("{}: {name}", f.display()));
+            }
+        }
+        if code.contains("Scenario::") || code.contains("ScenarioArg") {
+            bad.push(format!("{}: a scenario enum", f.display()));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "scenario names outside their files:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
 fn the_checker_finds_an_import() {
     // The check itself can fail.
     let hits = imports(
@@ -102,4 +221,9 @@ fn the_checker_finds_an_import() {
         &["report", "lab"],
     );
     assert_eq!(hits.len(), 1, "{hits:?}");
+    let grouped = imports(
+        "use crate::{\n    collect::Session,\n    lab::{LabOptions, run},\n};\nuse crate::{labels};\n",
+        &["lab"],
+    );
+    assert_eq!(grouped.len(), 1, "{grouped:?}");
 }

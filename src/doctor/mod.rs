@@ -21,7 +21,8 @@ use crate::collect::syscalls::Mechanism;
 use crate::error::fixable;
 use crate::lab::{self, LabOptions, PgChoice};
 use crate::report::{self, Report};
-use crate::workload::{find_pgbench, Scenario};
+use crate::scenarios::{builtin, syncrep_commit, Scenario};
+use crate::workload::find_pgbench;
 
 /// The case verdict of a probe that could not run (its error is printed above).
 const NOT_PROBED: &str = "not probed (see above)";
@@ -212,7 +213,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         PathBuf::from("pgbelow-runs").join(format!("doctor-{stamp}"))
     });
     // Timer probe (seed 000): select-only with statement_timeout armed.
-    let base = |scenario| LabOptions {
+    let base = |scenario: &'static dyn Scenario| LabOptions {
         syscall_mechanism: opts.syscall_mechanism,
         show_progress: opts.show_progress,
         ..LabOptions::new(scenario, PgChoice::Dir(install.bin_dir.clone()))
@@ -221,7 +222,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         set: vec![("statement_timeout".into(), "10s".into())],
         duration_s: opts.duration_s,
         out: Some(out),
-        ..base(Scenario::SelectOnly)
+        ..base(&builtin::SelectOnly)
     };
     let res = crate::app::lab(&probe)?;
     let r = &res.report;
@@ -260,7 +261,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
             sync: crate::provision::SyncMode::First,
             standby_set: Vec::new(),
         },
-        ..base(Scenario::SyncrepCommit)
+        ..base(&syncrep_commit::SyncrepCommit)
     };
     let mut findings = r.findings.clone();
     let v = match crate::app::lab(&syncrep) {
@@ -299,7 +300,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         ],
         out: Some(res.dir.join("probe-checkpoint")),
         checkpoint_at: Some(checkpoint_probe::CHECKPOINT_AT_S),
-        ..base(Scenario::Tpcb)
+        ..base(&builtin::Tpcb)
     };
     let _ = writeln!(
         text,

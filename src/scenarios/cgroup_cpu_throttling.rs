@@ -13,7 +13,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use super::owned_cgroup::OwnedCgroup;
+use super::spec::Flag;
+use super::{Fixture, Fixtures, LabOptions, Scenario, Spec};
 use crate::error::fixable;
+use crate::provision::Topology;
+use crate::workload::Plan;
 
 /// CPUs the quota gives by default. 2 select-only clients' backends use
 /// ≈ 1 CPU of a quiet 2-vCPU VM, but only ≈ 0.45 on the loaded one this was
@@ -70,7 +74,7 @@ impl CpuCgroup {
     /// Make `pgbelow-cpu-PID` with a quota of `quota_cpus` CPUs per
     /// [`PERIOD_US`]. On error nothing is left.
     pub fn create(quota_cpus: f64) -> Result<CpuCgroup> {
-        crate::lab::check_interrupt()?;
+        crate::interrupt::check()?;
         require_root()?;
         let (parent, v1) = hierarchy()?;
         let mut cg = OwnedCgroup::create(&parent, &format!("pgbelow-cpu-{}", std::process::id()))?;
@@ -95,5 +99,90 @@ impl CpuCgroup {
             "quota_cpus": self.quota_cpus,
             "period_us": PERIOD_US,
         })
+    }
+}
+
+impl Fixture for CpuCgroup {
+    fn teardown(&mut self) -> Result<()> {
+        self.cg.teardown()
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// `--cpu-quota 0.5`: CPUs, 0 (none) or 0.01–1024.
+pub fn parse_cpu_quota(s: &str) -> Result<String, String> {
+    match s.trim().parse::<f64>() {
+        Ok(q) if q == 0.0 || (0.01..=1024.0).contains(&q) => Ok(q.to_string()),
+        _ => Err(format!(
+            "'{s}' is not a CPU count: give 0 (no quota) or 0.01 to 1024"
+        )),
+    }
+}
+
+static CPU_QUOTA: Flag = Flag::value(
+    "cpu-quota",
+    "CPUS",
+    "cgroup-cpu-throttling: the cluster's CFS quota in CPUs per 100 ms period \
+     (default 0.25; 0: no quota, the healthy baseline)",
+    parse_cpu_quota,
+);
+
+/// The CFS quota the run puts the cluster under, if any.
+fn quota(opts: &LabOptions) -> Option<f64> {
+    Some(opts.params.get("cpu-quota").unwrap_or(DEFAULT_QUOTA_CPUS)).filter(|q| *q > 0.0)
+}
+
+pub struct CgroupCpuThrottling;
+
+static SPEC: Spec = Spec {
+    name: "cgroup-cpu-throttling",
+    description: "pgbench -S -M prepared, 2 clients, 15 s, against a cluster moved into a cpu cgroup \
+                  with a CFS quota of 0.25 CPU per 100 ms period (root only; the cgroup is removed \
+                  afterwards): the quota is spent early in each period and every server process waits \
+                  runnable for the next one. --cpu-quota CPUS sets it, --cpu-quota 0 runs without one \
+                  (the healthy baseline)",
+    pgbench: Some(Plan {
+        name: "cgroup-cpu-throttling",
+        args: &["-S", "-M", "prepared"],
+        script: None,
+    }),
+    init: true,
+    clients: DEFAULT_CLIENTS,
+    duration_s: DEFAULT_DURATION_S,
+    flags: &[&CPU_QUOTA],
+    ..Spec::BASE
+};
+
+impl Scenario for CgroupCpuThrottling {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
+        if quota(opts).is_some() {
+            require_root()?;
+        }
+        Ok(opts.clone())
+    }
+
+    fn after_start(
+        &self,
+        opts: &LabOptions,
+        topo: &mut Topology,
+        host: &mut Fixtures,
+        status: &dyn Fn(&str),
+    ) -> Result<()> {
+        let Some(q) = quota(opts) else { return Ok(()) };
+        let cg = CpuCgroup::create(q)?;
+        status(&format!(
+            "the cluster runs in {} with a quota of {q} CPU",
+            cg.cg.path.display()
+        ));
+        let r = cg.cg.adopt(&super::kit::cluster_pids(topo));
+        host.push(cg);
+        r
     }
 }

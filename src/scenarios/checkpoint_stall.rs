@@ -15,9 +15,12 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::spec::{count_in, Flag};
+use super::{Fixture, Fixtures, Lab, LabOptions, Scenario, Spec};
 use crate::error::fixable;
-use crate::lab::LabOptions;
 use crate::ledger::{self, Noted, Object};
+use crate::provision::Topology;
+use crate::workload::Plan;
 
 /// Tablespace holding the hot table (on the loop device).
 pub const TABLESPACE: &str = "pgbelow_stall";
@@ -51,6 +54,16 @@ on conflict (id) do update set info = excluded.info, crt_time = excluded.crt_tim
 pub struct Options {
     pub write_mbps: Option<u32>,
     pub dirty_cap_mb: Option<u32>,
+}
+
+impl Options {
+    /// `--write-limit`/`--dirty-cap` as given.
+    pub fn from_params(p: &super::Params) -> Options {
+        Options {
+            write_mbps: p.get("write-limit"),
+            dirty_cap_mb: p.get("dirty-cap"),
+        }
+    }
 }
 
 /// Seconds of unthrottled workload that calibrate the limits.
@@ -345,7 +358,7 @@ impl StallDevice {
         gid: u32,
         status: &dyn Fn(&str),
     ) -> Result<StallDevice> {
-        crate::lab::check_interrupt()?;
+        crate::interrupt::check()?;
         require_root()?;
         let (dir, dir_noted) = stall_dir(base)?;
         let image = dir.join("disk.img");
@@ -717,16 +730,160 @@ impl Drop for StallDevice {
     }
 }
 
+/// `--write-limit`, which checkpoint-stall and wal-fsync-latency read.
+pub static WRITE_LIMIT: Flag = Flag::value(
+    "write-limit",
+    "MBPS",
+    "checkpoint-stall, wal-fsync-latency: write bandwidth of the limited device, MB/s \
+     (checkpoint-stall's default: calibrated, a quarter of the rate the workload dirties \
+     checkpoint buffers on this machine, measured in an unthrottled warm-up; \
+     wal-fsync-latency's: 1; 100000 is the device unthrottled)",
+    |s| count_in(s, 1, 100_000),
+);
+/// `--dirty-cap`, likewise.
+pub static DIRTY_CAP: Flag = Flag::value(
+    "dirty-cap",
+    "MB",
+    "checkpoint-stall, wal-fsync-latency: dirty page cap of the limited device, MB \
+     (checkpoint-stall's default: calibrated, 4 s of the workload's dirtying, 16–256 MB; \
+     wal-fsync-latency's: 16)",
+    |s| count_in(s, 1, 1_000_000),
+);
+
+/// The limited device as a lab fixture, with the limits it was given.
+pub struct Device {
+    pub dev: StallDevice,
+    pub limits: Option<Limits>,
+}
+
+impl Device {
+    /// The device, its tablespace dir owned by the server account (the
+    /// owner of the primary's data dir), every process of the cluster
+    /// under its write limit.
+    pub fn start(topo: &Topology, status: &dyn Fn(&str)) -> Result<Device> {
+        use std::os::unix::fs::MetadataExt;
+        let primary = topo.primary();
+        let meta = std::fs::metadata(primary.data_dir())
+            .with_context(|| format!("reading {}", primary.data_dir().display()))?;
+        let mut dev = StallDevice::create(meta.uid(), meta.gid(), status)?;
+        dev.adopt(&super::kit::cluster_pids(topo))?;
+        Ok(Device { dev, limits: None })
+    }
+
+    pub fn limit(&mut self, l: Limits, status: &dyn Fn(&str)) -> Result<()> {
+        self.dev.limit(&l, status)?;
+        self.limits = Some(l);
+        Ok(())
+    }
+}
+
+impl Fixture for Device {
+    fn fact(&self) -> Option<(&'static str, serde_json::Value)> {
+        self.limits.map(|l| ("stall_device", self.dev.fact(&l)))
+    }
+
+    // The server's shutdown checkpoint is not held behind the limit.
+    fn release(&mut self) -> Result<()> {
+        self.dev.unlimit()
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        self.dev.teardown()
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+pub struct CheckpointStall;
+
+static SPEC: Spec = Spec {
+    name: "checkpoint-stall",
+    description: "pgbench -f upsert over a growing hot table (8 clients) whose files sit on an ext4 \
+                  loop device limited to 4 MB/s of writes with a 128 MB bdi dirty cap (root only; \
+                  all removed afterwards); shared_buffers=2GB, checkpoint_timeout=30s, \
+                  *_flush_after=0: checkpoints drain a large dirty backlog and tps dips (seed 001). \
+                  Override with --set (e.g. checkpoint_flush_after=256kB)",
+    pgbench: Some(Plan {
+        name: "checkpoint-stall",
+        args: &[],
+        script: Some(SCRIPT),
+    }),
+    clients: DEFAULT_CLIENTS,
+    duration_s: DEFAULT_DURATION_S,
+    flags: &[&WRITE_LIMIT, &DIRTY_CAP],
+    checkpoint_at: true,
+    ..Spec::BASE
+};
+
+impl Scenario for CheckpointStall {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
+        require_root()?;
+        Ok(with_defaults(opts))
+    }
+
+    fn after_start(
+        &self,
+        _opts: &LabOptions,
+        topo: &mut Topology,
+        host: &mut Fixtures,
+        status: &dyn Fn(&str),
+    ) -> Result<()> {
+        host.push(Device::start(topo, status)?);
+        Ok(())
+    }
+
+    fn prepare(&self, lab: &Lab, host: &mut Fixtures) -> Result<super::Prepared> {
+        let dev = host
+            .get_mut::<Device>()
+            .context("the limited device is missing")?;
+        (lab.status)("creating the hot table on the limited device");
+        prepare(
+            &|db: &str, sql: &str| lab.psql(db, sql),
+            &dev.dev.tablespace_dir(),
+        )?;
+        let o = Options::from_params(&lab.opts.params);
+        let cal = if o.needs_calibration() {
+            calibrate_on(lab)?
+        } else {
+            None
+        };
+        crate::interrupt::check()?;
+        dev.limit(o.limits(cal), lab.status)?;
+        Ok(Default::default())
+    }
+}
+
+/// The calibration run: the workload unthrottled on the primary.
+fn calibrate_on(lab: &Lab) -> Result<Option<Calibration>> {
+    let target = lab.target(lab.primary());
+    calibrate(
+        &|sql: &str| lab.psql("bench", sql),
+        &|secs: u32| {
+            let plan = SPEC.pgbench.as_ref().context("no pgbench plan")?;
+            let (summary, _) = lab
+                .pgbench
+                .start(&target, plan, lab.opts.clients, secs)?
+                .wait()?;
+            crate::interrupt::check()?;
+            Ok(summary.tps.unwrap_or(0.0))
+        },
+        lab.status,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn defaults_do_not_override_set() {
-        let mut o = LabOptions::new(
-            crate::workload::Scenario::CheckpointStall,
-            crate::lab::PgChoice::System,
-        );
+        let mut o = LabOptions::new(&CheckpointStall, super::super::PgChoice::System);
         o.set
             .push(("checkpoint_flush_after".into(), "256kB".into()));
         let o = with_defaults(&o);

@@ -30,9 +30,10 @@ use postgres::Client;
 use serde::{Deserialize, Serialize};
 
 use super::connect;
+use super::spec::{count_in, Flag};
+use super::{Lab, LabOptions, Params as Given, Scenario, Spec};
 use crate::collect::session::{round_ms, Session};
 use crate::interrupt;
-use crate::lab::LabOptions;
 use crate::provision::SyncMode;
 use crate::recording::files;
 pub use crate::recording::summaries::{DropSummary, ReplayLag};
@@ -73,6 +74,22 @@ pub struct Options {
     pub sweep_shared_buffers: Option<Vec<String>>,
 }
 
+impl Options {
+    /// From the `lab run` flags given.
+    pub fn from_params(p: &Given) -> Options {
+        let text = |f: &str| p.get::<String>(f);
+        Options {
+            tables: p.get("tables"),
+            empty: p.on("empty-tables"),
+            one_transaction: p.on("one-transaction"),
+            sweep_tables: text("sweep-tables")
+                .and_then(|s| super::drop_sweep::parse_tables(&s).ok()),
+            sweep_shared_buffers: text("sweep-standby-shared-buffers")
+                .and_then(|s| super::drop_sweep::parse_sizes(&s).ok()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Params {
     pub tables: u32,
@@ -83,7 +100,7 @@ pub struct Params {
 
 impl Params {
     pub fn for_lab(opts: &LabOptions) -> Params {
-        let o = &opts.drop_many;
+        let o = Options::from_params(&opts.params);
         Params::new(
             o.tables.unwrap_or(DEFAULT_TABLES),
             o.empty,
@@ -373,7 +390,7 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
     let mut lag = LagSampler::connect(dsn)?;
     let driver = start(dsn, p)?;
     let mut runs: Vec<DropRun> = Vec::new();
-    let looped = crate::lab::tick_while(session, t_start + 1.0, |session| {
+    let looped = super::kit::tick_while(session, t_start + 1.0, |session| {
         if interrupt::requested() {
             driver.stop.store(true, Ordering::Relaxed);
         }
@@ -540,6 +557,89 @@ pub fn summarise(
     }
 }
 
+static TABLES: Flag = Flag::value(
+    "tables",
+    "N",
+    "drop-many: tables to create and drop (default 300)",
+    |s| count_in(s, 1, 1_000_000),
+);
+static EMPTY_TABLES: Flag = Flag::switch(
+    "empty-tables",
+    "drop-many: leave the tables empty (no row: no cached size on the standby)",
+);
+static ONE_TRANSACTION: Flag = Flag::switch(
+    "one-transaction",
+    "drop-many: drop all tables in one transaction instead of one per transaction",
+);
+static SWEEP_TABLES: Flag = Flag::value(
+    "sweep-tables",
+    "LIST",
+    "drop-many --sweep: table counts (default 50,100,200)",
+    |s| super::drop_sweep::parse_tables(s).map(|v| join(&v)),
+)
+.requiring("sweep");
+static SWEEP_SHARED_BUFFERS: Flag = Flag::value(
+    "sweep-standby-shared-buffers",
+    "LIST",
+    "drop-many --sweep: standby shared_buffers values (default 128MB,1GB,4GB)",
+    |s| super::drop_sweep::parse_sizes(s).map(|v| join(&v)),
+)
+.requiring("sweep");
+
+fn join<T: ToString>(v: &[T]) -> String {
+    v.iter().map(T::to_string).collect::<Vec<_>>().join(",")
+}
+
+pub struct DropMany;
+
+static SPEC: Spec = Spec {
+    name: "drop-many",
+    description: "primary + 1 synchronous standby (synchronous_commit=remote_apply): create --tables N \
+                  one-row tables (--empty-tables: empty), drop them one per transaction \
+                  (--one-transaction: all in one); ms per DROP = the standby's replay cost, startup \
+                  process profiled, replay lag sampled (seed 004). Standby shared_buffers: \
+                  --standby-set shared_buffers=… (default 2GB). --sweep: then ms and startup CPU per \
+                  drop over --sweep-tables × --sweep-standby-shared-buffers, with the growth exponents",
+    standbys: 1,
+    flags: &[
+        &TABLES,
+        &EMPTY_TABLES,
+        &ONE_TRANSACTION,
+        &super::spec::SWEEP,
+        &SWEEP_TABLES,
+        &SWEEP_SHARED_BUFFERS,
+    ],
+    ..Spec::BASE
+};
+
+impl Scenario for DropMany {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
+        Ok(with_defaults(opts))
+    }
+
+    fn prepare(&self, lab: &Lab, _host: &mut super::Fixtures) -> Result<super::Prepared> {
+        prepare(&lab.dsn(), &Params::for_lab(lab.opts), lab.status)?;
+        Ok(Default::default())
+    }
+
+    fn drive(&self, lab: &Lab, session: &mut Session) -> Result<()> {
+        drive(session, &lab.dsn(), &Params::for_lab(lab.opts))
+    }
+
+    fn after(&self, lab: &Lab, dir: &std::path::Path) -> Result<()> {
+        if !lab.opts.params.on("sweep") || interrupt::requested() {
+            return Ok(());
+        }
+        super::drop_sweep::sweep(lab.opts, lab.install, dir, lab.status)
+            .map(|_| ())
+            .context("drop-many --sweep")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -616,10 +716,7 @@ mod tests {
 
     #[test]
     fn defaults_fill_only_what_is_missing() {
-        let mut o = LabOptions::new(
-            crate::workload::Scenario::DropMany,
-            crate::lab::PgChoice::System,
-        );
+        let mut o = LabOptions::new(&DropMany, super::super::PgChoice::System);
         o.replication.standby_set = vec![("shared_buffers".into(), "128MB".into())];
         let d = with_defaults(&o);
         assert_eq!(d.replication.standbys, 1);

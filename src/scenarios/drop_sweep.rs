@@ -16,10 +16,10 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use super::drop_many::{self, Params};
+use super::LabOptions;
 use crate::collect::procfs::aggregate::Counters;
 use crate::collect::procfs::clock_ticks_per_s;
 use crate::interrupt;
-use crate::lab::LabOptions;
 use crate::procinfo::{self, Role};
 use crate::provision::{ClusterOptions, PgInstall, Topology, TopologyOptions};
 pub use crate::recording::summaries::{DropSweep, Fit, LinearFit, Point};
@@ -314,7 +314,7 @@ fn startup_pid(postmaster: u32) -> Option<u32> {
 
 /// The sweep's table counts and sizes: the options', else the defaults.
 pub fn lists(opts: &LabOptions) -> (Vec<u32>, Vec<String>) {
-    let o = &opts.drop_many;
+    let o = &super::drop_many::Options::from_params(&opts.params);
     (
         o.sweep_tables
             .clone()
@@ -337,7 +337,7 @@ pub fn sweep(
     status: &dyn Fn(&str),
 ) -> Result<DropSweep> {
     let (tables, sizes) = lists(opts);
-    let o = &opts.drop_many;
+    let o = &super::drop_many::Options::from_params(&opts.params);
     let mut out = DropSweep {
         empty: o.empty,
         one_transaction: o.one_transaction,

@@ -18,9 +18,9 @@ use postgres::{Client, SimpleQueryMessage};
 use serde::{Deserialize, Serialize};
 
 use super::connect;
+use super::{Lab, LabOptions, Scenario, Spec};
 use crate::collect::session::{round_ms, Session};
 use crate::interrupt;
-use crate::lab::LabOptions;
 use crate::recording::files;
 pub use crate::recording::summaries::{ExplainSummary, QuerySummary};
 use crate::round3;
@@ -239,7 +239,7 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
     let anchor = Instant::now();
     let driver = start(dsn, p)?;
     let mut runs: Vec<QueryRun> = Vec::new();
-    crate::lab::tick_while(session, t_start + 1.0, |session| {
+    super::kit::tick_while(session, t_start + 1.0, |session| {
         if interrupt::requested() {
             driver.stop.store(true, Ordering::Relaxed);
         }
@@ -355,6 +355,32 @@ pub fn summarise(
         timing_off_node_calls: calls(Mode::TimingOff),
         t_start,
         t_end,
+    }
+}
+
+pub struct ExplainTiming;
+
+static SPEC: Spec = Spec {
+    name: "explain-timing",
+    description: "EXPLAIN ANALYZE vs EXPLAIN (ANALYZE, TIMING OFF) vs the plain query over \
+                  generate_series and a table scan, each in rounds until --duration: timing overhead per \
+                  row, clock cost, clock syscalls in the backend (seed 002). --scale S: a table of \
+                  S×100k rows, generate_series of S×200k",
+    ..Spec::BASE
+};
+
+impl Scenario for ExplainTiming {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn prepare(&self, lab: &Lab, _host: &mut super::Fixtures) -> Result<super::Prepared> {
+        prepare(&lab.dsn(), &Params::for_lab(lab.opts), lab.status)?;
+        Ok(Default::default())
+    }
+
+    fn drive(&self, lab: &Lab, session: &mut Session) -> Result<()> {
+        drive(session, &lab.dsn(), &Params::for_lab(lab.opts))
     }
 }
 

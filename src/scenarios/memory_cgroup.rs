@@ -19,9 +19,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::owned_cgroup::OwnedCgroup;
+use super::spec::Flag;
+use super::{Fixture, Fixtures, Lab, LabOptions, Scenario, Spec};
 use crate::collect::cgroup::Version;
 use crate::error::fixable;
-use crate::lab::LabOptions;
+use crate::provision::Topology;
+use crate::workload::Plan;
 
 /// The limit by default, MB: shared_buffers and 32 MB for everything else.
 pub const DEFAULT_LIMIT_MB: u64 = 160;
@@ -91,7 +94,7 @@ impl MemCgroup {
     /// limit yet ([`MemCgroup::limit`]). On error nothing is left. Its
     /// processes and charged pages go back to the parent on teardown.
     pub fn create(postmaster: u32, limit_mb: u64) -> Result<MemCgroup> {
-        crate::lab::check_interrupt()?;
+        crate::interrupt::check()?;
         require_root()?;
         let (parent, version) = parent_of(postmaster)?;
         let cg = OwnedCgroup::create(&parent, &format!("pgbelow-mem-{}", std::process::id()))?;
@@ -112,7 +115,7 @@ impl MemCgroup {
         });
         let mut last = None;
         for _ in 0..30 {
-            crate::lab::check_interrupt()?;
+            crate::interrupt::check()?;
             match std::fs::write(&file, bytes.to_string()) {
                 Ok(()) => {
                     status(&format!(
@@ -149,5 +152,144 @@ impl MemCgroup {
             "limit_mb": self.limit_mb,
             "version": self.version,
         })
+    }
+}
+
+impl Fixture for MemCgroup {
+    fn fact(&self) -> Option<(&'static str, serde_json::Value)> {
+        Some(("memory_cgroup", MemCgroup::fact(self)))
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        self.cg.teardown()
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// `--memory-limit 160MB`: MB, 0 (none) or 16 MB to 1 PB; kB, MB, GB, TB
+/// as PostgreSQL writes them (case ignored), a bare number is MB.
+pub fn parse_memory_limit(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let per_mb = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "mb" => Some((1, 1)),
+        "kb" => Some((1, 1024)),
+        "gb" => Some((1024, 1)),
+        "tb" => Some((1024 * 1024, 1)),
+        _ => None,
+    };
+    match (n.parse::<u64>().ok(), per_mb) {
+        (Some(n), Some((mul, div))) => {
+            let mb = n.saturating_mul(mul) / div;
+            if n == 0 || (16..=1 << 30).contains(&mb) {
+                Ok(if n == 0 { 0 } else { mb })
+            } else {
+                Err(format!(
+                    "'{s}' is outside 16MB to 1PB: give 0 (no limit) or a size such as 160MB"
+                ))
+            }
+        }
+        _ => Err(format!(
+            "'{s}' is not a size: give 0 (no limit) or a number with kB, MB, GB or TB (160MB, 1GB)"
+        )),
+    }
+}
+
+static MEMORY_LIMIT: Flag = Flag::value(
+    "memory-limit",
+    "SIZE",
+    "memory-cgroup-reclaim: the cluster's memory cgroup limit (`160MB`, `1GB`, a bare \
+     number is MB; default 160MB; 0: no limit, the healthy baseline)",
+    |s| parse_memory_limit(s).map(|mb| mb.to_string()),
+);
+
+/// The memory limit (MB) the run puts the cluster under, if any.
+fn limit_mb(opts: &LabOptions) -> Option<u64> {
+    Some(opts.params.get("memory-limit").unwrap_or(DEFAULT_LIMIT_MB)).filter(|mb| *mb > 0)
+}
+
+pub struct MemoryCgroupReclaim;
+
+static SPEC: Spec = Spec {
+    name: "memory-cgroup-reclaim",
+    description: "pgbench's TPC-B-like transaction, 4 clients, 15 s, scale 10, shared_buffers=128MB, \
+                  against a cluster moved into a memory cgroup limited to 160 MB after the load (root \
+                  only; the cgroup is removed afterwards): the limit counts shared_buffers and the page \
+                  cache, so every charge at the limit reclaims first and evicted table pages are read \
+                  back from disk. --memory-limit SIZE sets it (below shared_buffers: the OOM killer takes \
+                  a backend and the postmaster restarts them all), --memory-limit 0 runs without one \
+                  (the healthy baseline)",
+    pgbench: Some(Plan {
+        name: "memory-cgroup-reclaim",
+        args: &[],
+        script: None,
+    }),
+    init: true,
+    // BEGIN, 3 UPDATE, SELECT, INSERT, END
+    statements_per_transaction: 7,
+    clients: DEFAULT_CLIENTS,
+    duration_s: DEFAULT_DURATION_S,
+    flags: &[&MEMORY_LIMIT],
+    ..Spec::BASE
+};
+
+impl Scenario for MemoryCgroupReclaim {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
+        if limit_mb(opts).is_some() {
+            require_root()?;
+        }
+        Ok(with_defaults(opts))
+    }
+
+    /// Moved in before the load, limited after it ([`Scenario::prepare`]).
+    fn after_start(
+        &self,
+        opts: &LabOptions,
+        topo: &mut Topology,
+        host: &mut Fixtures,
+        _status: &dyn Fn(&str),
+    ) -> Result<()> {
+        let Some(mb) = limit_mb(opts) else {
+            return Ok(());
+        };
+        let cg = MemCgroup::create(topo.primary().postmaster_pid(), mb)?;
+        let r = cg.cg.adopt(&super::kit::cluster_pids(topo));
+        host.push(cg);
+        r
+    }
+
+    fn prepare(&self, lab: &Lab, host: &mut Fixtures) -> Result<super::Prepared> {
+        if let Some(cg) = host.get_mut::<MemCgroup>() {
+            // The load's pages written back first, so the limit only has
+            // clean cache to reclaim.
+            lab.psql("bench", "CHECKPOINT")?;
+            cg.limit(lab.status)?;
+        }
+        Ok(Default::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_limits() {
+        assert_eq!(parse_memory_limit("160MB"), Ok(160));
+        assert_eq!(parse_memory_limit("160"), Ok(160));
+        assert_eq!(parse_memory_limit("1gb"), Ok(1024));
+        assert_eq!(parse_memory_limit("262144kB"), Ok(256));
+        assert_eq!(parse_memory_limit("0"), Ok(0));
+        assert!(parse_memory_limit("8MB").is_err());
+        assert!(parse_memory_limit("lots").is_err());
+        assert!(parse_memory_limit("-5MB").is_err());
     }
 }

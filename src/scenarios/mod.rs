@@ -1,10 +1,16 @@
-//! Scenarios with their own workload driver instead of pgbench. Each runs
-//! under the lab's once-a-second collector tick ([`crate::lab::tick_while`]).
+//! The lab's scenarios. Each is one file: a [`Spec`] (name, description,
+//! defaults, pgbench plan, the flags it owns) and the [`Scenario`] hooks
+//! the lab's generic runner calls in order; [`ALL`] is the registry the
+//! CLI, `lab list`, `lab matrix` and `doctor` read. A new scenario is its
+//! file plus one line in [`ALL`].
+pub mod builtin;
 pub mod cgroup_cpu_throttling;
 pub mod checkpoint_stall;
 pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
+pub mod fixture;
+pub mod kit;
 pub mod memory_cgroup;
 pub mod no_huge_pages;
 pub mod noisy_neighbour;
@@ -12,56 +18,237 @@ pub mod owned_cgroup;
 pub mod relation_extension;
 pub mod replay_prefetch;
 pub mod snapshot_scaling;
+pub mod spec;
 pub mod subtransaction_overflow;
 pub mod syncrep_commit;
 pub mod wal_fsync;
 
+use std::any::Any;
+use std::path::Path;
+
 use anyhow::Result;
 
 use crate::collect::session::Session;
-use crate::lab::LabOptions;
-use crate::workload::Scenario;
+use crate::provision::Topology;
+pub use fixture::{Fixture, Fixtures};
+pub use kit::{Lab, LabOptions, PgChoice, Replication};
+pub use spec::{Flag, Params, Spec};
 
-/// Create what the scenario needs in the lab database, before recording starts.
-pub fn prepare(opts: &LabOptions, dsn: &str, status: &dyn Fn(&str)) -> Result<()> {
-    match opts.scenario {
-        Scenario::ExplainTiming => {
-            explain_timing::prepare(dsn, &explain_timing::Params::for_lab(opts), status)
-        }
-        Scenario::DropMany => drop_many::prepare(dsn, &drop_many::Params::for_lab(opts), status),
-        Scenario::SyncrepCommit => syncrep_commit::prepare(dsn, status),
-        Scenario::RelationExtension => relation_extension::prepare(dsn, status),
-        Scenario::SubtransactionOverflow => subtransaction_overflow::prepare(dsn, status),
-        Scenario::ReplayWithoutPrefetch => replay_prefetch::prepare(dsn, status),
-        Scenario::NoHugePages => no_huge_pages::prepare(dsn, status),
-        s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
+/// A lab scenario: its spec and the hooks the runner calls, in this order.
+/// Every hook has a default that does nothing (drive: the spec's pgbench
+/// plan), so a scenario writes only what it needs.
+pub trait Scenario: Sync {
+    fn spec(&self) -> &'static Spec;
+
+    /// The run's options: the scenario's settings and standbys added where
+    /// the user left them out; refuses a run that cannot work (no root, no
+    /// standby) with a fixable error.
+    fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
+        Ok(opts.clone())
+    }
+
+    /// Before the servers start (memory to reserve).
+    fn before_start(
+        &self,
+        _opts: &LabOptions,
+        _host: &mut Fixtures,
+        _status: &dyn Fn(&str),
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// Once the servers run, before the database exists: devices, cgroups
+    /// the cluster is moved into.
+    fn after_start(
+        &self,
+        _opts: &LabOptions,
+        _topo: &mut Topology,
+        _host: &mut Fixtures,
+        _status: &dyn Fn(&str),
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// After `CREATE DATABASE bench` (and `pgbench -i` when the spec says
+    /// so): the scenario's tables, limits, and what it holds open.
+    fn prepare(&self, _lab: &Lab, _host: &mut Fixtures) -> Result<Prepared> {
+        Ok(Prepared::default())
+    }
+
+    /// Started just before the recording, beside the workload.
+    fn beside(&self, _lab: &Lab) -> Result<Option<Box<dyn Beside>>> {
+        Ok(None)
+    }
+
+    /// The workload, while the session records.
+    fn drive(&self, lab: &Lab, session: &mut Session) -> Result<()> {
+        kit::drive_pgbench(lab, session, None)
+    }
+
+    /// After the recording was written, servers still up (sweeps); an
+    /// error is the run's follow-up error, the recording stands.
+    fn after(&self, _lab: &Lab, _dir: &Path) -> Result<()> {
+        Ok(())
     }
 }
 
-/// Run the scenario's workload while the session records.
-pub fn drive(session: &mut Session, dsn: &str, opts: &LabOptions) -> Result<()> {
-    match opts.scenario {
-        Scenario::ExplainTiming => {
-            explain_timing::drive(session, dsn, &explain_timing::Params::for_lab(opts))
-        }
-        Scenario::DropMany => drop_many::drive(session, dsn, &drop_many::Params::for_lab(opts)),
-        s => anyhow::bail!("scenario {} is driven by pgbench", s.name()),
+impl std::fmt::Debug for dyn Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.spec().name)
     }
 }
 
-/// `opts` with each of `defaults` added unless `--set` gives that setting.
-pub(crate) fn with_settings(opts: &LabOptions, defaults: &[(&str, &str)]) -> LabOptions {
-    let mut o = opts.clone();
-    for (k, v) in defaults {
-        if !o.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
-            o.set.push(((*k).into(), (*v).into()));
+/// What [`Scenario::prepare`] leaves for the run: facts for the manifest
+/// and what must stay open until the recording is written.
+#[derive(Default)]
+pub struct Prepared {
+    pub facts: Vec<(&'static str, serde_json::Value)>,
+    pub keep: Vec<Box<dyn Any>>,
+}
+
+/// Something running beside the workload (busy loops, a writer).
+pub trait Beside {
+    /// What the manifest records about it.
+    fn fact(&self) -> Option<(&'static str, serde_json::Value)> {
+        None
+    }
+
+    /// When the workload ended, before the recording is finished; an error
+    /// fails the run.
+    fn workload_done(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// After the recording is finished.
+    fn stop(&mut self) {}
+}
+
+/// Every scenario, in `lab list`'s order.
+pub static ALL: &[&dyn Scenario] = &[
+    &builtin::SelectOnly,
+    &builtin::Tpcb,
+    &explain_timing::ExplainTiming,
+    &syncrep_commit::SyncrepCommit,
+    &drop_many::DropMany,
+    &checkpoint_stall::CheckpointStall,
+    &snapshot_scaling::SnapshotScaling,
+    &relation_extension::RelationExtension,
+    &cgroup_cpu_throttling::CgroupCpuThrottling,
+    &wal_fsync::WalFsyncLatency,
+    &memory_cgroup::MemoryCgroupReclaim,
+    &subtransaction_overflow::SubtransactionOverflow,
+    &replay_prefetch::ReplayWithoutPrefetch,
+    &no_huge_pages::NoHugePages,
+    &noisy_neighbour::NoisyNeighbour,
+];
+
+/// The scenario named `name`.
+pub fn find(name: &str) -> Option<&'static dyn Scenario> {
+    ALL.iter().copied().find(|s| s.spec().name == name)
+}
+
+pub fn names() -> Vec<&'static str> {
+    ALL.iter().map(|s| s.spec().name).collect()
+}
+
+/// Every scenario flag once, with the scenarios that own it.
+pub fn flags() -> Vec<(&'static Flag, Vec<&'static str>)> {
+    let mut out: Vec<(&'static Flag, Vec<&'static str>)> = Vec::new();
+    for s in ALL {
+        for f in s.spec().flags {
+            match out.iter_mut().find(|(g, _)| g.long == f.long) {
+                Some((_, owners)) => owners.push(s.spec().name),
+                None => out.push((f, vec![s.spec().name])),
+            }
         }
     }
-    o
+    out
+}
+
+/// A flag given for a scenario that would silently ignore it: the flag
+/// and the scenarios it belongs to ("a, b and c").
+pub fn misplaced_flag(
+    scenario: &dyn Scenario,
+    params: &Params,
+    checkpoint_at: bool,
+) -> Option<(String, String)> {
+    let spec = scenario.spec();
+    let owners = |names: Vec<&str>| match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.join(""),
+    };
+    let all = flags();
+    for given in params.names() {
+        if !spec.owns(given) {
+            let by = all
+                .iter()
+                .find(|(f, _)| f.long == given)
+                .map(|(_, o)| o.clone())
+                .unwrap_or_default();
+            return Some((format!("--{given}"), owners(by)));
+        }
+    }
+    if checkpoint_at && !spec.checkpoint_at {
+        let by = ALL
+            .iter()
+            .filter(|s| s.spec().checkpoint_at)
+            .map(|s| s.spec().name)
+            .collect();
+        return Some((
+            "--checkpoint-at".into(),
+            format!("{} (the pgbench workloads)", owners(by)),
+        ));
+    }
+    None
 }
 
 /// A scenario's client connection to the lab server.
 pub(crate) fn connect(dsn: &str) -> anyhow::Result<postgres::Client> {
     use anyhow::Context;
     postgres::Client::connect(dsn, postgres::NoTls).with_context(|| format!("connecting to {dsn}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_found() {
+        let names = names();
+        for n in &names {
+            assert_eq!(find(n).map(|s| s.spec().name), Some(*n));
+            assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
+        }
+        assert!(find("nope").is_none());
+        assert_eq!(names.len(), 15);
+    }
+
+    #[test]
+    fn a_flag_shared_by_two_scenarios_is_listed_once() {
+        let all = flags();
+        let sweep: Vec<_> = all.iter().filter(|(f, _)| f.long == "sweep").collect();
+        assert_eq!(sweep.len(), 1);
+        assert_eq!(sweep[0].1, ["syncrep-commit", "drop-many"]);
+    }
+
+    #[test]
+    fn flags_of_another_scenario_are_named_with_their_owners() {
+        let mut p = Params::default();
+        p.set("tables", 5);
+        let tpcb = find("tpcb").unwrap();
+        assert_eq!(
+            misplaced_flag(tpcb, &p, false),
+            Some(("--tables".into(), "drop-many".into()))
+        );
+        assert_eq!(misplaced_flag(find("drop-many").unwrap(), &p, false), None);
+        let (flag, owners) = misplaced_flag(find("drop-many").unwrap(), &p, true).unwrap();
+        assert_eq!(flag, "--checkpoint-at");
+        assert!(owners.starts_with("select-only, tpcb, "), "{owners}");
+        let mut w = Params::default();
+        w.set("write-limit", 8);
+        assert_eq!(
+            misplaced_flag(tpcb, &w, false).unwrap().1,
+            "checkpoint-stall and wal-fsync-latency"
+        );
+    }
 }

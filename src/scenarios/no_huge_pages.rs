@@ -18,9 +18,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use super::spec::{on_off, Flag};
+use super::{Fixture, Fixtures, Lab, LabOptions, Prepared, Scenario, Spec};
 use crate::error::fixable;
-use crate::lab::LabOptions;
 use crate::ledger::{self, Noted, Object};
+use crate::workload::Plan;
 
 /// The table the clients read.
 pub const TABLE: &str = "pgbelow_touch";
@@ -39,7 +41,9 @@ const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
 
 /// huge_pages as the scenario runs the cluster.
 pub fn huge_pages_on(opts: &LabOptions) -> bool {
-    opts.huge_pages.unwrap_or(false)
+    opts.params
+        .get::<String>("huge-pages")
+        .is_some_and(|v| v == "on")
 }
 
 /// Settings unless `--set` gives them: the shared memory, huge_pages, room
@@ -134,7 +138,7 @@ impl HugePages {
     /// Grow `vm.nr_hugepages` by what a cluster with the run's
     /// shared_buffers needs; refuse (and restore) if the kernel gives fewer.
     pub fn reserve(opts: &LabOptions, status: &dyn Fn(&str)) -> Result<HugePages> {
-        crate::lab::check_interrupt()?;
+        crate::interrupt::check()?;
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err(fixable(
@@ -230,15 +234,103 @@ impl Drop for HugePages {
     }
 }
 
+impl Fixture for HugePages {
+    fn fact(&self) -> Option<(&'static str, serde_json::Value)> {
+        Some(("huge_pages_reserved", HugePages::fact(self)))
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        HugePages::teardown(self)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// Drops the table when the run is done with it, before the server stops
+/// ([`finish`]).
+struct DropTable(String);
+
+impl Drop for DropTable {
+    fn drop(&mut self) {
+        if let Err(e) = finish(&self.0) {
+            eprintln!("pgbelow: warning: {e:#}");
+        }
+    }
+}
+
+static HUGE_PAGES: Flag = Flag::value(
+    "huge-pages",
+    "on|off",
+    "no-huge-pages: `on` reserves vm.nr_hugepages for the cluster (root; restored \
+     afterwards) and sets huge_pages=on, the healthy baseline; `off` (the default) maps \
+     the shared memory in 4 kB pages",
+    on_off,
+);
+
+pub struct NoHugePages;
+
+static SPEC: Spec = Spec {
+    name: "no-huge-pages",
+    description: "pgbench -f: 50 clients, 10 s, each reads a random 0.1 % of the blocks (TABLESAMPLE \
+                  SYSTEM) of an unlogged table that fills shared_buffers (2GB), one row per 8 kB page, \
+                  so every backend touches pages all over the shared memory and builds its own page tables over it (VmPTE, \
+                  PageTables, minor faults). --huge-pages off (the default) maps it in 4 kB pages; \
+                  --huge-pages on reserves vm.nr_hugepages for the cluster (root; restored \
+                  afterwards) and sets huge_pages=on, the healthy baseline. The issue's size: \
+                  --set shared_buffers=8GB --clients 200",
+    pgbench: Some(Plan {
+        name: "no-huge-pages",
+        args: &["-M", "prepared"],
+        script: Some(SCRIPT),
+    }),
+    clients: DEFAULT_CLIENTS,
+    duration_s: DEFAULT_DURATION_S,
+    flags: &[&HUGE_PAGES],
+    ..Spec::BASE
+};
+
+impl Scenario for NoHugePages {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
+        Ok(with_defaults(opts))
+    }
+
+    /// Reserved before the server starts, restored after it stopped.
+    fn before_start(
+        &self,
+        opts: &LabOptions,
+        host: &mut Fixtures,
+        status: &dyn Fn(&str),
+    ) -> Result<()> {
+        if huge_pages_on(opts) {
+            host.push(HugePages::reserve(opts, status)?);
+        }
+        Ok(())
+    }
+
+    fn prepare(&self, lab: &Lab, _host: &mut Fixtures) -> Result<Prepared> {
+        let dsn = lab.dsn();
+        prepare(&dsn, lab.status)?;
+        Ok(Prepared {
+            facts: Vec::new(),
+            keep: vec![Box::new(DropTable(dsn))],
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::PgChoice;
-    use crate::workload::Scenario;
+    use crate::scenarios::PgChoice;
 
     #[test]
     fn defaults_and_pages() {
-        let mut o = LabOptions::new(Scenario::NoHugePages, PgChoice::System);
+        let mut o = LabOptions::new(&NoHugePages, PgChoice::System);
         o.clients = 200;
         o.set.push(("shared_buffers".into(), "8GB".into()));
         let d = with_defaults(&o);
@@ -250,7 +342,7 @@ mod tests {
         // PostgreSQL 15.18 here: shared_buffers=2GB needs 1061 pages of 2 MB.
         let p = pages_needed(2 << 30, 2048);
         assert!((1061..1300).contains(&p), "{p}");
-        o.huge_pages = Some(true);
+        o.params.set("huge-pages", "on");
         let d = with_defaults(&o);
         assert!(d.set.iter().any(|(k, v)| k == "huge_pages" && v == "on"));
     }

@@ -12,7 +12,9 @@
 //! goes into the cleanup ledger.
 use anyhow::Result;
 
-use crate::lab::LabOptions;
+use super::spec::{count_in, Flag};
+use super::{Beside, Lab, LabOptions, Scenario, Spec};
+use crate::workload::Plan;
 
 pub const DEFAULT_CLIENTS: u32 = 2;
 pub const DEFAULT_DURATION_S: u32 = 15;
@@ -25,7 +27,7 @@ pub const HOGS_PER_CPU: u32 = 2;
 
 /// The number of hogs the run starts: `--hogs`, else 2 per CPU.
 pub fn hogs(opts: &LabOptions) -> u32 {
-    opts.hogs.unwrap_or_else(|| {
+    opts.params.get("hogs").unwrap_or_else(|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
         cpus * HOGS_PER_CPU
     })
@@ -126,6 +128,62 @@ impl Hogs {
 impl Drop for Hogs {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+impl Beside for Hogs {
+    fn fact(&self) -> Option<(&'static str, serde_json::Value)> {
+        Some(("noisy_neighbour", Hogs::fact(self)))
+    }
+
+    /// After the recording: its last walk of /proc sees them too.
+    fn stop(&mut self) {
+        Hogs::stop(self)
+    }
+}
+
+static HOGS: Flag = Flag::value(
+    "hogs",
+    "N",
+    "noisy-neighbour: busy loops (processes named pgbelow-hog) beside the workload, \
+     outside the cluster (default 2 per CPU; 0: none, the healthy baseline)",
+    |s| count_in(s, 0, 1024),
+);
+
+pub struct NoisyNeighbour;
+
+static SPEC: Spec = Spec {
+    name: "noisy-neighbour",
+    description: "pgbench -S -M prepared, 2 clients, 15 s, beside --hogs N busy loops outside the \
+                  cluster (default 2 per CPU; processes named pgbelow-hog, killed at the end): the \
+                  backends wait on the run queue for CPUs the loops hold. --hogs 0 runs without them \
+                  (the healthy baseline)",
+    pgbench: Some(Plan {
+        name: "noisy-neighbour",
+        args: &["-S", "-M", "prepared"],
+        script: None,
+    }),
+    init: true,
+    clients: DEFAULT_CLIENTS,
+    duration_s: DEFAULT_DURATION_S,
+    flags: &[&HOGS],
+    ..Spec::BASE
+};
+
+impl Scenario for NoisyNeighbour {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    /// Started before the recording (its first walk of /proc sees them).
+    fn beside(&self, lab: &Lab) -> Result<Option<Box<dyn Beside>>> {
+        let n = hogs(lab.opts);
+        crate::interrupt::check()?;
+        let h = Hogs::start(n, u64::from(lab.opts.duration_s) + 60)?;
+        if n > 0 {
+            (lab.status)(&format!("{n} busy loops ({HOG_NAME}) beside the workload"));
+        }
+        Ok(Some(Box::new(h)))
     }
 }
 

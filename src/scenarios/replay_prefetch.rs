@@ -23,7 +23,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use crate::lab::LabOptions;
+use super::{Fixtures, Lab, LabOptions, Prepared, Scenario, Spec};
+use crate::collect::session::Session;
+use crate::workload::Plan;
 
 /// The table the clients update.
 pub const TABLE: &str = "pgbelow_prefetch";
@@ -134,15 +136,70 @@ pub fn evict(data_dir: &Path) -> Result<u64> {
     Ok(n)
 }
 
+pub struct ReplayWithoutPrefetch;
+
+static SPEC: Spec = Spec {
+    name: "replay-without-prefetch",
+    description: "primary + 1 standby with shared_buffers=16MB: pgbench -f, 2 clients, 20 s, update \
+                  random rows of a 500k-row table (4 indexed columns changed, full_page_writes=off) \
+                  while the lab evicts the standby's relation files from the page cache every \
+                  second: up to PostgreSQL 14 the startup process reads each block it replays with \
+                  one synchronous pread and replay falls behind; 15 prefetches them \
+                  (recovery_prefetch=try, posix_fadvise). --standby-set recovery_prefetch=off \
+                  turns 15's off",
+    pgbench: Some(Plan {
+        name: "replay-without-prefetch",
+        args: &[],
+        script: Some(SCRIPT),
+    }),
+    clients: DEFAULT_CLIENTS,
+    duration_s: DEFAULT_DURATION_S,
+    standbys: 1,
+    ..Spec::BASE
+};
+
+impl Scenario for ReplayWithoutPrefetch {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
+        Ok(with_defaults(opts))
+    }
+
+    fn prepare(&self, lab: &Lab, _host: &mut Fixtures) -> Result<Prepared> {
+        prepare(&lab.dsn(), lab.status)?;
+        Ok(Default::default())
+    }
+
+    /// pgbench while the standbys' relation files leave the page cache
+    /// every [`EVICT_EVERY_S`], so that replay reads them from the disk.
+    fn drive(&self, lab: &Lab, session: &mut Session) -> Result<()> {
+        let dirs: Vec<_> = lab
+            .topo
+            .standbys()
+            .iter()
+            .map(|s| s.cluster.data_dir().to_path_buf())
+            .collect();
+        let mut evict_all = || -> Result<()> {
+            for d in &dirs {
+                evict(d)?;
+            }
+            Ok(())
+        };
+        evict_all()?;
+        super::kit::drive_pgbench(lab, session, Some((EVICT_EVERY_S, &mut evict_all)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::PgChoice;
-    use crate::workload::Scenario;
+    use crate::scenarios::PgChoice;
 
     #[test]
     fn defaults_leave_given_settings_alone() {
-        let mut o = LabOptions::new(Scenario::ReplayWithoutPrefetch, PgChoice::System);
+        let mut o = LabOptions::new(&ReplayWithoutPrefetch, PgChoice::System);
         o.set.push(("Full_Page_Writes".into(), "on".into()));
         o.replication
             .standby_set
@@ -154,10 +211,7 @@ mod tests {
             .iter()
             .any(|(k, v)| k == "full_page_writes" && v == "off"));
         assert_eq!(d.replication.standby_set.len(), 1);
-        let d = with_defaults(&LabOptions::new(
-            Scenario::ReplayWithoutPrefetch,
-            PgChoice::System,
-        ));
+        let d = with_defaults(&LabOptions::new(&ReplayWithoutPrefetch, PgChoice::System));
         assert_eq!(
             d.replication.standby_set,
             vec![("shared_buffers".to_string(), "16MB".to_string())]

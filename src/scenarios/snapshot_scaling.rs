@@ -13,7 +13,9 @@
 //! the recording is written; they are plain client backends in state `idle`.
 use anyhow::{Context, Result};
 
-use crate::lab::LabOptions;
+use super::spec::{count_in, Flag};
+use super::{Fixtures, Lab, LabOptions, Prepared, Scenario, Spec};
+use crate::workload::Plan;
 
 /// Idle connections by default: enough on a 2-vCPU VM to make the walk
 /// dominate a select-only statement on 13 (see the rule's thresholds).
@@ -42,7 +44,7 @@ pub fn with_defaults(opts: &LabOptions) -> LabOptions {
 
 /// The idle connections the run holds.
 pub fn idle_count(opts: &LabOptions) -> u32 {
-    opts.idle_connections.unwrap_or(DEFAULT_IDLE)
+    opts.params.get("idle-connections").unwrap_or(DEFAULT_IDLE)
 }
 
 /// Connections held open and idle; closed on drop.
@@ -73,7 +75,7 @@ pub fn open_idle(dsn: &str, n: u32, status: &dyn Fn(&str)) -> Result<IdleConnect
             std::thread::spawn(move || -> Result<Vec<postgres::Client>> {
                 (0..count)
                     .map(|_| {
-                        crate::lab::check_interrupt()?;
+                        crate::interrupt::check()?;
                         crate::scenarios::connect(&dsn)
                     })
                     .collect()
@@ -136,17 +138,63 @@ fn raise_nofile(need: u64) -> Result<()> {
     Ok(())
 }
 
+static IDLE_CONNECTIONS: Flag = Flag::value(
+    "idle-connections",
+    "N",
+    "snapshot-scaling: connections held idle during the run (default 1000; \
+     max_connections is set to fit unless --set gives it)",
+    |s| count_in(s, 0, 100_000),
+);
+
+pub struct SnapshotScaling;
+
+static SPEC: Spec = Spec {
+    name: "snapshot-scaling",
+    description: "pgbench -S -M prepared on 2 clients while --idle-connections N (default 1000) \
+                  further connections sit idle (max_connections set to fit): up to PostgreSQL 13 \
+                  every snapshot walks all connected backends, idle ones included, so the backends' \
+                  CPU goes to GetSnapshotData and tps falls with N; 14 does not",
+    pgbench: Some(Plan {
+        name: "snapshot-scaling",
+        args: &["-S", "-M", "prepared"],
+        script: None,
+    }),
+    init: true,
+    clients: DEFAULT_CLIENTS,
+    flags: &[&IDLE_CONNECTIONS],
+    checkpoint_at: true,
+    ..Spec::BASE
+};
+
+impl Scenario for SnapshotScaling {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
+        Ok(with_defaults(opts))
+    }
+
+    /// Held until the recording is written.
+    fn prepare(&self, lab: &Lab, _host: &mut Fixtures) -> Result<Prepared> {
+        let idle = open_idle(&lab.dsn(), idle_count(lab.opts), lab.status)?;
+        Ok(Prepared {
+            facts: vec![("idle_connections", serde_json::json!(idle.len()))],
+            keep: vec![Box::new(idle)],
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::PgChoice;
-    use crate::workload::Scenario;
+    use crate::scenarios::PgChoice;
 
     #[test]
     fn max_connections_follows_the_idle_count_unless_set() {
-        let mut o = LabOptions::new(Scenario::SnapshotScaling, PgChoice::System);
+        let mut o = LabOptions::new(&SnapshotScaling, PgChoice::System);
         o.clients = 2;
-        o.idle_connections = Some(300);
+        o.params.set("idle-connections", 300);
         let d = with_defaults(&o);
         assert!(d
             .set

@@ -31,7 +31,11 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context, Result};
 
-use crate::lab::LabOptions;
+use super::spec::{count_in, Flag};
+use super::{Beside, Fixtures, Lab, LabOptions, Prepared, Scenario, Spec};
+use crate::error::fixable;
+use crate::provision::SyncMode;
+use crate::workload::Plan;
 
 /// The table the readers scan and the writers update.
 pub const TABLE: &str = "pgbelow_subtx";
@@ -69,11 +73,11 @@ pub const SCRIPT: &str = "\\set a random(1, 19000)\n\
 const DEFAULT_SETTINGS: &[(&str, &str)] = &[("autovacuum", "off"), ("synchronous_commit", "off")];
 
 pub fn with_defaults(opts: &LabOptions) -> LabOptions {
-    crate::scenarios::with_settings(opts, DEFAULT_SETTINGS)
+    opts.with_settings(DEFAULT_SETTINGS)
 }
 
 pub fn savepoints(opts: &LabOptions) -> u32 {
-    opts.savepoints.unwrap_or(DEFAULT_SAVEPOINTS)
+    opts.params.get("savepoints").unwrap_or(DEFAULT_SAVEPOINTS)
 }
 
 /// Create the tables (their rows' xids older than the long transaction).
@@ -161,7 +165,7 @@ pub fn burn(dsn: &str, status: &dyn Fn(&str)) -> Result<()> {
             std::thread::spawn(move || {
                 let mut c = crate::scenarios::connect(&dsn)?;
                 for b in part.chunks(BATCH as usize) {
-                    crate::lab::check_interrupt()?;
+                    crate::interrupt::check()?;
                     c.batch_execute(&burn_sql(b))
                         .with_context(|| format!("updating {TABLE}"))?;
                 }
@@ -234,11 +238,87 @@ impl Drop for Writer {
     }
 }
 
+impl Beside for Option<Writer> {
+    /// The writer's error fails the run only when the workload ran.
+    fn workload_done(&mut self) -> Result<()> {
+        self.take().map_or(Ok(()), |w| w.stop().map(|_| ()))
+    }
+}
+
+static SAVEPOINTS: Flag = Flag::value(
+    "savepoints",
+    "N",
+    "subtransaction-overflow: savepoints (each with a write) the long transaction \
+     holds on the primary (default 100; ≤ 64 fit a backend's subxid cache: 50 is the \
+     healthy baseline)",
+    |s| count_in(s, 0, 100_000),
+);
+
+pub struct SubtransactionOverflow;
+
+static SPEC: Spec = Spec {
+    name: "subtransaction-overflow",
+    description: "primary + 1 async standby (synchronous_commit=off, autovacuum=off): a session on the \
+                  primary holds a transaction with --savepoints N subtransactions (default 100 > the 64 \
+                  a backend caches), 20,000 rows then get new xids (100,000 transactions), and 4 \
+                  pgbench clients on the standby read 1,000 of them per statement for 15 s while a \
+                  writer keeps consuming xids: the overflowed snapshots send each visibility check to \
+                  pg_subtrans (LWLock:SubtransSLRU/SubtransBuffer waits, pg_stat_slru reads). \
+                  --savepoints 50 is the healthy baseline",
+    pgbench: Some(Plan {
+        name: "subtransaction-overflow",
+        args: &["-M", "prepared"],
+        script: Some(SCRIPT),
+    }),
+    clients: DEFAULT_CLIENTS,
+    duration_s: DEFAULT_DURATION_S,
+    // Its readers need a standby, not commits that wait for one.
+    standbys: 1,
+    sync: SyncMode::Async,
+    flags: &[&SAVEPOINTS],
+    on_standby: true,
+    ..Spec::BASE
+};
+
+impl Scenario for SubtransactionOverflow {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
+        if opts.replication.standbys == 0 {
+            return Err(fixable(
+                "the subtransaction-overflow scenario reads on a standby",
+                "run it with --standbys 1 (its default)",
+            ));
+        }
+        Ok(with_defaults(opts))
+    }
+
+    /// The tables, the long transaction, then the xids after it.
+    fn prepare(&self, lab: &Lab, _host: &mut Fixtures) -> Result<Prepared> {
+        let dsn = lab.dsn();
+        prepare(&dsn, lab.status)?;
+        let h = hold(&dsn, savepoints(lab.opts), lab.status)?;
+        burn(&dsn, lab.status)?;
+        Ok(Prepared {
+            facts: vec![(
+                "held_transaction",
+                serde_json::json!({"savepoints": h.savepoints, "xid": h.xid}),
+            )],
+            keep: vec![Box::new(h)],
+        })
+    }
+
+    fn beside(&self, lab: &Lab) -> Result<Option<Box<dyn Beside>>> {
+        Ok(Some(Box::new(Some(Writer::start(&lab.dsn())?))))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::PgChoice;
-    use crate::workload::Scenario;
+    use crate::scenarios::PgChoice;
 
     #[test]
     fn the_burn_is_one_transaction_per_statement_pair() {
@@ -259,7 +339,7 @@ mod tests {
 
     #[test]
     fn defaults_leave_given_settings_alone() {
-        let mut o = LabOptions::new(Scenario::SubtransactionOverflow, PgChoice::System);
+        let mut o = LabOptions::new(&SubtransactionOverflow, PgChoice::System);
         o.set.push(("SYNCHRONOUS_COMMIT".into(), "on".into()));
         let d = with_defaults(&o);
         assert_eq!(d.set.len(), 2, "{:?}", d.set);

@@ -16,11 +16,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use postgres::{Client, NoTls};
 
+use super::{Lab, LabOptions, Scenario, Spec};
 use crate::interrupt;
-use crate::lab::LabOptions;
+use crate::provision::SyncMode;
 pub use crate::recording::summaries::{Level, Sweep};
 use crate::recording::writer::write_json_atomic;
-use crate::workload::{Pgbench, PgbenchTarget, Scenario};
+use crate::workload::{Pgbench, PgbenchTarget, Plan};
 
 /// The table the scenario creates and inserts into.
 pub const TABLE: &str = "pgbelow_syncrep";
@@ -75,7 +76,7 @@ pub fn sweep(
         ));
         let mut run = pgbench.start_with(
             target,
-            Scenario::SyncrepCommit,
+            &PLAN,
             opts.clients,
             secs,
             Some(&format!("-c synchronous_commit={level}")),
@@ -101,6 +102,55 @@ pub fn sweep(
         write_json_atomic(&dir.join(SWEEP), &out)?;
     }
     Ok(out)
+}
+
+const PLAN: Plan = Plan {
+    name: "syncrep-commit",
+    args: &[],
+    script: Some(SCRIPT),
+};
+
+pub struct SyncrepCommit;
+
+static SPEC: Spec = Spec {
+    name: "syncrep-commit",
+    description: "pgbench -f: one INSERT per transaction (commit) into a table of its own, on a primary \
+                  with 2 synchronous standbys (FIRST 2) unless --standbys/--sync say otherwise: commits \
+                  wait in SyncRepWaitForLSN; counts epoll syscalls per commit (seed 003). --sweep: then \
+                  tps at synchronous_commit = off, local, remote_write, on, remote_apply",
+    pgbench: Some(PLAN),
+    clients: 8,
+    // Commits that wait: 2 synchronous standbys unless told otherwise.
+    standbys: 2,
+    sync: SyncMode::First,
+    flags: &[&super::spec::SWEEP],
+    ..Spec::BASE
+};
+
+impl Scenario for SyncrepCommit {
+    fn spec(&self) -> &'static Spec {
+        &SPEC
+    }
+
+    fn prepare(&self, lab: &Lab, _host: &mut super::Fixtures) -> Result<super::Prepared> {
+        prepare(&lab.dsn(), lab.status)?;
+        Ok(Default::default())
+    }
+
+    fn after(&self, lab: &Lab, dir: &Path) -> Result<()> {
+        if !lab.opts.params.on("sweep") || interrupt::requested() {
+            return Ok(());
+        }
+        let sync = lab
+            .primary()
+            .psql("bench", "show synchronous_standby_names")
+            .ok()
+            .map(|s| s.trim().to_string());
+        let target = lab.target(lab.observed());
+        sweep(lab.opts, lab.pgbench, &target, dir, sync, lab.status)
+            .map(|_| ())
+            .context("syncrep-commit --sweep")
+    }
 }
 
 #[cfg(test)]

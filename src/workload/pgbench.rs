@@ -10,8 +10,16 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result};
 
 use super::progress::{parse_progress_line, parse_summary, Progress, Summary};
-use super::Scenario;
 use crate::error::fixable;
+
+/// What a timed run executes: pgbench's own options and, for `-f`, the
+/// script's text (written to a temp file named after `name`).
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    pub name: &'static str,
+    pub args: &'static [&'static str],
+    pub script: Option<&'static str>,
+}
 
 /// Where pgbench connects.
 #[derive(Clone, Debug)]
@@ -124,11 +132,11 @@ impl Pgbench {
     pub fn start(
         &self,
         target: &PgbenchTarget,
-        scenario: Scenario,
+        plan: &Plan,
         clients: u32,
         duration_s: u32,
     ) -> Result<Running> {
-        self.start_with(target, scenario, clients, duration_s, None)
+        self.start_with(target, plan, clients, duration_s, None)
     }
 
     /// [`Pgbench::start`] with `PGOPTIONS` for pgbench's sessions
@@ -136,7 +144,7 @@ impl Pgbench {
     pub fn start_with(
         &self,
         target: &PgbenchTarget,
-        scenario: Scenario,
+        plan: &Plan,
         clients: u32,
         duration_s: u32,
         pgoptions: Option<&str>,
@@ -147,12 +155,12 @@ impl Pgbench {
         if let Some(o) = pgoptions {
             cmd.env("PGOPTIONS", o);
         }
-        let script = match scenario.pgbench_script() {
+        let script = match plan.script {
             Some(text) => {
                 let p = std::env::temp_dir().join(format!(
                     "pgbelow-{}-{}.sql",
                     std::process::id(),
-                    scenario.name()
+                    plan.name
                 ));
                 // Noted first: a killed run's is removed by the next start.
                 let noted =
@@ -163,7 +171,7 @@ impl Pgbench {
             }
             None => None,
         };
-        cmd.args(scenario.pgbench_args())
+        cmd.args(plan.args)
             .arg("-c")
             .arg(clients.to_string())
             .arg("-j")
