@@ -46,7 +46,7 @@ pub enum Command {
 
 const WATCH_EXAMPLES: &str = "Examples:
   pgbelow watch --dsn 'host=/var/run/postgresql user=postgres dbname=postgres'
-  pgbelow watch --dsn 'host=/var/run/postgresql dbname=postgres' --listen 0.0.0.0:9187 --window 60 \\
+  pgbelow watch --dsn 'host=/var/run/postgresql dbname=postgres' --listen 0.0.0.0:19187 --window 60 \\
       --keep /var/lib/pgbelow/kept --keep-max-mb 500
 Systemd unit, Prometheus scrape config and alerting rules: docs/watch/.";
 const COMPLETIONS_EXAMPLES: &str = "Examples:
@@ -66,7 +66,7 @@ pub struct WatchArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
     /// Address of the /metrics endpoint.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9187")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:19187")]
     pub listen: String,
     /// Length of a window (60, 60s, 2m): the rules and the ratio gauges
     /// cover the last one.

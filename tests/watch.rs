@@ -290,6 +290,19 @@ impl Prometheus {
     }
 }
 
+impl Prometheus {
+    /// Instant query: how many series it returned (None: the query failed).
+    fn series(&self, q: &str) -> Option<usize> {
+        let path = format!("/api/v1/query?query={}", urlencode(q));
+        let (_, body) = http_get(self.port, &path, None)?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        if v["status"] != "success" {
+            panic!("query {q}: {body}");
+        }
+        v["data"]["result"].as_array().map(Vec::len)
+    }
+}
+
 impl Drop for Prometheus {
     fn drop(&mut self) {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
@@ -392,6 +405,8 @@ fn prometheus_sees_the_finding_on_13_not_on_15() {
     let of = |pg: &str| got.iter().find(|r| r.0 == pg).map(|r| r.1);
     assert_eq!(of("13"), Some(1.0), "{got:?}");
     assert_eq!(of("15"), Some(0.0), "{got:?}");
+    // The shipped alerting rules on these two scrapes' series.
+    promtool_test_rules(&[("db13", &m13), ("db15", &m15)]);
 
     for l in &mut loads {
         let _ = l.kill();
@@ -536,7 +551,8 @@ fn listen_on_a_port_in_use_is_one_line_exit_2() {
 
 /// Counters are current at every scrape, not only when a window closes:
 /// two scrapes a few seconds apart inside one 60 s window see the backends'
-/// system calls grow, before any window was evaluated.
+/// system calls, CPU and the server's statements grow, before any window
+/// was evaluated.
 #[test]
 fn syscall_counters_move_within_a_window() {
     let _alone = common::exclusive();
@@ -544,7 +560,12 @@ fn syscall_counters_move_within_a_window() {
     let c = UserCluster::start(&[], &[]);
     c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
     let mut l = load(&c, 40);
-    let w = Watch::start(&c, 60, logs.path(), &["--collectors", "syscalls,procfs"]);
+    let w = Watch::start(
+        &c,
+        60,
+        logs.path(),
+        &["--collectors", "syscalls,procfs,pgstat"],
+    );
     let key = "pgbelow_syscalls_total{role=\"backend\",syscall=\"recvfrom\"}";
     let first = w.wait_for(30, "backend recvfrom counted", |m| {
         sample(m, key).is_some_and(|n| n > 0.0)
@@ -570,7 +591,200 @@ fn syscall_counters_move_within_a_window() {
         c2.unwrap_or(0.0) > c1.unwrap_or(0.0),
         "{cpu}: {c1:?} then {c2:?}"
     );
+    // And the statements the server ran (pg_stat_database, each second).
+    let st = "pgbelow_statements_total";
+    let (s1, s2) = (sample(&first, st), sample(&second, st));
+    eprintln!("{st}: {s1:?} then {s2:?}");
+    assert!(
+        s2.unwrap_or(0.0) >= s1.unwrap_or(0.0) + 100.0,
+        "{st}: {s1:?} then {s2:?}"
+    );
     let _ = l.kill();
     let _ = l.wait();
     w.stop();
+}
+
+/// The samples of `names` in a scrape as promtool input series: each with
+/// `instance` and `job="pgbelow"` added, and its scraped value.
+fn series_from_scrape(body: &str, instance: &str, names: &[&str]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let name = series.split('{').next().unwrap_or(series);
+        if !names.contains(&name) {
+            continue;
+        }
+        let added = format!("instance=\"{instance}\",job=\"pgbelow\"");
+        let series = match series.split_once('{') {
+            Some((n, rest)) => format!("{n}{{{added},{rest}"),
+            None => format!("{series}{{{added}}}"),
+        };
+        out.push((series, value.to_string()));
+    }
+    out
+}
+
+/// `promtool test rules` of docs/watch/alerts.yml on the real scrapes'
+/// series held for 40 minutes: the finding and the timer ratio alert where
+/// the scrape raised them, collectors-down and self-cost nowhere.
+fn promtool_test_rules(scrapes: &[(&str, &str)]) {
+    let names = [
+        "pgbelow_finding_active",
+        "pgbelow_timer_syscalls_per_statement",
+        "pgbelow_collector_up",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+    ];
+    let mut input = String::new();
+    let mut finding = String::new();
+    let mut timer = String::new();
+    for (instance, body) in scrapes {
+        for (series, value) in series_from_scrape(body, instance, &names) {
+            input += &format!("      - series: '{series}'\n        values: '{value}x40'\n");
+        }
+        for l in body.lines() {
+            if let Some(rest) = l.strip_prefix("pgbelow_finding_active{") {
+                let (labels, v) = rest.rsplit_once(' ').unwrap();
+                if v != "1" {
+                    continue;
+                }
+                let label = |k: &str| {
+                    labels
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                        .map(|v| v.trim_end_matches(['"', '}']).to_string())
+                        .unwrap()
+                };
+                let (id, sev) = (label("id"), label("severity"));
+                if sev == "info" {
+                    continue;
+                }
+                finding += &format!(
+                    "          - exp_labels: {{instance: {instance}, id: {id}, severity: {sev}}}\n            \
+                     exp_annotations:\n              summary: 'pgbelow: {id} on {instance}'\n              \
+                     description: 'pgbelow raised {id} ({sev}) in every window for 5 minutes. Kept recordings (--keep) explain it: pgbelow report DIR.'\n"
+                );
+            }
+            if let Some(v) = l.strip_prefix("pgbelow_timer_syscalls_per_statement ") {
+                let v: f64 = v.parse().unwrap();
+                if v >= 0.5 {
+                    timer += &format!(
+                        "          - exp_labels: {{instance: {instance}, job: pgbelow, severity: warning}}\n            \
+                         exp_annotations:\n              summary: 'setitimer per statement on {instance}: {v}'\n"
+                    );
+                }
+            }
+        }
+    }
+    assert!(!finding.is_empty(), "no finding active in the scrapes");
+    let dir = tempfile::tempdir().unwrap();
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/watch/alerts.yml");
+    let exp = |s: &str| {
+        if s.is_empty() {
+            " []\n".to_string()
+        } else {
+            format!("\n{s}")
+        }
+    };
+    let test = format!(
+        "rule_files:\n  - {}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{input}    \
+         alert_rule_test:\n      - eval_time: 40m\n        alertname: PgbelowFinding\n        exp_alerts:{}      \
+         - eval_time: 40m\n        alertname: PgbelowTimerSyscallsPerStatement\n        exp_alerts:{}      \
+         - eval_time: 40m\n        alertname: PgbelowCollectorDown\n        exp_alerts: []\n      \
+         - eval_time: 40m\n        alertname: PgbelowSelfCost\n        exp_alerts: []\n",
+        rules.display(),
+        exp(&finding),
+        exp(&timer),
+    );
+    let file = dir.path().join("alerts_test.yml");
+    std::fs::write(&file, &test).unwrap();
+    let o = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "promtool test rules:\n{out}\n{test}");
+}
+
+/// The Grafana dashboard's expressions with Grafana's variables as it
+/// substitutes them: every instance and job, a 1 m rate interval.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/watch/grafana-dashboard.json");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let e = t["expr"].as_str().unwrap();
+            let q = e
+                .replace("$__rate_interval", "1m")
+                .replace("$instance", ".*")
+                .replace("$job", ".*");
+            out.push((p["title"].as_str().unwrap().to_string(), q));
+        }
+    }
+    out
+}
+
+/// Every panel of docs/watch/grafana-dashboard.json returns data from a
+/// real Prometheus that scraped `watch` on a busy cluster (TPC-B-like
+/// commits, a CHECKPOINT, WAL flushes timed by the fsync collector).
+#[test]
+fn every_dashboard_panel_returns_data() {
+    let Some(_) = prometheus_tool("prometheus") else {
+        return;
+    };
+    let _alone = common::exclusive();
+    let logs = tempfile::tempdir().unwrap();
+    let c = UserCluster::start(&[], &[]);
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    let mut l = c
+        .pgbench_cmd("postgres", &["-c", "2", "-R", "200", "-T", "90"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let w = Watch::start(
+        &c,
+        10,
+        logs.path(),
+        &["--collectors", "syscalls,procfs,pgstat,fsync"],
+    );
+    let prom = Prometheus::start(&[("15", w.port)]);
+    c.psql("postgres", "CHECKPOINT");
+    w.wait_for(90, "two windows", |m| {
+        sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= 2.0
+    });
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 15, "{} queries", queries.len());
+    let t0 = Instant::now();
+    let mut empty: Vec<(String, String)>;
+    loop {
+        empty = queries
+            .iter()
+            .filter(|(_, q)| prom.series(q).unwrap_or(0) == 0)
+            .cloned()
+            .collect();
+        if empty.is_empty() || t0.elapsed().as_secs() > 45 {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    for (title, q) in &queries {
+        eprintln!("{title}: {q} → {:?} series", prom.series(q));
+    }
+    let _ = l.kill();
+    let _ = l.wait();
+    let m = w.metrics().unwrap_or_default();
+    w.stop();
+    assert!(
+        empty.is_empty(),
+        "panels without data: {empty:#?}\nlast scrape:\n{m}"
+    );
 }

@@ -1,7 +1,7 @@
 //! Live counters: what each second's samples of the current window added
-//! (system calls, process states, run-queue and CPU seconds), read as the
-//! session writes them, so that these counters are current at every scrape
-//! instead of moving once per window.
+//! (system calls, process states, run-queue and CPU seconds, commits and
+//! statements), read as the session writes them, so that these counters
+//! are current at every scrape instead of moving once per window.
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -10,7 +10,7 @@ use crate::collect::procfs::aggregate::ProcfsSample;
 use crate::collect::session::Session;
 use crate::procinfo::Role;
 use crate::recording::files;
-use crate::recording::reader::SyscallSample;
+use crate::recording::reader::{PgstatSample, SyscallSample};
 
 /// Calls by (role, syscall name).
 pub type Deltas = BTreeMap<(String, String), u64>;
@@ -24,6 +24,10 @@ pub struct LiveDeltas {
     /// Seconds runnable but waiting for a CPU, and on a CPU, by role.
     pub runq_s: BTreeMap<String, f64>,
     pub cpu_s: BTreeMap<String, f64>,
+    /// Commits (xact_commit) and statements (pg_stat_statements.calls, else
+    /// transactions; pgbelow's own left out) between consecutive samples.
+    pub commits: u64,
+    pub statements: u64,
 }
 
 /// Where the window's streams were read up to, and the roles of the
@@ -32,7 +36,25 @@ pub struct LiveDeltas {
 pub struct LiveSyscalls {
     offset: u64,
     procfs_offset: u64,
+    pgstat_offset: u64,
+    /// The window's last server-counter sample: the next one's baseline.
+    pgstat_last: Option<PgstatSample>,
     roles: BTreeMap<u32, Role>,
+}
+
+/// What the server did between two of its counter samples.
+fn pgstat_delta(a: &PgstatSample, b: &PgstatSample) -> (u64, u64) {
+    let commits = b
+        .commits
+        .zip(a.commits)
+        .map_or(0, |(b, a)| b.saturating_sub(a));
+    let own = b.own_statements.saturating_sub(a.own_statements);
+    // As the report counts them (analyse/statements.rs).
+    let statements = match (a.statements, b.statements) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => b.transactions.saturating_sub(a.transactions),
+    };
+    (commits, statements.saturating_sub(own))
 }
 
 /// The complete lines appended to `path` since `offset`, which moves past
@@ -108,6 +130,18 @@ impl LiveSyscalls {
                 *out.cpu_s.entry(r).or_default() += d.cpu_s;
             }
         }
+        let text = new_lines(&dir.join(files::PGSTAT), &mut self.pgstat_offset);
+        for line in text.split(|b| *b == b'\n') {
+            let Ok(s) = serde_json::from_slice::<PgstatSample>(line) else {
+                continue;
+            };
+            if let Some(prev) = &self.pgstat_last {
+                let (c, st) = pgstat_delta(prev, &s);
+                out.commits += c;
+                out.statements += st;
+            }
+            self.pgstat_last = Some(s);
+        }
         out
     }
 }
@@ -141,5 +175,45 @@ mod tests {
         assert!(first > 0 && second > 0, "{first} {second}");
         assert_eq!(first + second, total);
         assert_eq!(live.read_new(d.path()), LiveDeltas::default());
+    }
+
+    // A real recording's server counters read in two parts add up to the
+    // window's commits and statements as the report counts them.
+    #[test]
+    fn commits_and_statements_add_up_to_the_window() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recordings/pg13-select-only-timeout-all")
+            .join(files::PGSTAT);
+        let text = std::fs::read(&src).unwrap();
+        let samples: Vec<PgstatSample> = text
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .collect();
+        let (first, last) = (samples.first().unwrap(), samples.last().unwrap());
+        let (commits, statements) = pgstat_delta(first, last);
+        assert!(statements > 1000, "{statements}");
+        let d = tempfile::tempdir().unwrap();
+        let cut = text.len() / 2;
+        let mut live = LiveSyscalls::default();
+        std::fs::write(d.path().join(files::PGSTAT), &text[..cut]).unwrap();
+        let a = live.read_new(d.path());
+        std::fs::write(d.path().join(files::PGSTAT), &text).unwrap();
+        let b = live.read_new(d.path());
+        assert!(a.statements > 0 && b.statements > 0, "{a:?} {b:?}");
+        // Each second's own: a second in which pgbelow's queries outnumber
+        // the server's transactions adds 0, never a negative count.
+        let stepped: (u64, u64) = samples
+            .windows(2)
+            .map(|w| pgstat_delta(&w[0], &w[1]))
+            .fold((0, 0), |s, d| (s.0 + d.0, s.1 + d.1));
+        assert_eq!(
+            (a.commits + b.commits, a.statements + b.statements),
+            stepped
+        );
+        let own = last.own_statements - first.own_statements;
+        assert!(
+            stepped.1.abs_diff(statements) <= own && stepped.0 == commits,
+            "{stepped:?} vs the window's ({commits}, {statements}), own {own}"
+        );
     }
 }

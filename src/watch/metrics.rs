@@ -124,10 +124,13 @@ impl Metrics {
         for (k, v) in d.cpu_s {
             *self.cpu_s.entry(k).or_default() += v;
         }
+        self.commits += d.commits;
+        self.statements += d.statements;
     }
 
     /// Add one window's recording and its report (the syscall, state,
-    /// run-queue and CPU counters come live, through [`Metrics::add_live`]).
+    /// run-queue, CPU, commit and statement counters come live, through
+    /// [`Metrics::add_live`]).
     pub fn add_window(&mut self, ev: &Evidence, rep: &Report, server_up: bool) {
         self.windows += 1;
         self.postgres_up = server_up;
@@ -140,6 +143,8 @@ impl Metrics {
         }
         // Syscall and process counters are added live, each second (add_live).
         let by_role = ev.rec.syscalls_by_role(None);
+        // The window's own commits and statements, for its ratios (the
+        // counters took them live).
         let (commits, statements) = match (ev.rec.pgstat.first(), ev.rec.pgstat.last()) {
             (Some(a), Some(b)) => (
                 b.commits.zip(a.commits).map(|(b, a)| b.saturating_sub(a)),
@@ -147,8 +152,6 @@ impl Metrics {
             ),
             _ => (None, None),
         };
-        self.commits += commits.unwrap_or(0);
-        self.statements += statements.unwrap_or(0);
         let cp = |s: &crate::collect::pgstat::ServerSample| s.checkpointer.clone();
         // The server's own cumulative counters, as its last sample read
         // them: a checkpoint is counted when it starts and its buffers while
@@ -275,13 +278,13 @@ impl Metrics {
         e.family(
             "pgbelow_commits_total",
             Kind::Counter,
-            "Committed transactions (pg_stat_database.xact_commit), over watched windows.",
+            "Committed transactions (pg_stat_database.xact_commit), over watched windows, current each second.",
             [(vec![], self.commits as f64)],
         );
         e.family(
             "pgbelow_statements_total",
             Kind::Counter,
-            "Statements (pg_stat_statements.calls, else transactions), over watched windows.",
+            "Statements (pg_stat_statements.calls, else transactions), over watched windows, current each second.",
             [(vec![], self.statements as f64)],
         );
         e.family(

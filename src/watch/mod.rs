@@ -55,7 +55,7 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
     let server = tiny_http::Server::http(&opts.listen).map_err(|e| {
         fixable(
             format!("cannot listen on {}: {e}", opts.listen),
-            "pass --listen with a free address, e.g. --listen 127.0.0.1:9187",
+            "pass --listen with a free address, e.g. --listen 127.0.0.1:19188",
         )
     })?;
     let server = Arc::new(server);
