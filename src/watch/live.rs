@@ -28,6 +28,9 @@ pub struct LiveDeltas {
     /// transactions; pgbelow's own left out) between consecutive samples.
     pub commits: u64,
     pub statements: u64,
+    /// Process-seconds by (role, wait event type; `CPU` without one), from
+    /// pg_stat_activity's samples; idle sessions left out.
+    pub wait_s: BTreeMap<(String, String), f64>,
 }
 
 /// Where the window's streams were read up to, and the roles of the
@@ -37,6 +40,7 @@ pub struct LiveSyscalls {
     offset: u64,
     procfs_offset: u64,
     pgstat_offset: u64,
+    waits_offset: u64,
     /// The window's last server-counter sample: the next one's baseline.
     pgstat_last: Option<PgstatSample>,
     roles: BTreeMap<u32, Role>,
@@ -130,6 +134,29 @@ impl LiveSyscalls {
                 *out.cpu_s.entry(r).or_default() += d.cpu_s;
             }
         }
+        let text = new_lines(
+            &dir.join(crate::collect::pgstat::WAITS),
+            &mut self.waits_offset,
+        );
+        for line in text.split(|b| *b == b'\n') {
+            let Ok(s) = serde_json::from_slice::<crate::collect::pgstat::WaitSample>(line) else {
+                continue;
+            };
+            if s.ticks == 0 {
+                continue;
+            }
+            let per_sample = s.dt / f64::from(s.ticks);
+            for row in s.rows.iter().filter(|r| !r.is_idle()) {
+                // Backends pgbelow's role may not see: no wait to name.
+                if row.state.as_deref() == Some("hidden") {
+                    continue;
+                }
+                let kind = row.wait_event_type.clone().unwrap_or_else(|| "CPU".into());
+                *out.wait_s
+                    .entry((row.role.as_str().to_string(), kind))
+                    .or_default() += row.samples as f64 * per_sample;
+            }
+        }
         let text = new_lines(&dir.join(files::PGSTAT), &mut self.pgstat_offset);
         for line in text.split(|b| *b == b'\n') {
             let Ok(s) = serde_json::from_slice::<PgstatSample>(line) else {
@@ -175,6 +202,32 @@ mod tests {
         assert!(first > 0 && second > 0, "{first} {second}");
         assert_eq!(first + second, total);
         assert_eq!(live.read_new(d.path()), LiveDeltas::default());
+    }
+
+    // A real recording's wait samples (1 pgbench client for 11 s, idle in
+    // ClientRead between its statements most of the time): the backend's
+    // active seconds, on CPU and in IO waits, within the run's length.
+    #[test]
+    fn wait_seconds_by_role_and_type() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recordings/pg13-select-only-timeout-all");
+        let mut live = LiveSyscalls::default();
+        let d = live.read_new(&dir);
+        let backend: f64 = d
+            .wait_s
+            .iter()
+            .filter(|((r, _), _)| r == "backend")
+            .map(|(_, v)| v)
+            .sum();
+        let kinds: Vec<&str> = d.wait_s.keys().map(|(_, k)| k.as_str()).collect();
+        assert!(kinds.contains(&"CPU"), "{:?}", d.wait_s);
+        assert!((0.3..=11.5).contains(&backend), "{:?}", d.wait_s);
+        // The background processes' main-loop sleeps are idle, not waits.
+        assert!(
+            !d.wait_s.keys().any(|(r, _)| r == "checkpointer"),
+            "{:?}",
+            d.wait_s
+        );
     }
 
     // A real recording's server counters read in two parts add up to the

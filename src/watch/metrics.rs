@@ -26,6 +26,8 @@ pub struct Metrics {
     cpu_s: BTreeMap<String, f64>,
     commits: u64,
     statements: u64,
+    /// Process-seconds by (role, wait event type).
+    wait_s: BTreeMap<(String, String), f64>,
     checkpoints: BTreeMap<&'static str, u64>,
     checkpoint_buffers: u64,
     windows: u64,
@@ -126,6 +128,9 @@ impl Metrics {
         }
         self.commits += d.commits;
         self.statements += d.statements;
+        for (k, v) in d.wait_s {
+            *self.wait_s.entry(k).or_default() += v;
+        }
     }
 
     /// Add one window's recording and its report (the syscall, state,
@@ -274,6 +279,17 @@ impl Metrics {
             self.cpu_s
                 .iter()
                 .map(|(r, v)| (lab(&[("role", r)]), crate::round3(*v))),
+        );
+        e.family(
+            "pgbelow_wait_seconds_total",
+            Kind::Counter,
+            "Seconds the server's processes spent in each wait event type (pg_stat_activity sampled; CPU: active without a wait event; idle sessions left out), by role.",
+            self.wait_s.iter().map(|((r, k), v)| {
+                (
+                    lab(&[("role", r), ("wait_event_type", k)]),
+                    crate::round3(*v),
+                )
+            }),
         );
         e.family(
             "pgbelow_commits_total",
