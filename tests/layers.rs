@@ -1,6 +1,8 @@
 //! The pipeline's arrows point one way: rules read the evidence model only.
 //! No module under src/analyse imports the report, the lab, its scenarios
 //! or the workload runner; the evidence layer imports none of those either.
+//! What interprets a recording (evidence, rules, reports) reads its schema
+//! from the recording, never from the collectors that wrote it.
 use std::path::Path;
 
 fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -113,7 +115,15 @@ fn check(layer: &str, forbidden: &[&str]) {
 fn rules_read_the_evidence_model_only() {
     check(
         "analyse",
-        &["report", "scenarios", "lab", "workload", "doctor", "attach"],
+        &[
+            "report",
+            "scenarios",
+            "lab",
+            "workload",
+            "doctor",
+            "attach",
+            "collect",
+        ],
     );
 }
 
@@ -129,6 +139,7 @@ fn the_evidence_layer_knows_no_lab_and_no_report() {
             "doctor",
             "attach",
             "analyse",
+            "collect",
         ],
     );
 }
@@ -137,7 +148,15 @@ fn the_evidence_layer_knows_no_lab_and_no_report() {
 fn reports_are_views_of_the_evidence() {
     check(
         "report",
-        &["scenarios", "lab", "workload", "doctor", "attach", "app"],
+        &[
+            "scenarios",
+            "lab",
+            "workload",
+            "doctor",
+            "attach",
+            "app",
+            "collect",
+        ],
     );
 }
 
@@ -146,6 +165,13 @@ fn recording_knows_neither_the_report_nor_the_rules() {
     for layer in ["lab", "attach", "scenarios", "collect", "recording"] {
         check(layer, &["report", "analyse", "evidence", "app"]);
     }
+}
+
+#[test]
+fn the_recording_owns_its_schema() {
+    // Collectors write the recording's streams; the recording does not
+    // depend on them (its schema is what evidence reads).
+    check("recording", &["collect"]);
 }
 
 #[test]

@@ -11,9 +11,9 @@
 use serde_json::json;
 
 use super::{Figure, Finding, Impact, Measure, Rule, Severity};
-use crate::collect::cgroup::CgroupSample;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
+use crate::recording::schema::cgroup::CgroupSample;
 use crate::round3;
 
 pub const ID: &str = "cgroup-cpu-throttling";
@@ -115,7 +115,7 @@ fn unmeasured(rec: &Evidence) -> String {
     let unreadable = rec
         .manifest
         .facts
-        .get(crate::collect::system::CGROUP_CPU)
+        .get(crate::recording::schema::system::CGROUP_CPU)
         .and_then(|f| f["unavailable"].as_str());
     if let Some(why) = unreadable {
         return format!(

@@ -285,12 +285,12 @@ impl Rule for CheckpointStall {
         }
 
         // The dirty backlog during the checkpoint.
-        let in_window: Vec<&crate::collect::system::SystemSample> = rec
+        let in_window: Vec<&crate::recording::schema::system::SystemSample> = rec
             .system
             .iter()
             .filter(|s| s.t >= start && s.t <= until)
             .collect();
-        let backlog = |s: &crate::collect::system::SystemSample| {
+        let backlog = |s: &crate::recording::schema::system::SystemSample| {
             (s.dirty_kb + s.writeback_kb) as f64 / 1024.0
         };
         let peak = in_window
@@ -474,8 +474,8 @@ mod tests {
     // were not in D for long (per the exact intervals) raises nothing.
     #[test]
     fn counts_writer_d_time_from_off_cpu_intervals_when_recorded() {
-        use crate::collect::offcpu::Tick;
         use crate::evidence::offcpu::OffCpu;
+        use crate::recording::schema::offcpu::Tick;
         let mut ev = fixture("pg15-checkpoint-stall");
         let base = CheckpointStall.evaluate(&ev).expect("finding");
         assert_eq!(base.evidence["blocked_source"], "procfs");

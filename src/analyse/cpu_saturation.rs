@@ -116,7 +116,9 @@ fn unmeasured(rec: &Evidence) -> String {
 }
 
 /// The outside processes grouped by name, most CPU first: (comm, pids, s).
-fn by_name(top: &[crate::collect::system::OutsideProcess]) -> Vec<(String, Vec<u32>, f64)> {
+fn by_name(
+    top: &[crate::recording::schema::system::OutsideProcess],
+) -> Vec<(String, Vec<u32>, f64)> {
     let mut g: Vec<(String, Vec<u32>, f64)> = Vec::new();
     for p in top {
         match g.iter_mut().find(|x| x.0 == p.comm) {

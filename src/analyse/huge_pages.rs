@@ -16,11 +16,11 @@
 use serde_json::json;
 
 use super::{severity_at, Figure, Finding, Impact, Measure, Rule};
-use crate::collect::procfs::parse::SharedSegment;
-use crate::collect::procfs::SHARED_MEMORY;
 use crate::evidence::procfs::{page_tables, PageTables};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
+use crate::recording::schema::procfs::SharedSegment;
+use crate::recording::schema::procfs::SHARED_MEMORY;
 use crate::round3;
 
 pub const ID: &str = "no-huge-pages";

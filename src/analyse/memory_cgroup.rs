@@ -19,9 +19,9 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::{Figure, Finding, Impact, Measure, Rule, Severity};
-use crate::collect::memcg::MemcgSample;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
+use crate::recording::schema::memcg::MemcgSample;
 use crate::round3;
 
 pub const ID: &str = "memory-cgroup-reclaim";
@@ -225,7 +225,7 @@ impl Rule for MemoryCgroupReclaim {
             let unreadable = ev
                 .manifest
                 .facts
-                .get(crate::collect::system::CGROUP_MEMORY)
+                .get(crate::recording::schema::system::CGROUP_MEMORY)
                 .and_then(|f| f["unavailable"].as_str());
             return Measure::Missing(match unreadable {
                 _ if !ev.recorded("system") => "the cluster's memory cgroup was not recorded: add \

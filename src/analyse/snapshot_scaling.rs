@@ -12,10 +12,10 @@
 use serde_json::json;
 
 use super::{Figure, Finding, Impact, Measure, Rule};
-use crate::collect::pgstat::WaitSample;
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
+use crate::recording::schema::pgstat::WaitSample;
 use crate::round3;
 
 pub const ID: &str = "snapshot-scaling-idle-connections";
@@ -58,7 +58,7 @@ pub fn connections(waits: &[WaitSample]) -> Option<(u64, u64)> {
         .iter()
         .filter(|w| w.ticks > 0)
         .map(|w| {
-            let per_tick = |pred: &dyn Fn(&crate::collect::pgstat::WaitRow) -> bool| {
+            let per_tick = |pred: &dyn Fn(&crate::recording::schema::pgstat::WaitRow) -> bool| {
                 let n: u64 = w
                     .rows
                     .iter()

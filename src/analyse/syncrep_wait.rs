@@ -9,10 +9,10 @@
 use serde_json::json;
 
 use super::{Figure, Finding, Impact, Measure, Rule, Severity};
-use crate::collect::profile::KERNEL_SUFFIX;
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
+use crate::recording::schema::profile::KERNEL_SUFFIX;
 use crate::round3;
 
 pub const ID: &str = "syncrep-wait-syscalls";

@@ -15,8 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::system::Mount;
 
-/// The stream the samples go to.
-pub const STREAM: &str = "cgroup.jsonl";
+pub use crate::recording::schema::cgroup::{CgroupLevel, CgroupSample, Version, STREAM};
 
 /// One line of /proc/PID/cgroup: `id:controllers:path`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,14 +46,6 @@ pub fn parse_proc_cgroup(s: &str) -> Vec<Membership> {
             })
         })
         .collect()
-}
-
-/// Which cgroup version a directory belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Version {
-    V1,
-    V2,
 }
 
 /// The directory of the cpu controller for a process: the v1 hierarchy
@@ -175,33 +166,6 @@ pub fn quota_v2(cpu_max: &str) -> Option<f64> {
     let q: i64 = f.next()?.parse().ok()?;
     let p: i64 = f.next()?.parse().ok()?;
     (q > 0 && p > 0).then(|| q as f64 / p as f64)
-}
-
-/// One cgroup level in a sample.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CgroupLevel {
-    /// Path under the hierarchy's mount point ("/" for its root).
-    pub cgroup: String,
-    /// CPUs the quota allows (quota / period); None: no quota at this level.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quota_cpus: Option<f64>,
-    /// In `(t-dt, t]`: enforcement periods, periods throttled, seconds throttled.
-    pub periods: u64,
-    pub throttled_periods: u64,
-    pub throttled_s: f64,
-}
-
-/// One line of `cgroup.jsonl`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CgroupSample {
-    pub t: f64,
-    pub dt: f64,
-    /// The postmaster's cgroup first, then its ancestors that have a quota
-    /// (empty when no cpu cgroup could be read).
-    pub levels: Vec<CgroupLevel>,
-    /// The postmaster's memory cgroup ([`super::memcg`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory: Option<super::memcg::MemcgSample>,
 }
 
 /// Reads the postmaster's cpu cgroup and its ancestors each second.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result};
 use postgres::{Client, Statement};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::{Collector, Context};
 use crate::error::fixable;
@@ -29,17 +29,10 @@ use crate::procinfo::Role;
 use crate::recording::reader::PgstatSample;
 use crate::recording::{files, CollectorInfo, Writer};
 
-/// Wait profile, one line per interval: [`WaitSample`].
-pub const WAITS: &str = "pgstat_waits.jsonl";
-/// Server counters, one line per second: [`ServerSample`].
-pub const SERVER: &str = "pgstat_server.jsonl";
-/// Checkpoint and restartpoint events from the server log: [`LogEvent`].
-pub const CHECKPOINTS: &str = "checkpoints.jsonl";
-
-/// Manifest fact: `{"database", "pg_stat_statements": {"function",
-/// "time_column", "own_queries"} | null}` — the database pgbelow's own
-/// transactions count in, and how statements were read.
-pub const FACT: &str = "pgstat";
+pub use crate::recording::schema::pgstat::{
+    Bgwriter, CheckpointStats, Checkpointer, LogEvent, RecoveryPrefetch, Replica, ServerSample,
+    Slru, WaitRow, WaitSample, Wal, CHECKPOINTS, FACT, SERVER, WAITS,
+};
 
 /// How often `pg_stat_activity` is sampled for the wait profile.
 pub const WAIT_HZ: f64 = 10.0;
@@ -594,53 +587,6 @@ impl ActivityRow {
     }
 }
 
-/// The wait profile of one interval: how many times, over `ticks` looks at
-/// `pg_stat_activity`, a backend was seen in each (role, state, wait).
-/// `samples / ticks` is the average number of backends in that row.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct WaitSample {
-    pub t: f64,
-    pub dt: f64,
-    pub ticks: u32,
-    pub rows: Vec<WaitRow>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct WaitRow {
-    pub role: Role,
-    pub backend_type: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub application_name: String,
-    /// `active`, `idle`, `idle in transaction`, …; None for background
-    /// processes; `hidden` when pgbelow's role may not see that backend.
-    pub state: Option<String>,
-    pub wait_event_type: Option<String>,
-    pub wait_event: Option<String>,
-    /// Backend-observations summed over the interval's ticks.
-    pub samples: u64,
-    /// Most backends seen in this row at one tick.
-    pub max_backends: u64,
-}
-
-impl WaitRow {
-    /// `Type:Event`, or `CPU` when the backend reports no wait (running, or
-    /// in code without a wait event).
-    pub fn wait(&self) -> String {
-        match (&self.wait_event_type, &self.wait_event) {
-            (Some(t), Some(e)) => format!("{t}:{e}"),
-            (Some(t), None) => t.clone(),
-            _ => "CPU".into(),
-        }
-    }
-
-    /// Waiting for work rather than working: an idle client session, or a
-    /// background process in its main-loop sleep (`Activity` waits).
-    /// (`hidden` rows are neither: the report leaves them out.)
-    pub fn is_idle(&self) -> bool {
-        self.state.as_deref() == Some("idle") || self.wait_event_type.as_deref() == Some("Activity")
-    }
-}
-
 /// Key of a wait-profile row.
 type WaitKey = (
     Role,
@@ -704,130 +650,6 @@ impl WaitAcc {
     }
 }
 
-/// Server-wide counters at one instant (cumulative; rates are differences).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ServerSample {
-    pub t: f64,
-    pub in_recovery: bool,
-    /// `pg_current_wal_lsn()` as bytes, on a primary.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wal_lsn: Option<u64>,
-    /// `pg_last_wal_receive_lsn()`, on a standby.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub receive_lsn: Option<u64>,
-    /// `pg_last_wal_replay_lsn()`, on a standby.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_lsn: Option<u64>,
-    /// now() − `pg_last_xact_replay_timestamp()`, on a standby.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_age_s: Option<f64>,
-    pub checkpointer: Option<Checkpointer>,
-    pub bgwriter: Option<Bgwriter>,
-    /// `pg_stat_wal` (14+).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wal: Option<Wal>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub replication: Vec<Replica>,
-    /// `pg_stat_slru` (13+), one row per SLRU cache.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub slru: Vec<Slru>,
-    /// `pg_stat_recovery_prefetch` (15+), on a standby.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recovery_prefetch: Option<RecoveryPrefetch>,
-}
-
-/// One row of `pg_stat_slru` (cumulative blocks). The subtransaction
-/// cache is `Subtrans` on 13–16, `subtransaction` from 17.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Slru {
-    pub name: String,
-    pub zeroed: u64,
-    pub hit: u64,
-    pub read: u64,
-    pub written: u64,
-}
-
-/// `pg_stat_recovery_prefetch`'s counters (since the view's last reset):
-/// blocks whose read replay started early, and those found cached.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct RecoveryPrefetch {
-    pub prefetch: u64,
-    pub hit: u64,
-    pub skip_fpw: u64,
-    pub io_depth: u64,
-}
-
-/// Checkpointer counters under one set of names: `pg_stat_bgwriter`'s
-/// `checkpoints_*`/`checkpoint_*`/`buffers_checkpoint` up to 16,
-/// `pg_stat_checkpointer` from 17.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Checkpointer {
-    pub timed: u64,
-    pub requested: u64,
-    /// Checkpoints completed (18+).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub done: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restartpoints_timed: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restartpoints_requested: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restartpoints_done: Option<u64>,
-    pub write_time_ms: f64,
-    pub sync_time_ms: f64,
-    pub buffers_written: u64,
-    /// SLRU buffers written by checkpoints (18+).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slru_written: Option<u64>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Bgwriter {
-    pub buffers_clean: u64,
-    pub maxwritten_clean: u64,
-    pub buffers_alloc: u64,
-    /// Buffers written by backends themselves (≤ 16; pg_stat_io from 17).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub buffers_backend: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub buffers_backend_fsync: Option<u64>,
-}
-
-/// `pg_stat_wal` (14+; write/sync columns until 17).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Wal {
-    pub records: u64,
-    pub fpi: u64,
-    pub bytes: u64,
-    pub buffers_full: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sync: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_time_ms: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sync_time_ms: Option<f64>,
-}
-
-/// One row of `pg_stat_replication`, LSNs as bytes.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Replica {
-    pub pid: u32,
-    pub application_name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_addr: Option<String>,
-    pub state: Option<String>,
-    pub sync_state: Option<String>,
-    pub sent_lsn: Option<u64>,
-    pub write_lsn: Option<u64>,
-    pub flush_lsn: Option<u64>,
-    pub replay_lsn: Option<u64>,
-    pub write_lag_s: Option<f64>,
-    pub flush_lag_s: Option<f64>,
-    pub replay_lag_s: Option<f64>,
-}
-
 /// What [`server_sql`] returns.
 #[derive(Deserialize)]
 struct ServerRow {
@@ -870,71 +692,6 @@ struct PgssRow {
 
 // ---------------------------------------------------------------------------
 // Server log: checkpoint events.
-
-/// A checkpoint (or restartpoint) line of the server log, on the recording's
-/// clock.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LogEvent {
-    /// Recording time of the line (negative: before the recording began).
-    pub t: f64,
-    /// `checkpoint`, `restartpoint`, or `too-frequent` (the "checkpoints are
-    /// occurring too frequently" warning).
-    pub kind: String,
-    /// `start`, `complete`, or `warning`.
-    pub phase: String,
-    /// Where `t` came from: `log` (the line's timestamp) or `read` (when
-    /// pgbelow read the line, ±1 s: the log_line_prefix has no time).
-    pub t_from: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-    /// Why it started: `time`, `immediate force wait`, `wal`, `shutdown immediate`, …
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub flags: Option<String>,
-    #[serde(default, flatten)]
-    pub stats: CheckpointStats,
-}
-
-/// The numbers of a "checkpoint complete" line (PostgreSQL 10–18 formats).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CheckpointStats {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub buffers: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub buffers_pct: Option<f64>,
-    /// SLRU buffers written (18+).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slru_buffers: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wal_added: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wal_removed: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wal_recycled: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sync_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub total_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sync_files: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub longest_sync_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub average_sync_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub distance_kb: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub estimate_kb: Option<u64>,
-    /// Checkpoint and redo LSN (printed by newer versions: 17 and 18, not 15).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lsn: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub redo_lsn: Option<String>,
-    /// For `too-frequent`: seconds between the last two checkpoints.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seconds_apart: Option<u64>,
-}
 
 /// A timestamp from a log line's prefix.
 #[derive(Clone, Debug, PartialEq)]
@@ -1797,6 +1554,26 @@ mod tests {
         assert_eq!(clock.stamp(cet, 9.0).t, 2.65);
         assert_eq!(zone_offset_s("+0530"), Some(19800));
         assert_eq!(zone_offset_s("-03"), Some(-10800));
+    }
+
+    /// A line as checkpoints.jsonl records it (the report's tests start from there).
+    #[test]
+    fn a_restartpoint_line_as_recorded() {
+        let clock = LogClock {
+            wall0_ms: chrono::NaiveDate::from_ymd_opt(2026, 11, 22)
+                .unwrap()
+                .and_hms_opt(3, 37, 20)
+                .unwrap()
+                .and_utc()
+                .timestamp_millis(),
+            tz_offset_s: Some(0),
+        };
+        let l = "2026-11-22 03:37:27.124 UTC [25116] LOG:  restartpoint complete: wrote 8062 buffers (49.2%); 0 WAL file(s) added, 4 removed, 0 recycled; write=4.960 s, sync=0.030 s, total=5.051 s; sync files=18, longest=0.009 s, average=0.002 s; distance=40026 kB, estimate=40026 kB";
+        let e = clock.stamp(parse_log_line(l).unwrap(), 99.0);
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"t":7.124,"kind":"restartpoint","phase":"complete","t_from":"log","pid":25116,"buffers":8062,"buffers_pct":49.2,"wal_added":0,"wal_removed":4,"wal_recycled":0,"write_s":4.96,"sync_s":0.03,"total_s":5.051,"sync_files":18,"longest_sync_s":0.009,"average_sync_s":0.002,"distance_kb":40026,"estimate_kb":40026}"#
+        );
     }
 
     // Found by the `serverlog` fuzz target: 19 digits of epoch seconds

@@ -10,27 +10,14 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::Result;
-use serde::{Deserialize, Serialize};
 
 use super::{Collector, Context};
 use crate::recording::{CollectorInfo, Writer};
 
-/// The stream this collector writes.
-pub const STREAM: &str = "system.jsonl";
-
-/// The processes outside the cluster that used the CPUs ([`OutsideCpu`]),
-/// written at the end.
-pub const OUTSIDE_FILE: &str = "cpu_outside.json";
-/// Processes kept in [`OUTSIDE_FILE`], most CPU first.
-pub const TOP_OUTSIDE: usize = 8;
-
-/// Manifest fact naming the data directory's mount ([`DataDirMount`]).
-pub const DATA_DIR_MOUNT: &str = "data_dir_mount";
-
-/// Manifest fact naming the postmaster's cpu cgroup (or why there is none).
-pub const CGROUP_CPU: &str = "cgroup_cpu";
-/// Manifest fact naming the postmaster's memory cgroup (or why there is none).
-pub const CGROUP_MEMORY: &str = "cgroup_memory";
+pub use crate::recording::schema::system::{
+    DataDirMount, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU, CGROUP_MEMORY,
+    DATA_DIR_MOUNT, OUTSIDE_FILE, STREAM, TOP_OUTSIDE,
+};
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
 /// flusher starts (file names under /proc/sys/vm).
@@ -42,63 +29,6 @@ pub const DIRTY_SYSCTLS: &[&str] = &[
     "dirty_expire_centisecs",
     "dirty_writeback_centisecs",
 ];
-
-/// One line of `system.jsonl`: the page cache's dirty state at `t`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SystemSample {
-    pub t: f64,
-    pub dt: f64,
-    /// /proc/meminfo Dirty: waiting to be written back, kB.
-    pub dirty_kb: u64,
-    /// /proc/meminfo Writeback: being written back now, kB.
-    pub writeback_kb: u64,
-    pub mem_free_kb: u64,
-    pub cached_kb: u64,
-    /// /proc/vmstat, in pages.
-    pub nr_dirty: u64,
-    pub nr_writeback: u64,
-    /// Dirty memory above which writers are throttled, kB (vmstat
-    /// nr_dirty_threshold × page size).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dirty_threshold_kb: Option<u64>,
-    /// Dirty memory above which the flusher starts, kB.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dirty_background_threshold_kb: Option<u64>,
-    /// kB paged out to storage in `(t-dt, t]` (vmstat pgpgout delta).
-    pub pgpgout_kb: u64,
-    /// /proc/meminfo PageTables: every process's page tables, kB.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub page_tables_kb: Option<u64>,
-    /// /proc/meminfo HugePages_Total, _Free, _Rsvd (pages) and Hugepagesize (kB).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hugepages_total: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hugepages_free: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hugepages_rsvd: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hugepagesize_kb: Option<u64>,
-    /// The machine's CPU time in `(t-dt, t]`, CPU-seconds summed over every
-    /// CPU, from /proc/stat's aggregate `cpu` line: user+nice (guest
-    /// included), system+irq+softirq, idle+iowait, steal. Absent on the
-    /// first line (no interval yet) and in older recordings.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_user_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_system_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_idle_s: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_steal_s: Option<f64>,
-    /// CPUs online (`cpuN` lines of /proc/stat).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<u32>,
-    /// /proc/loadavg: the 1-minute load average and the tasks runnable at `t`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub load1: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub runnable: Option<u32>,
-}
 
 /// /proc/stat's aggregate `cpu` line, in clock ticks, and the CPUs online.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -168,33 +98,6 @@ pub fn add_cpu(
     s.cpus = now.map(|c| c.cpus).filter(|n| *n > 0);
     s.load1 = loadavg.map(|l| l.0);
     s.runnable = loadavg.map(|l| l.1);
-}
-
-/// One process outside the cluster and the CPU it used during the recording.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OutsideProcess {
-    pub pid: u32,
-    /// /proc/PID/stat's comm (15 bytes at most).
-    pub comm: String,
-    /// user + system CPU seconds between the two walks.
-    pub cpu_s: f64,
-}
-
-/// `cpu_outside.json`: what the processes outside the cluster (and other
-/// than pgbelow) used of the CPUs between the walk at the start and the one
-/// at the end.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct OutsideCpu {
-    /// Recording seconds of the two walks.
-    pub t_start: f64,
-    pub t_end: f64,
-    /// Every outside process's CPU seconds in all (those that exited
-    /// between the walks are not seen).
-    pub cpu_s: f64,
-    /// Processes outside the cluster seen at the end.
-    pub processes_seen: usize,
-    /// The [`TOP_OUTSIDE`] that used the most, most first.
-    pub top: Vec<OutsideProcess>,
 }
 
 /// One process at one walk of /proc.
@@ -323,29 +226,6 @@ pub fn sample_from(
         ..SystemSample::default()
     };
     (s, pgpgout)
-}
-
-/// One line of /proc/PID/mountinfo.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mount {
-    pub mount_point: String,
-    /// major:minor of the device.
-    pub device: String,
-    pub fstype: String,
-    /// The mount source (`/dev/vda`, `tmpfs`, …).
-    pub source: String,
-    /// Per-mount options (`rw,relatime`).
-    pub mount_options: String,
-    /// Filesystem options (`rw,data=writeback`, …).
-    pub super_options: String,
-}
-
-/// The manifest fact `data_dir_mount`: the data directory and its mount.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DataDirMount {
-    pub data_dir: String,
-    #[serde(flatten)]
-    pub mount: Mount,
 }
 
 /// Parse /proc/PID/mountinfo (proc(5)): `id parent maj:min root point

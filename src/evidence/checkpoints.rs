@@ -33,7 +33,7 @@
 //! to a second late, so a short checkpoint's window would begin after it
 //! ended. Two checkpoints completing within one interval show as one.
 use super::pgstat::CheckpointEvent;
-use crate::collect::pgstat::{Checkpointer, ServerSample};
+use crate::recording::schema::pgstat::{Checkpointer, ServerSample};
 use crate::round3;
 
 /// [`CheckpointEvent::source`] of checkpoints derived here.

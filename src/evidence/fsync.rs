@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::collect::fsync::{Summary, BUCKETS, FILE};
+use crate::recording::schema::fsync::{Summary, BUCKETS, FILE};
 use crate::round3;
 
 /// Calls of one role in one system call, histograms summed.

@@ -26,11 +26,11 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use crate::collect::clock::ClockFacts;
-use crate::collect::pgstat::{LogEvent, ServerSample, WaitSample};
-use crate::collect::procfs::ProcfsSample;
-use crate::collect::system::SystemSample;
 use crate::recording::reader::json_file;
+use crate::recording::schema::clock::ClockFacts;
+use crate::recording::schema::pgstat::{LogEvent, ServerSample, WaitSample};
+use crate::recording::schema::procfs::ProcfsSample;
+use crate::recording::schema::system::SystemSample;
 use crate::recording::summaries::{DropSummary, DropSweep, ExplainSummary, Sweep};
 use crate::recording::{files, Loaded};
 
@@ -48,11 +48,11 @@ pub struct LabSummaries {
 /// The on-CPU profile: the collector's summary and its folded stacks.
 #[derive(Clone, Debug)]
 pub struct Profile {
-    pub summary: crate::collect::profile::Summary,
+    pub summary: crate::recording::schema::profile::Summary,
     pub stacks: Vec<profile::FoldedStack>,
     /// The same samples per process with each frame's binary; empty in
     /// recordings made before `profile.stacks.jsonl` existed.
-    pub pid_stacks: Vec<crate::collect::profile::PidStack>,
+    pub pid_stacks: Vec<crate::recording::schema::profile::PidStack>,
 }
 
 /// Everything a recording measured, read once.
@@ -65,9 +65,9 @@ pub struct Evidence {
     pub system: Vec<SystemSample>,
     /// The processes outside the cluster that used the CPUs during the
     /// recording (the system collector's two walks of /proc).
-    pub outside_cpu: Option<crate::collect::system::OutsideCpu>,
+    pub outside_cpu: Option<crate::recording::schema::system::OutsideCpu>,
     /// The postmaster's cpu cgroup: CFS periods and throttling per second.
-    pub cgroup: Vec<crate::collect::cgroup::CgroupSample>,
+    pub cgroup: Vec<crate::recording::schema::cgroup::CgroupSample>,
     pub waits: Vec<WaitSample>,
     pub server: Vec<ServerSample>,
     /// Checkpoint lines of the server log, as recorded.
@@ -84,7 +84,7 @@ pub struct Evidence {
     /// Flush latency histograms per role and system call (the fsync collector).
     pub fsync: Option<fsync::FsyncSection>,
     /// The profile's per-interval counts (with samples per pid).
-    pub profile_ticks: Vec<crate::collect::profile::Tick>,
+    pub profile_ticks: Vec<crate::recording::schema::profile::Tick>,
     /// Which query each backend ran at the 10 Hz looks (pgstat).
     pub activity: Option<queries::Activity>,
     pub clock: Option<ClockFacts>,
@@ -121,15 +121,40 @@ impl Evidence {
         let dir = rec.dir.clone();
         let mut cut = 0;
         use crate::recording::reader::read_stream;
-        let procfs = read_stream(&dir, crate::collect::procfs::STREAM, &mut cut, &mut notes);
-        let system = read_stream(&dir, crate::collect::system::STREAM, &mut cut, &mut notes);
-        let cgroup = read_stream(&dir, crate::collect::cgroup::STREAM, &mut cut, &mut notes);
+        let procfs = read_stream(
+            &dir,
+            crate::recording::schema::procfs::STREAM,
+            &mut cut,
+            &mut notes,
+        );
+        let system = read_stream(
+            &dir,
+            crate::recording::schema::system::STREAM,
+            &mut cut,
+            &mut notes,
+        );
+        let cgroup = read_stream(
+            &dir,
+            crate::recording::schema::cgroup::STREAM,
+            &mut cut,
+            &mut notes,
+        );
         let outside_cpu = system::load_outside(&dir, &mut notes);
-        let waits = read_stream(&dir, crate::collect::pgstat::WAITS, &mut cut, &mut notes);
-        let server = read_stream(&dir, crate::collect::pgstat::SERVER, &mut cut, &mut notes);
+        let waits = read_stream(
+            &dir,
+            crate::recording::schema::pgstat::WAITS,
+            &mut cut,
+            &mut notes,
+        );
+        let server = read_stream(
+            &dir,
+            crate::recording::schema::pgstat::SERVER,
+            &mut cut,
+            &mut notes,
+        );
         let log_events: Vec<LogEvent> = read_stream(
             &dir,
-            crate::collect::pgstat::CHECKPOINTS,
+            crate::recording::schema::pgstat::CHECKPOINTS,
             &mut cut,
             &mut notes,
         );
@@ -143,7 +168,7 @@ impl Evidence {
         let fsync = fsync::load(&dir, &mut notes);
         let profile_ticks = read_stream(
             &dir,
-            crate::collect::profile::files::STREAM,
+            crate::recording::schema::profile::files::STREAM,
             &mut cut,
             &mut notes,
         );
@@ -151,9 +176,9 @@ impl Evidence {
         let clock = rec
             .manifest
             .facts
-            .get(crate::collect::clock::FACT)
+            .get(crate::recording::schema::clock::FACT)
             .and_then(|v| serde_json::from_value(v.clone()).ok())
-            .or_else(|| json_file(&dir, crate::collect::clock::FILE, &mut notes));
+            .or_else(|| json_file(&dir, crate::recording::schema::clock::FILE, &mut notes));
         let lab = LabSummaries {
             explain: json_file(&dir, files::EXPLAIN_SUMMARY, &mut notes),
             drop: json_file(&dir, files::DROP_SUMMARY, &mut notes),
@@ -232,11 +257,14 @@ pub(crate) fn folded_file(
 }
 
 fn load_profile(dir: &Path, notes: &mut Vec<String>) -> Option<Profile> {
-    let summary: crate::collect::profile::Summary =
-        json_file(dir, crate::collect::profile::files::SUMMARY, notes)?;
+    let summary: crate::recording::schema::profile::Summary = json_file(
+        dir,
+        crate::recording::schema::profile::files::SUMMARY,
+        notes,
+    )?;
     let folded = folded_file(
         dir,
-        crate::collect::profile::files::SUMMARY,
+        crate::recording::schema::profile::files::SUMMARY,
         &summary.folded,
         notes,
     );
@@ -258,7 +286,7 @@ fn load_profile(dir: &Path, notes: &mut Vec<String>) -> Option<Profile> {
     let mut cut = 0;
     let pid_stacks = crate::recording::reader::read_stream(
         dir,
-        crate::collect::profile::files::PID_STACKS,
+        crate::recording::schema::profile::files::PID_STACKS,
         &mut cut,
         notes,
     );

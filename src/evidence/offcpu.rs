@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::profile::{parse_folded, FoldedStack};
 use super::Evidence;
-use crate::collect::offcpu::{Summary, Tick};
+use crate::recording::schema::offcpu::{Summary, Tick};
 use crate::round3;
 
 /// Stacks shown per role.
@@ -21,7 +21,7 @@ pub struct OffCpu {
     pub stacks: Vec<FoldedStack>,
     /// The same per process; empty in recordings made before
     /// `offcpu.stacks.jsonl` existed.
-    pub pid_stacks: Vec<crate::collect::offcpu::PidStack>,
+    pub pid_stacks: Vec<crate::recording::schema::offcpu::PidStack>,
     pub ticks: Vec<Tick>,
 }
 
@@ -205,7 +205,7 @@ pub fn from_parts(o: &OffCpu) -> OffcpuSection {
 
 /// Reads the collector's files; None when it did not run.
 pub fn load(dir: &std::path::Path, cut: &mut usize, notes: &mut Vec<String>) -> Option<OffCpu> {
-    use crate::collect::offcpu::files;
+    use crate::recording::schema::offcpu::files;
     let summary: Summary = super::json_file(dir, files::SUMMARY, notes)?;
     // Only a regular file of this recording, bounded (a crafted summary
     // could name `/dev/zero`, `../…` or a FIFO).

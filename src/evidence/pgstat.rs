@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::Evidence;
-use crate::collect::pgstat::{LogEvent, ServerSample, WaitSample};
 use crate::procinfo::Role;
+use crate::recording::schema::pgstat::{LogEvent, ServerSample, WaitSample};
 use crate::round3;
 
 /// Wait events shown per role.
@@ -437,7 +437,7 @@ fn wal_rate(rows: &[ServerSample]) -> Option<WalRate> {
 }
 
 fn replicas(rows: &[ServerSample]) -> Vec<ReplicaLag> {
-    let mut by: BTreeMap<String, Vec<&crate::collect::pgstat::Replica>> = BTreeMap::new();
+    let mut by: BTreeMap<String, Vec<&crate::recording::schema::pgstat::Replica>> = BTreeMap::new();
     for r in rows {
         for rep in &r.replication {
             let key = if rep.application_name.is_empty() {
@@ -448,8 +448,8 @@ fn replicas(rows: &[ServerSample]) -> Vec<ReplicaLag> {
             by.entry(key).or_default().push(rep);
         }
     }
-    let max = |v: &[&crate::collect::pgstat::Replica],
-               f: fn(&crate::collect::pgstat::Replica) -> Option<f64>| {
+    let max = |v: &[&crate::recording::schema::pgstat::Replica],
+               f: fn(&crate::recording::schema::pgstat::Replica) -> Option<f64>| {
         v.iter()
             .filter_map(|r| f(r))
             .max_by(f64::total_cmp)

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::Evidence;
-use crate::collect::procfs::ProcfsSample;
 use crate::procinfo::Role;
+use crate::recording::schema::procfs::ProcfsSample;
 
 const TOP_FRAMES: usize = 8;
 const TOP_STACKS: usize = 5;

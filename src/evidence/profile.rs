@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use super::Evidence;
-use crate::collect::profile::Summary;
+use crate::recording::schema::profile::Summary;
 
 /// Rows shown per list.
 pub const TOP_N: usize = 10;
@@ -179,7 +179,7 @@ fn role_profile(
     role: &str,
     stacks: &[&FoldedStack],
     total: u64,
-    rs: Option<&crate::collect::profile::RoleSummary>,
+    rs: Option<&crate::recording::schema::profile::RoleSummary>,
 ) -> RoleProfile {
     let samples: u64 = stacks.iter().map(|s| s.samples).sum();
     let (root, under_root) = common_root(stacks, samples);

@@ -25,7 +25,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::collect::queries::{ActivityTick, PidRow, QueryInfo};
+use crate::recording::schema::queries::{ActivityTick, PidRow, QueryInfo};
 
 /// Queries shown, most time first.
 pub const TOP_QUERIES: usize = 20;
@@ -46,7 +46,7 @@ pub struct Activity {
 
 /// Reads `pgstat_activity.jsonl`; None when it is not there.
 pub fn load(dir: &Path, cut: &mut usize, notes: &mut Vec<String>) -> Option<Activity> {
-    use crate::collect::queries::STREAM;
+    use crate::recording::schema::queries::STREAM;
     if !dir.join(STREAM).exists() {
         return None;
     }
@@ -268,7 +268,7 @@ fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
             for (pid, states) in &ot.by_pid {
                 if let Some(rows) = a.pids.get(pid) {
                     for (st, secs) in states {
-                        let state = crate::collect::offcpu::bpf::STATES
+                        let state = crate::recording::schema::offcpu::STATES
                             .into_iter()
                             .find(|s| *s == st.as_str())
                             .unwrap_or("runq");

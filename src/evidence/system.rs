@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::Evidence;
-use crate::collect::system::{
+use crate::recording::schema::system::{
     DataDirMount, OutsideCpu, SystemSample, DATA_DIR_MOUNT, OUTSIDE_FILE,
 };
 

@@ -190,7 +190,7 @@ impl Evidence {
     fn observer_database(&self) -> Option<&str> {
         self.manifest
             .facts
-            .get(crate::collect::pgstat::FACT)?
+            .get(crate::recording::schema::pgstat::FACT)?
             .get("database")?
             .as_str()
     }

@@ -3,6 +3,7 @@
 
 pub mod manifest;
 pub mod reader;
+pub mod schema;
 pub mod summaries;
 pub mod writer;
 

@@ -93,7 +93,7 @@ pub struct WorstSecond {
     /// Median per-second tps, for scale.
     pub median_tps: f64,
     /// Memory/writeback samples within ±5 s.
-    pub system: Vec<crate::collect::system::SystemSample>,
+    pub system: Vec<crate::recording::schema::system::SystemSample>,
     /// Checkpoints overlapping ±5 s.
     pub checkpoints: Vec<sections::pgstat::CheckpointEvent>,
 }

@@ -12,8 +12,8 @@ use std::io::Write;
 use anyhow::Result;
 use prost::Message;
 
-use crate::collect::profile::{Frame, KERNEL_MODULE, KERNEL_SUFFIX};
 use crate::evidence::Evidence;
+use crate::recording::schema::profile::{Frame, KERNEL_MODULE, KERNEL_SUFFIX};
 
 /// prost's types for `perftools.profiles`.
 #[allow(clippy::all, missing_docs)]

@@ -26,8 +26,7 @@ mod skel {
 pub use skel::OffcpuSkel;
 use skel::{types, OffcpuSkelBuilder};
 
-/// States as the BPF program numbers them.
-pub const STATES: [&str; 3] = ["D", "S", "runq"];
+pub use crate::recording::schema::offcpu::STATES;
 
 /// Counters of the .bss (cumulative).
 #[derive(Clone, Copy, Debug, Default)]

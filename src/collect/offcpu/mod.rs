@@ -32,99 +32,20 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use serde::{Deserialize, Serialize};
 
 use super::profile::{self, symbols, unwind};
 use super::{Collector, Context};
 use crate::procinfo::{self, Role};
 use crate::recording::{CollectorInfo, Writer};
 
-/// Files this collector writes into the recording.
-pub mod files {
-    /// Per interval: `{"t","dt","by_pid":{"<pid>":{"D":s,"S":s,"runq":s}}}`.
-    pub const STREAM: &str = "offcpu.jsonl";
-    /// [`super::Summary`], written at the end.
-    pub const SUMMARY: &str = "offcpu.json";
-    /// Folded stacks, `role;state;root;…;leaf µs`.
-    pub const FOLDED: &str = "offcpu.folded";
-    /// The same time per process: [`super::PidStack`] lines (per-query stacks).
-    pub const PID_STACKS: &str = "offcpu.stacks.jsonl";
-
-    /// Off-CPU flame graph of one role.
-    pub fn svg_for(role: &str) -> String {
-        format!("offcpu-flamegraph-{role}.svg")
-    }
-}
-
-/// One line of `offcpu.stacks.jsonl`: a process's off-CPU time in one
-/// state and stack (named as in `offcpu.folded`, root first).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct PidStack {
-    pub pid: u32,
-    pub state: String,
-    pub us: u64,
-    pub frames: Vec<String>,
-}
+pub use crate::recording::schema::offcpu::{
+    files, PidStack, RoleSummary, Summary, Tick, NO_USER_STACK,
+};
 
 /// Blocks shorter than this are counted, not measured (`--offcpu-min-block`).
 pub const DEFAULT_MIN_BLOCK_US: u64 = 1000;
 /// User stack copies per CPU and second at most (16 KiB each).
 pub const MAX_COPIES_PER_CPU_S: u32 = 200;
-/// The frame standing for user frames when no block of that kernel stack
-/// had its user stack copied.
-pub const NO_USER_STACK: &str = "[user stack not copied]";
-
-/// `offcpu.json`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Summary {
-    pub mechanism: String,
-    pub min_block_us: u64,
-    pub duration_s: f64,
-    /// Whether the kernel counted the BPF programs' run time.
-    pub bpf_stats: bool,
-    /// Time the BPF programs ran (in the context of every task on the machine).
-    pub bpf_run_s: f64,
-    pub bpf_runs: u64,
-    /// CPU of the reader thread (unwinding, map reads).
-    pub reader_cpu_s: f64,
-    /// Blocks of at least min_block_us, and shorter ones (not measured).
-    pub blocks: u64,
-    pub short_blocks: u64,
-    /// Blocks whose user stack was copied and unwound.
-    pub user_stacks: u64,
-    /// Blocks without a user stack: not in a system call (with the sys_exit
-    /// hook: preempted in user code, page faults; with task_work: kernel
-    /// threads only), copy budget spent, ring full, more than 8
-    /// distinct blocks in one system call, stack unreadable.
-    pub not_in_syscall: u64,
-    pub no_budget: u64,
-    pub ring_full: u64,
-    pub pending_full: u64,
-    pub copy_failed: u64,
-    /// Blocks whose kernel stack could not be stored.
-    pub kstack_lost: u64,
-    pub roles: Vec<RoleSummary>,
-    pub folded: String,
-    pub notes: Vec<String>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct RoleSummary {
-    pub role: String,
-    pub pids: usize,
-    /// Seconds off the CPU by state: "D", "S", "runq".
-    pub off_cpu_s: BTreeMap<String, f64>,
-    pub blocks: BTreeMap<String, u64>,
-    pub flamegraph: Option<String>,
-}
-
-/// One line of `offcpu.jsonl`: blocks that ended in `(t - dt, t]`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Tick {
-    pub t: f64,
-    pub dt: f64,
-    pub by_pid: BTreeMap<u32, BTreeMap<String, f64>>,
-}
 
 /// (tgid, state, kernel stack hash): the kernel's aggregation key.
 type BlockKey = (u32, u32, u64);
@@ -538,7 +459,7 @@ fn write_outputs(dir: &Path, ctx: &Context, o: &Outcome) -> Result<Summary> {
         let kframes = kernel
             .get(&ks)
             .cloned()
-            .unwrap_or_else(|| vec![format!("[kernel stack lost]{}", symbols::KERNEL_SUFFIX)]);
+            .unwrap_or_else(|| vec![format!("[kernel stack lost]{}", profile::KERNEL_SUFFIX)]);
         let users = sampled.get(&(tgid, state, ks));
         let seen: u64 = users.map_or(0, |u| u.iter().map(|x| x.1).sum());
         let mut lines: Vec<(Vec<String>, f64)> = Vec::new();

@@ -29,11 +29,8 @@ use crate::error::fixable;
 use crate::procinfo::Role;
 use crate::recording::{CollectorInfo, Writer};
 
-/// The stream this collector writes.
-pub const STREAM: &str = "procfs.jsonl";
-/// Manifest fact: the postmaster's main shared memory mapping
-/// ([`parse::SharedSegment`]), or why it is unknown.
-pub const SHARED_MEMORY: &str = "shared_memory";
+pub use crate::recording::schema::procfs::{SHARED_MEMORY, STREAM};
+
 /// Highest sampling rate accepted.
 pub const MAX_HZ: f64 = 1000.0;
 

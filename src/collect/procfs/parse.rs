@@ -2,6 +2,8 @@
 //! reads. Each takes the file's text, so fixtures copied from real /proc
 //! files drive the tests.
 
+pub use crate::recording::schema::procfs::SharedSegment;
+
 /// The fields of /proc/PID/stat the collector uses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
@@ -269,20 +271,6 @@ pub fn parse_status(s: &str) -> Status {
                 hugetlb_kb,
             }),
     }
-}
-
-/// The server's main shared memory as the postmaster's /proc/PID/maps shows
-/// it: its largest shared (`s`) mapping. PostgreSQL maps it anonymous and
-/// shared (`/dev/zero (deleted)`, shmem in normal pages), or with
-/// MAP_HUGETLB (`/anon_hugepage (deleted)`) when huge pages were given
-/// (sysv_shmem.c `CreateAnonymousSegment`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SharedSegment {
-    /// The mapping's name, e.g. `/dev/zero (deleted)`.
-    pub mapping: String,
-    pub size_kb: u64,
-    /// Mapped in hugetlb pages.
-    pub hugetlb: bool,
 }
 
 pub fn parse_shared_segment(maps: &str) -> Option<SharedSegment> {

@@ -9,9 +9,7 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use super::unwind::{decode, Backing, ModuleInfo};
-
-/// Suffix of kernel frames in folded stacks (the convention inferno colours).
-pub const KERNEL_SUFFIX: &str = "_[k]";
+use crate::recording::schema::profile::KERNEL_SUFFIX;
 
 /// Why /proc/kallsyms shows this process zeros, and the fix, from
 /// `kernel.kptr_restrict` and `kernel.perf_event_paranoid` (the kernel's

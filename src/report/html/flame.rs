@@ -41,7 +41,7 @@ pub fn by_role(stacks: &[FoldedStack]) -> BTreeMap<String, Vec<String>> {
 /// counts are `count_name` (shown on hover).
 fn svg(title: &str, subtitle: &str, count_name: &str, lines: &[String]) -> Option<String> {
     let mut out = Vec::new();
-    let mut opt = crate::collect::profile::flame_options(title, subtitle);
+    let mut opt = crate::recording::schema::profile::flame_options(title, subtitle);
     opt.count_name = count_name.into();
     inferno::flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), &mut out).ok()?;
     String::from_utf8(out).ok()

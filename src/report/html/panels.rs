@@ -227,7 +227,7 @@ fn waits(ev: &Evidence) -> Option<Panel> {
 
 fn writeback(ev: &Evidence) -> Option<Panel> {
     let mb = |kb: u64| kb as f64 / 1024.0;
-    let pts = |f: &dyn Fn(&crate::collect::system::SystemSample) -> Option<f64>| {
+    let pts = |f: &dyn Fn(&crate::recording::schema::system::SystemSample) -> Option<f64>| {
         ev.system
             .iter()
             .filter_map(|s| Some((s.t, f(s)?)))

@@ -171,30 +171,22 @@ pub(crate) fn bytes(b: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collect::pgstat::LogEvent;
-    use crate::collect::pgstat::{parse_log_line, LogClock};
+    use crate::recording::schema::pgstat::LogEvent;
 
     #[test]
     fn pairs_starts_and_completions() {
-        let clock = LogClock {
-            wall0_ms: chrono::NaiveDate::from_ymd_opt(2026, 11, 22)
-                .unwrap()
-                .and_hms_opt(3, 37, 20)
-                .unwrap()
-                .and_utc()
-                .timestamp_millis(),
-            tz_offset_s: Some(0),
-        };
+        // Lines of checkpoints.jsonl, as the collector writes them from the
+        // server log (log t = 0 at 2026-11-22 03:37:20 UTC).
         let lines = [
             // A completion whose start was before the recording's log read.
-            "2026-11-22 03:37:27.124 UTC [25116] LOG:  restartpoint complete: wrote 8062 buffers (49.2%); 0 WAL file(s) added, 4 removed, 0 recycled; write=4.960 s, sync=0.030 s, total=5.051 s; sync files=18, longest=0.009 s, average=0.002 s; distance=40026 kB, estimate=40026 kB",
-            "2026-11-22 03:37:22.650 UTC [25045] LOG:  checkpoint starting: time",
-            "2026-11-22 03:37:33.014 UTC [25045] LOG:  checkpoint complete: wrote 8411 buffers (51.3%); 0 WAL file(s) added, 0 removed, 2 recycled; write=10.242 s, sync=0.056 s, total=10.365 s; sync files=18, longest=0.017 s, average=0.004 s; distance=70536 kB, estimate=70536 kB",
-            "2026-11-22 03:37:33.014 UTC [25045] LOG:  checkpoint starting: immediate force wait",
+            r#"{"t":7.124,"kind":"restartpoint","phase":"complete","t_from":"log","pid":25116,"buffers":8062,"buffers_pct":49.2,"wal_added":0,"wal_removed":4,"wal_recycled":0,"write_s":4.96,"sync_s":0.03,"total_s":5.051,"sync_files":18,"longest_sync_s":0.009,"average_sync_s":0.002,"distance_kb":40026,"estimate_kb":40026}"#,
+            r#"{"t":2.65,"kind":"checkpoint","phase":"start","t_from":"log","pid":25045,"flags":"time"}"#,
+            r#"{"t":13.014,"kind":"checkpoint","phase":"complete","t_from":"log","pid":25045,"buffers":8411,"buffers_pct":51.3,"wal_added":0,"wal_removed":0,"wal_recycled":2,"write_s":10.242,"sync_s":0.056,"total_s":10.365,"sync_files":18,"longest_sync_s":0.017,"average_sync_s":0.004,"distance_kb":70536,"estimate_kb":70536}"#,
+            r#"{"t":13.014,"kind":"checkpoint","phase":"start","t_from":"log","pid":25045,"flags":"immediate force wait"}"#,
         ];
         let events: Vec<LogEvent> = lines
             .iter()
-            .map(|l| clock.stamp(parse_log_line(l).unwrap(), 99.0))
+            .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         let c = pair_checkpoints(&events);
         assert_eq!(c.len(), 3);

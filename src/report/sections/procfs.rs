@@ -164,8 +164,8 @@ pub(crate) const STACK_DEPTH: usize = 12;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collect::procfs::ProcfsSample;
-    use crate::collect::procfs::{ProcDelta, StateRow};
+    use crate::recording::schema::procfs::ProcfsSample;
+    use crate::recording::schema::procfs::{ProcDelta, StateRow};
     use std::collections::BTreeMap;
 
     fn row(

@@ -82,8 +82,8 @@ pub(crate) const STACK_FRAMES_SHOWN: usize = 8;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collect::profile::RoleSummary;
-    use crate::collect::profile::Summary;
+    use crate::recording::schema::profile::RoleSummary;
+    use crate::recording::schema::profile::Summary;
 
     const FOLDED: &str = "\
 backend;main;PostmasterMain;PostgresMain;exec_bind_message;hash_search 3

@@ -1,8 +1,8 @@
 //! The system section as text (the model is in `crate::evidence::system`).
 use std::fmt::Write as _;
 
-use crate::collect::system::SystemSample;
 pub use crate::evidence::system::*;
+use crate::recording::schema::system::SystemSample;
 
 /// Append the text rendering of the section to `out`.
 pub fn render(s: &SystemSection, out: &mut String) {
