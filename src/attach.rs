@@ -326,6 +326,10 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
     if let Ok(exe) = std::fs::read_link(format!("/proc/{}/exe", pid)) {
         manifest.postgres.bin_dir = exe.parent().map(|p| p.display().to_string());
     }
+    // The postmaster works in its data directory.
+    if let Ok(cwd) = std::fs::read_link(format!("/proc/{}/cwd", pid)) {
+        manifest.postgres.data_dir = Some(cwd.display().to_string());
+    }
     let out = opts.out.clone().unwrap_or_else(|| {
         let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
         PathBuf::from("pgbelow-runs").join(format!("record-{}-{stamp}", pid))

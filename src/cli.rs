@@ -84,6 +84,13 @@ pub struct WatchArgs {
     pub collectors: Option<String>,
     #[arg(long, value_enum)]
     pub syscall_mechanism: Option<MechanismArg>,
+    /// Push each window's on-CPU profile over OTLP/HTTP (protobuf) to this
+    /// collector, e.g. http://127.0.0.1:4318 (the path
+    /// /v1development/profiles is added to a bare address); adds the
+    /// profile collector. Plain HTTP: a collector on the host (OpenTelemetry
+    /// Collector, Alloy) forwards it.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -117,7 +124,9 @@ const REPORT_EXAMPLES: &str = "Examples:
   pgbelow report pgbelow-runs/checkpoint-stall-15-20261122-101500
   pgbelow report DIR --format html --output report.html
   pgbelow report DIR --format json --fail-on warning
-  pgbelow report DIR --format pprof --output profile.pb.gz && go tool pprof -top profile.pb.gz";
+  pgbelow report DIR --format pprof --output profile.pb.gz && go tool pprof -top profile.pb.gz
+  pgbelow report DIR --format otlp --output profile.otlp.pb && curl -H 'Content-Type: application/x-protobuf' \\
+      --data-binary @profile.otlp.pb http://localhost:4318/v1development/profiles";
 const COMPARE_EXAMPLES: &str = "Examples:
   pgbelow compare before after
   pgbelow compare before after --format html > compare.html";
@@ -432,6 +441,9 @@ pub enum ReportFormat {
     Html,
     /// The on-CPU profile as gzipped pprof protobuf (go tool pprof, Pyroscope, Parca).
     Pprof,
+    /// The on-CPU profile as an OpenTelemetry profiles request (OTLP
+    /// protobuf, the body of POST /v1development/profiles).
+    Otlp,
 }
 
 #[derive(Args, Debug)]

@@ -231,18 +231,23 @@ fn say_where(dir: &std::path::Path, format: Format) -> Result<()> {
     }
 }
 
-/// `report --format pprof`: binary, so to a file or a pipe, never a terminal.
-fn pprof(ev: &Evidence, output: Option<&std::path::Path>) -> Result<ExitCode> {
-    let bytes = report::pprof::export(ev)?;
+/// `report --format pprof|otlp`: protobuf, so to a file or a pipe, never
+/// a terminal.
+fn binary(
+    bytes: &[u8],
+    format: &str,
+    file: &str,
+    output: Option<&std::path::Path>,
+) -> Result<ExitCode> {
     match output {
-        Some(path) => write_output(path, &bytes)?,
+        Some(path) => write_output(path, bytes)?,
         None if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
             return Err(error::fixable(
-                "--format pprof writes gzipped protobuf, not for a terminal",
-                "pass --output FILE.pb.gz (or redirect stdout to a file)",
+                format!("--format {format} writes protobuf, not for a terminal"),
+                format!("pass --output {file} (or redirect stdout to a file)"),
             ))
         }
-        None => print_bytes(&bytes)?,
+        None => print_bytes(bytes)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -421,7 +426,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ReportFormat::Text => Format::Text,
                 ReportFormat::Json => Format::Json,
                 ReportFormat::Html => Format::Html,
-                ReportFormat::Pprof => return pprof(&loaded, a.output.as_deref()),
+                ReportFormat::Pprof => {
+                    let bytes = report::pprof::export(&loaded)?;
+                    return binary(&bytes, "pprof", "FILE.pb.gz", a.output.as_deref());
+                }
+                ReportFormat::Otlp => {
+                    let bytes = report::otlp::export(&loaded)?;
+                    return binary(&bytes, "otlp", "FILE.otlp.pb", a.output.as_deref());
+                }
             };
             let rep = report::build(&loaded);
             refresh_saved(&a.dir, &rep);
@@ -452,13 +464,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(exit_for(&rb, a.fail_on))
         }
         Command::Watch(a) => {
-            let collectors = match a.collectors.as_deref() {
+            let mut collectors = match a.collectors.as_deref() {
                 Some(list) => collect::parse_list(Some(list))?,
                 None => pgbelow::watch::DEFAULT_COLLECTORS
                     .iter()
                     .map(|s| s.to_string())
                     .collect(),
             };
+            let otlp_endpoint = match a.otlp_endpoint.as_deref() {
+                Some(u) => Some(pgbelow::watch::otlp::endpoint(u)?),
+                None => None,
+            };
+            if otlp_endpoint.is_some() && !collectors.iter().any(|c| c == "profile") {
+                eprintln!("pgbelow: watch: --otlp-endpoint: adding the profile collector");
+                collectors.push("profile".into());
+            }
             pgbelow::watch::run(&pgbelow::watch::WatchOptions {
                 pid: a.pid,
                 dsn: a.conn.conninfo().map_err(|e| {
@@ -471,6 +491,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 collectors,
                 syscall_mechanism: mechanism(a.syscall_mechanism),
                 sampling: a.sampling.sampling(),
+                otlp_endpoint,
             })?;
             Ok(ExitCode::SUCCESS)
         }

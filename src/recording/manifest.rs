@@ -46,6 +46,9 @@ pub struct Manifest {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Host {
+    /// The machine's name (`/proc/sys/kernel/hostname`); older recordings lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
     pub kernel: String,
     pub arch: String,
     pub cpus: usize,
@@ -162,6 +165,7 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "full_page_writes",
     "recovery_prefetch",
     "maintenance_io_concurrency",
+    "cluster_name",
 ];
 
 /// Facts about this machine for the manifest.
@@ -172,6 +176,7 @@ pub fn this_host() -> Host {
             .map(|s| s.trim().to_string())
     };
     Host {
+        hostname: read("/proc/sys/kernel/hostname").filter(|h| !h.is_empty()),
         kernel: read("/proc/sys/kernel/osrelease").unwrap_or_default(),
         arch: std::env::consts::ARCH.to_string(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),

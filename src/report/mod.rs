@@ -3,7 +3,9 @@
 
 pub mod html;
 pub mod json;
+pub mod otlp;
 pub mod pprof;
+pub mod profile_model;
 pub mod sections;
 pub mod text;
 

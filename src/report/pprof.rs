@@ -12,8 +12,9 @@ use std::io::Write;
 use anyhow::Result;
 use prost::Message;
 
+use super::profile_model::{model, split_kernel};
 use crate::evidence::Evidence;
-use crate::recording::schema::profile::{Frame, KERNEL_MODULE, KERNEL_SUFFIX};
+use crate::recording::schema::profile::Frame;
 
 /// prost's types for `perftools.profiles`.
 #[allow(clippy::all, missing_docs)]
@@ -125,28 +126,10 @@ impl Builder {
     }
 }
 
-/// Kernel frames are named `func_[k]` in folded stacks: pprof gets the bare
-/// name in the kernel's mapping.
-fn split_kernel(f: &Frame) -> (&str, Option<String>) {
-    match f.name.strip_suffix(KERNEL_SUFFIX) {
-        Some(bare) => (bare, Some(KERNEL_MODULE.to_string())),
-        None => (&f.name, f.module.clone()),
-    }
-}
-
 /// The profile message (not yet encoded).
 pub fn build(ev: &Evidence) -> Result<proto::Profile> {
-    let prof = ev.profile.as_ref().ok_or_else(|| {
-        crate::error::fixable(
-            format!(
-                "{} has no on-CPU profile (profile.json)",
-                ev.rec.dir.display()
-            ),
-            "record with the profile collector (--collectors all, or a list with profile)",
-        )
-    })?;
-    let hz = prof.summary.hz.max(1);
-    let period = (1_000_000_000 / hz) as i64;
+    let m = model(ev)?;
+    let period = m.period_ns;
     let mut b = Builder::default();
     b.s("");
     b.p.sample_type = vec![
@@ -164,45 +147,12 @@ pub fn build(ev: &Evidence) -> Result<proto::Profile> {
         unit: b.s("nanoseconds"),
     });
     b.p.period = period;
-    b.p.duration_nanos = (prof.summary.duration_s * 1e9) as i64;
-    b.p.time_nanos = chrono::DateTime::parse_from_rfc3339(&ev.rec.manifest.started_at)
-        .ok()
-        .and_then(|t| t.timestamp_nanos_opt())
-        .unwrap_or(0);
-    let comment = format!(
-        "pgbelow on-CPU profile of {} ({})",
-        ev.rec.dir.display(),
-        prof.summary.mechanism
-    );
-    b.p.comment = vec![b.s(&comment)];
-    // One server: its processes are the "primary" node, as in a recording's Context.
-    let single = ev.rec.manifest.postgres.nodes.len() <= 1;
-    let node_of = |pid: Option<u32>| match pid.and_then(|p| ev.rec.node_of(p)) {
-        Some(n) => Some(n),
-        None => single.then_some("primary"),
-    };
-    if !prof.pid_stacks.is_empty() {
-        for ps in &prof.pid_stacks {
-            let role = ev.rec.role_of(ps.pid);
-            let pid = ps.pid.to_string();
-            let mut labels = vec![("role", role.as_str()), ("pid", pid.as_str())];
-            labels.extend(node_of(Some(ps.pid)).map(|n| ("node", n)));
-            b.sample(&ps.frames, ps.samples, period, &labels);
-        }
-    } else {
-        for st in &prof.stacks {
-            let frames: Vec<Frame> = st
-                .frames
-                .iter()
-                .map(|n| Frame {
-                    name: n.clone(),
-                    module: None,
-                })
-                .collect();
-            let mut labels = vec![("role", st.role.as_str())];
-            labels.extend(node_of(None).map(|n| ("node", n)));
-            b.sample(&frames, st.samples, period, &labels);
-        }
+    b.p.duration_nanos = m.duration_ns;
+    b.p.time_nanos = m.start_unix_ns;
+    b.p.comment = vec![b.s(&m.comment)];
+    for st in &m.samples {
+        let labels: Vec<(&str, &str)> = st.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        b.sample(&st.frames, st.count, period, &labels);
     }
     Ok(b.p)
 }

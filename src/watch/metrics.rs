@@ -26,6 +26,8 @@ pub struct Metrics {
     cpu_s: BTreeMap<String, f64>,
     commits: u64,
     statements: u64,
+    /// OTLP pushes by result (ok, error), when --otlp-endpoint is given.
+    otlp: BTreeMap<&'static str, u64>,
     /// Process-seconds by (role, wait event type).
     wait_s: BTreeMap<(String, String), f64>,
     checkpoints: BTreeMap<&'static str, u64>,
@@ -131,6 +133,14 @@ impl Metrics {
         for (k, v) in d.wait_s {
             *self.wait_s.entry(k).or_default() += v;
         }
+    }
+
+    /// Count one OTLP push.
+    pub fn otlp_pushed(&mut self, ok: bool) {
+        let key = if ok { "ok" } else { "error" };
+        *self.otlp.entry(key).or_default() += 1;
+        self.otlp.entry("ok").or_default();
+        self.otlp.entry("error").or_default();
     }
 
     /// Add one window's recording and its report (the syscall, state,
@@ -423,6 +433,14 @@ impl Metrics {
             Kind::Gauge,
             "1 when the last window observed the server to its end.",
             [(vec![], if self.postgres_up { 1.0 } else { 0.0 })],
+        );
+        e.family(
+            "pgbelow_otlp_exports_total",
+            Kind::Counter,
+            "Window profiles pushed to --otlp-endpoint, by result (ok, error).",
+            self.otlp
+                .iter()
+                .map(|(r, n)| (lab(&[("result", r)]), *n as f64)),
         );
         e.family(
             "pgbelow_windows_total",

@@ -7,6 +7,7 @@
 //! Windows that raised a finding can be kept as recordings (`--keep`).
 pub mod live;
 pub mod metrics;
+pub mod otlp;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,8 @@ pub struct WatchOptions {
     pub collectors: Vec<String>,
     pub syscall_mechanism: Option<Mechanism>,
     pub sampling: crate::collect::Sampling,
+    /// Where each window's profile is pushed (OTLP/HTTP), if anywhere.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Serve `/metrics` until stopped; the stop is the ordinary way out (Ok).
@@ -100,6 +103,7 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
     // first seen working in (its postmaster.pid names the new postmaster).
     let mut pid = opts.pid;
     let mut data_dir: Option<PathBuf> = None;
+    let mut last_push_error = String::new();
     while !interrupt::requested() {
         n += 1;
         if let (Some(old), Some(d)) = (pid, &data_dir) {
@@ -180,6 +184,19 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
         }
         lock(metrics).add_window(&ev, &rep, server_up);
         eprintln!("{}", window_line(n, &rep));
+        if let Some(url) = &opts.otlp_endpoint {
+            let pushed = otlp::push(url, &ev);
+            if let Err(e) = &pushed {
+                let msg = one_line(&format!("{e:#}"));
+                if msg != last_push_error {
+                    eprintln!("pgbelow: watch: OTLP push to {url} failed: {msg}");
+                    last_push_error = msg;
+                }
+            } else {
+                last_push_error.clear();
+            }
+            lock(metrics).otlp_pushed(pushed.is_ok());
+        }
         match &opts.keep {
             Some(keep) if !rep.findings.is_empty() => {
                 crate::report::write_files(&rec.dir, &rep)?;

@@ -1,0 +1,101 @@
+//! The on-CPU profile of a recording as one model both profile exports
+//! encode (pprof, OTLP): stacks root first with their sample counts and
+//! labels (`role`, `pid` where the recording has per-process stacks, and
+//! `node`), the sampling period and when the recording ran.
+use anyhow::Result;
+
+use crate::evidence::Evidence;
+use crate::recording::schema::profile::{Frame, KERNEL_MODULE, KERNEL_SUFFIX};
+
+pub struct ProfileModel {
+    pub period_ns: i64,
+    pub duration_ns: i64,
+    /// When the recording started (Unix ns; 0 when unknown).
+    pub start_unix_ns: i64,
+    pub comment: String,
+    pub samples: Vec<ModelSample>,
+}
+
+pub struct ModelSample {
+    /// Root first.
+    pub frames: Vec<Frame>,
+    pub count: u64,
+    pub labels: Vec<(&'static str, String)>,
+}
+
+/// Kernel frames are named `func_[k]` in folded stacks: the exports get the
+/// bare name in the kernel's mapping.
+pub fn split_kernel(f: &Frame) -> (&str, Option<String>) {
+    match f.name.strip_suffix(KERNEL_SUFFIX) {
+        Some(bare) => (bare, Some(KERNEL_MODULE.to_string())),
+        None => (&f.name, f.module.clone()),
+    }
+}
+
+/// The model, or an error naming why the recording has no profile.
+pub fn model(ev: &Evidence) -> Result<ProfileModel> {
+    let prof = ev.profile.as_ref().ok_or_else(|| {
+        crate::error::fixable(
+            format!(
+                "{} has no on-CPU profile (profile.json)",
+                ev.rec.dir.display()
+            ),
+            "record with the profile collector (--collectors all, or a list with profile)",
+        )
+    })?;
+    let hz = prof.summary.hz.max(1);
+    let mut m = ProfileModel {
+        period_ns: (1_000_000_000 / hz) as i64,
+        duration_ns: (prof.summary.duration_s * 1e9) as i64,
+        start_unix_ns: chrono::DateTime::parse_from_rfc3339(&ev.rec.manifest.started_at)
+            .ok()
+            .and_then(|t| t.timestamp_nanos_opt())
+            .unwrap_or(0),
+        comment: format!(
+            "pgbelow on-CPU profile of {} ({})",
+            ev.rec.dir.display(),
+            prof.summary.mechanism
+        ),
+        samples: Vec::new(),
+    };
+    // One server: its processes are the "primary" node, as in a recording's Context.
+    let single = ev.rec.manifest.postgres.nodes.len() <= 1;
+    let node_of = |pid: Option<u32>| match pid.and_then(|p| ev.rec.node_of(p)) {
+        Some(n) => Some(n.to_string()),
+        None => single.then(|| "primary".to_string()),
+    };
+    if !prof.pid_stacks.is_empty() {
+        for ps in &prof.pid_stacks {
+            let mut labels = vec![
+                ("role", ev.rec.role_of(ps.pid).as_str().to_string()),
+                ("pid", ps.pid.to_string()),
+            ];
+            labels.extend(node_of(Some(ps.pid)).map(|n| ("node", n)));
+            m.samples.push(ModelSample {
+                frames: ps.frames.clone(),
+                count: ps.samples,
+                labels,
+            });
+        }
+    } else {
+        // Older recordings: role-level folded stacks, no binaries.
+        for st in &prof.stacks {
+            let frames = st
+                .frames
+                .iter()
+                .map(|n| Frame {
+                    name: n.clone(),
+                    module: None,
+                })
+                .collect();
+            let mut labels = vec![("role", st.role.as_str().to_string())];
+            labels.extend(node_of(None).map(|n| ("node", n)));
+            m.samples.push(ModelSample {
+                frames,
+                count: st.samples,
+                labels,
+            });
+        }
+    }
+    Ok(m)
+}
