@@ -681,6 +681,17 @@ fn promtool_test_rules(scrapes: &[(&str, &str)]) {
     assert!(!finding.is_empty(), "no finding active in the scrapes");
     let dir = tempfile::tempdir().unwrap();
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/watch/alerts.yml");
+    let o = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     let exp = |s: &str| {
         if s.is_empty() {
             " []\n".to_string()

@@ -31,6 +31,9 @@ pub struct LiveDeltas {
     /// Process-seconds by (role, wait event type; `CPU` without one), from
     /// pg_stat_activity's samples; idle sessions left out.
     pub wait_s: BTreeMap<(String, String), f64>,
+    /// The server's checkpointer counters in the newest sample read
+    /// (cumulative since its statistics reset: taken as they are).
+    pub checkpointer: Option<crate::collect::pgstat::Checkpointer>,
 }
 
 /// Where the window's streams were read up to, and the roles of the
@@ -41,6 +44,7 @@ pub struct LiveSyscalls {
     procfs_offset: u64,
     pgstat_offset: u64,
     waits_offset: u64,
+    server_offset: u64,
     /// The window's last server-counter sample: the next one's baseline.
     pgstat_last: Option<PgstatSample>,
     roles: BTreeMap<u32, Role>,
@@ -157,6 +161,15 @@ impl LiveSyscalls {
                     .or_default() += row.samples as f64 * per_sample;
             }
         }
+        let text = new_lines(
+            &dir.join(crate::collect::pgstat::SERVER),
+            &mut self.server_offset,
+        );
+        for line in text.split(|b| *b == b'\n') {
+            if let Ok(s) = serde_json::from_slice::<crate::collect::pgstat::ServerSample>(line) {
+                out.checkpointer = s.checkpointer.or(out.checkpointer);
+            }
+        }
         let text = new_lines(&dir.join(files::PGSTAT), &mut self.pgstat_offset);
         for line in text.split(|b| *b == b'\n') {
             let Ok(s) = serde_json::from_slice::<PgstatSample>(line) else {
@@ -222,6 +235,16 @@ mod tests {
         let kinds: Vec<&str> = d.wait_s.keys().map(|(_, k)| k.as_str()).collect();
         assert!(kinds.contains(&"CPU"), "{:?}", d.wait_s);
         assert!((0.3..=11.5).contains(&backend), "{:?}", d.wait_s);
+        // The checkpoint counters as the newest server sample read them.
+        let last: Option<crate::collect::pgstat::ServerSample> =
+            std::fs::read_to_string(dir.join(crate::collect::pgstat::SERVER))
+                .unwrap()
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .last();
+        let want = last.and_then(|s| s.checkpointer);
+        assert!(want.is_some());
+        assert_eq!(d.checkpointer, want);
         // The background processes' main-loop sleeps are idle, not waits.
         assert!(
             !d.wait_s.keys().any(|(r, _)| r == "checkpointer"),

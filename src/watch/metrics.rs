@@ -133,6 +133,16 @@ impl Metrics {
         for (k, v) in d.wait_s {
             *self.wait_s.entry(k).or_default() += v;
         }
+        if let Some(b) = d.checkpointer {
+            self.set_checkpointer(&b);
+        }
+    }
+
+    /// The server's checkpoint counters as one sample read them.
+    fn set_checkpointer(&mut self, b: &crate::collect::pgstat::Checkpointer) {
+        self.checkpoints.insert("timed", b.timed);
+        self.checkpoints.insert("requested", b.requested);
+        self.checkpoint_buffers = b.buffers_written;
     }
 
     /// Count one OTLP push.
@@ -174,9 +184,7 @@ impl Metrics {
         // checkpoints when the checkpoint began in the window before. As
         // read, both count from the same statistics reset.
         if let Some(b) = ev.server.last().and_then(cp) {
-            self.checkpoints.insert("timed", b.timed);
-            self.checkpoints.insert("requested", b.requested);
-            self.checkpoint_buffers = b.buffers_written;
+            self.set_checkpointer(&b);
         }
 
         let backend = by_role.get(&Role::Backend);
