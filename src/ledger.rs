@@ -26,8 +26,6 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::collect::procfs::parse;
-
 /// Overrides the ledger directory (tests).
 pub const DIR_ENV: &str = "PGBELOW_LEDGER_DIR";
 
@@ -242,15 +240,16 @@ fn create_dir(d: &Path) -> std::io::Result<()> {
 
 /// The start time of `pid` in clock ticks after boot.
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse::parse_stat(&stat).map(|s| s.starttime)
+    let p = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+    p.stat().ok().map(|s| s.starttime)
 }
 
 fn zombie(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
+    i32::try_from(pid)
         .ok()
-        .and_then(|s| parse::parse_stat_state(&s))
-        .is_none_or(|state| state == 'Z')
+        .and_then(|p| procfs::process::Process::new(p).ok())
+        .and_then(|p| p.stat().ok())
+        .is_none_or(|s| s.state == 'Z')
 }
 
 /// What a reclaim did: one line per object undone, and what it could not do.
@@ -672,11 +671,10 @@ fn mounted_under(path: &Path) -> bool {
 }
 
 fn mount_points() -> Vec<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    crate::collect::system::parse_mountinfo(&text)
-        .into_iter()
-        .map(|m| PathBuf::from(m.mount_point))
-        .collect()
+    procfs::process::Process::myself()
+        .and_then(|p| p.mountinfo())
+        .map(|m| m.into_iter().map(|m| m.mount_point).collect())
+        .unwrap_or_default()
 }
 
 /// Loop devices (`/dev/loopN`) whose backing file is `backing`.

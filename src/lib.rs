@@ -3,6 +3,7 @@
 //! Pipeline: `provision → workload → collect → analyse → report`, with a
 //! recording (a directory) between capture and interpretation.
 
+pub(crate) mod account;
 pub mod analyse;
 pub mod app;
 pub mod attach;

@@ -452,7 +452,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let body = match a.format {
                 Format::Text => pgbelow::compare::render(&c),
                 Format::Json => serde_json::to_string_pretty(&c)? + "\n",
-                Format::Html => report::html::compare::render(&c, (&ra, &ea), (&rb, &eb)),
+                Format::Html => pgbelow::compare::html::render(&c, (&ra, &ea), (&rb, &eb)),
             };
             // The warnings go to stderr too: a JSON or HTML on stdout hides them.
             if a.format != Format::Text {

@@ -253,3 +253,124 @@ fn the_checker_finds_an_import() {
     );
     assert_eq!(grouped.len(), 1, "{grouped:?}");
 }
+
+/// The top-level modules a file's code names (`crate::m::…`, `crate::m;`,
+/// and the heads of grouped `crate::{m::…, n}` imports).
+fn crate_refs(text: &str) -> std::collections::BTreeSet<String> {
+    let code: String = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = std::collections::BTreeSet::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit())
+            .collect();
+        if !name.is_empty() {
+            out.insert(name);
+        }
+    }
+    // Grouped imports: the same parser as `imports` finds their heads.
+    let mods: Vec<String> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.unwrap().path();
+            let n = p.file_stem()?.to_str()?.to_string();
+            Some(n)
+        })
+        .collect();
+    let names: Vec<&str> = mods.iter().map(String::as_str).collect();
+    for hit in imports(&code, &names) {
+        for m in &names {
+            if hit.contains(&format!("{{{m}::"))
+                || hit.contains(&format!(" {m}::"))
+                || hit.contains(&format!("{{{m},"))
+                || hit.contains(&format!(" {m},"))
+                || hit.contains(&format!(" {m}}}"))
+                || hit.contains(&format!("{{{m}}}"))
+            {
+                out.insert(m.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The crate's top-level modules import each other without a circle: each
+/// layer only imports layers below it.
+#[test]
+fn the_module_graph_has_no_circle() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let Some(name) = p.file_stem().and_then(|n| n.to_str()).map(String::from) else {
+            continue;
+        };
+        if ["bin", "bpf", "lib", "main"].contains(&name.as_str()) {
+            continue;
+        }
+        let mut files = Vec::new();
+        if p.is_dir() {
+            rust_files(&p, &mut files);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            files.push(p.clone());
+        }
+        let refs = edges.entry(name.clone()).or_default();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            refs.extend(crate_refs(code).into_iter().filter(|r| *r != name));
+        }
+    }
+    // Depth-first search for a back edge; the path is the circle.
+    fn visit(
+        m: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        done: &mut BTreeSet<String>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == m) {
+            return Some(path[i..].to_vec());
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m.to_string());
+        for n in edges.get(m).into_iter().flatten() {
+            if let Some(c) = visit(n, edges, done, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for m in edges.keys() {
+        if let Some(c) = visit(m, &edges, &mut done, &mut Vec::new()) {
+            panic!(
+                "modules import each other in a circle: {}\n{edges:#?}",
+                c.join(" → ")
+            );
+        }
+    }
+    // The check can fail: a circle made up is found.
+    let mut bad = edges.clone();
+    bad.entry("recording".into())
+        .or_default()
+        .insert("report".into());
+    let mut done = BTreeSet::new();
+    let found = bad
+        .keys()
+        .find_map(|m| visit(m, &bad, &mut done, &mut Vec::new()));
+    assert!(
+        found.is_some(),
+        "a made-up recording → report edge closes no circle"
+    );
+}

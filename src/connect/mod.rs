@@ -249,7 +249,7 @@ impl ConnSpec {
     /// Resolve `dsn` (absent: the environment and defaults alone) with this
     /// process's environment and account.
     pub fn resolve(dsn: Option<&str>) -> Result<ConnSpec> {
-        let account = crate::provision::account::Account::current()?;
+        let account = crate::account::Account::current()?;
         ConnSpec::resolve_with(
             dsn,
             &|k| std::env::var(k).ok(),

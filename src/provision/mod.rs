@@ -30,7 +30,7 @@
 //! torn down completely (no process left, directory deleted) by
 //! [`Cluster::stop`] or on drop.
 
-pub(crate) mod account;
+pub(crate) use crate::account;
 mod cluster;
 mod elf;
 mod install;

@@ -240,8 +240,8 @@ mod tests {
             std::fs::read_to_string(dir.join(crate::collect::pgstat::SERVER))
                 .unwrap()
                 .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .last();
+                .rev()
+                .find_map(|l| serde_json::from_str(l).ok());
         let want = last.and_then(|s| s.checkpointer);
         assert!(want.is_some());
         assert_eq!(d.checkpointer, want);

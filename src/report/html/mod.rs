@@ -6,7 +6,6 @@
 //! Content-Security-Policy allows only the page's own code (by hash).
 //! Every string a server gave (names, query text, settings, frames) is
 //! escaped, in HTML and in the page's JSON.
-pub mod compare;
 pub mod flame;
 pub mod panels;
 pub mod tables;

@@ -5,10 +5,10 @@
 //! graph per role.
 use std::fmt::Write;
 
-use super::{escape, flame, panels, tables, ChartData, Page};
+use super::{or_not_recorded, Comparison};
 use crate::analyse::Finding;
-use crate::compare::{or_not_recorded, Comparison};
 use crate::evidence::Evidence;
+use crate::report::html::{escape, flame, panels, tables, ChartData, Page};
 use crate::report::Report;
 
 fn card(o: &mut String, side: &str, f: Option<&Finding>) {
@@ -130,7 +130,7 @@ pub fn render(c: &Comparison, a: (&Report, &Evidence), b: (&Report, &Evidence)) 
             panels::overlay(name, get(&pa).as_ref(), get(&pb).as_ref())
         })
         .collect();
-    super::timeline(o, &merged, &|_| "not recorded in A nor in B".into());
+    crate::report::html::timeline(o, &merged, &|_| "not recorded in A nor in B".into());
     let end = panels::end_of(ra, ea).max(panels::end_of(rb, eb));
     let mut checkpoints = panels::checkpoint_windows(ea, end);
     for mut w in panels::checkpoint_windows(eb, end) {
@@ -214,7 +214,7 @@ pub fn render(c: &Comparison, a: (&Report, &Evidence), b: (&Report, &Evidence)) 
         "</section><details id=\"text-report\"><summary>The text comparison</summary><pre>{}</pre></details>\
          <footer>pgbelow · charts: uPlot {} (MIT) · flame graphs: inferno</footer>",
         escape(&crate::compare::render(c)),
-        super::UPLOT_VERSION
+        crate::report::html::UPLOT_VERSION
     );
     page.finish(&format!(
         "pgbelow compare: {} vs {}",

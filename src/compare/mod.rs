@@ -1,6 +1,8 @@
 //! `pgbelow compare A B`: did the change between two recordings (a setting,
 //! a patch, a version) help? tps with a confidence interval, per-statement
 //! syscall costs side by side, and which findings went away or appeared.
+pub mod html;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
