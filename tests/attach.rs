@@ -50,9 +50,7 @@ fn record_rejects_a_bad_connection_string() {
 /// instead of retrying every 5 s forever.
 #[test]
 fn without_root_the_missing_privilege_is_named() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to switch to another user");
+    if common::skipped_unless_root("needs root to switch to another user") {
         return;
     }
     let c = common::userdb::UserCluster::start(&[], &[]);

@@ -423,9 +423,7 @@ fn checkpoint_run(limited: bool) -> Value {
 /// same workload and checkpoint raise nothing.
 #[test]
 fn checkpoint_stall_found_attached() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: the loop device needs root");
+    if common::skipped_unless_root("the loop device needs root") {
         return;
     }
     let stalled = checkpoint_run(true);
@@ -845,9 +843,7 @@ impl Drop for QuotaCgroup {
 /// pgbelow's, and is still there, untouched, after the recording.
 #[test]
 fn cgroup_throttling_found_attached() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root (a cpu cgroup)");
+    if common::skipped_unless_root("needs root (a cpu cgroup)") {
         return;
     }
     let c = UserCluster::start(&[], &[]);
@@ -916,9 +912,7 @@ impl Drop for LimitCgroup {
 /// is in the cgroup: its limit can reclaim or OOM-kill nothing else.
 #[test]
 fn memory_cgroup_reclaim_found_attached() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root (a memory cgroup)");
+    if common::skipped_unless_root("needs root (a memory cgroup)") {
         return;
     }
     let c = UserCluster::start(&[("shared_buffers", "128MB")], &[]);

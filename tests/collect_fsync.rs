@@ -30,9 +30,7 @@ fn fdatasync_latency_of_a_tracked_process_at_its_system_calls() {
 }
 
 fn fdatasync_latency(hook: Hook) {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: the fsync collector needs root (BPF)");
+    if common::skipped_unless_root("the fsync collector needs root (BPF)") {
         return;
     }
     const N: u64 = 40;

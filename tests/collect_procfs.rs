@@ -2,6 +2,7 @@
 //! nanosleep, a child blocked reading a pipe, processes that exit while
 //! sampled, the collector end to end into a recording and its report
 //! section, and the degraded path without root.
+mod common;
 use std::collections::BTreeMap;
 use std::io::BufReader;
 use std::process::{Child, Command, Stdio};
@@ -16,8 +17,7 @@ use pgbelow::recording::{files, this_host_manifest, Writer};
 use pgbelow::report::sections;
 
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    common::is_root()
 }
 
 /// Kills and reaps the child when dropped, so no test leaves one behind.

@@ -746,9 +746,7 @@ fn drop_many_setup_stops_at_ctrl_c() {
 /// This binary's lab lock, a ledger of the test's own and the start time;
 /// None (the test skipped, saying why) unless root.
 fn as_root(what: &str) -> Option<(std::sync::MutexGuard<'static, ()>, TestLedger, Instant)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: {what} needs root");
+    if common::skipped_unless_root(&format!("{what} needs root")) {
         return None;
     }
     Some((common::exclusive(), ledger_dir(), Instant::now()))

@@ -26,9 +26,7 @@ fn no_cgroup_left() {
 
 #[test]
 fn quota_below_demand_raises_the_finding_and_none_does_not() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: cgroup-cpu-throttling needs root (a cpu cgroup)");
+    if common::skipped_unless_root("cgroup-cpu-throttling needs root (a cpu cgroup)") {
         return;
     }
     let d = tempfile::tempdir().unwrap();

@@ -17,12 +17,7 @@ const ID: &str = "checkpoint-writeback-stall";
 /// Root, or say the test is skipped. (The two runs go one at a time:
 /// `common::run_json` holds `common::exclusive()`.)
 fn root_or_skip() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() == 0 };
-    if !root {
-        eprintln!("skipped: checkpoint-stall needs root (loop device, cgroup limits)");
-    }
-    root
+    !common::skipped_unless_root("checkpoint-stall needs root (loop device, cgroup limits)")
 }
 
 fn run(out: &Path, extra: &[&str]) -> Value {

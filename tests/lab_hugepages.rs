@@ -23,9 +23,7 @@ fn lab_run(extra: &[&str], out: &Path) -> Value {
 
 #[test]
 fn page_tables_raise_the_finding_without_huge_pages_and_not_with_them() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: --huge-pages on needs root (vm.nr_hugepages)");
+    if common::skipped_unless_root("--huge-pages on needs root (vm.nr_hugepages)") {
         return;
     }
     let before = nr_hugepages();

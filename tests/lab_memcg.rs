@@ -21,9 +21,7 @@ fn lab_run(extra: &[&str], out: &Path) -> Value {
 
 #[test]
 fn limit_above_shared_buffers_raises_the_finding_and_none_does_not() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: memory-cgroup-reclaim needs root (a memory cgroup)");
+    if common::skipped_unless_root("memory-cgroup-reclaim needs root (a memory cgroup)") {
         return;
     }
     let d = tempfile::tempdir().unwrap();

@@ -53,9 +53,7 @@ fn lab_run(collectors: &str, extra: &[&str], env: Option<(&str, &str)>, out: &Pa
 
 #[test]
 fn slow_wal_device_raises_the_finding_and_ram_does_not() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: wal-fsync-latency needs root (loop device, write limit)");
+    if common::skipped_unless_root("wal-fsync-latency needs root (loop device, write limit)") {
         return;
     }
     let d = tempfile::tempdir().unwrap();

@@ -1,6 +1,7 @@
 //! Provisioning against real PostgreSQL: the system's, and builds fetched
 //! from npm. Some checks run in a child process (this test binary re-run on
 //! one test) so they get their own TMPDIR or PATH without racing other tests.
+mod common;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -410,9 +411,8 @@ fn npm_unknown_major_lists_the_available_ones() {
 
 #[test]
 fn root_refuses_binaries_the_server_account_cannot_reach() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return; // only root switches to the postgres account
+    if common::skipped_unless_root("only root switches to the postgres account") {
+        return;
     }
     use std::os::unix::fs::PermissionsExt;
     let system = PgInstall::system().unwrap();

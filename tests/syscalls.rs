@@ -6,6 +6,7 @@
 //! The workload is `pgbelow-testload` (src/bin/pgbelow-testload.rs).
 //! `cargo test --test syscalls -- --ignored --nocapture measure` prints the
 //! overhead numbers.
+mod common;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -29,12 +30,7 @@ fn getppid() -> u32 {
 
 /// Whether this process may count syscalls; prints why not.
 fn privileged() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        eprintln!("skipped: needs root (CAP_BPF, CAP_PERFMON)");
-    }
-    root
+    !common::skipped_unless_root("needs root (CAP_BPF, CAP_PERFMON)")
 }
 
 struct Load {

@@ -11,6 +11,21 @@ use std::time::Duration;
 use assert_cmd::Command;
 use serde_json::Value;
 
+/// Whether the tests run as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// True, after saying `skipped: {why}`, when not root: the caller returns.
+pub fn skipped_unless_root(why: &str) -> bool {
+    let root = is_root();
+    if !root {
+        eprintln!("skipped: {why}");
+    }
+    !root
+}
+
 /// One lab run at a time per test binary. The tests in a binary run on
 /// parallel threads, and two clusters under load on this 2-core machine skew
 /// each other's timings: the CI run that failed had a drop-many run's
