@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The cost of `pgbelow watch` on a pgbench-loaded cluster: its CPU (share of
 # one CPU, from /proc/PID/stat utime+stime) and RSS, sampled every 30 s.
-# Usage (root): [WATCH_ARGS="--collectors …"] [RATE=TPS] bench/watch-cost.sh [MINUTES] [PGBELOW_BINARY]
-# RATE throttles pgbench (-R) so a long run leaves the machine usable.
+# Usage (root): [WATCH_ARGS="--collectors …"] [RATE=TPS] [SCRAPE_S=5] bench/watch-cost.sh [MINUTES] [PGBELOW_BINARY]
+# RATE throttles pgbench (-R) so a long run leaves the machine usable;
+# /metrics is scraped every SCRAPE_S seconds (default 5), as a Prometheus would.
 # Starts its own cluster of the system's PostgreSQL in a temp dir (as the
 # postgres account) and removes it at the end.
 set -euo pipefail
@@ -17,6 +18,7 @@ as_pg() { runuser -u postgres -- "$@"; }
 cleanup() {
   [ -n "${wpid:-}" ] && kill -TERM "$wpid" 2>/dev/null && wait "$wpid" 2>/dev/null || true
   [ -n "${lpid:-}" ] && kill "$lpid" 2>/dev/null || true
+  [ -n "${spid:-}" ] && kill "$spid" 2>/dev/null || true
   as_pg "$pgbin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
   rm -rf "$dir"
 }
@@ -29,6 +31,8 @@ pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 2 ${RATE:+-R "$RATE"}
 lpid=$!
 "$bin" watch --dsn "host=$dir port=$port user=postgres dbname=postgres" --listen "127.0.0.1:$mport" ${WATCH_ARGS:-} 2>"$dir/watch.log" &
 wpid=$!
+( while sleep "${SCRAPE_S:-5}"; do curl -s -o /dev/null "http://127.0.0.1:$mport/metrics" || true; done ) &
+spid=$!
 tick=$(getconf CLK_TCK)
 page=$(getconf PAGESIZE)
 cpu_of() { awk -v t="$tick" '{ s=$0; sub(/.*\) /, "", s); split(s, f, " "); printf "%.2f", (f[12]+f[13])/t }' "/proc/$wpid/stat"; }

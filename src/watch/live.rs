@@ -34,6 +34,9 @@ pub struct LiveDeltas {
     /// The server's checkpointer counters in the newest sample read
     /// (cumulative since its statistics reset: taken as they are).
     pub checkpointer: Option<crate::collect::pgstat::Checkpointer>,
+    /// File pages the cluster's memory cgroup evicted and read again
+    /// (workingset_refault_file); None without memory cgroup samples.
+    pub memcg_refaults: Option<u64>,
 }
 
 /// Where the window's streams were read up to, and the roles of the
@@ -45,6 +48,7 @@ pub struct LiveSyscalls {
     pgstat_offset: u64,
     waits_offset: u64,
     server_offset: u64,
+    cgroup_offset: u64,
     /// The window's last server-counter sample: the next one's baseline.
     pgstat_last: Option<PgstatSample>,
     roles: BTreeMap<u32, Role>,
@@ -168,6 +172,17 @@ impl LiveSyscalls {
         for line in text.split(|b| *b == b'\n') {
             if let Ok(s) = serde_json::from_slice::<crate::collect::pgstat::ServerSample>(line) {
                 out.checkpointer = s.checkpointer.or(out.checkpointer);
+            }
+        }
+        let text = new_lines(
+            &dir.join(crate::collect::cgroup::STREAM),
+            &mut self.cgroup_offset,
+        );
+        for line in text.split(|b| *b == b'\n') {
+            if let Ok(s) = serde_json::from_slice::<crate::collect::cgroup::CgroupSample>(line) {
+                if let Some(m) = s.memory {
+                    *out.memcg_refaults.get_or_insert(0) += m.refaults;
+                }
             }
         }
         let text = new_lines(&dir.join(files::PGSTAT), &mut self.pgstat_offset);

@@ -26,6 +26,8 @@ pub struct Metrics {
     cpu_s: BTreeMap<String, f64>,
     commits: u64,
     statements: u64,
+    /// Refaults in the cluster's memory cgroup, once its samples came.
+    memcg_refaults: Option<u64>,
     /// OTLP pushes by result (ok, error), when --otlp-endpoint is given.
     otlp: BTreeMap<&'static str, u64>,
     /// Process-seconds by (role, wait event type).
@@ -63,8 +65,8 @@ const RATIOS: &[(&str, &str)] = &[
         "Backends' epoll_create1 calls per committed transaction over the last window.",
     ),
     (
-        "pgbelow_replay_cpu_ms_per_dropped_relation",
-        "Startup process CPU ms per dropped relation it replayed over the last window (absent with too few drops).",
+        "pgbelow_replay_cpu_seconds_per_dropped_relation",
+        "Startup process CPU seconds per dropped relation it replayed over the last window (absent with too few drops).",
     ),
     (
         "pgbelow_replay_fadvise_per_pread",
@@ -73,10 +75,6 @@ const RATIOS: &[(&str, &str)] = &[
     (
         "pgbelow_checkpoint_throughput_ratio",
         "Throughput of the worst tenth of the seconds inside checkpoints over the throughput outside them, over the last window (absent without a checkpoint).",
-    ),
-    (
-        "pgbelow_memory_cgroup_refaults_per_second",
-        "File pages the cluster's memory cgroup evicted and read again, per second over the last window (workingset_refault_file; absent without a memory cgroup).",
     ),
     (
         "pgbelow_subtrans_wait_ratio",
@@ -136,6 +134,9 @@ impl Metrics {
         if let Some(b) = d.checkpointer {
             self.set_checkpointer(&b);
         }
+        if let Some(n) = d.memcg_refaults {
+            *self.memcg_refaults.get_or_insert(0) += n;
+        }
     }
 
     /// The server's checkpoint counters as one sample read them.
@@ -191,9 +192,10 @@ impl Metrics {
         let get = |n: &str| backend.map_or(0, |b| b.get(n)) as f64;
         let ratio = |a: f64, b: Option<u64>| b.filter(|b| *b > 0).map(|b| a / b as f64);
         self.ratios.clear();
+        // Six decimals: seconds per dropped relation are milliseconds.
         let mut put = |name: &'static str, v: Option<f64>| {
             if let Some(v) = v {
-                self.ratios.insert(name, crate::round3(v));
+                self.ratios.insert(name, (v * 1e6).round() / 1e6);
             }
         };
         put(
@@ -205,8 +207,8 @@ impl Metrics {
             ratio(get("epoll_create1"), commits),
         );
         put(
-            "pgbelow_replay_cpu_ms_per_dropped_relation",
-            crate::analyse::replay_drop::cpu_ms_per_drop(ev),
+            "pgbelow_replay_cpu_seconds_per_dropped_relation",
+            crate::analyse::replay_drop::cpu_ms_per_drop(ev).map(|ms| ms / 1000.0),
         );
         put(
             "pgbelow_replay_fadvise_per_pread",
@@ -215,10 +217,6 @@ impl Metrics {
         put(
             "pgbelow_checkpoint_throughput_ratio",
             crate::analyse::checkpoint_stall::throughput_ratio(ev),
-        );
-        put(
-            "pgbelow_memory_cgroup_refaults_per_second",
-            crate::analyse::memory_cgroup::refaults_per_s(ev),
         );
         put(
             "pgbelow_subtrans_wait_ratio",
@@ -309,6 +307,14 @@ impl Metrics {
                 )
             }),
         );
+        if let Some(n) = self.memcg_refaults {
+            e.family(
+                "pgbelow_memory_cgroup_refaults_total",
+                Kind::Counter,
+                "File pages the cluster's memory cgroup evicted and read again (workingset_refault_file), over watched windows (cgroup collector).",
+                [(vec![], n as f64)],
+            );
+        }
         e.family(
             "pgbelow_commits_total",
             Kind::Counter,
@@ -705,20 +711,31 @@ mod tests {
                 .lines()
                 .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
         };
-        let replay = "pgbelow_replay_cpu_ms_per_dropped_relation";
+        let replay = "pgbelow_replay_cpu_seconds_per_dropped_relation";
         let ckpt = "pgbelow_checkpoint_throughput_ratio";
         let drop13 = gauge("pg13-drop-many-1row-1g", replay).expect("replay gauge");
-        assert!(drop13 > 1.0, "{drop13}");
+        assert!(drop13 > 0.001, "{drop13}");
         let stall = gauge("pg15-checkpoint-stall", ckpt).expect("checkpoint gauge");
         assert!(stall < 0.5, "{stall}");
         assert_eq!(gauge("pg13-select-only-timeout-all", ckpt), None);
         assert_eq!(gauge("pg13-select-only-timeout-all", replay), None);
-        let memcg = "pgbelow_memory_cgroup_refaults_per_second";
-        let tight = gauge("pg15-memcg-limit-160", memcg).expect("refault gauge");
-        assert!(tight > 100.0, "{tight}");
-        assert_eq!(gauge("pg15-memcg-no-limit", memcg), Some(0.0));
+        // The memory cgroup's refaults: a live counter.
+        let refaults = |fixture: &str| -> Option<f64> {
+            let ev = crate::evidence::fixture(fixture);
+            let mut m = Metrics::new(&[]);
+            let mut live = super::super::live::LiveSyscalls::default();
+            m.add_live(live.read_new(&ev.rec.dir));
+            m.render(false, &Own::default()).lines().find_map(|l| {
+                l.strip_prefix("pgbelow_memory_cgroup_refaults_total ")?
+                    .parse()
+                    .ok()
+            })
+        };
+        let tight = refaults("pg15-memcg-limit-160").expect("refault counter");
+        assert!(tight > 1000.0, "{tight}");
+        assert_eq!(refaults("pg15-memcg-no-limit"), Some(0.0));
         // Recorded before the memory cgroup was read: absent.
-        assert_eq!(gauge("pg15-checkpoint-stall", memcg), None);
+        assert_eq!(refaults("pg15-checkpoint-stall"), None);
         let prefetch = "pgbelow_replay_fadvise_per_pread";
         assert_eq!(gauge("pg14-replay-without-prefetch", prefetch), Some(0.0));
         let p15 = gauge("pg15-replay-prefetch", prefetch).expect("prefetch gauge");
