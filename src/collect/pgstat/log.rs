@@ -1,0 +1,371 @@
+//! The server log's checkpoint lines: parsed, and placed on the recording's clock.
+use super::{CheckpointStats, LogEvent};
+
+/// A timestamp from a log line's prefix.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LogTime {
+    /// `%m`/`%t`: local time in `log_timezone`, with the zone as printed
+    /// (an abbreviation such as `UTC`/`CET`, or a numeric offset).
+    Local {
+        /// Milliseconds since the epoch, reading the local time as if UTC.
+        naive_ms: i64,
+        zone: Option<String>,
+    },
+    /// `%n`: seconds since the epoch.
+    Epoch { ms: i64 },
+}
+
+/// A recognised line: its time (when the prefix has one), pid, and event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogLine {
+    pub time: Option<LogTime>,
+    pub event: LogEvent,
+}
+
+/// Parse one server-log line; `None` unless it is a checkpoint/restartpoint
+/// line. The returned event's `t` is 0 and `t_from` empty: [`LogClock`]
+/// places it on the recording's clock.
+pub fn parse_log_line(line: &str) -> Option<LogLine> {
+    let line = line.trim_end();
+    let (at, kind, phase) = [
+        ("checkpoint starting:", "checkpoint", "start"),
+        ("checkpoint complete:", "checkpoint", "complete"),
+        ("restartpoint starting:", "restartpoint", "start"),
+        ("restartpoint complete:", "restartpoint", "complete"),
+        (
+            "checkpoints are occurring too frequently",
+            "too-frequent",
+            "warning",
+        ),
+    ]
+    .iter()
+    .find_map(|(needle, kind, phase)| line.find(needle).map(|i| (i, *kind, *phase)))?;
+    let prefix = &line[..at];
+    // The severity ("LOG:  ") ends the prefix; a server in another language
+    // prints another word, so only cut at the last ':' before the message.
+    let prefix = prefix.trim_end().rsplit_once(' ').map_or("", |(p, _sev)| p);
+    let body = &line[at..];
+    let mut event = LogEvent {
+        kind: kind.into(),
+        phase: phase.into(),
+        pid: find_pid(prefix),
+        ..LogEvent::default()
+    };
+    match phase {
+        "start" => {
+            let flags = body.split_once(':').map_or("", |(_, f)| f).trim();
+            event.flags = (!flags.is_empty()).then(|| flags.to_string());
+        }
+        "complete" => {
+            event.stats = parse_complete(body.split_once(':').map_or("", |(_, s)| s));
+        }
+        _ => {
+            // "(%d second(s) apart)"
+            event.stats.seconds_apart = body
+                .split_once('(')
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok());
+        }
+    }
+    Some(LogLine {
+        time: find_time(prefix),
+        event,
+    })
+}
+
+/// The numbers after "checkpoint complete:".
+pub fn parse_complete(s: &str) -> CheckpointStats {
+    let mut st = CheckpointStats::default();
+    let num = |v: &str| -> Option<f64> {
+        v.trim()
+            .trim_end_matches(" s")
+            .trim_end_matches(" kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    for item in s.split([';', ',']).map(str::trim).filter(|i| !i.is_empty()) {
+        if let Some((k, v)) = item.split_once('=') {
+            let k = k.trim();
+            match k {
+                "write" => st.write_s = num(v),
+                "sync" => st.sync_s = num(v),
+                "total" => st.total_s = num(v),
+                "sync files" => st.sync_files = num(v).map(|x| x as u64),
+                "longest" => st.longest_sync_s = num(v),
+                "average" => st.average_sync_s = num(v),
+                "distance" => st.distance_kb = num(v).map(|x| x as u64),
+                "estimate" => st.estimate_kb = num(v).map(|x| x as u64),
+                "lsn" => st.lsn = Some(v.trim().to_string()),
+                "redo lsn" => st.redo_lsn = Some(v.trim().to_string()),
+                _ => {}
+            }
+            continue;
+        }
+        let words: Vec<&str> = item.split_whitespace().collect();
+        let first = words.first().and_then(|w| w.parse::<u64>().ok());
+        match words.as_slice() {
+            ["wrote", n, "buffers", rest @ ..] => {
+                st.buffers = n.parse().ok();
+                st.buffers_pct = rest
+                    .first()
+                    .map(|p| p.trim_matches(|c| c == '(' || c == ')' || c == '%'))
+                    .and_then(|p| p.parse().ok());
+            }
+            ["wrote", n, "SLRU", ..] => st.slru_buffers = n.parse().ok(),
+            [.., "added"] => st.wal_added = first,
+            [_, "removed"] => st.wal_removed = first,
+            [_, "recycled"] => st.wal_recycled = first,
+            _ => {}
+        }
+    }
+    st
+}
+
+/// `[pid]` or `pid` token (`%p`) in a log_line_prefix.
+fn find_pid(prefix: &str) -> Option<u32> {
+    prefix
+        .split(|c: char| c.is_whitespace())
+        .filter_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
+        .find_map(|w| w.split('-').next().and_then(|p| p.parse().ok()))
+}
+
+/// The first `YYYY-MM-DD HH:MM:SS[.mmm] [ZONE]` in a prefix, else a `%n`
+/// epoch (`1732246801.123`).
+fn find_time(prefix: &str) -> Option<LogTime> {
+    let b = prefix.as_bytes();
+    for i in 0..b.len().saturating_sub(18) {
+        if let Some((naive_ms, len)) = parse_datetime(&b[i..]) {
+            let rest = &prefix[i + len..];
+            let zone = rest
+                .strip_prefix(' ')
+                .and_then(|r| r.split([' ', ']']).next())
+                .filter(|z| {
+                    !z.is_empty()
+                        && z.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "+-:/_".contains(c))
+                        && !z.starts_with('[')
+                })
+                .map(String::from);
+            return Some(LogTime::Local { naive_ms, zone });
+        }
+    }
+    prefix
+        .split(|c: char| c.is_whitespace() || c == '[' || c == ']')
+        .filter(|w| w.len() >= 14 && w.contains('.'))
+        .find_map(|w| {
+            let (s, ms) = w.split_once('.')?;
+            let s: i64 = s.parse().ok()?;
+            let ms: i64 = ms.parse().ok()?;
+            if s <= 1_000_000_000 || ms >= 1000 {
+                return None;
+            }
+            // Damaged digits must not overflow.
+            let ms = s.checked_mul(1000)?.checked_add(ms)?;
+            Some(LogTime::Epoch { ms })
+        })
+}
+
+/// `YYYY-MM-DD HH:MM:SS` with optional `.mmm` at the start of `b`:
+/// (ms since epoch as if UTC, bytes used).
+fn parse_datetime(b: &[u8]) -> Option<(i64, usize)> {
+    let digits = |r: std::ops::Range<usize>| -> Option<u32> {
+        let s = b.get(r)?;
+        if !s.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(s).ok()?.parse().ok()
+    };
+    if b.len() < 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b' '
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let date =
+        chrono::NaiveDate::from_ymd_opt(digits(0..4)? as i32, digits(5..7)?, digits(8..10)?)?;
+    let (ms, len) = match (b.get(19), digits(20..23)) {
+        (Some(b'.'), Some(ms)) => (ms, 23),
+        _ => (0, 19),
+    };
+    let dt = date.and_hms_milli_opt(digits(11..13)?, digits(14..16)?, digits(17..19)?, ms)?;
+    Some((dt.and_utc().timestamp_millis(), len))
+}
+
+/// Places log timestamps on the recording's clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogClock {
+    /// Wall-clock time (ms since the epoch) of the recording's t = 0.
+    pub wall0_ms: i64,
+    /// `log_timezone`'s offset from UTC now, in seconds (from the server).
+    pub tz_offset_s: Option<i64>,
+}
+
+impl LogClock {
+    /// Recording time of a log timestamp, if the zone can be resolved.
+    pub fn t_of(&self, time: &LogTime) -> Option<f64> {
+        let utc_ms = match time {
+            LogTime::Epoch { ms } => *ms,
+            LogTime::Local { naive_ms, zone } => {
+                let off = zone
+                    .as_deref()
+                    .and_then(zone_offset_s)
+                    .or(self.tz_offset_s)?;
+                naive_ms - off * 1000
+            }
+        };
+        Some((utc_ms - self.wall0_ms) as f64 / 1000.0)
+    }
+
+    /// Stamp a parsed line: from its timestamp, else `read_t`.
+    pub fn stamp(&self, line: LogLine, read_t: f64) -> LogEvent {
+        let mut e = line.event;
+        match line.time.as_ref().and_then(|t| self.t_of(t)) {
+            Some(t) => {
+                e.t = crate::collect::session::round_ms(t);
+                e.t_from = "log".into();
+            }
+            None => {
+                e.t = read_t;
+                e.t_from = "read".into();
+            }
+        }
+        e
+    }
+}
+
+/// Offset of a zone printed by `%m` whose meaning needs no tz database:
+/// UTC/GMT/Z or a numeric `+HH`, `+HHMM`, `+HH:MM`.
+fn zone_offset_s(zone: &str) -> Option<i64> {
+    if matches!(zone, "UTC" | "GMT" | "Z" | "UCT" | "Etc/UTC") {
+        return Some(0);
+    }
+    let (sign, rest) = match zone.as_bytes().first()? {
+        b'+' => (1, &zone[1..]),
+        b'-' => (-1, &zone[1..]),
+        _ => return None,
+    };
+    let rest = rest.replace(':', "");
+    if !rest.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let (h, m) = match rest.len() {
+        1 | 2 => (rest.parse::<i64>().ok()?, 0),
+        4 => (
+            rest[..2].parse::<i64>().ok()?,
+            rest[2..].parse::<i64>().ok()?,
+        ),
+        _ => return None,
+    };
+    Some(sign * (h * 3600 + m * 60))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_pg17_complete_line_with_lsns() {
+        let l = "2026-11-22 04:37:32.747 CET [25066] LOG:  checkpoint complete: wrote 8339 buffers (50.9%); 0 WAL file(s) added, 0 removed, 4 recycled; write=10.279 s, sync=0.031 s, total=10.325 s; sync files=21, longest=0.007 s, average=0.002 s; distance=69771 kB, estimate=69771 kB; lsn=0/E2C2710, redo lsn=0/BBBCA00";
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(p.event.kind, "checkpoint");
+        assert_eq!(p.event.phase, "complete");
+        assert_eq!(p.event.pid, Some(25066));
+        let s = &p.event.stats;
+        assert_eq!(s.buffers, Some(8339));
+        assert_eq!(s.buffers_pct, Some(50.9));
+        assert_eq!(s.wal_recycled, Some(4));
+        assert_eq!(s.write_s, Some(10.279));
+        assert_eq!(s.sync_s, Some(0.031));
+        assert_eq!(s.total_s, Some(10.325));
+        assert_eq!(s.sync_files, Some(21));
+        assert_eq!(s.distance_kb, Some(69771));
+        assert_eq!(s.redo_lsn.as_deref(), Some("0/BBBCA00"));
+        match p.time.unwrap() {
+            LogTime::Local { zone, .. } => assert_eq!(zone.as_deref(), Some("CET")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn places_times_on_the_recording_clock() {
+        let start =
+            parse_log_line("2026-11-22 03:37:22.650 UTC [25045] LOG:  checkpoint starting: time")
+                .unwrap();
+        let wall0 = chrono::NaiveDate::from_ymd_opt(2026, 11, 22)
+            .unwrap()
+            .and_hms_milli_opt(3, 37, 20, 0)
+            .unwrap()
+            .and_utc()
+            .timestamp_millis();
+        let clock = LogClock {
+            wall0_ms: wall0,
+            tz_offset_s: None,
+        };
+        let e = clock.stamp(start, 9.0);
+        assert_eq!((e.t, e.t_from.as_str()), (2.65, "log"));
+        assert_eq!(e.flags.as_deref(), Some("time"));
+        // CET needs the server's offset; without it the read time is used.
+        let cet =
+            parse_log_line("2026-11-22 04:37:22.650 CET [25045] LOG:  checkpoint starting: time")
+                .unwrap();
+        assert_eq!(clock.stamp(cet.clone(), 9.0).t_from, "read");
+        let clock = LogClock {
+            tz_offset_s: Some(3600),
+            ..clock
+        };
+        assert_eq!(clock.stamp(cet, 9.0).t, 2.65);
+        assert_eq!(zone_offset_s("+0530"), Some(19800));
+        assert_eq!(zone_offset_s("-03"), Some(-10800));
+    }
+
+    /// A line as checkpoints.jsonl records it (the report's tests start from there).
+    #[test]
+    fn a_restartpoint_line_as_recorded() {
+        let clock = LogClock {
+            wall0_ms: chrono::NaiveDate::from_ymd_opt(2026, 11, 22)
+                .unwrap()
+                .and_hms_opt(3, 37, 20)
+                .unwrap()
+                .and_utc()
+                .timestamp_millis(),
+            tz_offset_s: Some(0),
+        };
+        let l = "2026-11-22 03:37:27.124 UTC [25116] LOG:  restartpoint complete: wrote 8062 buffers (49.2%); 0 WAL file(s) added, 4 removed, 0 recycled; write=4.960 s, sync=0.030 s, total=5.051 s; sync files=18, longest=0.009 s, average=0.002 s; distance=40026 kB, estimate=40026 kB";
+        let e = clock.stamp(parse_log_line(l).unwrap(), 99.0);
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"t":7.124,"kind":"restartpoint","phase":"complete","t_from":"log","pid":25116,"buffers":8062,"buffers_pct":49.2,"wal_added":0,"wal_removed":4,"wal_recycled":0,"write_s":4.96,"sync_s":0.03,"total_s":5.051,"sync_files":18,"longest_sync_s":0.009,"average_sync_s":0.002,"distance_kb":40026,"estimate_kb":40026}"#
+        );
+    }
+
+    // Found by the `serverlog` fuzz target: 19 digits of epoch seconds
+    // overflowed seconds × 1000.
+    #[test]
+    fn an_epoch_prefix_too_large_is_no_time() {
+        let p =
+            parse_log_line("2222222222222222220.075 [77] LOG:  checkpoint starting: wal").unwrap();
+        assert_eq!(p.time, None);
+        assert_eq!(p.event.flags.as_deref(), Some("wal"));
+    }
+
+    #[test]
+    fn other_prefixes() {
+        let p = parse_log_line("LOG:  checkpoint starting: immediate force wait").unwrap();
+        assert_eq!(p.time, None);
+        assert_eq!(p.event.flags.as_deref(), Some("immediate force wait"));
+        let p = parse_log_line(
+            "1763782642.650 [77] LOG:  checkpoints are occurring too frequently (9 seconds apart)",
+        )
+        .unwrap();
+        assert_eq!(p.time, Some(LogTime::Epoch { ms: 1763782642650 }));
+        assert_eq!(p.event.stats.seconds_apart, Some(9));
+        assert!(
+            parse_log_line("2026-11-22 03:37:22.650 UTC [1] LOG:  database system is ready")
+                .is_none()
+        );
+    }
+}

@@ -1,0 +1,517 @@
+//! PostgreSQL's own view of itself, over one dedicated read-only connection:
+//! a wait profile from `pg_stat_activity` sampled at 10 Hz, the
+//! checkpointer/bgwriter/WAL/replication counters and the standby's replay
+//! position at 1 Hz, the transaction counters (commits and rollbacks, in
+//! total and per database) and pg_stat_statements' calls and execution
+//! time that the server's timeline and per-statement ratios are built from,
+//! and checkpoint start/end events from the server log.
+//!
+//! Never writes: the session runs with `default_transaction_read_only=on`
+//! and only SELECTs statistics views and functions. Every query is prepared
+//! once and chosen by `server_version_num` (columns moved between 10 and 18).
+//! Format of the streams: docs/collectors/pgstat.md.
+//!
+//! `conn` owns the connection and what it asks of each major version, `sql`
+//! the statements and the rows they return, `log` the server log's
+//! checkpoint lines and `tail` following the log file; this file is the
+//! collector that runs them.
+mod conn;
+mod log;
+mod sql;
+mod tail;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result};
+
+use super::{Collector, Context};
+use crate::error::fixable;
+use crate::recording::reader::PgstatSample;
+use crate::recording::{files, CollectorInfo, Writer};
+use sql::{ActivityRow, Prepared, WaitAcc};
+use tail::LogTail;
+
+pub use conn::{PgssSource, ServerConn, OWN_MARK};
+pub use log::{parse_complete, parse_log_line, LogClock, LogLine, LogTime};
+pub use sql::{activity_sql, counters_sql, role_of_backend_type, server_sql};
+pub use tail::unfinished_start;
+
+pub use crate::recording::schema::pgstat::{
+    Bgwriter, CheckpointStats, Checkpointer, LogEvent, RecoveryPrefetch, Replica, ServerSample,
+    Slru, WaitRow, WaitSample, Wal, CHECKPOINTS, FACT, SERVER, WAITS,
+};
+
+/// How often `pg_stat_activity` is sampled for the wait profile.
+pub const WAIT_HZ: f64 = 10.0;
+/// How much of an existing log is read back at start to find a checkpoint
+/// already in progress.
+const LOG_BACKLOG: u64 = 256 * 1024;
+/// How long `finish` waits for the sampler's last query.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// What the sampling thread hands to the session each interval.
+#[derive(Default)]
+struct Pending {
+    waits: WaitAcc,
+    /// Kept across intervals (it remembers the queries named).
+    timeline: super::queries::Timeline,
+    /// pg_stat_statements' calls per query id, read when stopping.
+    calls: Option<BTreeMap<String, u64>>,
+    server: Vec<ServerSample>,
+    pgstat: Vec<PgstatSample>,
+    error: Option<String>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    cpu_ns: AtomicU64,
+    pending: Mutex<Pending>,
+}
+
+/// The collector: a thread samples at [`WAIT_HZ`] and 1 Hz over the
+/// connection; `sample` writes what it gathered and reads new log lines.
+pub struct PgstatCollector {
+    backend_pid: u32,
+    mechanism: String,
+    notes: Vec<String>,
+    /// The manifest fact [`FACT`].
+    fact: serde_json::Value,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    last_t: f64,
+    log: Option<(LogTail, LogClock)>,
+    /// Events found at start (a checkpoint under way), written at the first sample.
+    backlog: Vec<LogEvent>,
+    lost: bool,
+}
+
+impl PgstatCollector {
+    /// Connect with `ctx.dsn` and start sampling.
+    pub fn start(ctx: &Context) -> Result<PgstatCollector> {
+        let Some(dsn) = &ctx.dsn else {
+            return Err(fixable(
+                "pgstat needs a connection: pass --dsn (or set PGHOST/PGPORT/PGUSER/PGDATABASE)",
+                "pass --dsn 'host=… port=… user=… dbname=…' (read-only use), or leave pgstat out of --collectors",
+            ));
+        };
+        let conn = ServerConn::connect(dsn)?;
+        PgstatCollector::with_conn(conn, ctx)
+    }
+
+    /// Start sampling over an existing connection.
+    pub fn with_conn(mut conn: ServerConn, ctx: &Context) -> Result<PgstatCollector> {
+        let mut notes = Vec::new();
+        let prepared = conn.prepare(&mut notes)?;
+        let mut mechanism = String::from("sql: pg_stat_database");
+        if prepared.activity.is_some() {
+            mechanism.push_str(", pg_stat_activity (10 Hz)");
+        } else {
+            notes.push(format!(
+                "no wait profile: PostgreSQL {} has no wait events (9.6+)",
+                conn.version
+            ));
+        }
+        mechanism.push_str(if conn.major >= 17 {
+            ", pg_stat_checkpointer, pg_stat_bgwriter"
+        } else {
+            ", pg_stat_bgwriter"
+        });
+        if conn.major >= 14 {
+            mechanism.push_str(", pg_stat_wal");
+        }
+        mechanism.push_str(", pg_stat_replication");
+        if prepared.pgss.is_some() {
+            mechanism.push_str(", pg_stat_statements");
+        }
+        if !conn.sees_all && conn.major >= 10 {
+            notes.push(format!(
+                "waits of other roles' backends are hidden from role {} (fix: GRANT pg_read_all_stats TO {})",
+                conn.user, conn.user
+            ));
+        }
+        let log = open_log(&mut conn, ctx, &mut notes);
+        if log.is_some() {
+            mechanism.push_str(", server log");
+        }
+        let mut backlog = Vec::new();
+        let log = log.map(|(tail, clock, lines)| {
+            if let Some(open) = unfinished_start(&lines) {
+                backlog.push(clock.stamp(open, 0.0));
+            }
+            (tail, clock)
+        });
+
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            cpu_ns: AtomicU64::new(0),
+            pending: Mutex::new(Pending::default()),
+        });
+        let backend_pid = conn.backend_pid;
+        let fact = serde_json::json!({
+            "database": conn.database,
+            "pg_stat_statements": prepared.pgss.as_ref().map(|p| serde_json::json!({
+                "function": p.function,
+                "time_column": p.time_column,
+                "own_queries": prepared.own_ids.len(),
+            })),
+        });
+        let thread_shared = Arc::clone(&shared);
+        let t0 = ctx.start;
+        let thread = std::thread::Builder::new()
+            .name("pgbelow-pgstat".into())
+            .spawn(move || sampler(conn, prepared, t0, &thread_shared))
+            .context("starting the pgstat sampling thread")?;
+        Ok(PgstatCollector {
+            backend_pid,
+            mechanism,
+            notes,
+            fact,
+            shared,
+            thread: Some(thread),
+            last_t: ctx.t(),
+            log,
+            backlog,
+            lost: false,
+        })
+    }
+
+    fn drain(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        let dt = super::session::round_ms(t - self.last_t);
+        let (mut p, activity) = {
+            let mut g = self
+                .shared
+                .pending
+                .lock()
+                .map_err(|_| anyhow::anyhow!("pgstat state poisoned"))?;
+            let calls = g.calls.take();
+            let activity = (!g.timeline.is_empty() || calls.is_some()).then(|| {
+                let mut a = g.timeline.take(t, dt);
+                a.calls = calls;
+                a
+            });
+            let p = Pending {
+                waits: std::mem::take(&mut g.waits),
+                server: std::mem::take(&mut g.server),
+                pgstat: std::mem::take(&mut g.pgstat),
+                error: g.error.take(),
+                ..Pending::default()
+            };
+            (p, activity)
+        };
+        if p.waits.ticks > 0 {
+            let w = p.waits.take(t, dt);
+            out.append(WAITS, &w)?;
+        }
+        if let Some(a) = activity {
+            out.append(super::queries::STREAM, &a)?;
+        }
+        self.last_t = t;
+        for s in &p.server {
+            out.append(SERVER, s)?;
+        }
+        for s in &p.pgstat {
+            out.append(files::PGSTAT, s)?;
+        }
+        if let Some(e) = p.error {
+            if !self.lost {
+                self.lost = true;
+                self.notes
+                    .push(format!("connection lost at t={t:.1} s: {e}"));
+            }
+        }
+        for e in self.backlog.drain(..) {
+            out.append(CHECKPOINTS, &e)?;
+        }
+        if let Some((tail, clock)) = &mut self.log {
+            match tail.read_new() {
+                Ok(lines) => {
+                    for l in lines {
+                        if let Some(p) = parse_log_line(&l) {
+                            out.append(CHECKPOINTS, &clock.stamp(p, t))?;
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.notes.push(format!(
+                        "server log {} no longer readable at t={t:.1} s: {e}",
+                        tail.path.display()
+                    ));
+                    self.log = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop the sampler after its last counters sample. A server that does
+    /// not answer within [`STOP_WAIT`] (stalled in I/O, say) is not waited
+    /// for: the thread is left to end with the process.
+    fn stop_thread(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.thread.take() {
+            h.thread().unpark();
+            let deadline = Instant::now() + STOP_WAIT;
+            while !h.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                self.notes.push(format!(
+                    "the server did not answer the last query within {} s",
+                    STOP_WAIT.as_secs()
+                ));
+            }
+        }
+    }
+}
+
+/// Open the server log for checkpoint events, noting why when it cannot be.
+fn open_log(
+    conn: &mut ServerConn,
+    ctx: &Context,
+    notes: &mut Vec<String>,
+) -> Option<(LogTail, LogClock, Vec<String>)> {
+    if conn
+        .text("select current_setting('log_checkpoints')")
+        .as_deref()
+        == Some("off")
+    {
+        notes.push(
+            "no checkpoint events: log_checkpoints is off (fix: ALTER SYSTEM SET log_checkpoints = on; SELECT pg_reload_conf())"
+                .into(),
+        );
+        return None;
+    }
+    let path = match discover_log(conn, ctx) {
+        Ok(p) => p,
+        Err(why) => {
+            notes.push(format!(
+                "no checkpoint events: the server log was not found read-only ({why}) (fix: connect as a superuser with logging_collector on, or record with the postmaster's stderr going to a file)"
+            ));
+            return None;
+        }
+    };
+    let (tail, lines) = match LogTail::open(&path, LOG_BACKLOG) {
+        Ok(x) => x,
+        Err(e) => {
+            notes.push(format!(
+                "no checkpoint events: cannot read the server log {}: {e} (fix: run pgbelow as a user that can read it, e.g. the server's account or root)",
+                path.display()
+            ));
+            return None;
+        }
+    };
+    if let Some(prefix) = conn.text("select current_setting('log_line_prefix')") {
+        if !["%m", "%t", "%n"].iter().any(|p| prefix.contains(p)) {
+            notes.push(format!(
+                "log_line_prefix '{prefix}' has no time: checkpoint events are stamped when read (±1 s) (fix: add %m to log_line_prefix)"
+            ));
+        }
+    }
+    if let Some(lc) = conn.text("select current_setting('lc_messages')") {
+        let english = lc.is_empty()
+            || lc == "C"
+            || lc == "POSIX"
+            || lc.starts_with("en")
+            || lc.starts_with("C.");
+        if !english {
+            notes.push(format!(
+                "lc_messages is '{lc}': translated checkpoint lines are not recognised (fix: ALTER SYSTEM SET lc_messages = 'C')"
+            ));
+        }
+    }
+    let tz_offset_s = conn
+        .text(
+            "select extract(epoch from (now() at time zone current_setting('log_timezone')) \
+             - (now() at time zone 'UTC'))::bigint::text",
+        )
+        .and_then(|s| s.parse().ok());
+    let wall_now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let clock = LogClock {
+        wall0_ms: wall_now - ctx.start.elapsed().as_millis() as i64,
+        tz_offset_s,
+    };
+    Some((tail, clock, lines))
+}
+
+/// Where the server log is, discovered read-only: the lab's path, else
+/// `pg_current_logfile()` (superuser) under `data_directory`, else the
+/// postmaster's stderr when that is a regular file.
+fn discover_log(conn: &mut ServerConn, ctx: &Context) -> std::result::Result<PathBuf, String> {
+    if let Some(p) = &ctx.server_log {
+        return Ok(p.clone());
+    }
+    let mut why = Vec::new();
+    if conn.major >= 10 {
+        match conn.text("select pg_current_logfile('stderr')") {
+            Some(f) => {
+                let p = PathBuf::from(&f);
+                if p.is_absolute() {
+                    return Ok(p);
+                }
+                match conn.text("select current_setting('data_directory')") {
+                    Some(d) => return Ok(Path::new(&d).join(p)),
+                    None => why.push("data_directory is not readable by this role".to_string()),
+                }
+            }
+            None => why.push(
+                "pg_current_logfile() returned nothing (logging_collector off, or not a superuser)"
+                    .into(),
+            ),
+        }
+    }
+    let fd2 = format!("/proc/{}/fd/2", ctx.postmaster);
+    match std::fs::read_link(&fd2) {
+        Ok(p) if std::fs::metadata(&p).map(|m| m.is_file()).unwrap_or(false) => return Ok(p),
+        Ok(p) => why.push(format!(
+            "the postmaster's stderr is {}, not a file",
+            p.display()
+        )),
+        Err(e) => why.push(format!("{fd2}: {e}")),
+    }
+    Err(why.join("; "))
+}
+
+/// The sampling thread: `pg_stat_activity` at [`WAIT_HZ`], counters at 1 Hz
+/// and once more when told to stop.
+fn sampler(mut conn: ServerConn, p: Prepared, t0: Instant, shared: &Shared) {
+    let period = Duration::from_secs_f64(1.0 / WAIT_HZ);
+    let t = || super::session::round_ms(t0.elapsed().as_secs_f64());
+    let mut next = Instant::now();
+    let mut next_counters = Instant::now();
+    let fail = |e: anyhow::Error| {
+        if let Ok(mut g) = shared.pending.lock() {
+            g.error = Some(format!("{e:#}"));
+        }
+    };
+    loop {
+        let stopping = shared.stop.load(Ordering::SeqCst);
+        if let Some(stmt) = &p.activity {
+            match conn.activity(stmt) {
+                Ok(rows) => {
+                    let seen = rows
+                        .iter()
+                        .filter(|r| r.runs_queries())
+                        .map(ActivityRow::seen)
+                        .collect();
+                    if let Ok(mut g) = shared.pending.lock() {
+                        g.timeline.add(seen);
+                        g.waits.add(rows);
+                    }
+                }
+                Err(e) => {
+                    fail(e);
+                    break;
+                }
+            }
+        }
+        let now = Instant::now();
+        if stopping || now >= next_counters {
+            match conn.counters(&p, t()) {
+                Ok((s, pg)) => {
+                    if let Ok(mut g) = shared.pending.lock() {
+                        g.server.push(s);
+                        g.pgstat.push(pg);
+                    }
+                }
+                Err(e) => {
+                    fail(e);
+                    break;
+                }
+            }
+            next_counters += Duration::from_secs(1);
+            if next_counters < now {
+                next_counters = now + Duration::from_secs(1);
+            }
+        }
+        shared
+            .cpu_ns
+            .store((super::cpu::thread_cpu_s() * 1e9) as u64, Ordering::Relaxed);
+        if stopping {
+            if let (Some(src), Some(base)) = (&p.pgss, &p.calls_at_start) {
+                let ids = shared
+                    .pending
+                    .lock()
+                    .map(|g| g.timeline.query_ids())
+                    .unwrap_or_default();
+                let calls = conn.calls_since(src, base, &ids);
+                if let Ok(mut g) = shared.pending.lock() {
+                    g.calls = calls;
+                }
+            }
+            break;
+        }
+        next += period;
+        let now = Instant::now();
+        if next < now {
+            next = now + period;
+        }
+        while !shared.stop.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            if now >= next {
+                break;
+            }
+            std::thread::park_timeout(next - now);
+        }
+    }
+    shared
+        .cpu_ns
+        .store((super::cpu::thread_cpu_s() * 1e9) as u64, Ordering::Relaxed);
+}
+
+impl Collector for PgstatCollector {
+    fn name(&self) -> &'static str {
+        "pgstat"
+    }
+
+    fn info(&self) -> CollectorInfo {
+        CollectorInfo {
+            name: "pgstat".into(),
+            mechanism: self.mechanism.clone(),
+            status: if self.notes.is_empty() {
+                "ok"
+            } else {
+                "degraded"
+            }
+            .into(),
+            reason: (!self.notes.is_empty()).then(|| self.notes.join("; ")),
+            cpu_s: 0.0,
+            bpf_run_s: None,
+        }
+    }
+
+    fn observer_pid(&self) -> Option<u32> {
+        Some(self.backend_pid)
+    }
+
+    fn facts(&self) -> Vec<(String, serde_json::Value)> {
+        vec![(FACT.to_string(), self.fact.clone())]
+    }
+
+    fn thread_cpu_s(&self) -> f64 {
+        self.shared.cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
+    fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        self.drain(t, out)
+    }
+
+    fn finish(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        self.stop_thread();
+        self.drain(t, out)
+    }
+}
+
+impl Drop for PgstatCollector {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
