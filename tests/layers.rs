@@ -16,24 +16,19 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// `crate::<module>` paths a file names, outside comments, grouped
-/// imports (`use crate::{a::X, b};`) included.
-fn imports(text: &str, forbidden: &[&str]) -> Vec<String> {
-    let mut found = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or("");
-        for m in forbidden {
-            if code.contains(&format!("crate::{m}::")) || code.contains(&format!("crate::{m};")) {
-                found.push(format!("line {}: {}", i + 1, line.trim()));
-            }
-        }
-    }
-    let code: String = text
-        .lines()
+/// The code of `text` without `//` comments.
+fn code_only(text: &str) -> String {
+    text.lines()
         .map(|l| l.split("//").next().unwrap_or(""))
         .collect::<Vec<_>>()
-        .join("\n");
-    let mut rest = code.as_str();
+        .join("\n")
+}
+
+/// Each grouped import `crate::{a::X, b}` in `code`: its text and the
+/// modules at the head of its items (`a`, `b`).
+fn grouped(code: &str) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut rest = code;
     while let Some(at) = rest.find("crate::{") {
         let group = &rest[at + "crate::{".len()..];
         // The group's end: the brace that closes it.
@@ -56,14 +51,7 @@ fn imports(text: &str, forbidden: &[&str]) -> Vec<String> {
                 '{' => depth += 1,
                 '}' => depth -= 1,
                 ',' if depth == 0 => {
-                    heads.push(
-                        item.trim()
-                            .split("::")
-                            .next()
-                            .unwrap_or("")
-                            .trim()
-                            .to_string(),
-                    );
+                    heads.push(item.split("::").next().unwrap_or("").trim().to_string());
                     item.clear();
                     continue;
                 }
@@ -71,15 +59,29 @@ fn imports(text: &str, forbidden: &[&str]) -> Vec<String> {
             }
             item.push(c);
         }
+        let text = inner.split_whitespace().collect::<Vec<_>>().join(" ");
+        out.push((text, heads));
+        rest = &group[end..];
+    }
+    out
+}
+
+/// `crate::<module>` paths a file names, outside comments, grouped
+/// imports (`use crate::{a::X, b};`) included.
+fn imports(text: &str, forbidden: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
         for m in forbidden {
-            if heads.iter().any(|h| h == m) {
-                found.push(format!(
-                    "crate::{{{}}}",
-                    inner.split_whitespace().collect::<Vec<_>>().join(" ")
-                ));
+            if code.contains(&format!("crate::{m}::")) || code.contains(&format!("crate::{m};")) {
+                found.push(format!("line {}: {}", i + 1, line.trim()));
             }
         }
-        rest = &group[end..];
+    }
+    for (text, heads) in grouped(&code_only(text)) {
+        if forbidden.iter().any(|m| heads.iter().any(|h| h == m)) {
+            found.push(format!("crate::{{{text}}}"));
+        }
     }
     found
 }
@@ -257,11 +259,7 @@ fn the_checker_finds_an_import() {
 /// The top-level modules a file's code names (`crate::m::…`, `crate::m;`,
 /// and the heads of grouped `crate::{m::…, n}` imports).
 fn crate_refs(text: &str) -> std::collections::BTreeSet<String> {
-    let code: String = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let code = code_only(text);
     let mut out = std::collections::BTreeSet::new();
     let mut rest = code.as_str();
     while let Some(at) = rest.find("crate::") {
@@ -274,28 +272,8 @@ fn crate_refs(text: &str) -> std::collections::BTreeSet<String> {
             out.insert(name);
         }
     }
-    // Grouped imports: the same parser as `imports` finds their heads.
-    let mods: Vec<String> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
-        .unwrap()
-        .filter_map(|e| {
-            let p = e.unwrap().path();
-            let n = p.file_stem()?.to_str()?.to_string();
-            Some(n)
-        })
-        .collect();
-    let names: Vec<&str> = mods.iter().map(String::as_str).collect();
-    for hit in imports(&code, &names) {
-        for m in &names {
-            if hit.contains(&format!("{{{m}::"))
-                || hit.contains(&format!(" {m}::"))
-                || hit.contains(&format!("{{{m},"))
-                || hit.contains(&format!(" {m},"))
-                || hit.contains(&format!(" {m}}}"))
-                || hit.contains(&format!("{{{m}}}"))
-            {
-                out.insert(m.to_string());
-            }
-        }
+    for (_, heads) in grouped(&code) {
+        out.extend(heads.into_iter().filter(|h| !h.is_empty()));
     }
     out
 }

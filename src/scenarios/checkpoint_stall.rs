@@ -234,13 +234,7 @@ pub const DEFAULT_DURATION_S: u32 = 60;
 
 /// The lab options with the scenario's settings added where `--set` left them out.
 pub fn with_defaults(opts: &LabOptions) -> LabOptions {
-    let mut o = opts.clone();
-    for (k, v) in DEFAULT_SETTINGS {
-        if !o.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
-            o.set.push(((*k).into(), (*v).into()));
-        }
-    }
-    o
+    opts.with_settings(DEFAULT_SETTINGS)
 }
 
 /// Create the tablespace on the device's mount and the hot table in it.

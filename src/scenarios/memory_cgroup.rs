@@ -35,13 +35,7 @@ pub const DEFAULT_SETTINGS: &[(&str, &str)] = &[("shared_buffers", "128MB")];
 
 /// The scenario's settings beside the user's.
 pub fn with_defaults(opts: &LabOptions) -> LabOptions {
-    let mut o = opts.clone();
-    for (k, v) in DEFAULT_SETTINGS {
-        if !o.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
-            o.set.push(((*k).into(), (*v).into()));
-        }
-    }
-    o
+    opts.with_settings(DEFAULT_SETTINGS)
 }
 
 /// A fixable error unless pgbelow runs as root.

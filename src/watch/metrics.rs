@@ -148,10 +148,14 @@ impl Metrics {
 
     /// Count one OTLP push.
     pub fn otlp_pushed(&mut self, ok: bool) {
-        let key = if ok { "ok" } else { "error" };
-        *self.otlp.entry(key).or_default() += 1;
-        self.otlp.entry("ok").or_default();
-        self.otlp.entry("error").or_default();
+        // Both results shown from the first push on, so rate() sees 0s.
+        if self.otlp.is_empty() {
+            self.otlp = BTreeMap::from([("ok", 0), ("error", 0)]);
+        }
+        *self
+            .otlp
+            .entry(if ok { "ok" } else { "error" })
+            .or_default() += 1;
     }
 
     /// Add one window's recording and its report (the syscall, state,
