@@ -133,7 +133,7 @@ fn render(r: &Report, format: Format, ev: &Evidence) -> Result<String> {
     Ok(match format {
         Format::Text => report::text::render(r),
         Format::Json => serde_json::to_string_pretty(r)? + "\n",
-        Format::Html => report::html::render(r, ev),
+        Format::Html => report::html::render(r, &report::view::View::build(r, ev)),
     })
 }
 
@@ -427,11 +427,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ReportFormat::Json => Format::Json,
                 ReportFormat::Html => Format::Html,
                 ReportFormat::Pprof => {
-                    let bytes = report::pprof::export(&loaded)?;
+                    let bytes = report::pprof::export(&report::view::profile::model(&loaded)?)?;
                     return binary(&bytes, "pprof", "FILE.pb.gz", a.output.as_deref());
                 }
                 ReportFormat::Otlp => {
-                    let bytes = report::otlp::export(&loaded)?;
+                    let bytes = report::otlp::export(&report::view::profile::model(&loaded)?);
                     return binary(&bytes, "otlp", "FILE.otlp.pb", a.output.as_deref());
                 }
             };
@@ -452,7 +452,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let body = match a.format {
                 Format::Text => pgbelow::compare::render(&c),
                 Format::Json => serde_json::to_string_pretty(&c)? + "\n",
-                Format::Html => pgbelow::compare::html::render(&c, (&ra, &ea), (&rb, &eb)),
+                Format::Html => pgbelow::compare::html::render(
+                    &c,
+                    (&ra, &report::view::View::build(&ra, &ea)),
+                    (&rb, &report::view::View::build(&rb, &eb)),
+                ),
             };
             // The warnings go to stderr too: a JSON or HTML on stdout hides them.
             if a.format != Format::Text {

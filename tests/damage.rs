@@ -252,7 +252,10 @@ fn one(seed: u64, fixtures: &[PathBuf], work: &Path) -> Result<(), String> {
                 let rep = pgbelow::report::build(&ev);
                 let text = pgbelow::report::text::render(&rep);
                 let _ = serde_json::to_string(&rep).unwrap();
-                let html = pgbelow::report::html::render(&rep, &ev);
+                let html = pgbelow::report::html::render(
+                    &rep,
+                    &pgbelow::report::view::View::build(&rep, &ev),
+                );
                 match &d.must_name {
                     Some(n)
                         if !text

@@ -163,6 +163,21 @@ fn reports_are_views_of_the_evidence() {
 }
 
 #[test]
+fn views_read_only_the_report_and_its_view_model() {
+    // The page, the profile exports, the text and compare's page render
+    // from the Report and report::view, which alone reads the evidence.
+    for view in [
+        "report/html",
+        "report/pprof",
+        "report/otlp",
+        "report/text",
+        "compare/html",
+    ] {
+        check(view, &["evidence", "recording", "collect"]);
+    }
+}
+
+#[test]
 fn recording_knows_neither_the_report_nor_the_rules() {
     for layer in ["lab", "attach", "scenarios", "collect", "recording"] {
         check(layer, &["report", "analyse", "evidence", "app"]);

@@ -7,8 +7,8 @@ use std::fmt::Write;
 
 use super::{or_not_recorded, Comparison};
 use crate::analyse::Finding;
-use crate::evidence::Evidence;
-use crate::report::html::{escape, flame, panels, tables, ChartData, Page};
+use crate::report::html::{escape, flame, tables, ChartData, Page};
+use crate::report::view::{self as panels, View};
 use crate::report::Report;
 
 fn card(o: &mut String, side: &str, f: Option<&Finding>) {
@@ -59,8 +59,8 @@ fn findings(o: &mut String, c: &Comparison, a: &Report, b: &Report) {
 }
 
 /// The page. `a` and `b`: each side's report and evidence.
-pub fn render(c: &Comparison, a: (&Report, &Evidence), b: (&Report, &Evidence)) -> String {
-    let ((ra, ea), (rb, eb)) = (a, b);
+pub fn render(c: &Comparison, a: (&Report, &View), b: (&Report, &View)) -> String {
+    let ((ra, va), (rb, vb)) = (a, b);
     let mut page = Page::new();
     let o = &mut page.body;
     let _ = writeln!(
@@ -122,35 +122,41 @@ pub fn render(c: &Comparison, a: (&Report, &Evidence), b: (&Report, &Evidence)) 
     }
     let _ = writeln!(o, "</header>");
     findings(o, c, ra, rb);
-    let (pa, pb) = (panels::build(ra, ea), panels::build(rb, eb));
+    let (pa, pb) = (&va.panels, &vb.panels);
     let merged: Vec<panels::Panel> = panels::PANELS
         .iter()
         .filter_map(|(name, _)| {
             let get = |v: &[panels::Panel]| v.iter().find(|p| p.name == *name).cloned();
-            panels::overlay(name, get(&pa).as_ref(), get(&pb).as_ref())
+            panels::overlay(name, get(pa).as_ref(), get(pb).as_ref())
         })
         .collect();
     crate::report::html::timeline(o, &merged, &|_| "not recorded in A nor in B".into());
-    let end = panels::end_of(ra, ea).max(panels::end_of(rb, eb));
-    let mut checkpoints = panels::checkpoint_windows(ea, end);
-    for mut w in panels::checkpoint_windows(eb, end) {
-        w.label = format!("B: {}", w.label);
-        checkpoints.push(w);
+    let end = va.end.max(vb.end);
+    // A checkpoint still running at its recording's end runs to the page's.
+    let mut checkpoints = Vec::new();
+    for (side, v) in [("", va), ("B: ", vb)] {
+        for mut w in v.checkpoints.clone() {
+            if w.open {
+                w.end = end;
+            }
+            w.label = format!("{side}{}", w.label);
+            checkpoints.push(w);
+        }
     }
     page.scripts(&ChartData {
         end,
         panels: merged,
         checkpoints,
     });
-    let graphs = flame::differential(ea.stacks(), eb.stacks(), &mut page.csp);
+    let graphs = flame::differential(&va.on_cpu, &vb.on_cpu, &mut page.csp);
     let o = &mut page.body;
     let _ = writeln!(
         o,
         "<section id=\"flamegraphs\"><h2>Differential flame graphs</h2>"
     );
-    let missing: Vec<&str> = [("A", ea), ("B", eb)]
+    let missing: Vec<&str> = [("A", va), ("B", vb)]
         .iter()
-        .filter(|(_, e)| e.stacks().is_empty())
+        .filter(|(_, v)| v.on_cpu.is_empty())
         .map(|(s, _)| *s)
         .collect();
     if !missing.is_empty() {

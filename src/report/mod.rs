@@ -5,10 +5,11 @@ pub mod html;
 pub mod json;
 pub mod otlp;
 pub mod pprof;
-pub mod profile_model;
 pub mod sections;
 pub mod text;
+pub mod view;
 
+pub use crate::evidence::{Series, Timeline};
 pub use json::{build, Report};
 
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! (OTLP, `profiles/v1development`): one `ExportProfilesServiceRequest`,
 //! the body `POST /v1development/profiles` takes (Grafana Pyroscope,
 //! Alloy and the OpenTelemetry Collector read it). Encoded from the same
-//! model as the pprof export ([`super::profile_model`]); the messages are
+//! model as the pprof export ([`super::view::profile`]); the messages are
 //! the `opentelemetry-proto` crate's.
 //!
 //! The resource says where the profile comes from (`host.name`,
@@ -12,7 +12,6 @@
 //! the pprof samples carry labels.
 use std::collections::HashMap;
 
-use anyhow::Result;
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::profiles::v1development::{
@@ -22,16 +21,14 @@ use opentelemetry_proto::tonic::profiles::v1development::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
-use super::profile_model::{model, split_kernel, ProfileModel};
-use crate::evidence::Evidence;
-use crate::recording::schema::profile::Frame;
+use super::view::profile::{split_kernel, Frame, ProfileModel};
 
 /// Where OTLP/HTTP takes profiles, below the endpoint's base URL.
 pub const HTTP_PATH: &str = "/v1development/profiles";
 
 /// The encoded request, or an error naming why the recording has no profile.
-pub fn export(ev: &Evidence) -> Result<Vec<u8>> {
-    Ok(build(ev)?.encode_to_vec())
+pub fn export(m: &ProfileModel) -> Vec<u8> {
+    build(m).encode_to_vec()
 }
 
 /// Index 0 of every dictionary table is the empty entry, as the protocol
@@ -157,37 +154,13 @@ fn string_value(v: &str) -> AnyValue {
     }
 }
 
-/// Where the profile comes from, as far as the recording knows.
-pub fn resource_attributes(ev: &Evidence) -> Vec<(&'static str, String)> {
-    let m = &ev.rec.manifest;
-    let mut out = vec![("service.name", "postgresql".to_string())];
-    if let Some(h) = &m.host.hostname {
-        out.push(("host.name", h.clone()));
-    }
-    if let Some(d) = &m.postgres.data_dir {
-        out.push(("postgresql.data_directory", d.clone()));
-    }
-    if let Some(c) = m
-        .postgres
-        .settings
-        .get("cluster_name")
-        .filter(|c| !c.is_empty())
-    {
-        out.push(("postgresql.cluster_name", c.clone()));
-    }
-    if let Some(v) = &m.postgres.version {
-        out.push(("postgresql.version", v.clone()));
-    }
-    out
-}
-
 /// A profile id that is the same for the same recording: 16 bytes, not all 0.
-fn profile_id(m: &ProfileModel, dir: &std::path::Path) -> Vec<u8> {
+fn profile_id(m: &ProfileModel) -> Vec<u8> {
     use std::hash::{Hash, Hasher};
     let mut out = Vec::with_capacity(16);
     for salt in [0u8, 1] {
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (salt, m.start_unix_ns, dir).hash(&mut h);
+        (salt, m.start_unix_ns, &m.source).hash(&mut h);
         out.extend_from_slice(&h.finish().to_le_bytes());
     }
     if out.iter().all(|b| *b == 0) {
@@ -197,8 +170,7 @@ fn profile_id(m: &ProfileModel, dir: &std::path::Path) -> Vec<u8> {
 }
 
 /// The request message (not yet encoded).
-pub fn build(ev: &Evidence) -> Result<ExportProfilesServiceRequest> {
-    let m = model(ev)?;
+pub fn build(m: &ProfileModel) -> ExportProfilesServiceRequest {
     let mut d = Dict::new();
     let sample_type = ValueType {
         type_strindex: d.s("samples"),
@@ -226,21 +198,22 @@ pub fn build(ev: &Evidence) -> Result<ExportProfilesServiceRequest> {
         duration_nano: m.duration_ns.max(0) as u64,
         period_type: Some(period_type),
         period: m.period_ns,
-        profile_id: profile_id(&m, &ev.rec.dir),
+        profile_id: profile_id(m),
         ..Default::default()
     };
     let resource = Resource {
-        attributes: resource_attributes(ev)
-            .into_iter()
+        attributes: m
+            .resource
+            .iter()
             .map(|(k, v)| KeyValue {
                 key: k.to_string(),
-                value: Some(string_value(&v)),
+                value: Some(string_value(v)),
                 ..Default::default()
             })
             .collect(),
         ..Default::default()
     };
-    Ok(ExportProfilesServiceRequest {
+    ExportProfilesServiceRequest {
         resource_profiles: vec![ResourceProfiles {
             resource: Some(resource),
             scope_profiles: vec![ScopeProfiles {
@@ -255,7 +228,7 @@ pub fn build(ev: &Evidence) -> Result<ExportProfilesServiceRequest> {
             schema_url: String::new(),
         }],
         dictionary: Some(d.d),
-    })
+    }
 }
 
 #[cfg(test)]
@@ -267,8 +240,8 @@ mod tests {
     #[test]
     fn a_recorded_profile_as_an_otlp_request() {
         let ev = crate::evidence::fixture("pg13-select-only-timeout-all");
-        let m = model(&ev).unwrap();
-        let r = build(&ev).unwrap();
+        let m = crate::report::view::profile::model(&ev).unwrap();
+        let r = build(&m);
         let d = r.dictionary.as_ref().unwrap();
         let p = &r.resource_profiles[0].scope_profiles[0].profiles[0];
         assert_eq!(p.samples.len(), m.samples.len());

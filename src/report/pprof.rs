@@ -12,9 +12,7 @@ use std::io::Write;
 use anyhow::Result;
 use prost::Message;
 
-use super::profile_model::{model, split_kernel};
-use crate::evidence::Evidence;
-use crate::recording::schema::profile::Frame;
+use super::view::profile::{split_kernel, Frame, ProfileModel};
 
 /// prost's types for `perftools.profiles`.
 #[allow(clippy::all, missing_docs)]
@@ -23,8 +21,8 @@ pub mod proto {
 }
 
 /// The gzipped profile, or an error naming why the recording has none.
-pub fn export(ev: &Evidence) -> Result<Vec<u8>> {
-    let p = build(ev)?;
+pub fn export(m: &ProfileModel) -> Result<Vec<u8>> {
+    let p = build(m);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&p.encode_to_vec())?;
     Ok(gz.finish()?)
@@ -127,8 +125,7 @@ impl Builder {
 }
 
 /// The profile message (not yet encoded).
-pub fn build(ev: &Evidence) -> Result<proto::Profile> {
-    let m = model(ev)?;
+pub fn build(m: &ProfileModel) -> proto::Profile {
     let period = m.period_ns;
     let mut b = Builder::default();
     b.s("");
@@ -154,5 +151,5 @@ pub fn build(ev: &Evidence) -> Result<proto::Profile> {
         let labels: Vec<(&str, &str)> = st.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
         b.sample(&st.frames, st.count, period, &labels);
     }
-    Ok(b.p)
+    b.p
 }

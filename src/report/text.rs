@@ -363,7 +363,7 @@ pub(crate) fn finding_head(f: &crate::analyse::Finding, o: &mut String) {
 const TIMELINE_DATABASES: usize = 8;
 
 /// One line per series: median, minimum and maximum with their times.
-fn timeline(t: &crate::evidence::Timeline, o: &mut String) {
+fn timeline(t: &crate::report::Timeline, o: &mut String) {
     let _ = writeln!(o, "\nTimeline (per second)");
     if let Some(s) = &t.throughput {
         series_line("throughput", s, 0, o);
@@ -406,7 +406,7 @@ fn timeline(t: &crate::evidence::Timeline, o: &mut String) {
     }
 }
 
-fn series_line(label: &str, s: &crate::evidence::Series, decimals: usize, o: &mut String) {
+fn series_line(label: &str, s: &crate::report::Series, decimals: usize, o: &mut String) {
     let (Some(min), Some(max)) = (
         s.points.iter().min_by(|a, b| a.value.total_cmp(&b.value)),
         s.points.iter().max_by(|a, b| a.value.total_cmp(&b.value)),

@@ -44,7 +44,7 @@ pub fn endpoint(url: &str) -> Result<String> {
 /// POST the window's profile; a window without one (the profile collector
 /// failed) sends nothing and says why.
 pub fn push(url: &str, ev: &Evidence) -> Result<()> {
-    let body = export(ev)?;
+    let body = export(&crate::report::view::profile::model(ev)?);
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(TIMEOUT))
         .build()

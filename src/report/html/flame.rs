@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::BufReader;
 
 use super::{escape, Csp};
-use crate::evidence::profile::FoldedStack;
+use crate::report::sections::profile::FoldedStack;
 
 /// Does what inferno's `onload="init(evt)"` did, once the document is
 /// loaded and laid out (its fluid width is read then; 0 before), and keeps
@@ -41,7 +41,7 @@ pub fn by_role(stacks: &[FoldedStack]) -> BTreeMap<String, Vec<String>> {
 /// counts are `count_name` (shown on hover).
 fn svg(title: &str, subtitle: &str, count_name: &str, lines: &[String]) -> Option<String> {
     let mut out = Vec::new();
-    let mut opt = crate::recording::schema::profile::flame_options(title, subtitle);
+    let mut opt = crate::report::view::profile::flame_options(title, subtitle);
     opt.count_name = count_name.into();
     inferno::flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), &mut out).ok()?;
     String::from_utf8(out).ok()

@@ -7,7 +7,6 @@
 //! Every string a server gave (names, query text, settings, frames) is
 //! escaped, in HTML and in the page's JSON.
 pub mod flame;
-pub mod panels;
 pub mod tables;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,7 +15,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::Report;
-use crate::evidence::Evidence;
+use crate::report::view::{self as panels, View};
 
 const UPLOT_JS: &str = include_str!("../../../assets/vendor/uplot/uPlot.iife.min.js");
 const UPLOT_CSS: &str = include_str!("../../../assets/vendor/uplot/uPlot.min.css");
@@ -344,32 +343,8 @@ fn checks(o: &mut String, r: &Report) {
     let _ = writeln!(o, "</tbody></table></section>");
 }
 
-/// Why a panel is missing from a report.
-fn absent_reason(ev: &Evidence, name: &str) -> String {
-    let collector = match name {
-        "throughput" | "latency" | "checkpoints" | "waits" | "replay-lag" => "pgstat",
-        "states" => "procfs",
-        "writeback" => "system",
-        "syscalls" => "syscalls",
-        _ => "",
-    };
-    if name == "replay-lag" && ev.recorded("pgstat") {
-        "not recorded: no standby in the recording".into()
-    } else if name == "latency" && ev.recorded("pgstat") {
-        // The statements' mean time comes from pg_stat_statements; pgstat
-        // itself ran.
-        "not recorded: pg_stat_statements is not installed in the database pgbelow connected to \
-         (shared_preload_libraries = 'pg_stat_statements', then CREATE EXTENSION pg_stat_statements)"
-            .into()
-    } else if !collector.is_empty() && ev.recorded(collector) {
-        format!("not recorded: collector {collector} ran but saw none of it")
-    } else {
-        format!("not recorded (collector {collector} was off or failed)")
-    }
-}
-
 /// The page of one recording.
-pub fn render(r: &Report, ev: &Evidence) -> String {
+pub fn render(r: &Report, v: &View) -> String {
     let mut page = Page::new();
     let o = &mut page.body;
     header(o, r);
@@ -377,30 +352,29 @@ pub fn render(r: &Report, ev: &Evidence) -> String {
     if r.findings.is_empty() {
         let _ = writeln!(o, "<p>None: no rule's evidence threshold was met.</p>");
     }
-    let end = panels::end_of(r, ev);
     for f in &r.findings {
-        finding_card(o, f, end);
+        finding_card(o, f, v.end);
     }
     let _ = writeln!(o, "</section>");
     checks(o, r);
-    let panels = panels::build(r, ev);
-    timeline(o, &panels, &|name| absent_reason(ev, name));
+    timeline(o, &v.panels, &|name| {
+        v.absent.get(name).cloned().unwrap_or_default()
+    });
     page.scripts(&ChartData {
-        end,
-        checkpoints: panels::checkpoint_windows(ev, end),
-        panels,
+        end: v.end,
+        checkpoints: v.checkpoints.clone(),
+        panels: v.panels.clone(),
     });
     // Per role: on-CPU; and off-CPU, which is inside the combined graph
     // (µs, on and off) when both ran, so it is not drawn twice (a page of
     // 60 s with every collector stays under 2 MB).
-    let combined = crate::evidence::offcpu::combined_stacks(ev);
-    let off = match (&ev.offcpu, combined.is_empty()) {
-        (_, false) => (&combined[..], &flame::COMBINED),
-        (Some(o), true) => (&o.stacks[..], &flame::OFF_CPU),
-        (None, true) => (&[][..], &flame::OFF_CPU),
+    let off = if v.combined {
+        &flame::COMBINED
+    } else {
+        &flame::OFF_CPU
     };
     let mut graphs: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (stacks, kind) in [(ev.stacks(), &flame::ON_CPU), off] {
+    for (stacks, kind) in [(&v.on_cpu, &flame::ON_CPU), (&v.off_cpu, off)] {
         for (role, f) in flame::per_role(stacks, kind, &mut page.csp) {
             graphs.entry(role).or_default().push(f);
         }
@@ -422,7 +396,7 @@ pub fn render(r: &Report, ev: &Evidence) -> String {
         let _ = writeln!(o, "<h3>{}</h3>{}", escape(role), fs.concat());
     }
     let _ = writeln!(o, "</section>");
-    tables::all(o, r, ev);
+    tables::all(o, r, &v.sessions);
     let _ = writeln!(
         o,
         "<details id=\"text-report\"><summary>The text report</summary><pre>{}</pre></details>\

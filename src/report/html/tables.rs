@@ -3,11 +3,8 @@
 //! hottest functions, waits, checkpoints, settings. Every cell escaped.
 use std::fmt::Write;
 
-use std::collections::BTreeMap;
-
 use super::escape;
-use crate::evidence::Evidence;
-use crate::procinfo::Role;
+use crate::report::view::Session;
 use crate::report::Report;
 
 /// A table: caption, header cells, rows of cells (text, escaped here).
@@ -62,26 +59,18 @@ fn f1(x: f64) -> String {
 
 /// Sessions seen in pg_stat_activity by application and role: samples
 /// busy (waiting or on CPU, not idle) and in all.
-fn sessions(o: &mut String, ev: &Evidence) {
-    let mut acc: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
-    for s in &ev.waits {
-        for r in s.rows.iter().filter(|r| r.role != Role::Observer) {
-            let e = acc
-                .entry((r.application_name.clone(), r.role.to_string()))
-                .or_default();
-            e.1 += r.samples;
-            if r.state.as_deref() == Some("active") {
-                e.0 += r.samples;
-            }
-        }
-    }
-    let mut rows: Vec<[String; 4]> = acc
-        .into_iter()
-        .map(|((app, role), (active, all))| [app, role, active.to_string(), all.to_string()])
+fn sessions(o: &mut String, sessions: &[Session]) {
+    let rows: Vec<Vec<String>> = sessions
+        .iter()
+        .map(|s| {
+            vec![
+                s.application_name.clone(),
+                s.role.clone(),
+                s.active.to_string(),
+                s.samples.to_string(),
+            ]
+        })
         .collect();
-    // Most samples first (the sort is stable: ties keep name order).
-    rows.sort_by_key(|r| std::cmp::Reverse(r[3].parse::<u64>().unwrap_or(0)));
-    let rows: Vec<Vec<String>> = rows.into_iter().take(20).map(Vec::from).collect();
     table(
         o,
         "Sessions by application_name (pg_stat_activity samples)",
@@ -178,9 +167,9 @@ fn fsync(o: &mut String, r: &Report) {
     let _ = writeln!(o, "</svg></figure>");
 }
 
-pub fn all(o: &mut String, r: &Report, ev: &Evidence) {
+pub fn all(o: &mut String, r: &Report, sessions_seen: &[Session]) {
     let _ = writeln!(o, "<section id=\"tables\"><h2>Tables</h2>");
-    sessions(o, ev);
+    sessions(o, sessions_seen);
     let rows: Vec<Vec<String>> = r
         .syscalls
         .by_role

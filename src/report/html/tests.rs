@@ -3,7 +3,7 @@ use super::*;
 fn page_of(name: &str) -> (Report, String) {
     let ev = crate::analyse::fixture(name);
     let r = crate::report::build(&ev);
-    let page = render(&r, &ev);
+    let page = render(&r, &View::build(&r, &ev));
     (r, page)
 }
 
@@ -108,7 +108,7 @@ fn an_attach_recording_charts_the_servers_series() {
 fn panels_align_their_series() {
     let ev = crate::analyse::fixture("pg13-select-only-timeout-all");
     let r = crate::report::build(&ev);
-    let panels = panels::build(&r, &ev);
+    let panels = View::build(&r, &ev).panels;
     let names: Vec<&str> = panels.iter().map(|p| p.name).collect();
     for n in [
         "throughput",

@@ -5,9 +5,18 @@
 use anyhow::Result;
 
 use crate::evidence::Evidence;
-use crate::recording::schema::profile::{Frame, KERNEL_MODULE, KERNEL_SUFFIX};
+/// The model's frame, and inferno's options pgbelow's flame graphs share
+/// with the recording's own SVG.
+pub use crate::recording::schema::profile::{flame_options, Frame};
+use crate::recording::schema::profile::{KERNEL_MODULE, KERNEL_SUFFIX};
 
 pub struct ProfileModel {
+    /// Where the profile comes from, as far as the recording knows
+    /// (OpenTelemetry resource attributes).
+    pub resource: Vec<(&'static str, String)>,
+    /// The recording's directory: with `start_unix_ns`, what makes a
+    /// profile id stable.
+    pub source: std::path::PathBuf,
     pub period_ns: i64,
     pub duration_ns: i64,
     /// When the recording started (Unix ns; 0 when unknown).
@@ -32,6 +41,30 @@ pub fn split_kernel(f: &Frame) -> (&str, Option<String>) {
     }
 }
 
+/// Where the profile comes from, as far as the recording knows.
+fn resource_attributes(ev: &Evidence) -> Vec<(&'static str, String)> {
+    let m = &ev.rec.manifest;
+    let mut out = vec![("service.name", "postgresql".to_string())];
+    if let Some(h) = &m.host.hostname {
+        out.push(("host.name", h.clone()));
+    }
+    if let Some(d) = &m.postgres.data_dir {
+        out.push(("postgresql.data_directory", d.clone()));
+    }
+    if let Some(c) = m
+        .postgres
+        .settings
+        .get("cluster_name")
+        .filter(|c| !c.is_empty())
+    {
+        out.push(("postgresql.cluster_name", c.clone()));
+    }
+    if let Some(v) = &m.postgres.version {
+        out.push(("postgresql.version", v.clone()));
+    }
+    out
+}
+
 /// The model, or an error naming why the recording has no profile.
 pub fn model(ev: &Evidence) -> Result<ProfileModel> {
     let prof = ev.profile.as_ref().ok_or_else(|| {
@@ -45,6 +78,8 @@ pub fn model(ev: &Evidence) -> Result<ProfileModel> {
     })?;
     let hz = prof.summary.hz.max(1);
     let mut m = ProfileModel {
+        resource: resource_attributes(ev),
+        source: ev.rec.dir.clone(),
         period_ns: (1_000_000_000 / hz) as i64,
         duration_ns: (prof.summary.duration_s * 1e9) as i64,
         start_unix_ns: chrono::DateTime::parse_from_rfc3339(&ev.rec.manifest.started_at)

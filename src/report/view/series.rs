@@ -1,5 +1,5 @@
-//! The timeline's panels: per-second series from the evidence, each panel
-//! on one x axis (recording seconds) with its series aligned on it, as the
+//! The timeline's panels, part of the view model: per-second series from
+//! the evidence, each panel on one x axis (recording seconds) with its series aligned on it, as the
 //! page's script hands them to uPlot. A panel whose data were not recorded
 //! is absent; the page says "not recorded" for it.
 use std::collections::{BTreeMap, BTreeSet};
@@ -253,6 +253,7 @@ pub fn checkpoint_windows(ev: &Evidence, end: f64) -> Vec<Window> {
             Some(Window {
                 start: round3(start.max(0.0)),
                 end: round3(c.end_t.unwrap_or(end)),
+                open: c.end_t.is_none(),
                 label: format!(
                     "{}{} ({})",
                     c.kind,
@@ -272,6 +273,9 @@ pub struct Window {
     pub start: f64,
     pub end: f64,
     pub label: String,
+    /// Still running when the recording ended: `end` is the recording's.
+    #[serde(skip)]
+    pub open: bool,
 }
 
 /// 1 while a checkpoint is in its write (or unknown) phase, 2 in sync.
@@ -411,9 +415,8 @@ pub fn end_of(r: &Report, ev: &Evidence) -> f64 {
     round3(end)
 }
 
-/// Every panel the recording has data for, in page order.
-pub fn build(r: &Report, ev: &Evidence) -> Vec<Panel> {
-    let end = end_of(r, ev);
+/// Every panel the recording has data for, in page order; `end` is [`end_of`].
+pub fn build(r: &Report, ev: &Evidence, end: f64) -> Vec<Panel> {
     [
         throughput(r),
         latency(r, ev),
