@@ -8,6 +8,7 @@ pub mod check;
 pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod cpu_saturation;
+pub mod disk_read_latency;
 pub mod finding;
 pub mod huge_pages;
 pub mod memory_cgroup;
@@ -57,6 +58,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(replay_prefetch::ReplayWithoutPrefetch),
         Box::new(huge_pages::NoHugePages),
         Box::new(cpu_saturation::CpuSaturation),
+        Box::new(disk_read_latency::DiskReadLatency),
     ]
 }
 

@@ -6,6 +6,7 @@
 pub mod builtin;
 pub mod cgroup_cpu_throttling;
 pub mod checkpoint_stall;
+pub mod disk_read_latency;
 pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
@@ -140,6 +141,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &replay_prefetch::ReplayWithoutPrefetch,
     &no_huge_pages::NoHugePages,
     &noisy_neighbour::NoisyNeighbour,
+    &disk_read_latency::DiskReadLatency,
 ];
 
 /// The scenario named `name`.
@@ -220,7 +222,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 15);
+        assert_eq!(names.len(), 16);
     }
 
     #[test]
