@@ -8,225 +8,117 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::evidence::Evidence;
+use crate::analyse::{self, Change, Headline, Rule};
 use crate::lab::{LabOptions, PgChoice};
 
-/// A scenario the matrix knows: what to set, what to measure, which finding
-/// to look for and which commits changed it.
+/// A scenario the matrix knows: what to set and which finding to look for.
+/// The key figure and the commits that changed the case are the finding's
+/// rule's ([`crate::analyse::Rule::headline`], [`crate::analyse::Rule::changes`]).
 pub struct Case {
     /// The scenario's name.
     pub scenario: &'static str,
     /// The finding whose presence the table shows.
     pub finding: &'static str,
-    /// The key figure's name in the table (and JSON).
-    pub figure: &'static str,
-    pub measure: fn(&Evidence) -> Option<f64>,
     /// Settings the case needs for its finding to be possible at all.
     pub set: &'static [(&'static str, &'static str)],
-    /// (first major with the change, commit, what it did).
-    pub changes: &'static [(u32, &'static str, &'static str)],
+}
+
+impl Case {
+    /// The rule raising the case's finding.
+    fn rule(&self) -> Box<dyn Rule> {
+        analyse::rule(self.finding).expect("every case's finding is a rule's (tested)")
+    }
+
+    /// The key figure: its name and how a run measures it.
+    pub fn headline(&self) -> Headline {
+        self.rule()
+            .headline()
+            .expect("every case's rule states a headline (tested)")
+    }
 }
 
 pub const CASES: &[Case] = &[
     Case {
         scenario: "snapshot-scaling",
-        finding: crate::analyse::snapshot_scaling::ID,
-        figure: "GetSnapshotData share of backend samples",
-        measure: snapshot_share,
+        finding: analyse::snapshot_scaling::ID,
         set: &[],
-        changes: &[(
-            14,
-            "dc7420c2c9",
-            "snapshot scalability series (941697c3c1 dense xid arrays, 623a9ba79b snapshot reuse)",
-        )],
     },
     Case {
         scenario: "relation-extension",
-        finding: crate::analyse::relation_extension::ID,
-        figure: "Lock:extend share of backend busy samples",
-        measure: extend_share,
+        finding: analyse::relation_extension::ID,
         set: &[],
-        changes: &[(
-            16,
-            "00d1e02be2",
-            "hio: extend in bulk with ExtendBufferedRelBy (31966b151e6), fallocate (4d330a61bb)",
-        )],
     },
     Case {
         scenario: "subtransaction-overflow",
-        finding: crate::analyse::subtransaction_overflow::ID,
-        figure: "pg_subtrans wait share of standby backend busy samples",
-        measure: subtrans_share,
+        finding: analyse::subtransaction_overflow::ID,
         set: &[],
-        changes: &[(
-            17,
-            "53c2a97a92",
-            "SLRU banks and subtransaction_buffers (pg_subtrans cache sized from shared_buffers, was 32 pages)",
-        )],
     },
     Case {
         scenario: "replay-without-prefetch",
-        finding: crate::analyse::replay_prefetch::ID,
-        figure: "largest WAL gap not yet replayed (MB)",
-        measure: crate::analyse::replay_prefetch::replay_gap_max_mb,
+        finding: analyse::replay_prefetch::ID,
         set: &[],
-        changes: &[(
-            15,
-            "5dc0418fab",
-            "recovery prefetch: posix_fadvise ahead of replay (recovery_prefetch=try)",
-        )],
     },
     Case {
         scenario: "select-only",
-        finding: crate::analyse::timer_syscalls::ID,
-        figure: "timer syscalls per statement",
-        measure: timer_per_statement,
+        finding: analyse::timer_syscalls::ID,
         set: &[("statement_timeout", "10s")],
-        changes: &[(
-            14,
-            "09cf1d5226",
-            "keep the interval timer armed across statements",
-        )],
     },
     Case {
         scenario: "memory-cgroup-reclaim",
-        finding: crate::analyse::memory_cgroup::ID,
-        figure: "page-cache refaults per second in the memory cgroup",
-        measure: crate::analyse::memory_cgroup::refaults_per_s,
+        finding: analyse::memory_cgroup::ID,
         set: &[],
-        // The kernel's accounting decides, not PostgreSQL's version: no
-        // major changed it.
-        changes: &[],
     },
     Case {
         scenario: "no-huge-pages",
-        finding: crate::analyse::huge_pages::ID,
-        figure: "page tables beyond the postmaster's / shared memory size",
-        measure: crate::analyse::huge_pages::excess_share,
-        // The mechanism is the kernel's: no major changes it (huge_pages
-        // exists since 9.4; 15 adds shared_memory_size_in_huge_pages, 17
-        // huge_pages_status, which only say how many and whether).
+        finding: analyse::huge_pages::ID,
         set: &[],
-        changes: &[],
     },
     Case {
         scenario: "syncrep-commit",
-        finding: crate::analyse::syncrep_wait::ID,
-        figure: "backends' epoll_create1 per commit",
-        measure: crate::analyse::syncrep_wait::epoll_create_per_commit,
+        finding: analyse::syncrep_wait::ID,
         // Commits wait for 2 synchronous standbys (FIRST 2: the topology
         // comes from `lab matrix` as from `lab run`), synchronous_commit=on.
         set: &[],
-        changes: &[(
-            14,
-            "3347c982ba",
-            "WaitLatch() keeps one long-lived WaitEventSet: no epoll set built and freed per commit wait",
-        )],
     },
     Case {
         scenario: "drop-many",
-        finding: crate::analyse::replay_drop::ID,
-        figure: "standby startup process CPU ms per dropped relation",
-        measure: drop_cpu_ms,
+        finding: analyse::replay_drop::ID,
         // The scenario sets its own: one remote_apply standby with 2GB of
         // shared_buffers, one-row tables.
         set: &[],
-        changes: &[(
-            14,
-            "bea449c635",
-            "replay drops a relation's buffers by lookup when its size is cached (FindAndDropRelFileNodeBuffers); empty tables created during replay still scan the pool",
-        )],
     },
     Case {
         scenario: "explain-timing",
-        finding: crate::analyse::clock_reads::ID,
-        figure: "backends' clock syscalls per row timed by EXPLAIN ANALYZE",
-        measure: clock_per_timed_row,
+        finding: analyse::clock_reads::ID,
         set: &[],
-        // The clocksource (vDSO or not) decides, not the version: every
-        // major since 10 reads clock_gettime(CLOCK_MONOTONIC) twice per row
-        // per plan node.
-        changes: &[],
     },
     Case {
         scenario: "checkpoint-stall",
-        finding: crate::analyse::checkpoint_stall::ID,
-        figure: "tps of the worst tenth of checkpoint seconds / tps outside checkpoints",
-        measure: checkpoint_tps_ratio,
+        finding: analyse::checkpoint_stall::ID,
         // The scenario sets its own (checkpoint_flush_after=0, 30 s
-        // checkpoints, 2GB shared_buffers). Writeback control
-        // (sync_file_range, 428b1d6b29) is in every major since 9.6.
+        // checkpoints, 2GB shared_buffers).
         set: &[],
-        changes: &[],
     },
     Case {
         scenario: "cgroup-cpu-throttling",
-        finding: crate::analyse::cgroup_throttling::ID,
-        figure: "share of CFS periods throttled",
-        measure: crate::analyse::cgroup_throttling::throttled_share,
-        // The kernel's CFS bandwidth control decides, not the version.
+        finding: analyse::cgroup_throttling::ID,
         set: &[],
-        changes: &[],
     },
     Case {
         scenario: "noisy-neighbour",
-        finding: crate::analyse::cpu_saturation::ID,
-        figure: "backends' run-queue s per CPU s",
-        measure: crate::analyse::cpu_saturation::runq_share,
-        // The scheduler decides, not the version.
+        finding: analyse::cpu_saturation::ID,
         set: &[],
-        changes: &[],
     },
     Case {
         scenario: "wal-fsync-latency",
-        finding: crate::analyse::wal_fsync::ID,
-        figure: "share of busy backends in WAL flush waits",
-        measure: crate::analyse::wal_fsync::wal_wait_share,
-        // The device's flush latency decides; every major flushes WAL at
-        // commit (pg_stat_wal, 14+, only measures it).
+        finding: analyse::wal_fsync::ID,
         set: &[],
-        changes: &[],
     },
 ];
 
 /// The case for a scenario, if the matrix knows it.
 pub fn case(scenario: &str) -> Option<&'static Case> {
     CASES.iter().find(|c| c.scenario == scenario)
-}
-
-fn snapshot_share(ev: &Evidence) -> Option<f64> {
-    let (all, snap) = crate::analyse::snapshot_scaling::snapshot_samples(ev.stacks());
-    (all > 0).then(|| crate::round3(snap as f64 / all as f64))
-}
-
-fn extend_share(ev: &Evidence) -> Option<f64> {
-    let (w, _, _) = crate::analyse::relation_extension::extend_wait(ev)?;
-    Some(crate::round3(w.pct / 100.0))
-}
-
-fn subtrans_share(ev: &Evidence) -> Option<f64> {
-    let w = crate::analyse::subtransaction_overflow::subtrans_waits(ev)?;
-    Some(crate::round3(w.share()))
-}
-
-fn timer_per_statement(ev: &Evidence) -> Option<f64> {
-    let stmts = crate::analyse::statements::statements(ev)?;
-    let by_role = ev.syscalls_by_role(None);
-    let b = by_role.get(&crate::procinfo::Role::Backend)?;
-    let calls = b.get("setitimer") + b.get("timer_settime");
-    (stmts.count > 0).then(|| crate::round3(calls as f64 / stmts.count as f64))
-}
-
-fn drop_cpu_ms(ev: &Evidence) -> Option<f64> {
-    crate::analyse::replay_drop::cpu_ms_per_drop(ev).map(crate::round3)
-}
-
-fn clock_per_timed_row(ev: &Evidence) -> Option<f64> {
-    crate::evidence::explain::build(ev)?.clock_syscalls_per_timed_row
-}
-
-fn checkpoint_tps_ratio(ev: &Evidence) -> Option<f64> {
-    crate::analyse::checkpoint_stall::throughput_ratio(ev).map(crate::round3)
 }
 
 #[derive(Clone, Debug)]
@@ -288,14 +180,11 @@ pub fn parse_majors(s: &str) -> Result<Vec<u32>, String> {
     Ok(v)
 }
 
-/// The commit a major has, from the case's table: the latest change at or
+/// The commit a major has, from the case's rule: the latest change at or
 /// below it.
 fn changed_by(case: &Case, major: u32) -> Option<String> {
-    case.changes
-        .iter()
-        .filter(|(m, _, _)| *m <= major)
-        .max_by_key(|(m, _, _)| *m)
-        .map(|(m, c, what)| format!("{c} ({m}: {what})"))
+    Change::latest(case.rule().changes(), major)
+        .map(|c| format!("{} ({}: {})", c.commit, c.major, c.what))
 }
 
 /// Run the matrix: each major, `repeat` times, in order.
@@ -316,6 +205,7 @@ pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
             ),
         ));
     };
+    let headline = case.headline();
     let mut base = opts.base.clone();
     for (k, v) in case.set {
         if !base.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(k)) {
@@ -353,7 +243,7 @@ pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
                     row.runs += 1;
                     let ev = &a.evidence;
                     row.version = ev.manifest.postgres.version.clone();
-                    if let Some(f) = (case.measure)(ev) {
+                    if let Some(f) = (headline.value)(ev) {
                         row.figures.push(f);
                     }
                     if let Some(w) = &ev.workload {
@@ -376,7 +266,7 @@ pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
     Ok(Matrix {
         scenario: case.scenario.into(),
         finding: case.finding.into(),
-        figure: case.figure.into(),
+        figure: headline.figure.into(),
         repeat: opts.repeat,
         duration_s: base.duration_s,
         clients: base.clients,
@@ -531,7 +421,7 @@ mod tests {
             let f = crate::analyse::analyse(&ev)
                 .into_iter()
                 .find(|f| f.id == c.finding);
-            ((c.measure)(&ev), f)
+            ((c.headline().value)(&ev), f)
         };
         let row = |sc: &str, name: &str| {
             let (fig, f) = finding(sc, name);
@@ -640,6 +530,24 @@ mod tests {
         );
         assert_eq!(row("checkpoint-stall", "pg13-select-only-timeout").0, None);
         assert_eq!(row("explain-timing", "pg13-select-only-timeout").0, None);
+    }
+
+    /// Every case's finding is a rule's, with a headline; each rule has
+    /// one case at most.
+    #[test]
+    fn every_case_names_a_rule_with_a_headline() {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in CASES {
+            let r = analyse::rule(c.finding)
+                .unwrap_or_else(|| panic!("{}: no rule raises {}", c.scenario, c.finding));
+            assert!(
+                r.headline().is_some(),
+                "{}: {} states no headline",
+                c.scenario,
+                c.finding
+            );
+            assert!(seen.insert(c.finding), "{} in two cases", c.finding);
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! nothing.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule, Severity};
+use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::recording::schema::cgroup::CgroupSample;
@@ -93,7 +93,7 @@ fn worst_level(rec: &Evidence, min_seconds: usize) -> Option<Level> {
 /// The rule's key figure: the share of CFS periods throttled at the level
 /// throttled longest (0 when a quota never bit). None without a quota's
 /// periods in the recording.
-pub fn throttled_share(rec: &Evidence) -> Option<f64> {
+fn throttled_share(rec: &Evidence) -> Option<f64> {
     worst_level(rec, 0).map(|l| round3(l.share()))
 }
 
@@ -137,6 +137,15 @@ pub struct CgroupThrottling;
 impl Rule for CgroupThrottling {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    // No change: the kernel's CFS bandwidth control decides, not the version.
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "share of CFS periods throttled",
+            value: throttled_share,
+            metric: None,
+        })
     }
 
     /// The share of CFS periods throttled at the level `evaluate` weighs,

@@ -9,7 +9,7 @@
 //! Dirty+Writeback backlog and the blocked kernel stacks are evidence.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule, Severity};
+use super::{Figure, Finding, Gauge, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::{procfs, Evidence};
 use crate::procinfo::Role;
 
@@ -169,7 +169,7 @@ fn inside(windows: &[(f64, f64)], p: &crate::evidence::timeline::Point) -> bool 
 /// 0 when they stall writers (a stall is a few seconds of a long checkpoint,
 /// so the median would hide it). None without
 /// a recorded checkpoint or enough seconds. `watch` exports it as a gauge.
-pub fn throughput_ratio(rec: &Evidence) -> Option<f64> {
+fn throughput_ratio(rec: &Evidence) -> Option<f64> {
     let tput = rec.throughput()?;
     let b = baseline(rec, &tput)?;
     let during: Vec<f64> = tput
@@ -185,6 +185,22 @@ impl Rule for CheckpointStall {
     fn id(&self) -> &'static str {
         ID
     }
+
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "tps of the worst tenth of checkpoint seconds / tps outside checkpoints",
+            value: |ev| throughput_ratio(ev).map(crate::round3),
+            metric: Some(Gauge {
+                name: "pgbelow_checkpoint_throughput_ratio",
+                help: "Throughput of the worst tenth of the seconds inside checkpoints over the throughput outside them, over the last window (absent without a checkpoint).",
+                value: throughput_ratio,
+            }),
+        })
+    }
+
+    // No change: writeback control (checkpoint_flush_after,
+    // sync_file_range, 428b1d6b29) is in every major since 9.6; the
+    // scenario turns it off.
 
     /// The throughput a checkpoint kept down for `MIN_DIP_SECONDS` seconds,
     /// against `DIP_SHARE` of the median.

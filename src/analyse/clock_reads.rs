@@ -13,7 +13,7 @@
 use serde_json::json;
 
 use super::statements::{statements, Statements};
-use super::{Figure, Finding, Impact, Measure, Rule, Severity};
+use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::clock::CLOCK_SYSCALLS;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -218,6 +218,17 @@ pub struct ClockReads;
 impl Rule for ClockReads {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    // No change: the clocksource (vDSO or not) decides, not the version:
+    // every major since 10 reads clock_gettime(CLOCK_MONOTONIC) twice per
+    // row per plan node.
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "backends' clock syscalls per row timed by EXPLAIN ANALYZE",
+            value: |ev| crate::evidence::explain::build(ev)?.clock_syscalls_per_timed_row,
+            metric: None,
+        })
     }
 
     /// The figure that raised it (the first past its bound), else the one

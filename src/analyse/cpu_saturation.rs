@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule};
+use super::{Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -99,7 +99,7 @@ pub fn backend_wait(rec: &Evidence) -> Option<BackendWait> {
 
 /// The rule's key figure: the backends' run-queue seconds per second on a
 /// CPU (for the matrix and watch).
-pub fn runq_share(rec: &Evidence) -> Option<f64> {
+fn runq_share(rec: &Evidence) -> Option<f64> {
     backend_wait(rec)?.share().map(round3)
 }
 
@@ -142,6 +142,19 @@ pub struct CpuSaturation;
 impl Rule for CpuSaturation {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    // No change: the scheduler decides, not the version.
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "backends' run-queue s per CPU s",
+            value: runq_share,
+            metric: Some(Gauge {
+                name: "pgbelow_backend_runq_per_cpu_second",
+                help: "Backends' run-queue seconds (runnable, waiting for a CPU) per second on a CPU over the last window (schedstat).",
+                value: runq_share,
+            }),
+        })
     }
 
     /// The backends' run-queue seconds per second on a CPU, against

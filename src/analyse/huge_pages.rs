@@ -15,7 +15,7 @@
 //! got them, and a server whose backends touch little needs none.
 use serde_json::json;
 
-use super::{severity_at, Figure, Finding, Impact, Measure, Rule};
+use super::{severity_at, Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
 use crate::evidence::procfs::{page_tables, PageTables};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -72,7 +72,7 @@ fn segment(ev: &Evidence) -> Option<SharedSegment> {
 
 /// The key figure: page tables over the shared memory against its size, at
 /// the recording's peak (None without the gauges or the size).
-pub fn excess_share(ev: &Evidence) -> Option<f64> {
+fn excess_share(ev: &Evidence) -> Option<f64> {
     measured(ev).ok().map(|(_, _, share)| share)
 }
 
@@ -123,6 +123,21 @@ pub struct NoHugePages;
 impl Rule for NoHugePages {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    // No change: the mechanism is the kernel's (huge_pages exists since 9.4;
+    // 15 adds shared_memory_size_in_huge_pages, 17 huge_pages_status, which
+    // only say how many and whether).
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "page tables beyond the postmaster's / shared memory size",
+            value: excess_share,
+            metric: Some(Gauge {
+                name: "pgbelow_shared_memory_page_tables_ratio",
+                help: "The server processes' page tables beyond the postmaster's (Σ VmPTE) over the shared memory's size, at the window's peak (about 0.002 per process mapping all of it in 4 kB pages).",
+                value: excess_share,
+            }),
+        })
     }
 
     /// The excess page tables at their peak as a share of the shared

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule, Severity};
+use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::recording::schema::memcg::MemcgSample;
@@ -127,7 +127,7 @@ fn memory(ev: &Evidence) -> Vec<(f64, f64, &MemcgSample)> {
 
 /// Refaults per second over the recording (the key figure), when the
 /// memory cgroup was recorded.
-pub fn refaults_per_s(ev: &Evidence) -> Option<f64> {
+fn refaults_per_s(ev: &Evidence) -> Option<f64> {
     let m = memory(ev);
     let secs: f64 = m.iter().map(|(_, dt, _)| dt).sum();
     (secs > 0.0).then(|| round3(m.iter().map(|(_, _, s)| s.refaults).sum::<u64>() as f64 / secs))
@@ -215,6 +215,15 @@ pub struct MemoryCgroupReclaim;
 impl Rule for MemoryCgroupReclaim {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    // No change: the kernel's accounting decides, not PostgreSQL's version.
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "page-cache refaults per second in the memory cgroup",
+            value: refaults_per_s,
+            metric: None,
+        })
     }
 
     /// The cost the limit had, against its threshold: refaults per second,

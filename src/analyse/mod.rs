@@ -9,6 +9,7 @@ pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod cpu_saturation;
 pub mod disk_read_latency;
+pub mod facts;
 pub mod finding;
 pub mod huge_pages;
 pub mod memory_cgroup;
@@ -23,6 +24,7 @@ pub mod timer_syscalls;
 pub mod wal_fsync;
 
 pub use check::{Check, Figure, Measure, Status};
+pub use facts::{Change, Gauge, Headline};
 pub use finding::{Finding, Impact, Severity};
 
 use crate::evidence::Evidence;
@@ -35,6 +37,16 @@ pub trait Rule {
     /// recording lacks to measure it and how to get it: the check's
     /// `clear` / `not measurable` when nothing is raised.
     fn measure(&self, ev: &Evidence) -> Measure;
+    /// The case's headline figure (`lab matrix`'s key figure) and the gauge
+    /// `watch` exports for it, stated once here.
+    fn headline(&self) -> Option<Headline> {
+        None
+    }
+    /// The PostgreSQL commits that changed the case, oldest major first:
+    /// what the rule's texts cite and the matrix's "changed by" shows.
+    fn changes(&self) -> &'static [Change] {
+        &[]
+    }
     /// `raised`, `clear` or `not measurable`, with the figure behind it.
     fn check(&self, ev: &Evidence) -> (Check, Option<Finding>) {
         let f = self.evaluate(ev);
@@ -60,6 +72,19 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(cpu_saturation::CpuSaturation),
         Box::new(disk_read_latency::DiskReadLatency),
     ]
+}
+
+/// The rule raising finding `id`.
+pub fn rule(id: &str) -> Option<Box<dyn Rule>> {
+    rules().into_iter().find(|r| r.id() == id)
+}
+
+/// The gauges `watch` exports, in rule order.
+pub fn gauges() -> Vec<Gauge> {
+    rules()
+        .iter()
+        .filter_map(|r| r.headline()?.metric)
+        .collect()
 }
 
 /// The server's version as recorded, for a finding's text.
@@ -138,6 +163,76 @@ mod tests {
         }
         // The fixtures raise most rules; all of those were checked.
         assert!(seen.len() >= 10, "only {seen:?} raised in the fixtures");
+    }
+
+    /// Each rule's facts are well-formed: a headline with a name, changes
+    /// citing a 10-digit commit from a real major on, oldest first; and
+    /// `watch`'s gauges have unique Prometheus names of pgbelow's own.
+    #[test]
+    fn every_rule_states_its_facts() {
+        for r in rules() {
+            let id = r.id();
+            let h = r
+                .headline()
+                .unwrap_or_else(|| panic!("{id} states no headline"));
+            assert!(!h.figure.is_empty(), "{id}");
+            for c in r.changes() {
+                assert!(
+                    c.commit.len() == 10 && c.commit.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{id}: commit {:?} is not 10 hex digits",
+                    c.commit
+                );
+                assert!(
+                    c.commit.bytes().all(|b| !b.is_ascii_uppercase()),
+                    "{id}: {}",
+                    c.commit
+                );
+                assert!(c.major >= 9, "{id}: major {}", c.major);
+                assert!(!c.what.is_empty(), "{id}: {}", c.commit);
+            }
+            assert!(
+                r.changes().windows(2).all(|w| w[0].major < w[1].major),
+                "{id}: changes not oldest first"
+            );
+            assert!(rule(id).is_some_and(|x| x.id() == id), "{id}");
+        }
+        let gauges = gauges();
+        let mut names = std::collections::BTreeSet::new();
+        for g in &gauges {
+            assert!(names.insert(g.name), "gauge {} twice", g.name);
+            assert!(
+                g.name.starts_with("pgbelow_")
+                    && g.name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "gauge name {:?}",
+                g.name
+            );
+            assert!(!g.help.is_empty() && !g.help.contains('\n'), "{}", g.name);
+        }
+        assert_eq!(gauges.len(), 8, "{:?}", names);
+        assert!(rule("no-such-rule").is_none());
+    }
+
+    #[test]
+    fn a_change_applies_from_its_major_on() {
+        const CHANGES: &[Change] = &[
+            Change {
+                major: 14,
+                commit: "0000000001",
+                what: "a",
+            },
+            Change {
+                major: 16,
+                commit: "0000000002",
+                what: "b",
+            },
+        ];
+        let at = |m| Change::latest(CHANGES, m).map(|c| c.commit);
+        assert_eq!(at(13), None);
+        assert_eq!(at(14), Some("0000000001"));
+        assert_eq!(at(15), Some("0000000001"));
+        assert_eq!(at(17), Some("0000000002"));
     }
 
     #[test]

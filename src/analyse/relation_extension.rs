@@ -13,7 +13,7 @@
 //! go into the explanation with the version.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule};
+use super::{Change, Figure, Finding, Headline, Impact, Measure, Rule};
 use crate::evidence::pgstat::summarize_waits;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -38,7 +38,7 @@ pub struct RelationExtension;
 /// (None without backend wait samples). Counted from the samples when the
 /// wait is not among the backends' top waits: a share of 0 only when no
 /// backend waited there.
-pub fn extend_wait(
+fn extend_wait(
     ev: &Evidence,
 ) -> Option<(
     crate::evidence::pgstat::WaitShare,
@@ -80,9 +80,28 @@ fn beyond_top(ev: &Evidence, ticks: u64) -> crate::evidence::pgstat::WaitShare {
     }
 }
 
+/// 16 extends a relation in bulk.
+const FIX: Change = Change {
+    major: 16,
+    commit: "00d1e02be2",
+    what: "hio: extend in bulk with ExtendBufferedRelBy (31966b151e6), fallocate (4d330a61bb)",
+};
+
 impl Rule for RelationExtension {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "Lock:extend share of backend busy samples",
+            value: |ev| Some(round3(extend_wait(ev)?.0.pct / 100.0)),
+            metric: None,
+        })
+    }
+
+    fn changes(&self) -> &'static [Change] {
+        &[FIX]
     }
 
     /// The backends' share of busy samples in `Lock:extend`, against
@@ -144,13 +163,15 @@ impl Rule for RelationExtension {
             )
         };
         let version = super::server_version(ev);
+        let (fixed, commit) = (FIX.major, FIX.commit);
         let why = match ev.manifest.postgres.major {
-            Some(m) if m <= 15 => format!(
-                "This server is PostgreSQL {version}: up to 15 a relation grows block by block \
-                 under its extension lock (16 extends many blocks at once: 00d1e02be2)."
+            Some(m) if m < fixed => format!(
+                "This server is PostgreSQL {version}: up to {} a relation grows block by block \
+                 under its extension lock ({fixed} extends many blocks at once: {commit}).",
+                fixed - 1
             ),
             Some(_) => format!(
-                "This server is PostgreSQL {version}, which extends in bulk (16+): the loaders \
+                "This server is PostgreSQL {version}, which extends in bulk ({fixed}+): the loaders \
                  outrun even that."
             ),
             None => "The server's version was not recorded.".into(),
@@ -170,13 +191,15 @@ impl Rule for RelationExtension {
         let spread = "load one table with fewer concurrent writers (one or two streams, larger \
                       batches), or give each loader its own partition so that each grows its own \
                       relation";
-        let upgrade = "PostgreSQL 16 extends a relation by up to 64 blocks per lock for COPY and \
-                       multi-row loads and zero-fills them with one fallocate (00d1e02be2, \
-                       31966b151e6)";
+        let upgrade = format!(
+            "PostgreSQL {fixed} extends a relation by up to 64 blocks per lock for COPY and \
+             multi-row loads and zero-fills them with one fallocate ({commit}, 31966b151e6)"
+        );
         let remedy = match (copy, ev.manifest.postgres.major) {
-            (Some(true), Some(m)) if m <= 15 => format!(
+            (Some(true), Some(m)) if m < fixed => format!(
                 "The waits are COPY's: {upgrade}, which helps exactly this; prove it with `pgbelow \
-                 lab matrix --scenario relation-extension --pg 15,16`. Until then, {spread}."
+                 lab matrix --scenario relation-extension --pg {},{fixed}`. Until then, {spread}.",
+                fixed - 1
             ),
             (Some(false), _) => format!(
                 "The waits come from row-by-row statements, not COPY: {spread}, or turn the \
@@ -189,7 +212,7 @@ impl Rule for RelationExtension {
                  loops it measured worse (six sessions: 69–83 % of busy samples in Lock:extend \
                  on 16 vs 33–42 % on 15), so check which statements wait (pg_stat_statements \
                  names them).",
-                if ev.manifest.postgres.major.is_some_and(|m| m >= 16) {
+                if ev.manifest.postgres.major.is_some_and(|m| m >= fixed) {
                     "This server already extends in bulk. "
                 } else {
                     ""

@@ -13,7 +13,7 @@
 //! buffer-drop functions.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule, Severity};
+use super::{Change, Figure, Finding, Gauge, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::profile;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -170,13 +170,38 @@ fn per_drop(rec: &Evidence) -> PerDrop {
 
 /// Replay CPU in ms per dropped relation, when enough drops were replayed
 /// to divide by (`watch` exports it as a gauge).
-pub fn cpu_ms_per_drop(rec: &Evidence) -> Option<f64> {
+fn cpu_ms_per_drop(rec: &Evidence) -> Option<f64> {
     per_drop(rec).cpu_ms_per_drop
 }
+
+/// 14 drops a relation's buffers by lookup when its size is cached.
+const FIX: Change = Change {
+    major: 14,
+    commit: "bea449c635",
+    what: "replay drops a relation's buffers by lookup when its size is cached (FindAndDropRelFileNodeBuffers); empty tables created during replay still scan the pool",
+};
 
 impl Rule for ReplayDropCost {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    /// The same figure in both, in ms in the matrix and in base units
+    /// (seconds) for Prometheus.
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "standby startup process CPU ms per dropped relation",
+            value: |ev| cpu_ms_per_drop(ev).map(round3),
+            metric: Some(Gauge {
+                name: "pgbelow_replay_cpu_seconds_per_dropped_relation",
+                help: "Startup process CPU seconds per dropped relation it replayed over the last window (absent with too few drops).",
+                value: |ev| cpu_ms_per_drop(ev).map(|ms| ms / 1000.0),
+            }),
+        })
+    }
+
+    fn changes(&self) -> &'static [Change] {
+        &[FIX]
     }
 
     fn measure(&self, rec: &Evidence) -> Measure {
@@ -247,6 +272,7 @@ impl Rule for ReplayDropCost {
             .clone()
             .unwrap_or_else(|| "unknown".into());
         let major = rec.manifest.postgres.major;
+        let (fixed, commit) = (FIX.major, FIX.commit);
         let empty = d.map(|d| d.empty);
         let kind = match empty {
             Some(true) => "empty ",
@@ -254,13 +280,13 @@ impl Rule for ReplayDropCost {
             None => "",
         };
         let why = match (major, empty) {
-            (Some(m), _) if m <= 13 => format!(
+            (Some(m), _) if m < fixed => format!(
                 "PostgreSQL {version} scans the standby's whole buffer pool ({sb_txt}) once per commit \
                  record that drops relations (DropRelFileNodesAllBuffers)"
             ),
             (_, Some(true)) | (Some(_), None) => format!(
                 "PostgreSQL {version} can skip the buffer-pool scan only when the dropped relation's size \
-                 is cached in the startup process (bea449c635, 14+); an empty table created during replay \
+                 is cached in the startup process ({commit}, {fixed}+); an empty table created during replay \
                  has none, so every drop still scans the whole pool ({sb_txt})"
             ),
             _ => format!(
@@ -304,12 +330,14 @@ impl Rule for ReplayDropCost {
             None => String::new(),
         };
         let upgrade = match major {
-            Some(m) if m >= 14 => "You are on 14+, whose fast path needs a cached relation size: it \
-                                   helps tables that have had rows written during replay, not empty ones."
-                .to_string(),
-            _ => "Upgrade to 14+ (bea449c635: replay drops a relation's buffers by lookup when its \
-                  size is cached — fast for tables with rows; empty tables still scan the pool)."
-                .to_string(),
+            Some(m) if m >= fixed => format!(
+                "You are on {fixed}+, whose fast path needs a cached relation size: it \
+                 helps tables that have had rows written during replay, not empty ones."
+            ),
+            _ => format!(
+                "Upgrade to {fixed}+ ({commit}: replay drops a relation's buffers by lookup when its \
+                 size is cached — fast for tables with rows; empty tables still scan the pool)."
+            ),
         };
         Some(Finding {
             id: ID.into(),

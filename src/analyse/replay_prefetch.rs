@@ -15,7 +15,7 @@
 //! into the text.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule};
+use super::{Change, Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -159,13 +159,13 @@ pub fn replay_delay_s(ev: &Evidence) -> Option<f64> {
 /// The startup process's fadvise64 per pread64, with enough reads to
 /// divide by (`watch` exports it as a gauge: 0 when replay does not
 /// prefetch, ≈ 1 when it does).
-pub fn fadvise_per_pread(ev: &Evidence) -> Option<f64> {
+fn fadvise_per_pread(ev: &Evidence) -> Option<f64> {
     let r = startup_reads(ev)?;
     (r.preads >= MIN_READS).then(|| round3(r.fadvise_per_read()))
 }
 
 /// The largest replay gap in MB (`lab matrix`'s key figure).
-pub fn replay_gap_max_mb(ev: &Evidence) -> Option<f64> {
+fn replay_gap_max_mb(ev: &Evidence) -> Option<f64> {
     replay_gap(ev).map(|(max, _, _, _)| round3(max as f64 / f64::from(1u32 << 20)))
 }
 
@@ -173,9 +173,34 @@ fn mb(b: u64) -> f64 {
     round3(b as f64 / f64::from(1u32 << 20))
 }
 
+/// 15 prefetches the blocks replay will read.
+const FIX: Change = Change {
+    major: 15,
+    commit: "5dc0418fab",
+    what: "recovery prefetch: posix_fadvise ahead of replay (recovery_prefetch=try)",
+};
+
 impl Rule for ReplayWithoutPrefetch {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    /// The matrix's figure is the lag replay built up; `watch`'s, whether
+    /// replay prefetches at all.
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "largest WAL gap not yet replayed (MB)",
+            value: replay_gap_max_mb,
+            metric: Some(Gauge {
+                name: "pgbelow_replay_fadvise_per_pread",
+                help: "The startup process's fadvise64 calls per pread64 over the last window: 0 when replay reads without prefetching (absent with too few reads).",
+                value: fadvise_per_pread,
+            }),
+        })
+    }
+
+    fn changes(&self) -> &'static [Change] {
+        &[FIX]
     }
 
     fn measure(&self, ev: &Evidence) -> Measure {
@@ -233,12 +258,14 @@ impl Rule for ReplayWithoutPrefetch {
         // recorded (the lab records the primary's; a standby recorded alone
         // its own).
         let prefetch = ev.server.iter().rev().find_map(|s| s.recovery_prefetch);
+        let (fixed, commit) = (FIX.major, FIX.commit);
         let why = match ev.manifest.postgres.major {
-            Some(m) if m < 15 => format!(
-                "This server is PostgreSQL {version}: up to 14 recovery reads each block when it \
-                 replays the record, one synchronous pread at a time. 15 looks ahead in the WAL and \
+            Some(m) if m < fixed => format!(
+                "This server is PostgreSQL {version}: up to {} recovery reads each block when it \
+                 replays the record, one synchronous pread at a time. {fixed} looks ahead in the WAL and \
                  starts those reads early with posix_fadvise(WILLNEED) (recovery_prefetch, \
-                 5dc0418fab)."
+                 {commit}).",
+                fixed - 1
             ),
             Some(_) => format!(
                 "This server is PostgreSQL {version}, which can prefetch the blocks replay needs \
@@ -315,15 +342,16 @@ impl Rule for ReplayWithoutPrefetch {
                 "recovery_prefetch_hit": prefetch.map(|p| p.hit),
                 "postgres_version": version,
             }),
-            remedy: "Upgrade the standby to PostgreSQL 15 or later and keep recovery_prefetch = \
+            remedy: format!("Upgrade the standby to PostgreSQL {fixed} or later and keep recovery_prefetch = \
                      try (the default) with maintenance_io_concurrency > 0 (default 10; raise it \
                      to 32–256 on storage that serves many reads at once): replay then prefetches \
-                     the blocks it will need with posix_fadvise (5dc0418fab) and shows it in \
+                     the blocks it will need with posix_fadvise ({commit}) and shows it in \
                      pg_stat_recovery_prefetch. Until then, give the standby a shared_buffers large \
                      enough for the blocks replay keeps touching, or faster (lower-latency) storage \
                      for its data directory; prove it with `pgbelow lab matrix --scenario \
-                     replay-without-prefetch --pg 14,15`."
-                .into(),
+                     replay-without-prefetch --pg {},{fixed}`.",
+                fixed - 1
+            ),
         })
     }
 }

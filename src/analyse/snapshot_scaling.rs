@@ -11,7 +11,7 @@
 //! samples. The version goes into the explanation, never into the decision.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule};
+use super::{Change, Figure, Finding, Headline, Impact, Measure, Rule};
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -40,7 +40,7 @@ const CRITICAL_SHARE: f64 = 0.25;
 pub struct SnapshotScaling;
 
 /// Backend samples and those with [`SNAPSHOT_FN`] on the stack.
-pub fn snapshot_samples(stacks: &[FoldedStack]) -> (u64, u64) {
+fn snapshot_samples(stacks: &[FoldedStack]) -> (u64, u64) {
     let backend = Role::Backend.as_str();
     stacks
         .iter()
@@ -75,9 +75,35 @@ pub fn connections(waits: &[WaitSample]) -> Option<(u64, u64)> {
         .max()
 }
 
+/// 14's snapshot scalability series.
+const FIX: Change = Change {
+    major: 14,
+    commit: "dc7420c2c9",
+    what: "snapshot scalability series (941697c3c1 dense xid arrays, 623a9ba79b snapshot reuse)",
+};
+
+/// The share of the backends' profile samples with [`SNAPSHOT_FN`] on the
+/// stack (`lab matrix`'s key figure).
+fn snapshot_share(ev: &Evidence) -> Option<f64> {
+    let (all, snap) = snapshot_samples(ev.stacks());
+    (all > 0).then(|| crate::round3(snap as f64 / all as f64))
+}
+
 impl Rule for SnapshotScaling {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "GetSnapshotData share of backend samples",
+            value: snapshot_share,
+            metric: None,
+        })
+    }
+
+    fn changes(&self) -> &'static [Change] {
+        &[FIX]
     }
 
     fn measure(&self, ev: &Evidence) -> Measure {
@@ -116,15 +142,16 @@ impl Rule for SnapshotScaling {
             ),
             None => "the connection count was not sampled (pgstat collector off)".into(),
         };
+        let (fixed, commit) = (FIX.major, FIX.commit);
         let why = match ev.manifest.postgres.major {
-            Some(m) if m <= 13 => format!(
-                "This server is PostgreSQL {version}: before 14, GetSnapshotData walks the PGPROC of \
+            Some(m) if m < fixed => format!(
+                "This server is PostgreSQL {version}: before {fixed}, GetSnapshotData walks the PGPROC of \
                  every connected backend for every snapshot, idle ones included, so each statement \
-                 pays for every open connection (rebuilt in 14: 941697c3c1, dc7420c2c9, 623a9ba79b)."
+                 pays for every open connection (rebuilt in {fixed}: 941697c3c1, {commit}, 623a9ba79b)."
             ),
             Some(_) => format!(
                 "This server is PostgreSQL {version}, whose snapshots read dense arrays and are \
-                 reused while no writing transaction ends (14+): a share this high means snapshots \
+                 reused while no writing transaction ends ({fixed}+): a share this high means snapshots \
                  are rebuilt constantly (many concurrent writers) over many connections."
             ),
             None => "The server's version was not recorded.".into(),
@@ -160,14 +187,17 @@ impl Rule for SnapshotScaling {
                  max_connections to match, and close idle application connections \
                  (idle_session_timeout on 14+, the pool's idle timeout). {}",
                 match ev.manifest.postgres.major {
-                    Some(m) if m >= 14 =>
-                        "This server already has 14's snapshot scalability \
+                    Some(m) if m >= fixed => format!(
+                        "This server already has {fixed}'s snapshot scalability \
                          work: fewer concurrent writers (whose commits invalidate the cached \
-                         snapshot) help as much as fewer connections.",
-                    _ =>
-                        "Upgrading to PostgreSQL 14 or later removes the per-connection walk \
-                         (snapshot scalability series, dc7420c2c9 and 623a9ba79b); prove it with \
-                         `pgbelow lab matrix --scenario snapshot-scaling --pg 13,14`.",
+                         snapshot) help as much as fewer connections."
+                    ),
+                    _ => format!(
+                        "Upgrading to PostgreSQL {fixed} or later removes the per-connection walk \
+                         (snapshot scalability series, {commit} and 623a9ba79b); prove it with \
+                         `pgbelow lab matrix --scenario snapshot-scaling --pg {},{fixed}`.",
+                        fixed - 1
+                    ),
                 }
             ),
         })

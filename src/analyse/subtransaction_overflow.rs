@@ -19,7 +19,7 @@
 //! lookups missed the cache; the version goes into the text only.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule};
+use super::{Change, Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -82,7 +82,7 @@ impl SubtransWaits {
 
 /// Sums over every sample (not only the top waits, so the two waits of a
 /// lookup are counted together however many other waits there are).
-pub fn subtrans_waits(ev: &Evidence) -> Option<SubtransWaits> {
+fn subtrans_waits(ev: &Evidence) -> Option<SubtransWaits> {
     let mut w = SubtransWaits::default();
     for s in &ev.waits {
         w.ticks += u64::from(s.ticks);
@@ -126,9 +126,38 @@ pub fn subtrans_slru(ev: &Evidence) -> Option<(u64, u64, f64)> {
     (t1 > t0).then(|| (h1.saturating_sub(h0), r1.saturating_sub(r0), t1 - t0))
 }
 
+/// 17 sizes the pg_subtrans cache from shared_buffers.
+const FIX: Change = Change {
+    major: 17,
+    commit: "53c2a97a92",
+    what: "SLRU banks and subtransaction_buffers (pg_subtrans cache sized from shared_buffers, was 32 pages)",
+};
+
+/// The backends' busy samples' share waiting on pg_subtrans, unrounded
+/// (the key figure).
+fn wait_share(ev: &Evidence) -> Option<f64> {
+    Some(subtrans_waits(ev)?.share())
+}
+
 impl Rule for SubtransactionOverflow {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "pg_subtrans wait share of standby backend busy samples",
+            value: |ev| wait_share(ev).map(round3),
+            metric: Some(Gauge {
+                name: "pgbelow_subtrans_wait_ratio",
+                help: "Share of the backends' busy pg_stat_activity samples waiting on pg_subtrans (LWLock SubtransSLRU/SubtransBuffer; SubtransControlLock/subtrans up to 12) over the last window.",
+                value: wait_share,
+            }),
+        })
+    }
+
+    fn changes(&self) -> &'static [Change] {
+        &[FIX]
     }
 
     fn measure(&self, ev: &Evidence) -> Measure {
@@ -207,14 +236,16 @@ impl Rule for SubtransactionOverflow {
              subtransactions."
         };
         let version = super::server_version(ev);
+        let fixed = FIX.major;
         let why = match ev.manifest.postgres.major {
-            Some(m) if m >= 17 => format!(
-                "PostgreSQL {version} sizes the cache by subtransaction_buffers (17+; by default \
+            Some(m) if m >= fixed => format!(
+                "PostgreSQL {version} sizes the cache by subtransaction_buffers ({fixed}+; by default \
                  shared_buffers / 512 pages, only 32 at 128 MB) and splits its lock into banks."
             ),
-            Some(_) => {
-                format!("PostgreSQL {version} caches 32 pg_subtrans pages (fixed up to 16).")
-            }
+            Some(_) => format!(
+                "PostgreSQL {version} caches 32 pg_subtrans pages (fixed up to {}).",
+                fixed - 1
+            ),
             None => String::new(),
         };
         let (slru_hit, slru_read, slru_s) = slru.map_or((None, None, None), |(h, r, s)| {
@@ -264,17 +295,18 @@ impl Rule for SubtransactionOverflow {
                 "standby": standby,
                 "postgres_version": version,
             }),
-            remedy: "Find the transaction: on the primary, a long-running session that uses \
+            remedy: format!(
+                "Find the transaction: on the primary, a long-running session that uses \
                      savepoints in a loop (ORM nested transactions, PL/pgSQL BEGIN … EXCEPTION \
                      per row); on 16+ `select pg_stat_get_backend_pid(id), s.* from \
                      pg_stat_get_backend_idset() id, pg_stat_get_backend_subxact(id) s where \
                      s.subxact_overflowed`. Keep each transaction at 64 subtransactions or fewer \
                      (release or avoid savepoints, catch errors outside the loop), and keep \
-                     transactions short, above all when standbys serve reads. On 17+ a larger \
+                     transactions short, above all when standbys serve reads. On {fixed}+ a larger \
                      subtransaction_buffers (e.g. 1024) lets the lookups hit the cache; it does \
                      not remove them. Prove it with `pgbelow lab run --scenario \
                      subtransaction-overflow --savepoints 50` against `--savepoints 100`."
-                .into(),
+            ),
         })
     }
 }

@@ -8,7 +8,7 @@
 //! backend samples under `SyncRepWaitForLSN` and in epoll/mutex kernel code.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule, Severity};
+use super::{Change, Figure, Finding, Gauge, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -167,7 +167,7 @@ fn epoll_creates(b: &crate::recording::reader::RoleSyscalls) -> u64 {
 /// The rule's key figure: the backends' epoll sets created per committed
 /// transaction (≈ 1 before 14, ≈ 0 from 14 on, waits or not). None without
 /// commits or backend syscall counts.
-pub fn epoll_create_per_commit(rec: &Evidence) -> Option<f64> {
+fn epoll_create_per_commit(rec: &Evidence) -> Option<f64> {
     let (n, _, _) = commits(rec)?;
     let by_role = rec.syscalls_by_role(None);
     let b = by_role.get(&Role::Backend)?;
@@ -179,9 +179,46 @@ fn profile_shares(rec: &Evidence) -> Option<ProfileShares> {
     (s.samples > 0).then_some(s)
 }
 
+/// 14's WaitLatch() keeps one long-lived WaitEventSet.
+const FIX: Change = Change {
+    major: 14,
+    commit: "3347c982ba",
+    what: "WaitLatch() keeps one long-lived WaitEventSet: no epoll set built and freed per commit wait",
+};
+
+/// `watch`'s gauge: the backends' epoll_create1 calls per commit the
+/// server counted (xact_commit between the window's first and last pgstat
+/// samples), unrounded; 0 calls where no backend syscall was counted.
+fn window_epoll_create1_per_commit(rec: &Evidence) -> Option<f64> {
+    let (a, b) = (rec.pgstat.first()?, rec.pgstat.last()?);
+    let commits = b.commits?.saturating_sub(a.commits?);
+    let by_role = rec.syscalls_by_role(None);
+    let calls = by_role
+        .get(&Role::Backend)
+        .map_or(0, |b| b.get("epoll_create1"));
+    (commits > 0).then(|| calls as f64 / commits as f64)
+}
+
 impl Rule for SyncrepWait {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "backends' epoll_create1 per commit",
+            value: epoll_create_per_commit,
+            metric: Some(Gauge {
+                name: "pgbelow_epoll_create1_per_commit",
+                help:
+                    "Backends' epoll_create1 calls per committed transaction over the last window.",
+                value: window_epoll_create1_per_commit,
+            }),
+        })
+    }
+
+    fn changes(&self) -> &'static [Change] {
+        &[FIX]
     }
 
     fn measure(&self, rec: &Evidence) -> Measure {
@@ -266,10 +303,11 @@ impl Rule for SyncrepWait {
             .version
             .clone()
             .unwrap_or_else(|| "unknown".into());
+        let (fixed, commit) = (FIX.major, FIX.commit);
         let why = match rec.manifest.postgres.major {
-            Some(m) if m <= 13 => format!(
-                "This server is PostgreSQL {version}: before 14, WaitLatch() builds a WaitEventSet (an epoll \
-                 instance) for every wait and frees it afterwards (long-lived set since 3347c982ba, 14)."
+            Some(m) if m < fixed => format!(
+                "This server is PostgreSQL {version}: before {fixed}, WaitLatch() builds a WaitEventSet (an epoll \
+                 instance) for every wait and frees it afterwards (long-lived set since {commit}, {fixed})."
             ),
             Some(_) => format!(
                 "This server is PostgreSQL {version}, whose WaitLatch() keeps one epoll set; a per-commit rate \
@@ -354,14 +392,13 @@ impl Rule for SyncrepWait {
                 })),
                 "postgres_version": version,
             }),
-            remedy: "Upgrade to PostgreSQL 14 or later, where WaitLatch() uses a long-lived WaitEventSet \
-                     (3347c982ba) and a commit wait costs no epoll set-up. Until then: commit less often \
+            remedy: format!("Upgrade to PostgreSQL {fixed} or later, where WaitLatch() uses a long-lived WaitEventSet \
+                     ({commit}) and a commit wait costs no epoll set-up. Until then: commit less often \
                      (batch rows into fewer transactions, multi-row INSERT/COPY), use synchronous_commit=local \
                      or off for sessions that can accept it (per transaction with SET LOCAL), and keep the \
                      contending backends on fewer cores (CPU placement, a connection pooler with fewer server \
                      connections) so the global epmutex is less contended. Prove the change with \
-                     `pgbelow lab run --scenario syncrep-commit --sweep` and `pgbelow compare A B`."
-                .into(),
+                     `pgbelow lab run --scenario syncrep-commit --sweep` and `pgbelow compare A B`."),
         };
         // Added only when measured: older recordings' evidence is as it was.
         if let Some(s) = setup {

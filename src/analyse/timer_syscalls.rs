@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::statements::statements;
-use super::{Figure, Finding, Impact, Measure, Rule, Severity};
+use super::{Change, Figure, Finding, Gauge, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -30,11 +30,51 @@ const TIMER_SETTINGS: &[&str] = &[
     "transaction_timeout",
 ];
 
+/// 14 re-arms the timer only when the next timeout moves earlier.
+const FIX: Change = Change {
+    major: 14,
+    commit: "09cf1d5226",
+    what: "keep the interval timer armed across statements",
+};
+
+/// The backends' timer syscalls per statement, unrounded: None without
+/// statements or without the backends' syscall counts.
+fn per_statement(ev: &Evidence) -> Option<f64> {
+    let stmts = statements(ev)?;
+    let by_role = ev.syscalls_by_role(None);
+    let b = by_role.get(&Role::Backend)?;
+    let calls = b.get("setitimer") + b.get("timer_settime");
+    (stmts.count > 0).then(|| calls as f64 / stmts.count as f64)
+}
+
+/// `watch`'s gauge: [`per_statement`] over a window's pgstat samples, 0
+/// where no backend syscall was counted.
+fn window_per_statement(ev: &Evidence) -> Option<f64> {
+    ev.pgstat.first()?;
+    per_statement(ev).or_else(|| statements(ev).filter(|s| s.count > 0).map(|_| 0.0))
+}
+
 pub struct TimerSyscalls;
 
 impl Rule for TimerSyscalls {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "timer syscalls per statement",
+            value: |ev| per_statement(ev).map(round3),
+            metric: Some(Gauge {
+                name: "pgbelow_timer_syscalls_per_statement",
+                help: "Backends' setitimer+timer_settime calls per statement over the last window.",
+                value: window_per_statement,
+            }),
+        })
+    }
+
+    fn changes(&self) -> &'static [Change] {
+        &[FIX]
     }
 
     fn measure(&self, rec: &Evidence) -> Measure {
@@ -105,13 +145,14 @@ impl Rule for TimerSyscalls {
             .clone()
             .unwrap_or_else(|| "unknown".into());
         let major = rec.manifest.postgres.major;
+        let (fixed, commit) = (FIX.major, FIX.commit);
         let why = match major {
-            Some(m) if m <= 13 => format!(
-                "This server is PostgreSQL {version}: before 14, schedule_alarm() calls setitimer() each time a \
-                 statement arms or disarms its timeout (fixed by commit 09cf1d5226 in 14)."
+            Some(m) if m < fixed => format!(
+                "This server is PostgreSQL {version}: before {fixed}, schedule_alarm() calls setitimer() each time a \
+                 statement arms or disarms its timeout (fixed by commit {commit} in {fixed})."
             ),
             Some(_) => format!(
-                "This server is PostgreSQL {version}, which keeps an armed timer across statements (14+), so a \
+                "This server is PostgreSQL {version}, which keeps an armed timer across statements ({fixed}+), so a \
                  per-statement rate here means the timeouts themselves change per statement (e.g. SET \
                  statement_timeout or lock_timeout in every transaction)."
             ),
@@ -159,19 +200,17 @@ impl Rule for TimerSyscalls {
                 "postgres_version": version,
             }),
             remedy: match major {
-                Some(m) if m >= 14 => "This server already keeps its timer armed across statements \
-                     (14+): the timeouts themselves change per statement. Set statement_timeout and \
+                Some(m) if m >= fixed => format!("This server already keeps its timer armed across statements \
+                     ({fixed}+): the timeouts themselves change per statement. Set statement_timeout and \
                      lock_timeout once per role or database (ALTER ROLE … SET statement_timeout) instead \
                      of SET / SET LOCAL in every transaction (a driver or pooler option may be issuing \
-                     them), and prove the change with two recordings and `pgbelow compare A B`."
-                    .to_string(),
-                _ => "Upgrade to PostgreSQL 14 or later, which re-arms the interval timer only when the next \
-                     timeout moves earlier (09cf1d5226; 15 adds d37776e451). Until then, weigh the cost — one \
+                     them), and prove the change with two recordings and `pgbelow compare A B`."),
+                _ => format!("Upgrade to PostgreSQL {fixed} or later, which re-arms the interval timer only when the next \
+                     timeout moves earlier ({commit}; 15 adds d37776e451). Until then, weigh the cost — one \
                      setitimer per statement, a few percent of a short query's time — against what the timeout \
                      protects: keep statement_timeout where runaway queries are possible, but set it per role or \
                      database (ALTER ROLE … SET statement_timeout) rather than server-wide for latency-critical \
-                     OLTP sessions, and prove the change with two `pgbelow lab run` recordings and `pgbelow compare A B`."
-                    .to_string(),
+                     OLTP sessions, and prove the change with two `pgbelow lab run` recordings and `pgbelow compare A B`."),
             },
         };
         // Only with a query timeline: older recordings' evidence is as it was.

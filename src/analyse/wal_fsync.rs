@@ -21,7 +21,7 @@
 //! enable.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule, Severity};
+use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::pgstat::{summarize_waits, RoleWaits};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -103,7 +103,7 @@ fn in_wal(roles: &[RoleWaits], role: Role) -> Option<(f64, f64)> {
 
 /// The rule's key figure: the share of busy backends flushing WAL or
 /// queued behind the flush. None without backend wait samples.
-pub fn wal_wait_share(rec: &Evidence) -> Option<f64> {
+fn wal_wait_share(rec: &Evidence) -> Option<f64> {
     let (_, roles) = summarize_waits(&rec.waits);
     let (avg, busy) = in_wal(&roles, Role::Backend)?;
     // + 0.0: an empty f64 sum is -0.0.
@@ -154,6 +154,16 @@ fn flush_latency(rec: &Evidence) -> Result<Figure, String> {
 impl Rule for WalFsync {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    // No change: the device's flush latency decides; every major flushes
+    // WAL at commit (pg_stat_wal, 14+, only measures it).
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "share of busy backends in WAL flush waits",
+            value: wal_wait_share,
+            metric: None,
+        })
     }
 
     fn measure(&self, rec: &Evidence) -> Measure {

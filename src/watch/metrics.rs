@@ -6,7 +6,6 @@ use std::fmt::Write as _;
 
 use crate::analyse::Severity;
 use crate::evidence::Evidence;
-use crate::procinfo::Role;
 use crate::report::Report;
 
 /// pgbelow's own CPU seconds, resident bytes and open descriptors.
@@ -53,42 +52,6 @@ pub struct Metrics {
     /// (the last window's evaluation and the next one's attach).
     pub gap_s: Option<f64>,
 }
-
-/// Ratio gauges: name, help.
-const RATIOS: &[(&str, &str)] = &[
-    (
-        "pgbelow_timer_syscalls_per_statement",
-        "Backends' setitimer+timer_settime calls per statement over the last window.",
-    ),
-    (
-        "pgbelow_epoll_create1_per_commit",
-        "Backends' epoll_create1 calls per committed transaction over the last window.",
-    ),
-    (
-        "pgbelow_replay_cpu_seconds_per_dropped_relation",
-        "Startup process CPU seconds per dropped relation it replayed over the last window (absent with too few drops).",
-    ),
-    (
-        "pgbelow_replay_fadvise_per_pread",
-        "The startup process's fadvise64 calls per pread64 over the last window: 0 when replay reads without prefetching (absent with too few reads).",
-    ),
-    (
-        "pgbelow_checkpoint_throughput_ratio",
-        "Throughput of the worst tenth of the seconds inside checkpoints over the throughput outside them, over the last window (absent without a checkpoint).",
-    ),
-    (
-        "pgbelow_subtrans_wait_ratio",
-        "Share of the backends' busy pg_stat_activity samples waiting on pg_subtrans (LWLock SubtransSLRU/SubtransBuffer; SubtransControlLock/subtrans up to 12) over the last window.",
-    ),
-    (
-        "pgbelow_shared_memory_page_tables_ratio",
-        "The server processes' page tables beyond the postmaster's (Σ VmPTE) over the shared memory's size, at the window's peak (about 0.002 per process mapping all of it in 4 kB pages).",
-    ),
-    (
-        "pgbelow_backend_runq_per_cpu_second",
-        "Backends' run-queue seconds (runnable, waiting for a CPU) per second on a CPU over the last window (schedstat).",
-    ),
-];
 
 impl Metrics {
     pub fn new(collectors: &[String]) -> Metrics {
@@ -172,16 +135,6 @@ impl Metrics {
                 .insert(c.name.clone(), server_up && c.status == "ok");
         }
         // Syscall and process counters are added live, each second (add_live).
-        let by_role = ev.rec.syscalls_by_role(None);
-        // The window's own commits and statements, for its ratios (the
-        // counters took them live).
-        let (commits, statements) = match (ev.rec.pgstat.first(), ev.rec.pgstat.last()) {
-            (Some(a), Some(b)) => (
-                b.commits.zip(a.commits).map(|(b, a)| b.saturating_sub(a)),
-                crate::analyse::statements::statements(ev).map(|s| s.count),
-            ),
-            _ => (None, None),
-        };
         let cp = |s: &crate::collect::pgstat::ServerSample| s.checkpointer.clone();
         // The server's own cumulative counters, as its last sample read
         // them: a checkpoint is counted when it starts and its buffers while
@@ -192,48 +145,14 @@ impl Metrics {
             self.set_checkpointer(&b);
         }
 
-        let backend = by_role.get(&Role::Backend);
-        let get = |n: &str| backend.map_or(0, |b| b.get(n)) as f64;
-        let ratio = |a: f64, b: Option<u64>| b.filter(|b| *b > 0).map(|b| a / b as f64);
+        // The rules' gauges, over the window; six decimals: seconds per
+        // dropped relation are milliseconds.
         self.ratios.clear();
-        // Six decimals: seconds per dropped relation are milliseconds.
-        let mut put = |name: &'static str, v: Option<f64>| {
-            if let Some(v) = v {
-                self.ratios.insert(name, (v * 1e6).round() / 1e6);
+        for g in crate::analyse::gauges() {
+            if let Some(v) = (g.value)(ev) {
+                self.ratios.insert(g.name, (v * 1e6).round() / 1e6);
             }
-        };
-        put(
-            "pgbelow_timer_syscalls_per_statement",
-            ratio(get("setitimer") + get("timer_settime"), statements),
-        );
-        put(
-            "pgbelow_epoll_create1_per_commit",
-            ratio(get("epoll_create1"), commits),
-        );
-        put(
-            "pgbelow_replay_cpu_seconds_per_dropped_relation",
-            crate::analyse::replay_drop::cpu_ms_per_drop(ev).map(|ms| ms / 1000.0),
-        );
-        put(
-            "pgbelow_replay_fadvise_per_pread",
-            crate::analyse::replay_prefetch::fadvise_per_pread(ev),
-        );
-        put(
-            "pgbelow_checkpoint_throughput_ratio",
-            crate::analyse::checkpoint_stall::throughput_ratio(ev),
-        );
-        put(
-            "pgbelow_subtrans_wait_ratio",
-            crate::analyse::subtransaction_overflow::subtrans_waits(ev).map(|w| w.share()),
-        );
-        put(
-            "pgbelow_shared_memory_page_tables_ratio",
-            crate::analyse::huge_pages::excess_share(ev),
-        );
-        put(
-            "pgbelow_backend_runq_per_cpu_second",
-            crate::analyse::cpu_saturation::runq_share(ev),
-        );
+        }
         for sev in self.findings.values_mut() {
             *sev = None;
         }
@@ -345,9 +264,9 @@ impl Metrics {
             "Buffers written by checkpoints since the server's statistics reset (pg_stat_bgwriter; pg_stat_checkpointer from 17).",
             [(vec![], self.checkpoint_buffers as f64)],
         );
-        for (name, help) in RATIOS {
-            if let Some(v) = self.ratios.get(name) {
-                e.family(name, Kind::Gauge, help, [(vec![], *v)]);
+        for g in crate::analyse::gauges() {
+            if let Some(v) = self.ratios.get(g.name) {
+                e.family(g.name, Kind::Gauge, g.help, [(vec![], *v)]);
             }
         }
         e.family(
