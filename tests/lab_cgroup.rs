@@ -3,19 +3,11 @@
 //! system collector reads the cgroup's cpu.stat, and the finding follows
 //! the measured throttling — raised with the quota, not without it. The
 //! cgroup is gone afterwards. Root only (cgroups); machine-wide state, so
-//! `common::exclusive()` (through `lab_json`).
-use std::path::Path;
-
-use serde_json::Value;
-
+//! `common::exclusive()` (through `run_json`).
 mod common;
 use common::assert_torn_down;
 
 const ID: &str = "cgroup-cpu-throttling";
-
-fn lab_run(extra: &[&str], out: &Path) -> Value {
-    common::lab_short_case("cgroup-cpu-throttling", extra, out)
-}
 
 fn no_cgroup_left() {
     common::assert_no_cgroups(
@@ -31,7 +23,7 @@ fn quota_below_demand_raises_the_finding_and_none_does_not() {
     }
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("quota");
-    let r = lab_run(&[], &out);
+    let r = common::lab_short_case(ID, &[], &out);
     // Measured 5.0× (100 % of periods throttled against the 20 % bound).
     let f = common::raised_with_margin(&r, ID, 2.5);
     let ev = &f["evidence"];
@@ -44,7 +36,7 @@ fn quota_below_demand_raises_the_finding_and_none_does_not() {
     no_cgroup_left();
 
     let out = d.path().join("none");
-    let r = lab_run(&["--cpu-quota", "0"], &out);
+    let r = common::lab_short_case(ID, &["--cpu-quota", "0"], &out);
     common::silent(&r, ID);
     let tps_none = r["workload"]["tps"].as_f64().unwrap();
     assert_torn_down(&out);

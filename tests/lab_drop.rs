@@ -24,20 +24,8 @@ fn lab_run(out: &Path, pg: &str) -> Value {
 }
 
 fn lab_run_with(out: &Path, pg: &str, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        "drop-many",
-        "--pg",
-        pg,
-        "--tables",
-        TABLES,
-        "--format",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    common::lab_json(&args, out)
+    let args = [&["--pg", pg, "--tables", TABLES][..], extra].concat();
+    common::lab_scenario("drop-many", &args, out)
 }
 
 /// What the rule judges, for a failure message: the drop summary, the

@@ -20,19 +20,8 @@ fn lab_run(out: &Path, preload: Option<&Path>) -> Value {
     if let Some(lib) = preload {
         cmd.env("PGBELOW_SERVER_LD_PRELOAD", lib);
     }
-    let args = [
-        "lab",
-        "run",
-        "--scenario",
-        "explain-timing",
-        "--duration",
-        "4",
-        "--scale",
-        "2",
-        "--format",
-        "json",
-    ];
-    common::run_json(cmd, &args, out)
+    let args = ["--duration", "4", "--scale", "2"];
+    common::lab_scenario_with(cmd, "explain-timing", &args, out)
 }
 
 #[test]

@@ -15,12 +15,9 @@ use common::assert_torn_down;
 const ID: &str = "relation-extension-lock";
 
 fn lab_run(pg: &str, clients: &str, out: &Path) -> Value {
-    common::lab_json(
+    common::lab_scenario(
+        "relation-extension",
         &[
-            "lab",
-            "run",
-            "--scenario",
-            "relation-extension",
             "--pg",
             pg,
             "--duration",
@@ -29,8 +26,6 @@ fn lab_run(pg: &str, clients: &str, out: &Path) -> Value {
             clients,
             "--collectors",
             "syscalls,pgstat",
-            "--format",
-            "json",
         ],
         out,
     )

@@ -5,7 +5,7 @@
 //! with `--huge-pages on` the lab reserves vm.nr_hugepages, the shared
 //! memory is hugetlb, the page tables stay small and nothing is raised.
 //! vm.nr_hugepages is back to what it was afterwards. Root only; machine-wide
-//! state, so `common::exclusive()` (through `lab_json`).
+//! state, so `common::exclusive()` (through `run_json`).
 use std::path::Path;
 
 use serde_json::Value;

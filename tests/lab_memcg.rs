@@ -4,20 +4,12 @@
 //! the finding follows the measured limit hits and refaults — raised with
 //! the limit, not without it. The cgroup is gone afterwards. Root only
 //! (cgroups); machine-wide state, so `common::exclusive()` (through
-//! `lab_json`). Only the cluster is in the cgroup, so nothing else can be
+//! `run_json`). Only the cluster is in the cgroup, so nothing else can be
 //! reclaimed or OOM-killed by its limit.
-use std::path::Path;
-
-use serde_json::Value;
-
 mod common;
 use common::assert_torn_down;
 
 const ID: &str = "memory-cgroup-reclaim";
-
-fn lab_run(extra: &[&str], out: &Path) -> Value {
-    common::lab_short_case("memory-cgroup-reclaim", extra, out)
-}
 
 #[test]
 fn limit_above_shared_buffers_raises_the_finding_and_none_does_not() {
@@ -26,7 +18,7 @@ fn limit_above_shared_buffers_raises_the_finding_and_none_does_not() {
     }
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("limit");
-    let r = lab_run(&[], &out);
+    let r = common::lab_short_case(ID, &[], &out);
     // Measured 42× (2115 refaults/s against 50/s); a rate, so a slower
     // machine shows fewer: k well under half.
     let f = common::raised_with_margin(&r, ID, 10.0);
@@ -41,7 +33,7 @@ fn limit_above_shared_buffers_raises_the_finding_and_none_does_not() {
     common::assert_no_memory_cgroups();
 
     let out = d.path().join("none");
-    let r = lab_run(&["--memory-limit", "0"], &out);
+    let r = common::lab_short_case(ID, &["--memory-limit", "0"], &out);
     common::silent(&r, ID);
     let tps_none = r["workload"]["tps"].as_f64().unwrap();
     assert_torn_down(&out);

@@ -15,20 +15,13 @@ use common::assert_torn_down;
 const ID: &str = "cpu-saturation";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        "noisy-neighbour",
+    let run = [
         "--duration",
         "10",
         "--collectors",
         "syscalls,procfs,system,pgstat",
-        "--format",
-        "json",
     ];
-    args.extend_from_slice(extra);
-    common::lab_json(&args, out)
+    common::lab_scenario("noisy-neighbour", &[&run[..], extra].concat(), out)
 }
 
 /// The hogs' pids from the manifest, and that none of them is running.

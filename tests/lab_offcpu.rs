@@ -17,7 +17,8 @@ fn stack_has(st: &Value, name: &str) -> bool {
 fn pgbench_backends_off_cpu_by_state() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
-    let r = common::lab_select_only(
+    let r = common::lab_scenario(
+        "select-only",
         &[
             "--duration",
             "6",

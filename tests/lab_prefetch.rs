@@ -14,19 +14,12 @@ use common::assert_torn_down;
 const ID: &str = "replay-without-prefetch";
 
 fn lab_run(pg: Option<&str>, out: &Path) -> Value {
-    let mut args = vec!["lab", "run", "--scenario", "replay-without-prefetch"];
+    let mut args = vec![];
     if let Some(pg) = pg {
         args.extend(["--pg", pg]);
     }
-    args.extend([
-        "--duration",
-        "10",
-        "--collectors",
-        "syscalls,procfs,pgstat",
-        "--format",
-        "json",
-    ]);
-    common::lab_json(&args, out)
+    args.extend(["--duration", "10", "--collectors", "syscalls,procfs,pgstat"]);
+    common::lab_scenario("replay-without-prefetch", &args, out)
 }
 
 fn startup_calls(r: &Value, name: &str) -> u64 {

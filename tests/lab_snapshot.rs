@@ -16,12 +16,9 @@ const ID: &str = "snapshot-scaling-idle-connections";
 const IDLE: &str = "2000";
 
 fn lab_run(pg: &str, out: &Path) -> Value {
-    common::lab_json(
+    common::lab_scenario(
+        "snapshot-scaling",
         &[
-            "lab",
-            "run",
-            "--scenario",
-            "snapshot-scaling",
             "--pg",
             pg,
             "--idle-connections",
@@ -32,8 +29,6 @@ fn lab_run(pg: &str, out: &Path) -> Value {
             "1",
             "--collectors",
             "procfs,profile,pgstat",
-            "--format",
-            "json",
         ],
         out,
     )

@@ -16,20 +16,15 @@ use common::assert_torn_down;
 const ID: &str = "subtransaction-overflow";
 
 fn lab_run(savepoints: u32, out: &Path) -> Value {
-    common::lab_json(
+    common::lab_scenario(
+        "subtransaction-overflow",
         &[
-            "lab",
-            "run",
-            "--scenario",
-            "subtransaction-overflow",
             "--savepoints",
             &savepoints.to_string(),
             "--duration",
             "10",
             "--collectors",
             "pgstat,profile",
-            "--format",
-            "json",
         ],
         out,
     )

@@ -13,18 +13,8 @@ use common::per_statement;
 const ID: &str = "syncrep-wait-syscalls";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        "syncrep-commit",
-        "--duration",
-        "6",
-        "--format",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    common::lab_json(&args, out)
+    let args = [&["--duration", "6"][..], extra].concat();
+    common::lab_scenario("syncrep-commit", &args, out)
 }
 
 #[test]

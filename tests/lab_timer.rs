@@ -15,7 +15,8 @@ use common::{assert_torn_down, per_statement};
 const ID: &str = "timer-syscalls-per-statement";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    common::lab_select_only(&[&["--duration", "6", "--scale", "1"], extra].concat(), out)
+    let run = ["--duration", "6", "--scale", "1"];
+    common::lab_scenario("select-only", &[&run[..], extra].concat(), out)
 }
 
 #[test]

@@ -29,26 +29,19 @@ fn flushes<'a>(r: &'a Value, role: &str, syscall: &str) -> &'a Value {
 }
 
 fn lab_run(collectors: &str, extra: &[&str], env: Option<(&str, &str)>, out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        "wal-fsync-latency",
+    let run = [
         "--duration",
         "8",
         "--set",
         "track_wal_io_timing=on",
         "--collectors",
         collectors,
-        "--format",
-        "json",
     ];
-    args.extend_from_slice(extra);
     let mut cmd = Command::cargo_bin("pgbelow").unwrap();
     if let Some((k, v)) = env {
         cmd.env(k, v);
     }
-    common::run_json(cmd, &args, out)
+    common::lab_scenario_with(cmd, "wal-fsync-latency", &[&run[..], extra].concat(), out)
 }
 
 #[test]

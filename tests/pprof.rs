@@ -172,7 +172,8 @@ fn fresh_recording_has_pid_node_and_binary() {
     let Some(_) = go() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let rec = tmp.path().join("rec");
-    let r = common::lab_select_only(
+    let r = common::lab_scenario(
+        "select-only",
         &["--duration", "4", "--collectors", "syscalls,profile"],
         &rec,
     );

@@ -4,311 +4,36 @@
 //! causes on one line when it cannot. Each test starts its own PostgreSQL
 //! with the system's initdb/pg_ctl (not pgbelow's lab), as the `postgres`
 //! account, and stops it when done (also on failure).
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
+use common::userdb::{free_port, without_pg_env, RunOk, UserCluster};
 use serde_json::Value;
 
-/// The PG* variables a test run must not inherit.
-const PG_ENV: [&str; 16] = [
-    "PGHOST",
-    "PGHOSTADDR",
-    "PGPORT",
-    "PGUSER",
-    "PGDATABASE",
-    "PGPASSWORD",
-    "PGPASSFILE",
-    "PGSSLMODE",
-    "PGSSLROOTCERT",
-    "PGSSLCERT",
-    "PGSSLKEY",
-    "PGSERVICE",
-    "PGOPTIONS",
-    "PGCONNECT_TIMEOUT",
-    "PGCHANNELBINDING",
-    "PGAPPNAME",
-];
+/// initdb's options here: quick, one encoding and locale everywhere.
+const INITDB: [&str; 4] = ["--no-sync", "-E", "UTF8", "--locale=C"];
 
-fn id_of(flag: &str) -> u32 {
-    let out = Command::new("id")
-        .args([flag, "postgres"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("no postgres account: {out:?}"))
-}
+/// What every server here has: TCP on 127.0.0.1 besides its socket, no fsync.
+const TCP: [(&str, &str); 2] = [("listen_addresses", "127.0.0.1"), ("fsync", "off")];
 
-/// The system's PostgreSQL binaries (Debian: /usr/lib/postgresql/N/bin), the newest.
-fn pg_bin() -> PathBuf {
-    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("PostgreSQL installed under /usr/lib/postgresql")
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let major = e.file_name().to_str()?.parse().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("initdb").exists().then_some((major, bin))
-        })
-        .collect();
-    dirs.sort();
-    dirs.pop()
-        .expect("an initdb under /usr/lib/postgresql/*/bin")
-        .1
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A PostgreSQL cluster in a temp dir, stopped and removed on drop.
-struct Pg {
-    dir: tempfile::TempDir,
-    bin: PathBuf,
-    port: u16,
-    /// `unshare` holding a server started in its own pid namespace.
-    ns: Option<std::process::Child>,
-}
-
-impl Pg {
-    /// initdb, then `conf` lines and `hba` as pg_hba.conf; `prepare` runs
-    /// on the data directory before the start (certificates).
-    fn start(conf: &str, hba: &str, prepare: impl FnOnce(&Path)) -> Pg {
-        let dir = tempfile::Builder::new()
-            .prefix("pgbelow-rc-")
-            .tempdir()
-            .unwrap();
-        std::os::unix::fs::chown(dir.path(), Some(id_of("-u")), Some(id_of("-g"))).unwrap();
-        let mut pg = Pg::init(dir, conf, hba, prepare);
-        pg.as_postgres("pg_ctl")
-            .args(["-D"])
-            .arg(pg.data())
-            .args(["-l"])
-            .arg(pg.dir.path().join("server.log"))
-            .args(["-w", "-t", "30", "start"])
-            .run_ok("pg_ctl start");
-        pg.ns = None;
-        pg
-    }
-
-    /// A server in its own pid namespace, as in a container: its pids
-    /// (pg_backend_pid(), postmaster.pid) are not this host's.
-    fn start_in_pid_namespace(hba: &str) -> Pg {
-        let dir = tempfile::Builder::new()
-            .prefix("pgbelow-rc-")
-            .tempdir()
-            .unwrap();
-        std::os::unix::fs::chown(dir.path(), Some(id_of("-u")), Some(id_of("-g"))).unwrap();
-        let mut pg = Pg::init(dir, "", hba, |_| {});
-        let log = std::fs::File::create(pg.dir.path().join("server.log")).unwrap();
-        let child = Command::new("unshare")
-            .args([
-                "--pid",
-                "--fork",
-                "--mount-proc",
-                "runuser",
-                "-u",
-                "postgres",
-                "--",
-            ])
-            .arg(pg.bin.join("postgres"))
-            .arg("-D")
-            .arg(pg.data())
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("unshare (util-linux)");
-        pg.ns = Some(child);
-        let t0 = std::time::Instant::now();
-        loop {
-            let ready = Command::new("psql")
-                .args(["-X", "-q", "-h"])
-                .arg(pg.sock())
-                .args([
-                    "-p",
-                    &pg.port.to_string(),
-                    "-U",
-                    "postgres",
-                    "-d",
-                    "postgres",
-                ])
-                .args(["-c", "select 1"])
-                .output()
-                .is_ok_and(|o| o.status.success());
-            if ready {
-                break;
-            }
-            assert!(
-                t0.elapsed().as_secs() < 30,
-                "the namespaced server did not start: {}",
-                pg.log()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-        pg
-    }
-
-    /// The postmaster's pid as this host sees it: the postgres process
-    /// whose working directory is the data directory and whose parent is
-    /// not a postgres.
-    fn host_postmaster_pid(&self) -> Option<u32> {
-        let data = std::fs::canonicalize(self.data()).ok()?;
-        let is_postgres = |pid: &str| {
-            std::fs::read_link(format!("/proc/{pid}/exe"))
-                .is_ok_and(|e| e.file_name().is_some_and(|n| n == "postgres"))
-        };
-        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-            let pid = e.file_name().to_str()?.to_string();
-            pid.parse::<u32>().ok()?;
-            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let ppid = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .to_string();
-            (cwd == data && is_postgres(&pid) && !is_postgres(&ppid)).then(|| pid.parse().ok())?
-        })
-    }
-
-    fn init(dir: tempfile::TempDir, conf: &str, hba: &str, prepare: impl FnOnce(&Path)) -> Pg {
-        let pg = Pg {
-            dir,
-            bin: pg_bin(),
-            port: free_port(),
-            ns: None,
-        };
-        let data = pg.data();
-        pg.as_postgres("initdb")
-            .args(["-D"])
-            .arg(&data)
-            .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"])
-            .args(["--locale=C"])
-            .run_ok("initdb");
-        let conf = format!(
-            "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\n{conf}\n",
-            pg.port,
-            pg.sock().display()
-        );
-        append(&data.join("postgresql.conf"), &conf);
-        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
-        prepare(&data);
-        pg
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
-    fn sock(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
-    }
-
-    fn postmaster_pid(&self) -> u32 {
-        let text = std::fs::read_to_string(self.data().join("postmaster.pid")).unwrap();
-        text.lines().next().unwrap().trim().parse().unwrap()
-    }
-
-    fn as_postgres(&self, tool: &str) -> Command {
-        let mut c = Command::new(self.bin.join(tool));
-        c.uid(id_of("-u")).gid(id_of("-g")).current_dir("/");
-        for v in PG_ENV {
-            c.env_remove(v);
-        }
-        c
-    }
-
-    /// SQL as the superuser over the socket.
-    fn psql(&self, sql: &str) {
-        let mut c = Command::new("psql");
-        for v in PG_ENV {
-            c.env_remove(v);
-        }
-        c.args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
-            .arg(self.sock())
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-c",
-                sql,
-            ])
-            .run_ok("psql");
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Pg {
-    fn drop(&mut self) {
-        if let Some(mut ns) = self.ns.take() {
-            // pg_ctl would signal the namespace's pid on this host: signal
-            // the postmaster by its host pid instead (SIGQUIT: immediate).
-            if let Some(pm) = self.host_postmaster_pid() {
-                let _ = Command::new("kill")
-                    .args(["-QUIT", &pm.to_string()])
-                    .status();
-            }
-            let t0 = std::time::Instant::now();
-            while ns.try_wait().ok().flatten().is_none() && t0.elapsed().as_secs() < 30 {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            let _ = ns.kill();
-            let _ = ns.wait();
-            return;
-        }
-        let _ = self
-            .as_postgres("pg_ctl")
-            .args(["-D"])
-            .arg(self.data())
-            .args(["-w", "-t", "30", "stop", "-m", "immediate"])
-            .output();
-    }
-}
-
-trait RunOk {
-    fn run_ok(&mut self, what: &str) -> Output;
-}
-
-impl RunOk for Command {
-    fn run_ok(&mut self, what: &str) -> Output {
-        let o = self.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(
-            o.status.success(),
-            "{what} failed: {}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        o
-    }
-}
-
-fn append(path: &Path, text: &str) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
+/// A server with [`TCP`] and `settings`, and `hba` as its pg_hba.conf.
+fn start(settings: &[(&str, &str)], hba: &str) -> UserCluster {
+    let settings = [&TCP[..], settings].concat();
+    UserCluster::builder()
+        .initdb(&INITDB)
+        .settings(&settings)
+        .hba(hba)
+        .start()
 }
 
 /// `pgbelow record ARGS` with a clean PG* environment plus `env`, and HOME
 /// set to `home` (so root's own ~/.pgpass or ~/.postgresql cannot interfere).
 fn record(args: &[&str], env: &[(&str, &str)], home: &Path) -> Output {
     let mut c = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"));
-    for v in PG_ENV {
-        c.env_remove(v);
-    }
+    without_pg_env(&mut c);
     c.env_remove("PGBELOW_PROGRESS");
     c.env("HOME", home);
     c.envs(env.iter().copied());
@@ -324,7 +49,7 @@ fn text(o: &Output) -> (String, String) {
 
 /// A short recording succeeded, of `pg`'s postmaster, and said where it is
 /// (an absolute path, on stderr with --format json). Returns the report.
-fn assert_recorded(o: &Output, pg: &Pg, out: &Path) -> Value {
+fn assert_recorded(o: &Output, pg: &UserCluster, out: &Path) -> Value {
     let (stdout, stderr) = text(o);
     assert_eq!(
         o.status.code(),
@@ -407,7 +132,7 @@ fn out_args(out: &Path) -> [&str; 2] {
 
 #[test]
 fn dsn_alone_finds_the_postmaster_and_records() {
-    let pg = Pg::start("", "local all all trust\n", |_| {});
+    let pg = start(&[], "local all all trust\n");
     let home = tempfile::tempdir().unwrap();
     let out = home.path().join("rec");
     let dsn = format!(
@@ -483,7 +208,7 @@ fn dsn_alone_finds_the_postmaster_and_records() {
 /// without them and says how to include them.
 #[test]
 fn pid_alone_connects_through_postmaster_pid() {
-    let pg = Pg::start("", "local all all trust\n", |_| {});
+    let pg = start(&[], "local all all trust\n");
     let home = tempfile::tempdir().unwrap();
     let out = home.path().join("rec");
     let pm = pg.postmaster_pid().to_string();
@@ -499,7 +224,7 @@ fn pid_alone_connects_through_postmaster_pid() {
     );
     assert_recorded(&o, &pg, &out);
 
-    let pw = Pg::start("", "local all all scram-sha-256\n", |_| {});
+    let pw = start(&[], "local all all scram-sha-256\n");
     let out = home.path().join("rec-pw");
     let pm = pw.postmaster_pid().to_string();
     let o = record(
@@ -521,7 +246,7 @@ fn pid_alone_connects_through_postmaster_pid() {
 
 #[test]
 fn the_pg_environment_alone_is_enough() {
-    let pg = Pg::start("", "local all all trust\n", |_| {});
+    let pg = start(&[], "local all all trust\n");
     let home = tempfile::tempdir().unwrap();
     let out = home.path().join("rec");
     let sock = pg.sock().display().to_string();
@@ -554,12 +279,14 @@ fn the_pg_environment_alone_is_enough() {
 #[test]
 fn password_from_pgpassfile_and_never_shown() {
     let secret = format!("Pw-{}-xQ7z", std::process::id());
-    let pg = Pg::start(
-        "password_encryption = 'scram-sha-256'",
+    let pg = start(
+        &[("password_encryption", "scram-sha-256")],
         "local all postgres trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
-        |_| {},
     );
-    pg.psql(&format!("CREATE ROLE watcher LOGIN PASSWORD '{secret}'"));
+    pg.psql(
+        "postgres",
+        &format!("CREATE ROLE watcher LOGIN PASSWORD '{secret}'"),
+    );
     let home = tempfile::tempdir().unwrap();
     let port = pg.port.to_string();
     let pgpass = home.path().join("pgpass");
@@ -683,10 +410,20 @@ fn tls_when_the_server_requires_it() {
         have_openssl,
         "the openssl CLI is needed to make the test certificate (apt-get install openssl)"
     );
-    let pg = Pg::start(
-        "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'",
-        "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
-        |data| {
+    let settings = [
+        &TCP[..],
+        &[
+            ("ssl", "on"),
+            ("ssl_cert_file", "server.crt"),
+            ("ssl_key_file", "server.key"),
+        ],
+    ]
+    .concat();
+    let pg = UserCluster::builder()
+        .initdb(&INITDB)
+        .settings(&settings)
+        .hba("local all all trust\nhostssl all all 127.0.0.1/32 trust\n")
+        .prepare(|data| {
             Command::new("openssl")
                 .args([
                     "req",
@@ -706,13 +443,13 @@ fn tls_when_the_server_requires_it() {
                 ])
                 .current_dir(data)
                 .run_ok("openssl req");
+            // The builder gives them to the server's account afterwards.
             for f in ["server.crt", "server.key"] {
                 let p = data.join(f);
-                std::os::unix::fs::chown(&p, Some(id_of("-u")), Some(id_of("-g"))).unwrap();
                 std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
             }
-        },
-    );
+        })
+        .start();
     let home = tempfile::tempdir().unwrap();
     let ca = home.path().join("ca.crt");
     std::fs::copy(pg.data().join("server.crt"), &ca).unwrap();
@@ -901,7 +638,12 @@ fn unreachable_servers_are_named_on_one_line() {
 
 #[test]
 fn a_server_in_another_pid_namespace_is_refused_unless_pid_is_given() {
-    let pg = Pg::start_in_pid_namespace("local all all trust\n");
+    let pg = UserCluster::builder()
+        .initdb(&INITDB)
+        .settings(&TCP)
+        .hba("local all all trust\n")
+        .pid_namespace(true)
+        .start();
     let home = tempfile::tempdir().unwrap();
     let out = home.path().join("rec");
     let dsn = format!(
@@ -1005,12 +747,15 @@ fn reports(dir: &Path) -> Vec<Output> {
 /// leak names its source.
 #[test]
 fn passwords_never_leak() {
-    let pg = Pg::start(
-        "password_encryption = 'scram-sha-256'\nlog_connections = on\nlog_disconnections = on",
+    let pg = start(
+        &[
+            ("password_encryption", "scram-sha-256"),
+            ("log_connections", "on"),
+            ("log_disconnections", "on"),
+        ],
         "local all postgres trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
-        |_| {},
     );
-    pg.psql("CREATE ROLE watcher LOGIN");
+    pg.psql("postgres", "CREATE ROLE watcher LOGIN");
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let port = pg.port.to_string();
@@ -1027,7 +772,10 @@ fn passwords_never_leak() {
         let unique = |what: &str| format!("{what}{i}-{}-zQ8v", std::process::id());
         // The role's password: records, and every report is clean.
         let right = unique("Right");
-        pg.psql(&format!("ALTER ROLE watcher PASSWORD '{right}'"));
+        pg.psql(
+            "postgres",
+            &format!("ALTER ROLE watcher PASSWORD '{right}'"),
+        );
         let out = work.path().join(format!("rec-{i}"));
         let o = record_with(src, &right, "127.0.0.1", &port, &out, home.path());
         assert_eq!(o.status.code(), Some(0), "{src:?}: {}", text(&o).1);

@@ -61,32 +61,24 @@ pub fn lab_json(args: &[&str], out: &Path) -> Value {
     run_json(Command::cargo_bin("pgbelow").unwrap(), args, out)
 }
 
-/// `lab run --scenario select-only ARGS --format json` (see [`lab_json`]).
-pub fn lab_select_only(args: &[&str], out: &Path) -> Value {
-    let mut all = vec!["lab", "run", "--scenario", "select-only"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--format", "json"]);
-    lab_json(&all, out)
+/// `lab run --scenario SCENARIO ARGS --format json`: the lab tests' run
+/// (see [`lab_json`]).
+pub fn lab_scenario(scenario: &str, args: &[&str], out: &Path) -> Value {
+    lab_scenario_with(Command::cargo_bin("pgbelow").unwrap(), scenario, args, out)
+}
+
+/// [`lab_scenario`] run by `cmd` (the binary with its environment set).
+pub fn lab_scenario_with(cmd: Command, scenario: &str, args: &[&str], out: &Path) -> Value {
+    let head = ["lab", "run", "--scenario", scenario];
+    run_json(cmd, &[&head[..], args, &["--format", "json"]].concat(), out)
 }
 
 /// `lab run --scenario SCENARIO --duration 8 --collectors
 /// procfs,system,pgstat EXTRA --format json`: the short run of the cases
 /// that change machine state (cgroups, huge pages).
 pub fn lab_short_case(scenario: &str, extra: &[&str], out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        scenario,
-        "--duration",
-        "8",
-        "--collectors",
-        "procfs,system,pgstat",
-        "--format",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    lab_json(&args, out)
+    let short = ["--duration", "8", "--collectors", "procfs,system,pgstat"];
+    lab_scenario(scenario, &[&short[..], extra].concat(), out)
 }
 
 /// The v1 cgroup of this process for `controller` (e.g. `memory`), as a

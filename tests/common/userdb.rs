@@ -1,30 +1,205 @@
 //! A PostgreSQL cluster started the way a user's is — initdb and pg_ctl of
 //! the system's PostgreSQL, run as the `postgres` account — not by
-//! pgbelow's lab or its provisioning code: attach-mode tests record it.
+//! pgbelow's lab or its provisioning code: attach-mode and connection tests
+//! record it. [`UserCluster::builder`] sets it up (binaries, settings, the
+//! server's environment, pg_hba.conf, files in the data directory such as
+//! TLS certificates, a pid namespace of its own, a standby of another);
+//! dropping it stops the server and removes its directory.
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
-/// The system's PostgreSQL binaries (Debian: /usr/lib/postgresql/MAJOR/bin).
+/// The system's PostgreSQL binaries (Debian: /usr/lib/postgresql/MAJOR/bin),
+/// the newest major.
 pub fn system_bin() -> PathBuf {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL from Debian (/usr/lib/postgresql)")
-        .filter_map(|e| Some(e.ok()?.path().join("bin")))
-        .filter(|p| p.join("initdb").is_file())
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let major = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").is_file().then_some((major, bin))
+        })
         .collect();
     dirs.sort();
     dirs.pop()
         .expect("an initdb under /usr/lib/postgresql/*/bin")
+        .1
 }
 
+/// The PG* variables that would steer libpq or the server's tools: none
+/// reaches the cluster's tools or psql here, and tests of how pgbelow reads
+/// them start from a clean environment.
+pub const PG_ENV: [&str; 16] = [
+    "PGHOST",
+    "PGHOSTADDR",
+    "PGPORT",
+    "PGUSER",
+    "PGDATABASE",
+    "PGPASSWORD",
+    "PGPASSFILE",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCERT",
+    "PGSSLKEY",
+    "PGSERVICE",
+    "PGOPTIONS",
+    "PGCONNECT_TIMEOUT",
+    "PGCHANNELBINDING",
+    "PGAPPNAME",
+];
+
+/// `cmd` without any of [`PG_ENV`].
+pub fn without_pg_env(cmd: &mut Command) -> &mut Command {
+    for v in PG_ENV {
+        cmd.env_remove(v);
+    }
+    cmd
+}
+
+/// A running cluster in a temp dir (`dir`: the data directory `data`, the
+/// socket, `server.log`); see [`UserCluster::builder`].
 pub struct UserCluster {
     pub bin: PathBuf,
     pub dir: tempfile::TempDir,
     pub port: u16,
+    /// `unshare` holding a server started in its own pid namespace.
+    ns: Option<std::process::Child>,
+}
+
+/// What [`ClusterBuilder::prepare`] runs on the data directory.
+type Prepare<'a> = Box<dyn FnOnce(&Path) + 'a>;
+
+/// How to set up a [`UserCluster`]; [`ClusterBuilder::start`] starts it.
+#[must_use]
+pub struct ClusterBuilder<'a> {
+    bin: Option<PathBuf>,
+    settings: &'a [(&'a str, &'a str)],
+    env: &'a [(&'a str, &'a Path)],
+    initdb: &'a [&'a str],
+    hba: Option<&'a str>,
+    prepare: Option<Prepare<'a>>,
+    pid_namespace: bool,
+    primary: Option<&'a UserCluster>,
+}
+
+impl<'a> ClusterBuilder<'a> {
+    /// The binaries in `bin` (default: [`system_bin`]).
+    pub fn bin(mut self, bin: &Path) -> Self {
+        self.bin = Some(bin.to_path_buf());
+        self
+    }
+
+    /// Server settings, `-c name=value` on its command line (after the
+    /// harness's own, so they win: e.g. `listen_addresses`).
+    pub fn settings(mut self, settings: &'a [(&'a str, &'a str)]) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Variables for the server's environment (e.g. LD_PRELOAD).
+    pub fn env(mut self, env: &'a [(&'a str, &'a Path)]) -> Self {
+        self.env = env;
+        self
+    }
+
+    /// More initdb options (e.g. `--no-sync`, `--locale=C`).
+    pub fn initdb(mut self, args: &'a [&'a str]) -> Self {
+        self.initdb = args;
+        self
+    }
+
+    /// pg_hba.conf's whole text (default: initdb's, trust for all).
+    pub fn hba(mut self, hba: &'a str) -> Self {
+        self.hba = Some(hba);
+        self
+    }
+
+    /// Runs on the data directory, as root, before the start (e.g. writes
+    /// TLS certificates); the directory is the `postgres` account's again
+    /// afterwards.
+    pub fn prepare(mut self, prepare: impl FnOnce(&Path) + 'a) -> Self {
+        self.prepare = Some(Box::new(prepare));
+        self
+    }
+
+    /// Start the server in a pid namespace of its own, as in a container:
+    /// its pids (pg_backend_pid(), postmaster.pid) are not this host's.
+    pub fn pid_namespace(mut self, on: bool) -> Self {
+        self.pid_namespace = on;
+        self
+    }
+
+    /// A streaming standby of `primary` (pg_basebackup) instead of initdb.
+    pub fn standby_of(mut self, primary: &'a UserCluster) -> Self {
+        self.primary = Some(primary);
+        self
+    }
+
+    /// Set up the data directory and start the server.
+    pub fn start(self) -> UserCluster {
+        let bin = match (self.bin, self.primary) {
+            (Some(b), _) => b,
+            (None, Some(p)) => p.bin.clone(),
+            (None, None) => system_bin(),
+        };
+        let mut c = UserCluster::new_dir(&bin);
+        match self.primary {
+            Some(p) => p.base_backup(&c),
+            None => {
+                as_postgres(&bin, "initdb")
+                    .args(["-A", "trust", "-U", "postgres"])
+                    .args(self.initdb)
+                    .arg("-D")
+                    .arg(c.data())
+                    .run_ok("initdb");
+            }
+        }
+        if let Some(hba) = self.hba {
+            std::fs::write(c.data().join("pg_hba.conf"), hba).unwrap();
+        }
+        if let Some(prepare) = self.prepare {
+            prepare(&c.data());
+        }
+        let st = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(c.data())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        if self.pid_namespace {
+            c.start_in_pid_namespace(self.settings, self.env);
+        } else {
+            c.pg_ctl_start(self.settings, self.env);
+        }
+        c
+    }
+}
+
+/// A command run to its end that must succeed.
+pub trait RunOk {
+    /// Its output; panics with its stdout and stderr when it failed.
+    fn run_ok(&mut self, what: &str) -> Output;
+}
+
+impl RunOk for Command {
+    fn run_ok(&mut self, what: &str) -> Output {
+        let o = self.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            o.status.success(),
+            "{what} failed: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        o
+    }
 }
 
 fn as_postgres(bin: &Path, tool: &str) -> Command {
     let mut c = Command::new("runuser");
-    c.args(["-u", "postgres", "--"]).arg(bin.join(tool));
+    without_pg_env(&mut c)
+        .current_dir("/")
+        .args(["-u", "postgres", "--"])
+        .arg(bin.join(tool));
     c
 }
 
@@ -33,33 +208,51 @@ pub fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
+/// `arg` quoted for the shell pg_ctl starts the server with.
+fn shell_quoted(arg: &str) -> String {
+    format!("'{}'", arg.replace('\'', "'\\''"))
+}
+
 impl UserCluster {
+    /// How to set one up: see [`ClusterBuilder`].
+    pub fn builder<'a>() -> ClusterBuilder<'a> {
+        ClusterBuilder {
+            bin: None,
+            settings: &[],
+            env: &[],
+            initdb: &[],
+            hba: None,
+            prepare: None,
+            pid_namespace: false,
+            primary: None,
+        }
+    }
+
     /// initdb and start the system's PostgreSQL, with `settings`
     /// (`-c name=value`) and `env` for the server (e.g. LD_PRELOAD).
     pub fn start(settings: &[(&str, &str)], env: &[(&str, &Path)]) -> UserCluster {
-        UserCluster::start_in(&system_bin(), settings, env)
+        UserCluster::builder().settings(settings).env(env).start()
     }
 
     /// [`UserCluster::start`] with the binaries in `bin`.
     pub fn start_in(bin: &Path, settings: &[(&str, &str)], env: &[(&str, &Path)]) -> UserCluster {
-        let c = UserCluster::new_dir(bin);
-        let out = as_postgres(bin, "initdb")
-            .args(["-A", "trust", "-U", "postgres", "-D"])
-            .arg(c.data())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        c.pg_ctl_start(settings, env);
-        c
+        UserCluster::builder()
+            .bin(bin)
+            .settings(settings)
+            .env(env)
+            .start()
     }
 
     /// A streaming standby of `self` (pg_basebackup -R), started with `settings`.
     pub fn standby(&self, settings: &[(&str, &str)]) -> UserCluster {
-        let s = UserCluster::new_dir(&self.bin);
+        UserCluster::builder()
+            .standby_of(self)
+            .settings(settings)
+            .start()
+    }
+
+    /// `self` backed up into `s`'s data directory as its standby.
+    fn base_backup(&self, s: &UserCluster) {
         // The npm builds ship the server only; any newer pg_basebackup
         // backs up an older server.
         let tools = if self.bin.join("pg_basebackup").is_file() {
@@ -67,37 +260,23 @@ impl UserCluster {
         } else {
             system_bin()
         };
-        let out = as_postgres(&tools, "pg_basebackup")
+        as_postgres(&tools, "pg_basebackup")
             .args(["-X", "stream", "-c", "fast", "-U", "postgres", "-h"])
-            .arg(self.dir.path())
+            .arg(self.sock())
             .args(["-p", &self.port.to_string(), "-D"])
             .arg(s.data())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "pg_basebackup: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .run_ok("pg_basebackup");
         // Written here rather than by -R: a newer pg_basebackup's
         // primary_conninfo names options an older server's libpq refuses.
         let auto = s.data().join("postgresql.auto.conf");
         let mut conf = std::fs::read_to_string(&auto).unwrap_or_default();
         conf.push_str(&format!(
             "primary_conninfo = 'host={} port={} user=postgres application_name=standby1'\n",
-            self.dir.path().display(),
+            self.sock().display(),
             self.port
         ));
         std::fs::write(&auto, conf).unwrap();
         std::fs::write(s.data().join("standby.signal"), "").unwrap();
-        let st = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(s.data())
-            .status()
-            .unwrap();
-        assert!(st.success());
-        s.pg_ctl_start(settings, &[]);
-        s
     }
 
     fn new_dir(bin: &Path) -> UserCluster {
@@ -115,11 +294,13 @@ impl UserCluster {
             bin: bin.to_path_buf(),
             dir,
             port: free_port(),
+            ns: None,
         }
     }
 
     /// Stop the server (fast shutdown), keeping its data directory.
     pub fn stop(&self) {
+        assert!(self.ns.is_none(), "pg_ctl cannot stop a namespaced server");
         let st = as_postgres(&self.bin, "pg_ctl")
             .args(["-w", "-t", "60", "-m", "fast", "-D"])
             .arg(self.data())
@@ -135,49 +316,148 @@ impl UserCluster {
         self.pg_ctl_start(settings, &[]);
     }
 
-    fn pg_ctl_start(&self, settings: &[(&str, &str)], env: &[(&str, &Path)]) {
-        let mut opts = format!(
-            "-k {} -p {} -c listen_addresses='' -c log_checkpoints=on",
-            self.dir.path().display(),
-            self.port
-        );
-        for (k, v) in settings {
-            opts.push_str(&format!(" -c {k}={v}"));
+    /// The server's options: the socket directory, port and `settings`.
+    fn server_args(&self, settings: &[(&str, &str)]) -> Vec<String> {
+        let mut args = vec![
+            "-k".to_string(),
+            self.sock().display().to_string(),
+            "-p".into(),
+            self.port.to_string(),
+        ];
+        let own = [("listen_addresses", ""), ("log_checkpoints", "on")];
+        for (k, v) in own.iter().chain(settings) {
+            args.extend(["-c".into(), format!("{k}={v}")]);
         }
-        // runuser resets the environment; `env` passes these through.
-        let mut ctl = Command::new("runuser");
-        ctl.args(["-u", "postgres", "--", "env"]);
+        args
+    }
+
+    /// `runuser -u postgres -- env ENV`: the server's account, with `env`
+    /// (runuser resets the environment; `env` passes these through); in
+    /// a pid namespace of its own under `unshare` when `pid_namespace`.
+    fn as_server(pid_namespace: bool, env: &[(&str, &Path)]) -> Command {
+        let mut c = Command::new(if pid_namespace { "unshare" } else { "runuser" });
+        if pid_namespace {
+            // --kill-child: the namespace goes with its holder even if the
+            // postmaster ignored the signal to stop.
+            c.args(["--pid", "--fork", "--kill-child", "--mount-proc", "runuser"]);
+        }
+        without_pg_env(&mut c)
+            .current_dir("/")
+            .args(["-u", "postgres", "--", "env"]);
         for (k, v) in env {
-            ctl.arg(format!("{k}={}", v.display()));
+            c.arg(format!("{k}={}", v.display()));
         }
-        ctl.arg(self.bin.join("pg_ctl"))
+        c
+    }
+
+    fn pg_ctl_start(&self, settings: &[(&str, &str)], env: &[(&str, &Path)]) {
+        assert!(self.ns.is_none(), "pg_ctl cannot start a namespaced server");
+        let opts: Vec<String> = self
+            .server_args(settings)
+            .iter()
+            .map(|a| shell_quoted(a))
+            .collect();
+        let st = UserCluster::as_server(false, env)
+            .arg(self.bin.join("pg_ctl"))
             .args(["-w", "-t", "60", "-D"])
             .arg(self.data())
             .arg("-l")
-            .arg(self.dir.path().join("server.log"))
-            .args(["-o", &opts, "start"])
-            .stdout(Stdio::null());
-        let st = ctl.status().unwrap();
-        assert!(
-            st.success(),
-            "pg_ctl start failed: {}",
-            std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-        );
+            .arg(self.log_path())
+            .args(["-o", &opts.join(" "), "start"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "pg_ctl start failed: {}", self.log());
+    }
+
+    /// The server started under `unshare --pid`, held by that process
+    /// until drop; ready once psql gets an answer.
+    fn start_in_pid_namespace(&mut self, settings: &[(&str, &str)], env: &[(&str, &Path)]) {
+        let log = std::fs::File::create(self.log_path()).unwrap();
+        let child = UserCluster::as_server(true, env)
+            .arg(self.bin.join("postgres"))
+            .arg("-D")
+            .arg(self.data())
+            .args(self.server_args(settings))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("unshare (util-linux)");
+        self.ns = Some(child);
+        let t0 = std::time::Instant::now();
+        loop {
+            let ready = without_pg_env(&mut Command::new("psql"))
+                .args(["-X", "-q", "-d"])
+                .arg(self.dsn("postgres"))
+                .args(["-c", "select 1"])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ready {
+                break;
+            }
+            assert!(
+                t0.elapsed().as_secs() < 60,
+                "the namespaced server did not start: {}",
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     }
 
     pub fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
 
+    /// The server's socket directory.
+    pub fn sock(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The postmaster's pid from postmaster.pid: in its own pid namespace
+    /// when it has one (see [`UserCluster::host_postmaster_pid`]).
     pub fn postmaster_pid(&self) -> u32 {
         let text = std::fs::read_to_string(self.data().join("postmaster.pid")).unwrap();
         text.lines().next().unwrap().trim().parse().unwrap()
     }
 
+    /// The postmaster's pid as this host sees it: the postgres process
+    /// whose working directory is the data directory and whose parent is
+    /// not a postgres.
+    pub fn host_postmaster_pid(&self) -> Option<u32> {
+        let data = std::fs::canonicalize(self.data()).ok()?;
+        let is_postgres = |pid: &str| {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .is_ok_and(|e| e.file_name().is_some_and(|n| n == "postgres"))
+        };
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid = e.file_name().to_str()?.to_string();
+            pid.parse::<u32>().ok()?;
+            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .to_string();
+            (cwd == data && is_postgres(&pid) && !is_postgres(&ppid)).then(|| pid.parse().ok())?
+        })
+    }
+
     pub fn dsn(&self, db: &str) -> String {
         format!(
             "host={} port={} user=postgres dbname={db}",
-            self.dir.path().display(),
+            self.sock().display(),
             self.port
         )
     }
@@ -185,7 +465,7 @@ impl UserCluster {
     /// pgbench against `db` with `args`, the connection options added.
     pub fn pgbench_cmd(&self, db: &str, args: &[&str]) -> Command {
         let mut c = Command::new(pgbelow::workload::find_pgbench().expect("pgbench"));
-        c.args(args).arg("-h").arg(self.dir.path()).args([
+        c.args(args).arg("-h").arg(self.sock()).args([
             "-p",
             &self.port.to_string(),
             "-U",
@@ -208,17 +488,11 @@ impl UserCluster {
 
     /// psql -c (or a script on stdin), as the client would.
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        let out = Command::new("psql")
+        let out = without_pg_env(&mut Command::new("psql"))
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
             .arg(self.dsn(db))
             .args(["-c", sql])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "psql {sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .run_ok(&format!("psql {sql}"));
         String::from_utf8_lossy(&out.stdout).to_string()
     }
 
@@ -229,7 +503,7 @@ impl UserCluster {
             .path()
             .join(format!("script-{}.sql", rand_suffix()));
         std::fs::write(&path, script).unwrap();
-        Command::new("psql")
+        without_pg_env(&mut Command::new("psql"))
             .args(["-X", "-q", "-d"])
             .arg(self.dsn(db))
             .arg("-f")
@@ -249,7 +523,24 @@ fn rand_suffix() -> u128 {
 }
 
 impl Drop for UserCluster {
+    /// Stops the server (immediate shutdown); the data directory goes
+    /// with `dir`.
     fn drop(&mut self) {
+        if let Some(mut ns) = self.ns.take() {
+            // pg_ctl would signal the namespace's pid on this host: signal
+            // the postmaster by its host pid instead (SIGQUIT: immediate).
+            if let Some(pm) = self.host_postmaster_pid() {
+                // SAFETY: kill has no preconditions.
+                unsafe { libc::kill(pm as libc::pid_t, libc::SIGQUIT) };
+            }
+            let t0 = std::time::Instant::now();
+            while ns.try_wait().ok().flatten().is_none() && t0.elapsed().as_secs() < 30 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let _ = ns.kill();
+            let _ = ns.wait();
+            return;
+        }
         let _ = as_postgres(&self.bin, "pg_ctl")
             .args(["-w", "-t", "30", "-m", "immediate", "-D"])
             .arg(self.data())
