@@ -11,9 +11,11 @@ use serde::Serialize;
 use crate::analyse::{self, Change, Headline, Rule};
 use crate::lab::{LabOptions, PgChoice};
 
-/// A scenario the matrix knows: what to set and which finding to look for.
+/// A scenario the matrix knows: the finding it reproduces and what to set
+/// for it, from the scenario's spec ([`crate::scenarios::Spec::finding`]).
 /// The key figure and the commits that changed the case are the finding's
 /// rule's ([`crate::analyse::Rule::headline`], [`crate::analyse::Rule::changes`]).
+#[derive(Clone, Copy, Debug)]
 pub struct Case {
     /// The scenario's name.
     pub scenario: &'static str,
@@ -37,88 +39,21 @@ impl Case {
     }
 }
 
-pub const CASES: &[Case] = &[
-    Case {
-        scenario: "snapshot-scaling",
-        finding: analyse::snapshot_scaling::ID,
-        set: &[],
-    },
-    Case {
-        scenario: "relation-extension",
-        finding: analyse::relation_extension::ID,
-        set: &[],
-    },
-    Case {
-        scenario: "subtransaction-overflow",
-        finding: analyse::subtransaction_overflow::ID,
-        set: &[],
-    },
-    Case {
-        scenario: "replay-without-prefetch",
-        finding: analyse::replay_prefetch::ID,
-        set: &[],
-    },
-    Case {
-        scenario: "select-only",
-        finding: analyse::timer_syscalls::ID,
-        set: &[("statement_timeout", "10s")],
-    },
-    Case {
-        scenario: "memory-cgroup-reclaim",
-        finding: analyse::memory_cgroup::ID,
-        set: &[],
-    },
-    Case {
-        scenario: "no-huge-pages",
-        finding: analyse::huge_pages::ID,
-        set: &[],
-    },
-    Case {
-        scenario: "syncrep-commit",
-        finding: analyse::syncrep_wait::ID,
-        // Commits wait for 2 synchronous standbys (FIRST 2: the topology
-        // comes from `lab matrix` as from `lab run`), synchronous_commit=on.
-        set: &[],
-    },
-    Case {
-        scenario: "drop-many",
-        finding: analyse::replay_drop::ID,
-        // The scenario sets its own: one remote_apply standby with 2GB of
-        // shared_buffers, one-row tables.
-        set: &[],
-    },
-    Case {
-        scenario: "explain-timing",
-        finding: analyse::clock_reads::ID,
-        set: &[],
-    },
-    Case {
-        scenario: "checkpoint-stall",
-        finding: analyse::checkpoint_stall::ID,
-        // The scenario sets its own (checkpoint_flush_after=0, 30 s
-        // checkpoints, 2GB shared_buffers).
-        set: &[],
-    },
-    Case {
-        scenario: "cgroup-cpu-throttling",
-        finding: analyse::cgroup_throttling::ID,
-        set: &[],
-    },
-    Case {
-        scenario: "noisy-neighbour",
-        finding: analyse::cpu_saturation::ID,
-        set: &[],
-    },
-    Case {
-        scenario: "wal-fsync-latency",
-        finding: analyse::wal_fsync::ID,
-        set: &[],
-    },
-];
+/// Every scenario that reproduces a finding, in `lab list`'s order.
+pub fn cases() -> impl Iterator<Item = Case> {
+    crate::scenarios::ALL.iter().filter_map(|s| {
+        let spec = s.spec();
+        Some(Case {
+            scenario: spec.name,
+            finding: spec.finding?,
+            set: spec.matrix_set,
+        })
+    })
+}
 
 /// The case for a scenario, if the matrix knows it.
-pub fn case(scenario: &str) -> Option<&'static Case> {
-    CASES.iter().find(|c| c.scenario == scenario)
+pub fn case(scenario: &str) -> Option<Case> {
+    cases().find(|c| c.scenario == scenario)
 }
 
 #[derive(Clone, Debug)]
@@ -197,11 +132,7 @@ pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
             ),
             format!(
                 "use one of: {}",
-                CASES
-                    .iter()
-                    .map(|c| c.scenario)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                cases().map(|c| c.scenario).collect::<Vec<_>>().join(", ")
             ),
         ));
     };
@@ -222,7 +153,7 @@ pub fn run(opts: &MatrixOptions, status: &dyn Fn(&str)) -> Result<Matrix> {
             tps_median: None,
             fired: 0,
             runs: 0,
-            changed_by: changed_by(case, major),
+            changed_by: changed_by(&case, major),
             recordings: Vec::new(),
             errors: Vec::new(),
         };
@@ -404,9 +335,9 @@ mod tests {
     #[test]
     fn the_change_shows_from_its_major_on() {
         let c = case("snapshot-scaling").unwrap();
-        assert_eq!(changed_by(c, 13), None);
-        assert!(changed_by(c, 14).unwrap().starts_with("dc7420c2c9"));
-        assert!(changed_by(c, 16).unwrap().starts_with("dc7420c2c9"));
+        assert_eq!(changed_by(&c, 13), None);
+        assert!(changed_by(&c, 14).unwrap().starts_with("dc7420c2c9"));
+        assert!(changed_by(&c, 16).unwrap().starts_with("dc7420c2c9"));
     }
 
     /// Each case's key figure on real recordings (tests/fixtures): the
@@ -537,7 +468,7 @@ mod tests {
     #[test]
     fn every_case_names_a_rule_with_a_headline() {
         let mut seen = std::collections::BTreeSet::new();
-        for c in CASES {
+        for c in cases() {
             let r = analyse::rule(c.finding)
                 .unwrap_or_else(|| panic!("{}: no rule raises {}", c.scenario, c.finding));
             assert!(

@@ -16,7 +16,7 @@
 //! time in D and their kernel stacks go into the explanation.
 use serde_json::json;
 
-use super::{Figure, Finding, Impact, Measure, Rule};
+use super::{Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -103,8 +103,13 @@ pub fn read_wait(ev: &Evidence) -> Option<ReadWait> {
 }
 
 /// The rule's key figure: ms the backends waited per read.
-pub fn ms_per_read(ev: &Evidence) -> Option<f64> {
+fn ms_per_read(ev: &Evidence) -> Option<f64> {
     read_wait(ev)?.ms_per_read().map(round3)
+}
+
+/// The same in seconds, unrounded, for `watch`.
+fn seconds_per_read(ev: &Evidence) -> Option<f64> {
+    read_wait(ev)?.ms_per_read().map(|ms| ms / 1000.0)
 }
 
 /// Why the figure could not be measured, and how to get it.
@@ -133,6 +138,20 @@ pub struct DiskReadLatency;
 impl Rule for DiskReadLatency {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    // The storage's, not PostgreSQL's: no major changes it (18's
+    // asynchronous reads move the wait to its I/O workers).
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "backends' ms per data file read",
+            value: ms_per_read,
+            metric: Some(Gauge {
+                name: "pgbelow_backend_read_wait_seconds_per_read",
+                help: "Backends' seconds in IO:DataFileRead per read from their data files (pread64/preadv) over the last window (absent with too few reads).",
+                value: seconds_per_read,
+            }),
+        })
     }
 
     /// Milliseconds per read against `WARN_MS`.

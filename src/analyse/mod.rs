@@ -210,7 +210,7 @@ mod tests {
             );
             assert!(!g.help.is_empty() && !g.help.contains('\n'), "{}", g.name);
         }
-        assert_eq!(gauges.len(), 8, "{:?}", names);
+        assert_eq!(gauges.len(), 9, "{:?}", names);
         assert!(rule("no-such-rule").is_none());
     }
 

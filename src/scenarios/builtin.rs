@@ -6,6 +6,9 @@ pub struct SelectOnly;
 
 static SELECT_ONLY: Spec = Spec {
     name: "select-only",
+    finding: Some("timer-syscalls-per-statement"),
+    // Without a statement_timeout there is no timer to re-arm.
+    matrix_set: &[("statement_timeout", "10s")],
     description: "pgbench -S -M prepared: one indexed SELECT per transaction; shows per-statement \
                   syscall costs such as setitimer with statement_timeout (seed 000)",
     pgbench: Some(Plan {

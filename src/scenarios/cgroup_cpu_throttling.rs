@@ -139,6 +139,7 @@ pub struct CgroupCpuThrottling;
 
 static SPEC: Spec = Spec {
     name: "cgroup-cpu-throttling",
+    finding: Some("cgroup-cpu-throttling"),
     description: "pgbench -S -M prepared, 2 clients, 15 s, against a cluster moved into a cpu cgroup \
                   with a CFS quota of 0.25 CPU per 100 ms period (root only; the cgroup is removed \
                   afterwards): the quota is spent early in each period and every server process waits \

@@ -794,6 +794,7 @@ pub struct CheckpointStall;
 
 static SPEC: Spec = Spec {
     name: "checkpoint-stall",
+    finding: Some("checkpoint-writeback-stall"),
     description: "pgbench -f upsert over a growing hot table (8 clients) whose files sit on an ext4 \
                   loop device limited to 4 MB/s of writes with a 128 MB bdi dirty cap (root only; \
                   all removed afterwards); shared_buffers=2GB, checkpoint_timeout=30s, \

@@ -165,6 +165,7 @@ pub struct DiskReadLatency;
 
 static SPEC: Spec = Spec {
     name: "disk-read-latency",
+    finding: Some("disk-read-latency"),
     description: "pgbench -S -M prepared, 4 clients, 20 s, scale 10, shared_buffers=16MB, the \
                   tables evicted from the page cache after the load and the cluster's reads from \
                   its data disk limited to 150 a second (a blkio cgroup; root only; removed \

@@ -594,6 +594,7 @@ pub struct DropMany;
 
 static SPEC: Spec = Spec {
     name: "drop-many",
+    finding: Some("standby-replay-drop-cost"),
     description: "primary + 1 synchronous standby (synchronous_commit=remote_apply): create --tables N \
                   one-row tables (--empty-tables: empty), drop them one per transaction \
                   (--one-transaction: all in one); ms per DROP = the standby's replay cost, startup \

@@ -362,6 +362,7 @@ pub struct ExplainTiming;
 
 static SPEC: Spec = Spec {
     name: "explain-timing",
+    finding: Some("clock-reads-slow"),
     description: "EXPLAIN ANALYZE vs EXPLAIN (ANALYZE, TIMING OFF) vs the plain query over \
                   generate_series and a table scan, each in rounds until --duration: timing overhead per \
                   row, clock cost, clock syscalls in the backend (seed 002). --scale S: a table of \

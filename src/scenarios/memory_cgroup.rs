@@ -210,6 +210,7 @@ pub struct MemoryCgroupReclaim;
 
 static SPEC: Spec = Spec {
     name: "memory-cgroup-reclaim",
+    finding: Some("memory-cgroup-reclaim"),
     description: "pgbench's TPC-B-like transaction, 4 clients, 15 s, scale 10, shared_buffers=128MB, \
                   against a cluster moved into a memory cgroup limited to 160 MB after the load (root \
                   only; the cgroup is removed afterwards): the limit counts shared_buffers and the page \

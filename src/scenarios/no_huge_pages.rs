@@ -273,6 +273,7 @@ pub struct NoHugePages;
 
 static SPEC: Spec = Spec {
     name: "no-huge-pages",
+    finding: Some("no-huge-pages"),
     description: "pgbench -f: 50 clients, 10 s, each reads a random 0.1 % of the blocks (TABLESAMPLE \
                   SYSTEM) of an unlogged table that fills shared_buffers (2GB), one row per 8 kB page, \
                   so every backend touches pages all over the shared memory and builds its own page tables over it (VmPTE, \

@@ -154,6 +154,7 @@ pub struct NoisyNeighbour;
 
 static SPEC: Spec = Spec {
     name: "noisy-neighbour",
+    finding: Some("cpu-saturation"),
     description: "pgbench -S -M prepared, 2 clients, 15 s, beside --hogs N busy loops outside the \
                   cluster (default 2 per CPU; processes named pgbelow-hog, killed at the end): the \
                   backends wait on the run queue for CPUs the loops hold. --hogs 0 runs without them \

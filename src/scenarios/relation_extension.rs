@@ -62,6 +62,7 @@ pub struct RelationExtension;
 
 static SPEC: Spec = Spec {
     name: "relation-extension",
+    finding: Some("relation-extension-lock"),
     description: "pgbench -f: 4 clients each COPY the same 10,000 rows into one table, over and \
                   over (autovacuum=off): the table grows as fast as they load, each new block under \
                   the relation's extension lock (Lock:extend waits); up to PostgreSQL 15 one 8 kB \

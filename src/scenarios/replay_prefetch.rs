@@ -140,6 +140,7 @@ pub struct ReplayWithoutPrefetch;
 
 static SPEC: Spec = Spec {
     name: "replay-without-prefetch",
+    finding: Some("replay-without-prefetch"),
     description: "primary + 1 standby with shared_buffers=16MB: pgbench -f, 2 clients, 20 s, update \
                   random rows of a 500k-row table (4 indexed columns changed, full_page_writes=off) \
                   while the lab evicts the standby's relation files from the page cache every \

@@ -150,6 +150,7 @@ pub struct SnapshotScaling;
 
 static SPEC: Spec = Spec {
     name: "snapshot-scaling",
+    finding: Some("snapshot-scaling-idle-connections"),
     description: "pgbench -S -M prepared on 2 clients while --idle-connections N (default 1000) \
                   further connections sit idle (max_connections set to fit): up to PostgreSQL 13 \
                   every snapshot walks all connected backends, idle ones included, so the backends' \

@@ -32,6 +32,12 @@ pub struct Spec {
     pub checkpoint_at: bool,
     /// The workload and the server's view are on the first standby.
     pub on_standby: bool,
+    /// The finding the scenario reproduces: `lab matrix` tabulates its
+    /// rule's headline figure and the commits that changed it.
+    pub finding: Option<&'static str>,
+    /// Settings `lab matrix` adds (unless given) so that the finding is
+    /// possible at all.
+    pub matrix_set: &'static [(&'static str, &'static str)],
 }
 
 impl Spec {
@@ -51,6 +57,8 @@ impl Spec {
         flags: &[],
         checkpoint_at: false,
         on_standby: false,
+        finding: None,
+        matrix_set: &[],
     };
 
     pub fn owns(&self, flag: &str) -> bool {

@@ -258,6 +258,7 @@ pub struct SubtransactionOverflow;
 
 static SPEC: Spec = Spec {
     name: "subtransaction-overflow",
+    finding: Some("subtransaction-overflow"),
     description: "primary + 1 async standby (synchronous_commit=off, autovacuum=off): a session on the \
                   primary holds a transaction with --savepoints N subtransactions (default 100 > the 64 \
                   a backend caches), 20,000 rows then get new xids (100,000 transactions), and 4 \

@@ -114,6 +114,7 @@ pub struct SyncrepCommit;
 
 static SPEC: Spec = Spec {
     name: "syncrep-commit",
+    finding: Some("syncrep-wait-syscalls"),
     description: "pgbench -f: one INSERT per transaction (commit) into a table of its own, on a primary \
                   with 2 synchronous standbys (FIRST 2) unless --standbys/--sync say otherwise: commits \
                   wait in SyncRepWaitForLSN; counts epoll syscalls per commit (seed 003). --sweep: then \

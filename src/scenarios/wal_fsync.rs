@@ -35,6 +35,7 @@ pub struct WalFsyncLatency;
 
 static SPEC: Spec = Spec {
     name: "wal-fsync-latency",
+    finding: Some("wal-fsync-latency"),
     description: "pgbench's TPC-B-like transaction, 4 clients, 15 s, with pg_wal moved onto an ext4 loop \
                   device limited to 1 MB/s of writes and a 16 MB dirty cap (root only; all removed \
                   afterwards): each commit waits for its WAL flush (IO:WALSync). --write-limit MBPS / \
