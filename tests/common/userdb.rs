@@ -480,8 +480,9 @@ impl UserCluster {
         let o = self.pgbench_cmd(db, args).output().unwrap();
         assert!(
             o.status.success(),
-            "pgbench {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
+            "pgbench {args:?}: {}\nserver log:\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            self.log()
         );
         o
     }
