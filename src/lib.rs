@@ -17,6 +17,7 @@ pub mod interrupt;
 pub mod lab;
 pub mod ledger;
 pub mod matrix;
+pub mod pidns;
 pub mod procinfo;
 pub mod provision;
 pub mod recording;

@@ -684,6 +684,25 @@ fn a_server_in_another_pid_namespace_is_refused_unless_pid_is_given() {
         manifest["postgres"]["postmaster_pid"].as_u64(),
         Some(u64::from(pm))
     );
+    // pgbelow's own session is known by this host's pid (NSpid), a child
+    // of the postmaster here: not the container's pid, which would make it
+    // a user's backend.
+    assert_eq!(
+        manifest["facts"]["pgstat"]["pid_namespace"], true,
+        "{}",
+        manifest["facts"]
+    );
+    let observer = manifest["postgres"]["observer_backend_pid"]
+        .as_u64()
+        .expect("the observer's backend pid") as u32;
+    let procs = std::fs::read_to_string(out.join("processes.jsonl")).unwrap();
+    let row: Value = procs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|r| r["pid"] == observer)
+        .unwrap_or_else(|| panic!("host pid {observer} not among the processes:\n{procs}"));
+    assert_eq!(row["ppid"], pm, "{row}");
+    assert_eq!(row["role"], "observer", "{row}");
 }
 
 /// Where a password is given, and whether it is the role's.

@@ -151,9 +151,21 @@ impl PgstatCollector {
             cpu_ns: AtomicU64::new(0),
             pending: Mutex::new(Pending::default()),
         });
-        let backend_pid = conn.backend_pid;
+        // A server in a container numbers its processes its own way: its
+        // pids are translated to this host's, which the rest of the
+        // recording uses.
+        let mut pids = crate::pidns::PidMap::new(ctx.postmaster);
+        let backend_pid = pids.host(conn.backend_pid);
+        if pids.nested() {
+            notes.push(format!(
+                "the server runs in a pid namespace of its own: its pids (this session's {}) are \
+                 translated to this host's (NSpid)",
+                conn.backend_pid
+            ));
+        }
         let fact = serde_json::json!({
             "database": conn.database,
+            "pid_namespace": pids.nested(),
             "pg_stat_statements": prepared.pgss.as_ref().map(|p| serde_json::json!({
                 "function": p.function,
                 "time_column": p.time_column,
@@ -164,7 +176,7 @@ impl PgstatCollector {
         let t0 = ctx.start;
         let thread = std::thread::Builder::new()
             .name("pgbelow-pgstat".into())
-            .spawn(move || sampler(conn, prepared, t0, &thread_shared))
+            .spawn(move || sampler(conn, prepared, pids, t0, &thread_shared))
             .context("starting the pgstat sampling thread")?;
         Ok(PgstatCollector {
             backend_pid,
@@ -382,7 +394,13 @@ fn discover_log(conn: &mut ServerConn, ctx: &Context) -> std::result::Result<Pat
 
 /// The sampling thread: `pg_stat_activity` at [`WAIT_HZ`], counters at 1 Hz
 /// and once more when told to stop.
-fn sampler(mut conn: ServerConn, p: Prepared, t0: Instant, shared: &Shared) {
+fn sampler(
+    mut conn: ServerConn,
+    p: Prepared,
+    mut pids: crate::pidns::PidMap,
+    t0: Instant,
+    shared: &Shared,
+) {
     let period = Duration::from_secs_f64(1.0 / WAIT_HZ);
     let t = || super::session::round_ms(t0.elapsed().as_secs_f64());
     let mut next = Instant::now();
@@ -396,7 +414,10 @@ fn sampler(mut conn: ServerConn, p: Prepared, t0: Instant, shared: &Shared) {
         let stopping = shared.stop.load(Ordering::SeqCst);
         if let Some(stmt) = &p.activity {
             match conn.activity(stmt) {
-                Ok(rows) => {
+                Ok(mut rows) => {
+                    for r in &mut rows {
+                        r.pid = pids.host(r.pid);
+                    }
                     let seen = rows
                         .iter()
                         .filter(|r| r.runs_queries())

@@ -1,0 +1,122 @@
+//! A server in another pid namespace (a container) numbers its processes
+//! its own way: `pg_backend_pid()` and `pg_stat_activity.pid` are the
+//! container's pids, while /proc, the kernel's counts and the profile use
+//! this host's. [`PidMap`] translates the first into the second from the
+//! `NSpid:` line of /proc/PID/status (this host's pid first, the innermost
+//! namespace's last) of every process under the postmaster.
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::time::{Duration, Instant};
+
+/// The pids of `NSpid:` in a status file, outermost first (one entry: the
+/// process is in this host's namespace; none: an old kernel).
+pub fn parse_nspid(status: impl BufRead) -> Vec<u32> {
+    status
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.strip_prefix("NSpid:").map(|rest| {
+                rest.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+fn nspid(pid: u32) -> Vec<u32> {
+    std::fs::File::open(format!("/proc/{pid}/status"))
+        .map(|f| parse_nspid(std::io::BufReader::new(f)))
+        .unwrap_or_default()
+}
+
+/// Refreshed at most this often when a pid is not known yet (a backend
+/// that just started).
+const REFRESH: Duration = Duration::from_millis(200);
+
+/// The server's pids → this host's, for a postmaster in a nested pid
+/// namespace; the identity otherwise.
+#[derive(Debug)]
+pub struct PidMap {
+    root: u32,
+    nested: bool,
+    map: BTreeMap<u32, u32>,
+    refreshed: Option<Instant>,
+}
+
+impl PidMap {
+    /// For the postmaster `root` (this host's pid).
+    pub fn new(root: u32) -> PidMap {
+        let mut m = PidMap {
+            root,
+            nested: nspid(root).len() > 1,
+            map: BTreeMap::new(),
+            refreshed: None,
+        };
+        m.refresh();
+        m
+    }
+
+    /// Whether the server numbers its processes in a namespace of its own.
+    pub fn nested(&self) -> bool {
+        self.nested
+    }
+
+    fn refresh(&mut self) {
+        if !self.nested {
+            return;
+        }
+        self.refreshed = Some(Instant::now());
+        for host in crate::procinfo::subtree(&[self.root]).into_keys() {
+            if let Some(inner) = nspid(host).last() {
+                self.map.insert(*inner, host);
+            }
+        }
+    }
+
+    /// This host's pid for the server's `pid` (unchanged when not nested,
+    /// or not found under the postmaster).
+    pub fn host(&mut self, pid: u32) -> u32 {
+        if !self.nested {
+            return pid;
+        }
+        if let Some(h) = self.map.get(&pid) {
+            return *h;
+        }
+        if self.refreshed.is_none_or(|t| t.elapsed() >= REFRESH) {
+            self.refresh();
+        }
+        self.map.get(&pid).copied().unwrap_or(pid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> std::io::BufReader<std::fs::File> {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/proc")
+            .join(name);
+        std::io::BufReader::new(std::fs::File::open(p).unwrap())
+    }
+
+    // Recorded: /proc/PID/status of `sleep` under `unshare --pid --fork
+    // --mount-proc` (pid 1 inside), and of a shell on the host.
+    #[test]
+    fn nspid_lines() {
+        assert_eq!(parse_nspid(fixture("status-in-pid-namespace")), [18844, 1]);
+        assert_eq!(parse_nspid(fixture("status-on-host")), [18914]);
+        assert!(parse_nspid("Name:\tx\n".as_bytes()).is_empty());
+    }
+
+    #[test]
+    fn this_process_is_in_the_hosts_namespace_here() {
+        let me = std::process::id();
+        let mut m = PidMap::new(me);
+        assert_eq!(nspid(me).first(), Some(&me));
+        if !m.nested() {
+            assert_eq!(m.host(12345), 12345);
+        }
+    }
+}
