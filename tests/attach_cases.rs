@@ -1278,3 +1278,63 @@ fn disk_read_latency_found_attached() {
         f["summary"]
     );
 }
+
+/// Seed 000 in a container: PostgreSQL 13 with `statement_timeout`, started
+/// in a pid namespace of its own (`unshare --pid`, as a container's
+/// postmaster is pid 1 of its namespace) and recorded with `--pid` as this
+/// host sees it. The server's pids (pg_backend_pid(), pg_stat_activity) are
+/// translated to this host's: pgbelow's session stays the observer, the
+/// queries meet their processes' CPU and system calls, and the timer case
+/// is found as on the host.
+#[test]
+fn timer_syscalls_found_in_a_pid_namespace() {
+    let c = UserCluster::builder()
+        .bin(&pg13_bin())
+        .settings(&[("statement_timeout", "10s")])
+        .pid_namespace(true)
+        .start();
+    assert!(
+        c.host_postmaster_pid() != Some(c.postmaster_pid()),
+        "the server's own pid for its postmaster is not this host's"
+    );
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(
+        &c,
+        &d.path().join("rec"),
+        7,
+        "syscalls,procfs,pgstat",
+        || {
+            c.pgbench("postgres", &["-S", "-M", "prepared", "-T", "4"]);
+        },
+    );
+    assert!(
+        r["syscalls"]["by_role"]["observer"].is_object(),
+        "{:#}",
+        r["syscalls"]
+    );
+    raised_on(
+        &r,
+        "timer-syscalls-per-statement",
+        "PostgreSQL 13 in a pid namespace",
+        1.5,
+    );
+    let q = r["queries"]
+        .as_array()
+        .and_then(|q| {
+            q.iter().find(|q| {
+                q["query"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("pgbench_accounts"))
+            })
+        })
+        .unwrap_or_else(|| panic!("no pgbench query: {}", r["queries"]));
+    // Without the profile collector the query's CPU is not measured, and
+    // says so rather than 0.
+    assert!(q["on_cpu_s"].is_null(), "{q}");
+    assert!(q["off_cpu_s"]["runq"].as_f64().is_some(), "{q}");
+    assert!(
+        q["syscalls"]["setitimer"].as_u64().unwrap_or(0) > 100,
+        "{q}"
+    );
+}

@@ -90,7 +90,8 @@ pub struct QueriesSection {
 /// What was attributed to one query or to none.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Attributed {
-    pub on_cpu_s: f64,
+    /// None: the on-CPU profile was not recorded.
+    pub on_cpu_s: Option<f64>,
     /// "D", "S", "runq".
     pub off_cpu_s: BTreeMap<String, f64>,
     pub syscalls: BTreeMap<String, u64>,
@@ -108,7 +109,8 @@ pub struct QueryRow {
     pub samples: u64,
     /// Backend-seconds running it (each look weighs its share of the interval).
     pub active_s: f64,
-    pub on_cpu_s: f64,
+    /// None: the on-CPU profile was not recorded.
+    pub on_cpu_s: Option<f64>,
     pub off_cpu_s: BTreeMap<String, f64>,
     /// Most called first, at most [`TOP_SYSCALLS`].
     pub syscalls: BTreeMap<String, u64>,
@@ -444,13 +446,8 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
             .map(|s| (s.to_string(), round(m.get(*s).copied().unwrap_or(0.0))))
             .collect()
     };
-    let on_s = |samples: f64| {
-        if hz > 0 {
-            round(samples / hz as f64)
-        } else {
-            0.0
-        }
-    };
+    // Not measured is not 0: without the profile there is no figure.
+    let on_s = |samples: f64| (hz > 0).then(|| round(samples / hz as f64));
     let mut rows: Vec<QueryRow> = Vec::new();
     // Queries seen running, and those only seen as a backend's last one
     // (too short to be caught active) that got time or calls.
@@ -499,7 +496,7 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
         });
     }
     rows.sort_by(|a, b| {
-        let total = |r: &QueryRow| r.on_cpu_s + r.off_cpu_s.values().sum::<f64>();
+        let total = |r: &QueryRow| r.on_cpu_s.unwrap_or(0.0) + r.off_cpu_s.values().sum::<f64>();
         total(b)
             .total_cmp(&total(a))
             .then(b.samples.cmp(&a.samples))

@@ -514,7 +514,14 @@ pub fn record_while(
 ) -> Value {
     let _one = exclusive();
     let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
-        .args(["record", "--pid", &c.postmaster_pid().to_string()])
+        // This host's pid, also for a server in a pid namespace of its own.
+        .args([
+            "record",
+            "--pid",
+            &c.host_postmaster_pid()
+                .unwrap_or_else(|| c.postmaster_pid())
+                .to_string(),
+        ])
         .args(["--dsn", &c.dsn("postgres")])
         .args(["--duration", &secs.to_string()])
         .args(["--collectors", collectors, "--format", "json", "--out"])

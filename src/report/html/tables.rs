@@ -213,7 +213,8 @@ pub fn all(o: &mut String, r: &Report, sessions_seen: &[Session]) {
                     q.query_id.clone(),
                     crate::report::sections::queries::short(&q.query, 120),
                     q.calls.map_or(String::new(), |c| c.to_string()),
-                    format!("{:.3}", q.on_cpu_s),
+                    q.on_cpu_s
+                        .map_or("not recorded".into(), |s| format!("{s:.3}")),
                     format!("{:.3}", q.off("D")),
                     format!("{:.3}", q.off("S")),
                     format!("{:.3}", q.off("runq")),

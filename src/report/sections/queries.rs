@@ -22,10 +22,10 @@ pub fn render(s: &QueriesSection, out: &mut String) {
         let _ = writeln!(out, "\n  {}  {}", q.query_id, short(&q.query, TEXT_SHOWN));
         let _ = writeln!(
             out,
-            "    {}active {:.1} s; on CPU {:.3} s; off CPU D {:.3} s, S {:.3} s, runq {:.3} s",
+            "    {}active {:.1} s; on CPU {}; off CPU D {:.3} s, S {:.3} s, runq {:.3} s",
             q.calls.map_or(String::new(), |c| format!("{c} calls; ")),
             q.active_s,
-            q.on_cpu_s,
+            on_cpu(q.on_cpu_s),
             q.off("D"),
             q.off("S"),
             q.off("runq")
@@ -72,10 +72,17 @@ pub fn render(s: &QueriesSection, out: &mut String) {
     let n = &s.not_in_a_query;
     let _ = writeln!(
         out,
-        "\n  not in a query (idle, idle in transaction): on CPU {:.3} s; off CPU D {:.3} s, S {:.3} s, runq {:.3} s",
-        n.on_cpu_s,
+        "\n  not in a query (idle, idle in transaction): on CPU {}; off CPU D {:.3} s, S {:.3} s, runq {:.3} s",
+        on_cpu(n.on_cpu_s),
         n.off_cpu_s.get("D").copied().unwrap_or(0.0),
         n.off_cpu_s.get("S").copied().unwrap_or(0.0),
         n.off_cpu_s.get("runq").copied().unwrap_or(0.0)
     );
+}
+
+/// On-CPU seconds, or why there are none.
+pub fn on_cpu(s: Option<f64>) -> String {
+    s.map_or("not recorded (profile collector off)".into(), |s| {
+        format!("{s:.3} s")
+    })
 }
