@@ -286,6 +286,32 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
     silent_on(&results[1], "syncrep-wait-syscalls", "PostgreSQL 15");
 }
 
+/// pgbench's scale-1 tables, then 7 s recorded of which 4 s select-only
+/// (its backend born during the recording); checks the recording is a
+/// complete attach one with pgbelow's own connection kept apart.
+fn record_select_only(c: &UserCluster) -> Value {
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(
+        c,
+        &d.path().join("rec"),
+        7,
+        "syscalls,procfs,pgstat",
+        || {
+            c.pgbench("postgres", &["-S", "-M", "prepared", "-T", "4"]);
+        },
+    );
+    assert_eq!(r["recording"]["mode"], "attach");
+    assert_eq!(r["recording"]["status"], "complete");
+    // pgbelow's own connection is kept apart from the backends.
+    assert!(
+        r["syscalls"]["by_role"]["observer"].is_object(),
+        "{:#}",
+        r["syscalls"]
+    );
+    r
+}
+
 /// Seed 000 attached: `statement_timeout` set, a select-only pgbench load
 /// that connects after the recording began (its backend is born during
 /// it). PostgreSQL 13 re-arms the timer with setitimer per statement and
@@ -298,25 +324,7 @@ fn timer_syscalls_found_attached() {
     let mut results = Vec::new();
     for bin in [pg13, common::userdb::system_bin()] {
         let c = UserCluster::start_in(&bin, &[("statement_timeout", "10s")], &[]);
-        c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
-        let d = tempfile::tempdir().unwrap();
-        let r = record_while(
-            &c,
-            &d.path().join("rec"),
-            7,
-            "syscalls,procfs,pgstat",
-            || {
-                c.pgbench("postgres", &["-S", "-M", "prepared", "-T", "4"]);
-            },
-        );
-        assert_eq!(r["recording"]["mode"], "attach");
-        assert_eq!(r["recording"]["status"], "complete");
-        // pgbelow's own connection is kept apart from the backends.
-        assert!(
-            r["syscalls"]["by_role"]["observer"].is_object(),
-            "{:#}",
-            r["syscalls"]
-        );
+        let r = record_select_only(&c);
         // Read-only: the server's settings are unchanged.
         assert_eq!(c.psql("postgres", "show statement_timeout").trim(), "10s");
         results.push(r);
@@ -1297,22 +1305,7 @@ fn timer_syscalls_found_in_a_pid_namespace() {
         c.host_postmaster_pid() != Some(c.postmaster_pid()),
         "the server's own pid for its postmaster is not this host's"
     );
-    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
-    let d = tempfile::tempdir().unwrap();
-    let r = record_while(
-        &c,
-        &d.path().join("rec"),
-        7,
-        "syscalls,procfs,pgstat",
-        || {
-            c.pgbench("postgres", &["-S", "-M", "prepared", "-T", "4"]);
-        },
-    );
-    assert!(
-        r["syscalls"]["by_role"]["observer"].is_object(),
-        "{:#}",
-        r["syscalls"]
-    );
+    let r = record_select_only(&c);
     raised_on(
         &r,
         "timer-syscalls-per-statement",
