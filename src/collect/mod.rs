@@ -13,6 +13,7 @@ macro_rules! proc_fixture {
 #[cfg(test)]
 pub(crate) use proc_fixture;
 pub mod clock;
+pub mod container;
 pub mod context;
 pub mod cpu;
 pub mod fsync;

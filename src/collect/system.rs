@@ -16,7 +16,7 @@ use crate::recording::{CollectorInfo, Writer};
 
 pub use crate::recording::schema::system::{
     DataDirMount, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU, CGROUP_MEMORY,
-    DATA_DIR_MOUNT, OUTSIDE_FILE, STREAM, TOP_OUTSIDE,
+    CONTAINER, DATA_DIR_MOUNT, OUTSIDE_FILE, STREAM, TOP_OUTSIDE,
 };
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
@@ -379,6 +379,13 @@ impl SystemCollector {
                 Err(why) => serde_json::json!({ "unavailable": why }),
             },
         ));
+        // The container it runs in (its cgroup path names it), if any.
+        let container = std::fs::read_to_string(format!("/proc/{}/cgroup", ctx.postmaster))
+            .ok()
+            .and_then(|s| super::container::container_of(&super::cgroup::parse_proc_cgroup(&s)));
+        if let Some(c) = container {
+            facts.push((CONTAINER.into(), serde_json::to_value(c)?));
+        }
         let memcg = super::memcg::Memcg::start(ctx.postmaster);
         facts.push((
             CGROUP_MEMORY.into(),

@@ -147,6 +147,9 @@ pub struct PostgresMeta {
     pub major: Option<u32>,
     pub symtab: Option<bool>,
     pub settings: BTreeMap<String, String>,
+    /// The container the postmaster runs in, from its cgroup path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<crate::recording::schema::system::Container>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -329,6 +332,10 @@ pub fn build(rec: &Evidence) -> Report {
             major: m.postgres.major,
             symtab: m.postgres.symtab,
             settings: m.postgres.settings.clone(),
+            container: m
+                .facts
+                .get(crate::recording::schema::system::CONTAINER)
+                .and_then(|v| serde_json::from_value(v.clone()).ok()),
         },
         workload,
         collectors: m.collectors.clone(),

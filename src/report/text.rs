@@ -25,6 +25,18 @@ pub fn render(r: &Report) -> String {
         r.host.cpus,
         r.host.clocksource.as_deref().unwrap_or("?")
     );
+    if let Some(c) = &r.postgres.container {
+        let _ = writeln!(
+            o,
+            "  container: {} {}{}",
+            c.runtime.as_deref().unwrap_or("container"),
+            &c.id[..c.id.len().min(12)],
+            c.pod_uid
+                .as_deref()
+                .map(|p| format!(" in pod {p}"))
+                .unwrap_or_default()
+        );
+    }
     let status = serde_json::to_value(&m.status)
         .ok()
         .and_then(|v| v.as_str().map(String::from))

@@ -44,6 +44,9 @@ pub struct Metrics {
     /// The last window's findings' impact: (what it is a share of, share).
     impacts: BTreeMap<String, (String, f64)>,
     collector_up: BTreeMap<String, bool>,
+    /// The watched server as of the last window: version, and the container
+    /// it runs in (id, pod) where it does.
+    server_info: Vec<(String, String)>,
     postgres_up: bool,
     last_window_end: f64,
     /// When the agent started (Unix time).
@@ -51,6 +54,23 @@ pub struct Metrics {
     /// Seconds between the last two windows in which nothing was counted
     /// (the last window's evaluation and the next one's attach).
     pub gap_s: Option<f64>,
+}
+
+/// `pgbelow_postgres_info`'s labels: the server's version, and the
+/// container's id and pod where the report names them.
+fn server_labels(rep: &Report) -> Vec<(String, String)> {
+    let pg = &rep.postgres;
+    let mut l = Vec::new();
+    if let Some(v) = &pg.version {
+        l.push(("version".to_string(), v.clone()));
+    }
+    if let Some(c) = &pg.container {
+        l.push(("container_id".to_string(), c.id.clone()));
+        if let Some(p) = &c.pod_uid {
+            l.push(("pod_uid".to_string(), p.clone()));
+        }
+    }
+    l
 }
 
 impl Metrics {
@@ -127,6 +147,7 @@ impl Metrics {
     pub fn add_window(&mut self, ev: &Evidence, rep: &Report, server_up: bool) {
         self.windows += 1;
         self.postgres_up = server_up;
+        self.server_info = server_labels(rep);
         let secs = ev.rec.manifest.duration_s.unwrap_or(0.0);
         self.window_s += secs;
         self.last_window_end = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
@@ -298,6 +319,14 @@ impl Metrics {
                 )
             }),
         );
+        if !self.server_info.is_empty() {
+            e.family(
+                "pgbelow_postgres_info",
+                Kind::Gauge,
+                "Always 1; the watched server's version and, in a container, its id and pod as labels (from the postmaster's cgroup path).",
+                [(self.server_info.clone(), 1.0)],
+            );
+        }
         e.family(
             "pgbelow_build_info",
             Kind::Gauge,
@@ -514,6 +543,47 @@ fn escape(s: &str, quotes: bool) -> String {
 mod tests {
     use super::*;
 
+    /// A server in a container: its id and pod are labels of
+    /// `pgbelow_postgres_info` (the fact as the system collector writes it,
+    /// from a real pod's /proc/PID/cgroup).
+    #[test]
+    fn a_containerised_server_is_labelled_with_its_container() {
+        let mut ev = crate::evidence::fixture("pg13-select-only-timeout-all");
+        let cgroup = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/proc/container/kubepods-systemd-containerd"),
+        )
+        .unwrap();
+        let c = crate::collect::container::container_of(
+            &crate::collect::cgroup::parse_proc_cgroup(&cgroup),
+        )
+        .unwrap();
+        ev.rec.manifest.facts.insert(
+            crate::recording::schema::system::CONTAINER.into(),
+            serde_json::to_value(&c).unwrap(),
+        );
+        let rep = crate::report::build(&ev);
+        assert!(crate::report::text::render(&rep)
+            .contains("container: containerd f45298cd514d in pod dd1bf9d1-"));
+        let mut m = Metrics::new(&[]);
+        m.add_window(&ev, &rep, true);
+        let text = m.render(
+            false,
+            &Own {
+                cpu_s: 0.0,
+                rss: 0,
+                fds: 0,
+            },
+        );
+        assert!(
+            text.contains(&format!(
+                "container_id=\"{}\",pod_uid=\"dd1bf9d1-241d-47f5-8e25-12de83135812\"}} 1",
+                c.id
+            )),
+            "{text}"
+        );
+    }
+
     #[test]
     fn a_recorded_window_gives_counters_ratios_and_findings() {
         let ev = crate::evidence::fixture("pg13-select-only-timeout-all");
@@ -545,6 +615,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("pgbelow_build_info{version=\""), "{text}");
+        assert!(
+            text.contains("pgbelow_postgres_info{version=\"13."),
+            "{text}"
+        );
+        assert!(!text.contains("container_id="), "{text}");
         // The exporter's own process, by the client libraries' names.
         for l in [
             "process_cpu_seconds_total 1.5",

@@ -18,6 +18,21 @@ pub const DATA_DIR_MOUNT: &str = "data_dir_mount";
 pub const CGROUP_CPU: &str = "cgroup_cpu";
 /// Manifest fact naming the postmaster's memory cgroup (or why there is none).
 pub const CGROUP_MEMORY: &str = "cgroup_memory";
+/// Manifest fact: the container the postmaster runs in, when it does.
+pub const CONTAINER: &str = "container";
+
+/// A container, from the postmaster's cgroup path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Container {
+    /// The runtime's id (64 hex digits).
+    pub id: String,
+    /// `docker`, `containerd`, `cri-o`, `podman`, when the path says.
+    pub runtime: Option<String>,
+    /// The Kubernetes pod's uid, when in one.
+    pub pod_uid: Option<String>,
+    /// The cgroup path it was read from.
+    pub cgroup: String,
+}
 
 /// One line of `system.jsonl`: the page cache's dirty state at `t`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

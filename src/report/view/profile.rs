@@ -62,6 +62,20 @@ fn resource_attributes(ev: &Evidence) -> Vec<(&'static str, String)> {
     if let Some(v) = &m.postgres.version {
         out.push(("postgresql.version", v.clone()));
     }
+    // OpenTelemetry's semantic conventions for a container and its pod.
+    let container: Option<crate::recording::schema::system::Container> = m
+        .facts
+        .get(crate::recording::schema::system::CONTAINER)
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    if let Some(c) = container {
+        out.push(("container.id", c.id));
+        if let Some(rt) = c.runtime {
+            out.push(("container.runtime", rt));
+        }
+        if let Some(p) = c.pod_uid {
+            out.push(("k8s.pod.uid", p));
+        }
+    }
     out
 }
 
