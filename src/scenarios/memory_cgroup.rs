@@ -149,6 +149,15 @@ impl MemCgroup {
     }
 }
 
+/// A memory cgroup without a limit yet, the cluster's processes moved in
+/// (before its load, so that its pages are charged there), in `host`.
+pub fn move_cluster_in(topo: &Topology, host: &mut Fixtures, limit_mb: u64) -> Result<()> {
+    let cg = MemCgroup::create(topo.primary().postmaster_pid(), limit_mb)?;
+    let r = cg.cg.adopt(&super::kit::cluster_pids(topo));
+    host.push(cg);
+    r
+}
+
 impl Fixture for MemCgroup {
     fn fact(&self) -> Option<(&'static str, serde_json::Value)> {
         Some(("memory_cgroup", MemCgroup::fact(self)))
@@ -252,13 +261,10 @@ impl Scenario for MemoryCgroupReclaim {
         host: &mut Fixtures,
         _status: &dyn Fn(&str),
     ) -> Result<()> {
-        let Some(mb) = limit_mb(opts) else {
-            return Ok(());
-        };
-        let cg = MemCgroup::create(topo.primary().postmaster_pid(), mb)?;
-        let r = cg.cg.adopt(&super::kit::cluster_pids(topo));
-        host.push(cg);
-        r
+        match limit_mb(opts) {
+            Some(mb) => move_cluster_in(topo, host, mb),
+            None => Ok(()),
+        }
     }
 
     fn prepare(&self, lab: &Lab, host: &mut Fixtures) -> Result<super::Prepared> {
