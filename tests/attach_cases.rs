@@ -938,6 +938,10 @@ fn memory_cgroup_reclaim_found_attached() {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         assert!(set, "could not limit {} to 160 MB", cg.dir.display());
+        // No swap for its reclaim, should another test have swapped on
+        // meanwhile (v1: a cgroup's reclaim with swappiness 0 scans file
+        // pages only).
+        let _ = std::fs::write(cg.dir.join("memory.swappiness"), "0");
     }
     let d = tempfile::tempdir().unwrap();
     let r = record_while(&c, &d.path().join("rec"), 8, "procfs,system,pgstat", || {
