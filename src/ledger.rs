@@ -73,6 +73,9 @@ pub enum Object {
     Cgroup { path: PathBuf, parent: PathBuf },
     /// A file backing a loop device.
     BackingFile { path: PathBuf },
+    /// A swap file: swapped off (once the servers whose pages it holds
+    /// stopped), then removed.
+    SwapFile { path: PathBuf },
     /// A temp file (pgbench's `-f` script).
     TempFile { path: PathBuf },
     /// A temp directory (removed with what is left in it).
@@ -86,7 +89,10 @@ impl Object {
         match self {
             Object::IoLimit { .. } | Object::Bdi { .. } => 0,
             Object::Cluster { .. } => 1,
-            Object::Mount { .. } | Object::TracefsMount { .. } | Object::Sysctl { .. } => 2,
+            Object::Mount { .. }
+            | Object::TracefsMount { .. }
+            | Object::Sysctl { .. }
+            | Object::SwapFile { .. } => 2,
             Object::LoopDevice { .. } => 3,
             Object::Cgroup { .. } => 4,
             Object::BackingFile { .. } | Object::TempFile { .. } => 5,
@@ -404,6 +410,7 @@ fn plausible(o: &Object) -> bool {
         Object::TracefsMount { path } => path == Path::new("/sys/kernel/tracing"),
         Object::LoopDevice { backing, .. }
         | Object::BackingFile { path: backing }
+        | Object::SwapFile { path: backing }
         | Object::TempFile { path: backing } => named(backing),
         Object::Cgroup { path, .. } => path.starts_with("/sys/fs/cgroup/") && named(path),
         Object::TempDir { path } => named(path),
@@ -513,6 +520,19 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
                 .map(|_| vec![format!("removed cgroup {}", path.display())])
                 .map_err(|e| format!("removing cgroup {}: {e}", path.display()))
         }
+        Object::SwapFile { path } => {
+            let mut lines = Vec::new();
+            if swap_active(path) {
+                swapoff(path)?;
+                lines.push(format!("swapped off {}", path.display()));
+            }
+            match fs::remove_file(path) {
+                Ok(()) => lines.push(format!("removed {}", path.display())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("removing {}: {e}", path.display())),
+            }
+            Ok(lines)
+        }
         Object::BackingFile { path } | Object::TempFile { path } => match fs::remove_file(path) {
             Ok(()) => Ok(vec![format!("removed {}", path.display())]),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
@@ -520,6 +540,32 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
         },
         Object::TempDir { path } => remove_dir(path),
     }
+}
+
+/// Is `path` an active swap area (/proc/swaps)?
+pub fn swap_active(path: &Path) -> bool {
+    fs::read_to_string("/proc/swaps").is_ok_and(|s| {
+        s.lines()
+            .skip(1)
+            .filter_map(|l| l.split_ascii_whitespace().next())
+            .any(|f| Path::new(f) == path)
+    })
+}
+
+/// swapoff(2) on `path`: its pages are read back into memory first.
+pub fn swapoff(path: &Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| format!("{} has a NUL byte", path.display()))?;
+    // SAFETY: a valid C string; swapoff has no memory effects on us.
+    if unsafe { libc::swapoff(c.as_ptr()) } != 0 {
+        return Err(format!(
+            "swapoff {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
 
 fn read_trim(p: &Path) -> Option<String> {

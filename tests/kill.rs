@@ -350,6 +350,19 @@ fn assert_nothing_left(what: &str, seen: &BTreeSet<String>, bpf_before: &BTreeSe
                     left.push(format!("cgroup {}", p("path").display()));
                 }
             }
+            "swap_file" => {
+                let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+                let f = p("path").to_string_lossy().to_string();
+                if swaps
+                    .lines()
+                    .any(|l| l.split_whitespace().next() == Some(&f))
+                {
+                    left.push(format!("swap on {f}"));
+                }
+                if p("path").exists() {
+                    left.push(f);
+                }
+            }
             "io_limit" => {
                 let mm = v["maj_min"].as_str().unwrap();
                 let rules = std::fs::read_to_string(p("path")).unwrap_or_default();
@@ -898,4 +911,39 @@ fn noisy_neighbour_hogs_do_not_outlive_the_run() {
         let left = hogs_left();
         assert!(left.is_empty(), "{sig:?}: busy loops left: {left:?}");
     }
+}
+
+/// `swap-activity` killed during its workload (SIGINT to the group, and
+/// SIGKILL followed by the next start): the cluster runs in a memory cgroup
+/// at its limit with part of shared_buffers in a swap file pgbelow swapped
+/// on. After each: the servers stopped, then the swap file swapped off and
+/// removed, and the cgroup gone.
+#[test]
+fn swap_file_killed_during_the_workload() {
+    let Some((_alone, l, t0)) = as_root("a swap file and a memory cgroup") else {
+        return;
+    };
+    let argv = [
+        "lab",
+        "run",
+        "--scenario",
+        "swap-activity",
+        "--duration",
+        "30",
+        "--collectors",
+        "procfs,system",
+        "--format",
+        "json",
+    ];
+    for (sig, next) in [(Sig::IntGroup, &[][..]), (Sig::Kill, &["lab", "list"][..])] {
+        let (_, seen) = kill_cmd_at(l.path(), &argv, Phase::Workload, sig, next);
+        assert!(
+            seen.iter().any(|o| o.contains("\"kind\":\"swap_file\"")),
+            "{sig:?}: the ledger never listed the swap file: {seen:?}"
+        );
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
+        assert!(!swaps.contains("pgbelow-swap-"), "{sig:?}: {swaps}");
+        common::assert_no_memory_cgroups();
+    }
+    eprintln!("swap file: {:.1} s", t0.elapsed().as_secs_f64());
 }

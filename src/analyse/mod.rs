@@ -19,6 +19,7 @@ pub mod replay_prefetch;
 pub mod snapshot_scaling;
 pub mod statements;
 pub mod subtransaction_overflow;
+pub mod swap_activity;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
 pub mod wal_fsync;
@@ -71,6 +72,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(huge_pages::NoHugePages),
         Box::new(cpu_saturation::CpuSaturation),
         Box::new(disk_read_latency::DiskReadLatency),
+        Box::new(swap_activity::SwapActivity),
     ]
 }
 

@@ -163,6 +163,13 @@ impl Memcg {
             shmem_bytes: g("shmem", "shmem"),
             dirty_bytes: g("dirty", "file_dirty"),
             writeback_bytes: g("writeback", "file_writeback"),
+            // v1: memory.stat's `swap`; v2 keeps it in its own file.
+            swap_bytes: match self.version {
+                Version::V1 => stat.get("swap").copied(),
+                Version::V2 => {
+                    Self::file(own, "memory.swap.current").and_then(|s| s.trim().parse().ok())
+                }
+            },
             ..Default::default()
         };
         let counters = Counters {
@@ -183,6 +190,7 @@ impl Memcg {
         let stat = |k: &str| d(&now.stat, &before.stat, k);
         s.pgmajfault = stat("pgmajfault").unwrap_or(0);
         s.refaults = stat("workingset_refault_file").unwrap_or(0);
+        s.refaults_anon = stat("workingset_refault_anon").unwrap_or(0);
         s.pgpgin = stat("pgpgin").unwrap_or(0);
         if self.version == Version::V2 {
             s.pgscan_direct = stat("pgscan_direct");

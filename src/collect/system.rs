@@ -188,21 +188,39 @@ pub fn parse_vmstat(s: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// The cumulative /proc/vmstat counters a sample turns into deltas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmCounters {
+    pub pgpgout: u64,
+    /// Pages read in from swap and written out to it.
+    pub pswpin: u64,
+    pub pswpout: u64,
+}
+
 /// Build a sample from the text of /proc/meminfo and /proc/vmstat;
-/// `pgpgout_before` is the cumulative pgpgout at the previous sample.
+/// `before` holds the cumulative counters at the previous sample. Returns
+/// the counters now (None when vmstat has no pgpgout).
 pub fn sample_from(
     t: f64,
     dt: f64,
     meminfo: &str,
     vmstat: &str,
-    pgpgout_before: Option<u64>,
+    before: Option<VmCounters>,
     page_kb: u64,
-) -> (SystemSample, Option<u64>) {
+) -> (SystemSample, Option<VmCounters>) {
     let m = parse_meminfo(meminfo);
     let v = parse_vmstat(vmstat);
     let mg = |k: &str| m.get(k).copied().unwrap_or(0);
     let vg = |k: &str| v.get(k).copied().unwrap_or(0);
-    let pgpgout = v.get("pgpgout").copied();
+    let now = v.get("pgpgout").map(|&pgpgout| VmCounters {
+        pgpgout,
+        pswpin: vg("pswpin"),
+        pswpout: vg("pswpout"),
+    });
+    let delta = |f: fn(&VmCounters) -> u64| match (now, before) {
+        (Some(n), Some(b)) => f(&n).saturating_sub(f(&b)),
+        _ => 0,
+    };
     let s = SystemSample {
         t,
         dt: (dt * 1000.0).round() / 1000.0,
@@ -214,18 +232,19 @@ pub fn sample_from(
         nr_writeback: vg("nr_writeback"),
         dirty_threshold_kb: v.get("nr_dirty_threshold").map(|p| p * page_kb),
         dirty_background_threshold_kb: v.get("nr_dirty_background_threshold").map(|p| p * page_kb),
-        pgpgout_kb: match (pgpgout, pgpgout_before) {
-            (Some(now), Some(before)) => now.saturating_sub(before),
-            _ => 0,
-        },
+        pgpgout_kb: delta(|c| c.pgpgout),
         page_tables_kb: m.get("PageTables").copied(),
         hugepages_total: m.get("HugePages_Total").copied(),
         hugepages_free: m.get("HugePages_Free").copied(),
         hugepages_rsvd: m.get("HugePages_Rsvd").copied(),
         hugepagesize_kb: m.get("Hugepagesize").copied(),
+        swap_total_kb: m.get("SwapTotal").copied(),
+        swap_free_kb: m.get("SwapFree").copied(),
+        pswpin: delta(|c| c.pswpin),
+        pswpout: delta(|c| c.pswpout),
         ..SystemSample::default()
     };
-    (s, pgpgout)
+    (s, now)
 }
 
 /// Parse /proc/PID/mountinfo (proc(5)): `id parent maj:min root point
@@ -306,7 +325,7 @@ pub fn data_dir_of(ctx: &Context) -> Result<PathBuf, String> {
 pub struct SystemCollector {
     facts: Vec<(String, serde_json::Value)>,
     problem: Option<String>,
-    last_pgpgout: Option<u64>,
+    last_vm: Option<VmCounters>,
     last_t: f64,
     page_kb: u64,
     /// The postmaster's cpu cgroup (`cgroup.jsonl`), when one is mounted.
@@ -365,9 +384,9 @@ impl SystemCollector {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         let page_kb = if page > 0 { page as u64 / 1024 } else { 4 };
-        let pgpgout = std::fs::read_to_string("/proc/vmstat")
+        let vm = std::fs::read_to_string("/proc/vmstat")
             .ok()
-            .and_then(|s| parse_vmstat(&s).get("pgpgout").copied());
+            .and_then(|v| sample_from(0.0, 0.0, "", &v, None, page_kb).1);
         let cgroup = super::cgroup::CgroupCpu::start(ctx.postmaster, ctx.t());
         facts.push((
             CGROUP_CPU.into(),
@@ -412,7 +431,7 @@ impl SystemCollector {
             memcg: memcg.ok(),
             facts,
             problem,
-            last_pgpgout: pgpgout,
+            last_vm: vm,
             last_t: ctx.t(),
             page_kb,
         })
@@ -443,12 +462,12 @@ impl Collector for SystemCollector {
     fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
         let meminfo = std::fs::read_to_string("/proc/meminfo")?;
         let vmstat = std::fs::read_to_string("/proc/vmstat")?;
-        let (mut s, pgpgout) = sample_from(
+        let (mut s, vm) = sample_from(
             t,
             t - self.last_t,
             &meminfo,
             &vmstat,
-            self.last_pgpgout,
+            self.last_vm,
             self.page_kb,
         );
         let cpu = std::fs::read_to_string("/proc/stat")
@@ -459,7 +478,7 @@ impl Collector for SystemCollector {
             .and_then(|s| parse_loadavg(&s));
         add_cpu(&mut s, cpu, self.last_cpu, load, self.ticks_per_s);
         self.last_cpu = cpu.or(self.last_cpu);
-        self.last_pgpgout = pgpgout.or(self.last_pgpgout);
+        self.last_vm = vm.or(self.last_vm);
         let dt = crate::round3(t - self.last_t);
         self.last_t = t;
         let memory = self.memcg.as_mut().map(|m| m.sample());
@@ -536,7 +555,12 @@ mod tests {
             (Some(0), Some(2048))
         );
         assert_eq!(s.dirty_threshold_kb, Some(v["nr_dirty_threshold"] * 4));
-        let before = p.unwrap() - 512;
+        assert_eq!((s.swap_total_kb, s.swap_free_kb), (Some(0), Some(0)));
+        let now = p.unwrap();
+        let before = VmCounters {
+            pgpgout: now.pgpgout - 512,
+            ..now
+        };
         let (s, _) = sample_from(
             3.0,
             1.0,
@@ -545,7 +569,7 @@ mod tests {
             Some(before),
             4,
         );
-        assert_eq!(s.pgpgout_kb, 512);
+        assert_eq!((s.pgpgout_kb, s.pswpin, s.pswpout), (512, 0, 0));
     }
 
     #[test]

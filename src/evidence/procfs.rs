@@ -58,6 +58,9 @@ pub struct RoleProcfs {
     /// Minor page faults (first touches of mapped pages).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub minflt: u64,
+    /// Major page faults (pages read in from files or swap).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub majflt: u64,
     /// Process-seconds per state: "R", "S", "D", "other".
     pub state_s: BTreeMap<String, f64>,
     /// Where this role's processes spent their time off CPU, most first.
@@ -332,6 +335,7 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
             r.vcsw += d.vcsw;
             r.nvcsw += d.nvcsw;
             r.minflt += d.minflt;
+            r.majflt += d.majflt;
         }
     }
     let mut all_rows: Vec<FrameRow> = frames

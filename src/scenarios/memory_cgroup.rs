@@ -13,7 +13,8 @@
 //! for children), an [`OwnedCgroup`] (in the cleanup ledger; removed with
 //! its limit on teardown or drop). The cluster moves in before `pgbench -i`
 //! with no limit, so the load runs at full speed and its pages are charged
-//! to the cgroup; the limit is set after it. pgbench runs outside it.
+//! to the cgroup; the limit is set after it, and the cgroup may not swap
+//! (swap is `swap-activity`'s case). pgbench runs outside it.
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -139,6 +140,24 @@ impl MemCgroup {
         ))
     }
 
+    /// Let the cgroup's reclaim not swap (v1 `memory.swappiness` 0: a
+    /// cgroup's reclaim then scans file pages only; v2 `memory.swap.max`
+    /// 0), so that a swap area on the machine (another run's,
+    /// `swap-activity`'s) does not turn its reclaim into swapping. v1's
+    /// `memory.memsw.limit_in_bytes` would do it too, but its hits are then
+    /// counted in `memory.memsw.failcnt`, not the `memory.failcnt` the rule
+    /// reads. Nothing to do where the file is absent.
+    pub fn forbid_swap(&self) -> Result<()> {
+        let (file, value) = match self.version {
+            Version::V1 => ("memory.swappiness", "0"),
+            Version::V2 => ("memory.swap.max", "0"),
+        };
+        if !self.cg.path.join(file).exists() {
+            return Ok(());
+        }
+        self.cg.set(file, value)
+    }
+
     /// The manifest fact: where the cluster ran and under which limit.
     pub fn fact(&self) -> serde_json::Value {
         serde_json::json!({
@@ -147,6 +166,15 @@ impl MemCgroup {
             "version": self.version,
         })
     }
+}
+
+/// A memory cgroup without a limit yet, the cluster's processes moved in
+/// (before its load, so that its pages are charged there), in `host`.
+pub fn move_cluster_in(topo: &Topology, host: &mut Fixtures, limit_mb: u64) -> Result<()> {
+    let cg = MemCgroup::create(topo.primary().postmaster_pid(), limit_mb)?;
+    let r = cg.cg.adopt(&super::kit::cluster_pids(topo));
+    host.push(cg);
+    r
 }
 
 impl Fixture for MemCgroup {
@@ -252,13 +280,10 @@ impl Scenario for MemoryCgroupReclaim {
         host: &mut Fixtures,
         _status: &dyn Fn(&str),
     ) -> Result<()> {
-        let Some(mb) = limit_mb(opts) else {
-            return Ok(());
-        };
-        let cg = MemCgroup::create(topo.primary().postmaster_pid(), mb)?;
-        let r = cg.cg.adopt(&super::kit::cluster_pids(topo));
-        host.push(cg);
-        r
+        match limit_mb(opts) {
+            Some(mb) => move_cluster_in(topo, host, mb),
+            None => Ok(()),
+        }
     }
 
     fn prepare(&self, lab: &Lab, host: &mut Fixtures) -> Result<super::Prepared> {
@@ -267,6 +292,7 @@ impl Scenario for MemoryCgroupReclaim {
             // clean cache to reclaim.
             lab.psql("bench", "CHECKPOINT")?;
             cg.limit(lab.status)?;
+            cg.forbid_swap()?;
         }
         Ok(Default::default())
     }

@@ -21,6 +21,7 @@ pub mod replay_prefetch;
 pub mod snapshot_scaling;
 pub mod spec;
 pub mod subtransaction_overflow;
+pub mod swap_activity;
 pub mod syncrep_commit;
 pub mod wal_fsync;
 
@@ -142,6 +143,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &no_huge_pages::NoHugePages,
     &noisy_neighbour::NoisyNeighbour,
     &disk_read_latency::DiskReadLatency,
+    &swap_activity::SwapActivity,
 ];
 
 /// The scenario named `name`.
@@ -222,7 +224,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 16);
+        assert_eq!(names.len(), 17);
     }
 
     #[test]

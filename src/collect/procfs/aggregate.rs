@@ -17,6 +17,7 @@ impl MemRow {
         self.max_pte_kb = self.max_pte_kb.max(m.pte_kb);
         self.rss_shmem_kb += m.rss_shmem_kb;
         self.hugetlb_kb += m.hugetlb_kb;
+        self.swap_kb += m.swap_kb;
     }
 }
 
@@ -148,6 +149,7 @@ pub struct Counters {
     pub io: Io,
     pub ctxt: CtxSwitches,
     pub minflt: u64,
+    pub majflt: u64,
     /// Gauges, not counters: never turned into deltas.
     pub mem: Option<StatusMem>,
 }
@@ -174,6 +176,7 @@ impl Counters {
             io: io.unwrap_or_default(),
             ctxt: ctxt.unwrap_or_default(),
             minflt: stat.minflt,
+            majflt: stat.majflt,
             mem,
         }
     }
@@ -243,6 +246,7 @@ impl CounterDeltas {
                 vcsw: c.ctxt.voluntary.saturating_sub(b.ctxt.voluntary),
                 nvcsw: c.ctxt.nonvoluntary.saturating_sub(b.ctxt.nonvoluntary),
                 minflt: c.minflt.saturating_sub(b.minflt),
+                majflt: c.majflt.saturating_sub(b.majflt),
             };
             if !d.is_empty() {
                 out.insert(*pid, d);

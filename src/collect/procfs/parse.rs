@@ -17,6 +17,9 @@ pub struct Stat {
     /// Minor page faults (field 10): pages mapped without I/O, such as the
     /// first touch of a shared-memory page.
     pub minflt: u64,
+    /// Major page faults (field 12): pages that had to be read in, from a
+    /// file or from swap (a swapped-out shared_buffers page faulted back).
+    pub majflt: u64,
     /// Clock ticks (USER_HZ) in user and kernel mode.
     pub utime: u64,
     pub stime: u64,
@@ -38,10 +41,11 @@ pub fn parse_stat(s: &str) -> Option<Stat> {
     let mut f = s[close + 1..].split_ascii_whitespace();
     let state = f.next()?.chars().next()?;
     let ppid = f.next()?.parse().ok()?;
-    // Fields 5..=9 (pgrp .. flags) are not used; 10 is minflt; 11..=13
-    // (cminflt .. cmajflt) are not used.
+    // Fields 5..=9 (pgrp .. flags) are not used; 10 is minflt, 11
+    // (cminflt) is not used, 12 is majflt, 13 (cmajflt) is not used.
     let minflt = f.nth(5)?.parse().ok()?;
-    let mut f = f.skip(3);
+    let majflt = f.nth(1)?.parse().ok()?;
+    let mut f = f.skip(1);
     let utime = f.next()?.parse().ok()?;
     let stime = f.next()?.parse().ok()?;
     // Fields 16..=21 (cutime .. itrealvalue), then 22: starttime.
@@ -52,6 +56,7 @@ pub fn parse_stat(s: &str) -> Option<Stat> {
         state,
         ppid,
         minflt,
+        majflt,
         utime,
         stime,
         starttime,
@@ -214,12 +219,15 @@ pub struct CtxSwitches {
 
 /// Memory gauges of /proc/PID/status, kB: the page tables (`VmPTE`), the
 /// shared memory mapped in normal pages (`RssShmem`) and in hugetlb pages
-/// (`HugetlbPages`; absent on kernels before 4.4, then 0).
+/// (`HugetlbPages`; absent on kernels before 4.4, then 0), and what of
+/// its private memory is swapped out (`VmSwap`; shared memory swapped out
+/// is not in it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatusMem {
     pub pte_kb: u64,
     pub rss_shmem_kb: u64,
     pub hugetlb_kb: u64,
+    pub swap_kb: u64,
 }
 
 /// What the sampler takes from /proc/PID/status, read in one pass.
@@ -237,7 +245,7 @@ pub fn parse_status(s: &str) -> Status {
     // None: absent or not a number. Memory lines carry a unit ("4 kB").
     let (mut vol, mut nonvol, mut pte) = (None, None, None);
     // Absent on old kernels: 0.
-    let (mut shmem, mut hugetlb) = (Some(0), Some(0));
+    let (mut shmem, mut hugetlb, mut swap) = (Some(0), Some(0), Some(0));
     for line in s.lines() {
         let Some((k, v)) = line.split_once(':') else {
             continue;
@@ -248,6 +256,7 @@ pub fn parse_status(s: &str) -> Status {
             "VmPTE" => &mut pte,
             "RssShmem" => &mut shmem,
             "HugetlbPages" => &mut hugetlb,
+            "VmSwap" => &mut swap,
             _ => continue,
         };
         *slot = v
@@ -262,14 +271,14 @@ pub fn parse_status(s: &str) -> Status {
                 voluntary,
                 nonvoluntary,
             }),
-        mem: pte
-            .zip(shmem)
-            .zip(hugetlb)
-            .map(|((pte_kb, rss_shmem_kb), hugetlb_kb)| StatusMem {
+        mem: pte.zip(shmem).zip(hugetlb).zip(swap).map(
+            |(((pte_kb, rss_shmem_kb), hugetlb_kb), swap_kb)| StatusMem {
                 pte_kb,
                 rss_shmem_kb,
                 hugetlb_kb,
-            }),
+                swap_kb,
+            },
+        ),
     }
 }
 
@@ -347,6 +356,7 @@ mod tests {
         let d = parse_stat(&fixture("stat_d_dd")).unwrap();
         assert_eq!((d.comm.as_str(), d.state), ("dd", 'D'));
         assert!(d.stime > 0, "dd writing 3 GB spent kernel time: {d:?}");
+        assert_eq!((d.minflt, d.majflt), (401, 1));
         let b = parse_stat(&fixture("stat_pg_backend")).unwrap();
         assert_eq!((b.comm.as_str(), b.state), ("postgres", 'S'));
         let c = parse_stat(&fixture("stat_pg_checkpointer")).unwrap();
@@ -453,11 +463,13 @@ mod tests {
             StatusMem {
                 pte_kb: 3980,
                 rss_shmem_kb: 506828,
-                hugetlb_kb: 0
+                hugetlb_kb: 0,
+                swap_kb: 0
             }
         );
         let st = parse_stat(&fixture("stat_pg15_backend_2gb_touched")).unwrap();
         assert_eq!(st.minflt, 8402);
+        assert_eq!(st.majflt, 0);
         assert_eq!(st.comm, "postgres");
         let pm = parse_status(&fixture("status_pg15_postmaster_2gb"))
             .mem

@@ -29,11 +29,19 @@ pub struct MemcgSample {
     pub shmem_bytes: u64,
     pub dirty_bytes: u64,
     pub writeback_bytes: u64,
+    /// Swapped out from the postmaster's cgroup (v1 `memory.stat` swap,
+    /// v2 `memory.swap.current`): shared memory's pages included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_bytes: Option<u64>,
     /// In `(t-dt, t]`: major faults, file pages read again soon after the
     /// cgroup evicted them (`workingset_refault_file`), pages read in.
     pub pgmajfault: u64,
     pub refaults: u64,
     pub pgpgin: u64,
+    /// Anonymous and shared-memory pages read back from swap soon after
+    /// they were swapped out (`workingset_refault_anon`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refaults_anon: u64,
     /// v2: pages scanned and reclaimed by direct reclaim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgscan_direct: Option<u64>,
@@ -65,4 +73,8 @@ impl MemcgSample {
             .filter(|l| *l > 0)
             .map(|l| self.usage_bytes as f64 / l as f64)
     }
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }

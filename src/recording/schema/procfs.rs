@@ -48,6 +48,11 @@ pub struct MemRow {
     pub rss_shmem_kb: u64,
     /// Σ HugetlbPages, kB: memory mapped in hugetlb pages.
     pub hugetlb_kb: u64,
+    /// Σ VmSwap, kB: private memory swapped out (shared memory swapped out,
+    /// such as shared_buffers', is not in it: see the memory cgroup's
+    /// `swap` and the machine's SwapTotal − SwapFree).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub swap_kb: u64,
 }
 
 /// Time some processes of one role spent in one state at one place.
@@ -103,6 +108,10 @@ pub struct ProcDelta {
     /// Minor page faults (pages mapped without I/O: first touches).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub minflt: u64,
+    /// Major page faults: pages read in from a file or from swap while the
+    /// process waited.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub majflt: u64,
 }
 
 fn is_zero(x: &u64) -> bool {

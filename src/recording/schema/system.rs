@@ -81,6 +81,17 @@ pub struct SystemSample {
     pub cpu_idle_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_steal_s: Option<f64>,
+    /// /proc/meminfo SwapTotal and SwapFree, kB (0 and 0: no swap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_total_kb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_free_kb: Option<u64>,
+    /// Pages read in from swap and written out to it in `(t-dt, t]`
+    /// (vmstat pswpin, pswpout deltas), machine-wide.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pswpin: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pswpout: u64,
     /// CPUs online (`cpuN` lines of /proc/stat).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<u32>,
@@ -89,6 +100,10 @@ pub struct SystemSample {
     pub load1: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runnable: Option<u32>,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 /// One process outside the cluster and the CPU it used during the recording.
