@@ -1334,6 +1334,7 @@ fn timer_syscalls_found_in_a_pid_namespace() {
         q["syscalls"]["setitimer"].as_u64().unwrap_or(0) > 100,
         "{q}"
     );
+}
 
 /// `swap-activity` attached: a user's cluster with shared_buffers=256MB
 /// holding its whole database (scale 15, prewarmed), in a memory cgroup
