@@ -18,6 +18,8 @@ pub const DATA_DIR_MOUNT: &str = "data_dir_mount";
 pub const CGROUP_CPU: &str = "cgroup_cpu";
 /// Manifest fact naming the postmaster's memory cgroup (or why there is none).
 pub const CGROUP_MEMORY: &str = "cgroup_memory";
+/// Manifest fact: the postmaster's /proc/PID/oom_score_adj at the start.
+pub const POSTMASTER_OOM_SCORE_ADJ: &str = "postmaster_oom_score_adj";
 
 /// One line of `system.jsonl`: the page cache's dirty state at `t`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
