@@ -746,7 +746,10 @@ mod tests {
         let a = run_args(&["--scenario", "tpcb", "--memory-limit", "200MB"]);
         assert_eq!(
             misplaced(&a),
-            Some(("--memory-limit", "memory-cgroup-reclaim"))
+            Some((
+                "--memory-limit",
+                "memory-cgroup-reclaim and oom-kill-restart"
+            ))
         );
         let a = run_args(&[
             "--scenario",

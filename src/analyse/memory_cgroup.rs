@@ -12,8 +12,10 @@
 //! `failcnt` / `memory.events`, refaults, OOM kills) together with the
 //! cost they had: the server's time in reclaim stacks (procfs, profile,
 //! offcpu) or the rate of refaults and major faults. Never from the limit
-//! alone: a cluster that stays under it says nothing. Critical on an OOM
-//! kill in the cgroup or a postmaster restart (a second checkpointer).
+//! alone: a cluster that stays under it says nothing. A warning, only on
+//! that reclaim cost: an OOM kill in the cgroup and the restart after it
+//! (a second checkpointer) are `oom-kill-restart`'s finding, whose cost is
+//! the outage; here they are only noted, never raise or escalate this one.
 use std::collections::BTreeMap;
 
 use serde_json::json;
@@ -275,9 +277,8 @@ impl Rule for MemoryCgroupReclaim {
             return None;
         }
         let p = Pressure::of(ev, m);
-        // A restart counts only with the cgroup at its limit.
-        let killed = p.oom_kills > 0 || (p.restarts > 0 && p.pressed > 0);
-        if !killed && (p.pressed < MIN_PRESSED_SECONDS || !p.costly()) {
+        // A kill or restart alone is oom-kill-restart's, not this cost.
+        if p.pressed < MIN_PRESSED_SECONDS || !p.costly() {
             return None;
         }
         let Pressure {
@@ -294,11 +295,6 @@ impl Rule for MemoryCgroupReclaim {
             reclaim_s,
         } = p;
         let sum = |f: fn(&MemcgSample) -> u64| m.iter().map(|(_, _, s)| f(s)).sum::<u64>();
-        let severity = if killed {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        };
         let last = m.last().map(|(_, _, s)| *s)?;
         let limit = m.iter().filter_map(|(_, _, s)| s.limit_bytes).min();
         let peak = |f: fn(&MemcgSample) -> u64| m.iter().map(|(_, _, s)| f(s)).max().unwrap_or(0);
@@ -328,18 +324,34 @@ impl Rule for MemoryCgroupReclaim {
                 } else {
                     String::new()
                 }
-            ),
+            ) + " The kill and its outage are oom-kill-restart's finding; this one is the reclaim's cost.",
         };
         let settings = &ev.manifest.postgres.settings;
         let sb = settings.get("shared_buffers").cloned();
-        let impact = Impact::new(
-            reclaim_s / secs,
-            "one CPU's time (reclaim by the cluster's processes, summed)",
-            format!(
-                "{:.1} s in reclaim (profile on CPU, off-CPU or procfs D) over {:.0} s",
-                reclaim_s, secs
-            ),
-        );
+        let pgpgin = sum(|s| s.pgpgin);
+        // The time reclaim took when a collector saw it; else (no stack
+        // collector, or none caught in reclaim) the share of the pages
+        // charged to the cgroup that were pages it had evicted.
+        let impact = if reclaim_s > 0.0 || pgpgin == 0 {
+            Impact::new(
+                reclaim_s / secs,
+                "one CPU's time (reclaim by the cluster's processes, summed)",
+                format!(
+                    "{:.1} s in reclaim (profile on CPU, off-CPU or procfs D) over {:.0} s",
+                    reclaim_s, secs
+                ),
+            )
+        } else {
+            Impact::new(
+                refaults as f64 / pgpgin as f64,
+                "the pages charged to the cgroup (pgpgin)",
+                format!(
+                    "{refaults} refaults of {pgpgin} pages charged over {secs:.0} s; no reclaim \
+                     time was recorded"
+                ),
+            )
+        };
+        let severity = Severity::Warning;
         Some(Finding {
             id: ID.into(),
             severity,
@@ -396,7 +408,7 @@ impl Rule for MemoryCgroupReclaim {
                 "pgmajfault": sum(|s| s.pgmajfault),
                 "pgmajfault_not_swapin": majfaults,
                 "pswpin": swapins,
-                "pgpgin": sum(|s| s.pgpgin),
+                "pgpgin": pgpgin,
                 "reclaim_s": round3(reclaim_s),
                 "reclaim_s_by_source": reclaim,
                 "oom_kills": oom_kills,
@@ -455,15 +467,25 @@ mod tests {
         assert!(f.remedy.contains("memory.max") && f.remedy.contains("shared_buffers"));
     }
 
+    // The kill is oom-kill-restart's: here a warning on the reclaim before
+    // it (1153 refaults/s), with the kill noted, never escalated by it.
     #[test]
-    fn critical_when_the_oom_killer_took_a_backend() {
-        let f = MemoryCgroupReclaim
-            .evaluate(&fixture("pg15-memcg-limit-100-oom"))
-            .expect("finding");
-        assert_eq!(f.severity, Severity::Critical);
+    fn an_oom_kill_is_noted_not_escalated() {
+        let rec = fixture("pg15-memcg-limit-100-oom");
+        let f = MemoryCgroupReclaim.evaluate(&rec).expect("finding");
+        assert_eq!(f.severity, Severity::Warning);
         assert_eq!(f.evidence["oom_kills"], 1);
         assert_eq!(f.evidence["limit_mb"], 100.0);
         assert!(f.summary.contains("OOM killer"), "{}", f.summary);
+        assert!(f.summary.contains("oom-kill-restart"), "{}", f.summary);
+        // The same kill without the reclaim cost: nothing from this rule.
+        let mut rec = rec;
+        for s in &mut rec.cgroup {
+            if let Some(m) = &mut s.memory {
+                m.refaults = 0;
+            }
+        }
+        assert!(MemoryCgroupReclaim.evaluate(&rec).is_none());
     }
 
     #[test]
@@ -512,8 +534,9 @@ mod tests {
         again.pid = 999_999;
         rec.processes.insert(again.pid, again);
         assert_eq!(restarts(&rec), 1);
+        // Noted; the restart's cost is oom-kill-restart's.
         let f = MemoryCgroupReclaim.evaluate(&rec).expect("finding");
-        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.severity, Severity::Warning);
         assert_eq!(f.evidence["postmaster_restarts"], 1);
     }
 

@@ -13,6 +13,7 @@ pub mod facts;
 pub mod finding;
 pub mod huge_pages;
 pub mod memory_cgroup;
+pub mod oom_kill_restart;
 pub mod relation_extension;
 pub mod replay_drop;
 pub mod replay_prefetch;
@@ -73,6 +74,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(cpu_saturation::CpuSaturation),
         Box::new(disk_read_latency::DiskReadLatency),
         Box::new(swap_activity::SwapActivity),
+        Box::new(oom_kill_restart::OomKillRestart),
     ]
 }
 

@@ -16,7 +16,7 @@ use crate::recording::{CollectorInfo, Writer};
 
 pub use crate::recording::schema::system::{
     DataDirMount, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU, CGROUP_MEMORY,
-    CONTAINER, DATA_DIR_MOUNT, OUTSIDE_FILE, STREAM, TOP_OUTSIDE,
+    CONTAINER, DATA_DIR_MOUNT, OUTSIDE_FILE, POSTMASTER_OOM_SCORE_ADJ, STREAM, TOP_OUTSIDE,
 };
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
@@ -29,6 +29,10 @@ pub const DIRTY_SYSCTLS: &[&str] = &[
     "dirty_expire_centisecs",
     "dirty_writeback_centisecs",
 ];
+
+/// The `vm.*` sysctls that decide whether an allocation fails or the OOM
+/// killer runs (the PostgreSQL docs' "Linux Memory Overcommit").
+pub const OVERCOMMIT_SYSCTLS: &[&str] = &["overcommit_memory", "overcommit_ratio"];
 
 /// /proc/stat's aggregate `cpu` line, in clock ticks, and the CPUs online.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -344,7 +348,7 @@ pub struct SystemCollector {
 impl SystemCollector {
     pub fn start(ctx: &Context) -> Result<SystemCollector> {
         let mut facts = Vec::new();
-        for name in DIRTY_SYSCTLS {
+        for name in DIRTY_SYSCTLS.iter().chain(OVERCOMMIT_SYSCTLS) {
             if let Ok(v) = std::fs::read_to_string(format!("/proc/sys/vm/{name}")) {
                 let v = v.trim();
                 let value = v
@@ -352,6 +356,14 @@ impl SystemCollector {
                     .map_or_else(|_| serde_json::json!(v), |n| serde_json::json!(n));
                 facts.push((format!("vm.{name}"), value));
             }
+        }
+        // Whom the OOM killer spares: -1000 never, 1000 first.
+        if let Some(adj) =
+            std::fs::read_to_string(format!("/proc/{}/oom_score_adj", ctx.postmaster))
+                .ok()
+                .and_then(|v| v.trim().parse::<i64>().ok())
+        {
+            facts.push((POSTMASTER_OOM_SCORE_ADJ.into(), serde_json::json!(adj)));
         }
         let mut problem = None;
         match data_dir_of(ctx) {

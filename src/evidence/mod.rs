@@ -70,8 +70,11 @@ pub struct Evidence {
     pub cgroup: Vec<crate::recording::schema::cgroup::CgroupSample>,
     pub waits: Vec<WaitSample>,
     pub server: Vec<ServerSample>,
-    /// Checkpoint lines of the server log, as recorded.
+    /// Checkpoint and crash-restart lines of the server log, as recorded.
     pub log_events: Vec<LogEvent>,
+    /// When each recorded process was first seen (recording time, s): the
+    /// `t` of its line in processes.jsonl.
+    pub first_seen: std::collections::BTreeMap<u32, f64>,
     /// Checkpoints and restartpoints in time order: paired from
     /// `log_events`, and for those the log does not show (not readable, or
     /// not for the whole recording) derived from the checkpointer's
@@ -158,6 +161,19 @@ impl Evidence {
             &mut cut,
             &mut notes,
         );
+        let first_seen = {
+            #[derive(serde::Deserialize)]
+            struct Seen {
+                t: f64,
+                pid: u32,
+            }
+            // Lines already counted when the processes were loaded.
+            let mut ignored = (0, Vec::new());
+            read_stream::<Seen>(&dir, files::PROCESSES, &mut ignored.0, &mut ignored.1)
+                .into_iter()
+                .map(|s| (s.pid, s.t))
+                .collect()
+        };
         let checkpoints = checkpoints::combine(
             pgstat::pair_checkpoints(&log_events),
             &server,
@@ -195,6 +211,7 @@ impl Evidence {
             waits,
             server,
             log_events,
+            first_seen,
             checkpoints,
             profile,
             offcpu,

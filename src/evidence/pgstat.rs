@@ -199,7 +199,10 @@ pub struct StandbyReplay {
 
 /// Pair "starting" and "complete" lines into checkpoints.
 pub fn pair_checkpoints(events: &[LogEvent]) -> Vec<CheckpointEvent> {
-    let mut events: Vec<&LogEvent> = events.iter().filter(|e| e.kind != "too-frequent").collect();
+    let mut events: Vec<&LogEvent> = events
+        .iter()
+        .filter(|e| matches!(e.kind.as_str(), "checkpoint" | "restartpoint"))
+        .collect();
     events.sort_by(|a, b| a.t.total_cmp(&b.t));
     let mut out: Vec<CheckpointEvent> = Vec::new();
     let mut open: BTreeMap<String, usize> = BTreeMap::new();

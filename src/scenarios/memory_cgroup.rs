@@ -168,15 +168,6 @@ impl MemCgroup {
     }
 }
 
-/// A memory cgroup without a limit yet, the cluster's processes moved in
-/// (before its load, so that its pages are charged there), in `host`.
-pub fn move_cluster_in(topo: &Topology, host: &mut Fixtures, limit_mb: u64) -> Result<()> {
-    let cg = MemCgroup::create(topo.primary().postmaster_pid(), limit_mb)?;
-    let r = cg.cg.adopt(&super::kit::cluster_pids(topo));
-    host.push(cg);
-    r
-}
-
 impl Fixture for MemCgroup {
     fn fact(&self) -> Option<(&'static str, serde_json::Value)> {
         Some(("memory_cgroup", MemCgroup::fact(self)))
@@ -189,6 +180,25 @@ impl Fixture for MemCgroup {
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
     }
+}
+
+/// Make the cgroup (no limit yet) and move the cluster in, before the
+/// load so its pages are charged there; in `host` for teardown.
+pub fn move_in(topo: &Topology, host: &mut Fixtures, limit_mb: u64) -> Result<()> {
+    let cg = MemCgroup::create(topo.primary().postmaster_pid(), limit_mb)?;
+    let r = cg.cg.adopt(&super::kit::cluster_pids(topo));
+    host.push(cg);
+    r
+}
+
+/// Set the limit of `host`'s cgroup after the load, its pages written back
+/// first so the limit only has clean cache to reclaim.
+pub fn limit_after_load(lab: &Lab, host: &mut Fixtures) -> Result<()> {
+    if let Some(cg) = host.get_mut::<MemCgroup>() {
+        lab.psql("bench", "CHECKPOINT")?;
+        cg.limit(lab.status)?;
+    }
+    Ok(())
 }
 
 /// `--memory-limit 160MB`: MB, 0 (none) or 16 MB to 1 PB; kB, MB, GB, TB
@@ -221,11 +231,13 @@ pub fn parse_memory_limit(s: &str) -> Result<u64, String> {
     }
 }
 
-static MEMORY_LIMIT: Flag = Flag::value(
+/// Shared with `oom-kill-restart` (its own default there).
+pub(crate) static MEMORY_LIMIT: Flag = Flag::value(
     "memory-limit",
     "SIZE",
-    "memory-cgroup-reclaim: the cluster's memory cgroup limit (`160MB`, `1GB`, a bare \
-     number is MB; default 160MB; 0: no limit, the healthy baseline)",
+    "memory-cgroup-reclaim, oom-kill-restart: the cluster's memory cgroup limit (`160MB`, \
+     `1GB`, a bare number is MB; default 160MB, oom-kill-restart 512MB; 0: no limit, \
+     memory-cgroup-reclaim's healthy baseline; oom-kill-restart's is an ample 2GB)",
     |s| parse_memory_limit(s).map(|mb| mb.to_string()),
 );
 
@@ -280,18 +292,16 @@ impl Scenario for MemoryCgroupReclaim {
         host: &mut Fixtures,
         _status: &dyn Fn(&str),
     ) -> Result<()> {
-        match limit_mb(opts) {
-            Some(mb) => move_cluster_in(topo, host, mb),
-            None => Ok(()),
-        }
+        let Some(mb) = limit_mb(opts) else {
+            return Ok(());
+        };
+        move_in(topo, host, mb)
     }
 
     fn prepare(&self, lab: &Lab, host: &mut Fixtures) -> Result<super::Prepared> {
+        limit_after_load(lab, host)?;
+        // Its reclaim must not swap: swapping is swap-activity's case.
         if let Some(cg) = host.get_mut::<MemCgroup>() {
-            // The load's pages written back first, so the limit only has
-            // clean cache to reclaim.
-            lab.psql("bench", "CHECKPOINT")?;
-            cg.limit(lab.status)?;
             cg.forbid_swap()?;
         }
         Ok(Default::default())

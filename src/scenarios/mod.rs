@@ -15,6 +15,7 @@ pub mod kit;
 pub mod memory_cgroup;
 pub mod no_huge_pages;
 pub mod noisy_neighbour;
+pub mod oom_kill_restart;
 pub mod owned_cgroup;
 pub mod relation_extension;
 pub mod replay_prefetch;
@@ -144,6 +145,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &noisy_neighbour::NoisyNeighbour,
     &disk_read_latency::DiskReadLatency,
     &swap_activity::SwapActivity,
+    &oom_kill_restart::OomKillRestart,
 ];
 
 /// The scenario named `name`.
@@ -224,7 +226,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 17);
+        assert_eq!(names.len(), 18);
     }
 
     #[test]

@@ -258,7 +258,7 @@ impl Scenario for SwapActivity {
         _status: &dyn Fn(&str),
     ) -> Result<()> {
         match swap_mb(opts) {
-            Some(_) => super::memory_cgroup::move_cluster_in(topo, host, LIMIT_MB),
+            Some(_) => super::memory_cgroup::move_in(topo, host, LIMIT_MB),
             None => Ok(()),
         }
     }

@@ -23,11 +23,12 @@ pub struct LogLine {
 }
 
 /// Parse one server-log line; `None` unless it is a checkpoint/restartpoint
-/// line. The returned event's `t` is 0 and `t_from` empty: [`LogClock`]
-/// places it on the recording's clock.
+/// line or one of the postmaster's crash-restart lines ([`parse_crash_line`]).
+/// The returned event's `t` is 0 and `t_from` empty: [`LogClock`] places it
+/// on the recording's clock.
 pub fn parse_log_line(line: &str) -> Option<LogLine> {
     let line = line.trim_end();
-    let (at, kind, phase) = [
+    let Some((at, kind, phase)) = [
         ("checkpoint starting:", "checkpoint", "start"),
         ("checkpoint complete:", "checkpoint", "complete"),
         ("restartpoint starting:", "restartpoint", "start"),
@@ -39,7 +40,9 @@ pub fn parse_log_line(line: &str) -> Option<LogLine> {
         ),
     ]
     .iter()
-    .find_map(|(needle, kind, phase)| line.find(needle).map(|i| (i, *kind, *phase)))?;
+    .find_map(|(needle, kind, phase)| line.find(needle).map(|i| (i, *kind, *phase))) else {
+        return parse_crash_line(line);
+    };
     let prefix = &line[..at];
     // The severity ("LOG:  ") ends the prefix; a server in another language
     // prints another word, so only cut at the last ':' before the message.
@@ -66,6 +69,63 @@ pub fn parse_log_line(line: &str) -> Option<LogLine> {
                 .and_then(|(_, r)| r.split_whitespace().next())
                 .and_then(|n| n.parse().ok());
         }
+    }
+    Some(LogLine {
+        time: find_time(prefix),
+        event,
+    })
+}
+
+/// The postmaster's crash-restart lines (postmaster.c, PostgreSQL 9.6–18,
+/// untranslated), as `kind` "crash" with its `phase`:
+/// - `killed`: "server process (PID n) was terminated by signal 9: Killed"
+///   (any child: "checkpointer process", "autovacuum worker process", …;
+///   `victim_pid`, `signal` and `process` set);
+/// - `terminating`: "terminating any other active server processes";
+/// - `reinitializing`: "all server processes terminated; reinitializing";
+/// - `recovery`: "database system was not properly shut down; automatic
+///   recovery in progress" (the startup process after the reset);
+/// - `ready`: "database system is ready to accept connections".
+fn parse_crash_line(line: &str) -> Option<LogLine> {
+    let (at, phase) = [
+        (" was terminated by signal ", "killed"),
+        (
+            "terminating any other active server processes",
+            "terminating",
+        ),
+        (
+            "all server processes terminated; reinitializing",
+            "reinitializing",
+        ),
+        ("automatic recovery in progress", "recovery"),
+        ("database system is ready to accept connections", "ready"),
+    ]
+    .iter()
+    .find_map(|(needle, phase)| line.find(needle).map(|i| (i, *phase)))?;
+    // The message starts after the severity ("LOG:  "); the prefix before it.
+    let start = line[..at].rfind(":  ").map_or(0, |i| i + 3);
+    let prefix = line[..start]
+        .trim_end()
+        .trim_end_matches(':')
+        .rsplit_once(' ')
+        .map_or("", |(p, _sev)| p);
+    let mut event = LogEvent {
+        kind: "crash".into(),
+        phase: phase.into(),
+        pid: find_pid(prefix),
+        ..LogEvent::default()
+    };
+    if phase == "killed" {
+        let msg = &line[start..];
+        let (process, rest) = msg.split_once(" (PID ")?;
+        let (pid, _) = rest.split_once(')')?;
+        event.victim_pid = pid.trim().parse().ok();
+        event.process = Some(process.trim().to_string());
+        event.signal = line[at..]
+            .trim_start_matches(" was terminated by signal ")
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok());
     }
     Some(LogLine {
         time: find_time(prefix),
@@ -266,6 +326,39 @@ fn zone_offset_s(zone: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // PostgreSQL 15.18's lines around an OOM kill in the memory cgroup lab
+    // (log_line_prefix '%m [%p] ').
+    #[test]
+    fn parses_the_crash_restart_lines() {
+        let l = "2026-11-26 16:10:01.123 UTC [4242] LOG:  server process (PID 4321) was terminated by signal 9: Killed";
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(
+            (p.event.kind.as_str(), p.event.phase.as_str()),
+            ("crash", "killed")
+        );
+        assert_eq!(p.event.pid, Some(4242));
+        assert_eq!(p.event.victim_pid, Some(4321));
+        assert_eq!(p.event.signal, Some(9));
+        assert_eq!(p.event.process.as_deref(), Some("server process"));
+        assert!(matches!(p.time, Some(LogTime::Local { .. })));
+        let l = "2026-11-26 16:10:01.200 UTC [4242] LOG:  checkpointer process (PID 77) was terminated by signal 9: Killed";
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(p.event.process.as_deref(), Some("checkpointer process"));
+        assert_eq!(p.event.victim_pid, Some(77));
+        for (l, phase) in [
+            ("[4242] LOG:  terminating any other active server processes", "terminating"),
+            ("[4242] LOG:  all server processes terminated; reinitializing", "reinitializing"),
+            ("[4300] LOG:  database system was not properly shut down; automatic recovery in progress", "recovery"),
+            ("[4242] LOG:  database system is ready to accept connections", "ready"),
+        ] {
+            let p = parse_log_line(l).unwrap();
+            assert_eq!((p.event.kind.as_str(), p.event.phase.as_str()), ("crash", phase), "{l}");
+            assert!(p.event.pid.is_some(), "{l}");
+            assert_eq!(p.event.victim_pid, None);
+        }
+        assert!(parse_log_line("LOG:  database system is shut down").is_none());
+    }
 
     #[test]
     fn parses_a_pg17_complete_line_with_lsns() {

@@ -8,7 +8,8 @@ use crate::procinfo::Role;
 pub const WAITS: &str = "pgstat_waits.jsonl";
 /// Server counters, one line per second: [`ServerSample`].
 pub const SERVER: &str = "pgstat_server.jsonl";
-/// Checkpoint and restartpoint events from the server log: [`LogEvent`].
+/// Checkpoint and restartpoint events, and the postmaster's crash-restart
+/// lines, from the server log: [`LogEvent`].
 pub const CHECKPOINTS: &str = "checkpoints.jsonl";
 
 /// Manifest fact: `{"database", "pg_stat_statements": {"function",
@@ -187,16 +188,19 @@ pub struct Replica {
     pub replay_lag_s: Option<f64>,
 }
 
-/// A checkpoint (or restartpoint) line of the server log, on the recording's
+/// A checkpoint (or restartpoint) line of the server log, or one of the
+/// postmaster's crash-restart lines (`kind` "crash"), on the recording's
 /// clock.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LogEvent {
     /// Recording time of the line (negative: before the recording began).
     pub t: f64,
-    /// `checkpoint`, `restartpoint`, or `too-frequent` (the "checkpoints are
-    /// occurring too frequently" warning).
+    /// `checkpoint`, `restartpoint`, `too-frequent` (the "checkpoints are
+    /// occurring too frequently" warning), or `crash`.
     pub kind: String,
-    /// `start`, `complete`, or `warning`.
+    /// `start`, `complete`, or `warning`; for `crash`: `killed` (a child
+    /// ended by a signal), `terminating`, `reinitializing`, `recovery`,
+    /// `ready` (accepting connections again).
     pub phase: String,
     /// Where `t` came from: `log` (the line's timestamp) or `read` (when
     /// pgbelow read the line, ±1 s: the log_line_prefix has no time).
@@ -208,6 +212,14 @@ pub struct LogEvent {
     pub flags: Option<String>,
     #[serde(default, flatten)]
     pub stats: CheckpointStats,
+    /// `crash`/`killed`: the child that died, the signal, and what the
+    /// postmaster called it ("server process", "checkpointer process", …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub victim_pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
 }
 
 /// The numbers of a "checkpoint complete" line (PostgreSQL 10–18 formats).

@@ -34,6 +34,9 @@ pub struct Container {
     pub cgroup: String,
 }
 
+/// Manifest fact: the postmaster's /proc/PID/oom_score_adj at the start.
+pub const POSTMASTER_OOM_SCORE_ADJ: &str = "postmaster_oom_score_adj";
+
 /// One line of `system.jsonl`: the page cache's dirty state at `t`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SystemSample {
