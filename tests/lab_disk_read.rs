@@ -14,20 +14,8 @@ use common::assert_torn_down;
 const ID: &str = "disk-read-latency";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        ID,
-        "--duration",
-        "8",
-        "--collectors",
-        "syscalls,procfs,pgstat",
-        "--format",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    common::lab_json(&args, out)
+    let short = ["--duration", "8", "--collectors", "syscalls,procfs,pgstat"];
+    common::lab_scenario(ID, &[&short[..], extra].concat(), out)
 }
 
 fn assert_no_read_cgroups() {

@@ -17,20 +17,13 @@ use common::assert_torn_down;
 const ID: &str = "oom-kill-restart";
 
 fn lab_run(duration: &str, extra: &[&str], out: &Path) -> Value {
-    let mut args = vec![
-        "lab",
-        "run",
-        "--scenario",
-        ID,
+    let short = [
         "--duration",
         duration,
         "--collectors",
         "procfs,system,pgstat",
-        "--format",
-        "json",
     ];
-    args.extend_from_slice(extra);
-    common::lab_json(&args, out)
+    common::lab_scenario(ID, &[&short[..], extra].concat(), out)
 }
 
 #[test]

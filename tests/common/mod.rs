@@ -548,54 +548,26 @@ pub fn record_while(
 }
 
 /// A read limit on the disk under `dir` for a cluster's processes, as a
-/// standby on a slow network volume has: a cgroup (`pgbelow-test-reads-PID`,
-/// blkio v1 or io v2) with at most `iops` reads a second, so that each
-/// synchronous read waits for the disk however fast the host serves it.
-/// The lab's own [`OwnedCgroup`]: noted in the cleanup ledger (a killed
-/// test's is reclaimed by the next pgbelow run), and dropping it moves the
+/// standby on a slow network volume has: the disk-read-latency scenario's
+/// [`ReadLimit`] (`pgbelow-reads-PID`, blkio v1 or io v2) with at most
+/// `iops` reads a second, so that each synchronous read waits for the disk
+/// however fast the host serves it. Noted in the cleanup ledger (a killed
+/// test's is reclaimed by the next pgbelow run); dropping it moves the
 /// processes back and removes it.
 ///
-/// [`OwnedCgroup`]: pgbelow::scenarios::owned_cgroup::OwnedCgroup
+/// [`ReadLimit`]: pgbelow::scenarios::disk_read_latency::ReadLimit
 pub struct SlowReads {
-    _cg: pgbelow::scenarios::owned_cgroup::OwnedCgroup,
+    _limit: pgbelow::scenarios::disk_read_latency::ReadLimit,
 }
 
 impl SlowReads {
     pub fn new(dir: &Path, postmaster: u32, iops: u32) -> SlowReads {
-        use std::os::unix::fs::MetadataExt;
-        let dev = std::fs::metadata(dir).unwrap().dev();
-        let (major, minor) = (libc::major(dev), libc::minor(dev));
-        // Limits apply to whole disks, not partitions.
-        let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
-        let disk = if sys.join("partition").exists() {
-            std::fs::read_to_string(sys.join("../dev")).unwrap()
-        } else {
-            format!("{major}:{minor}")
-        };
-        let disk = disk.trim();
-        let v1 = Path::new("/sys/fs/cgroup/blkio");
-        let (parent, file, value) = if v1.join("blkio.throttle.read_iops_device").exists() {
-            (
-                v1.to_path_buf(),
-                "blkio.throttle.read_iops_device",
-                format!("{disk} {iops}"),
-            )
-        } else {
-            let v2 = PathBuf::from("/sys/fs/cgroup");
-            std::fs::write(v2.join("cgroup.subtree_control"), "+io").unwrap();
-            (v2, "io.max", format!("{disk} riops={iops}"))
-        };
-        let cg = pgbelow::scenarios::owned_cgroup::OwnedCgroup::create(
-            &parent,
-            &format!("pgbelow-test-reads-{}", std::process::id()),
-        )
-        .unwrap();
-        cg.set(file, &value).unwrap();
+        let limit = pgbelow::scenarios::disk_read_latency::ReadLimit::create(dir, iops).unwrap();
         let pids: Vec<u32> = std::iter::once(postmaster)
             .chain(children(postmaster))
             .collect();
-        cg.adopt(&pids).unwrap();
-        SlowReads { _cg: cg }
+        limit.cg.adopt(&pids).unwrap();
+        SlowReads { _limit: limit }
     }
 }
 
