@@ -163,9 +163,23 @@ pub fn dsn_from_postmaster_pid(pid: u32) -> Option<String> {
     ))
 }
 
-/// The fix for a missing privilege, the same everywhere.
-const ROOT_FIX: &str = "run pgbelow as root (sudo pgbelow …): it reads other users' /proc files \
-     and loads BPF programs and perf events (CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_BPF, CAP_PERFMON)";
+/// The fix for a missing privilege to observe another user's processes:
+/// the capabilities this process lacks of those discovery needs (all of
+/// the least set when it lacks none of them and is still refused).
+fn observe_fix() -> String {
+    use crate::privilege::{Cap, Caps, LEAST};
+    let missing = Caps::current().missing(&[Cap::SysPtrace, Cap::DacReadSearch]);
+    crate::privilege::fix(if missing.is_empty() { &LEAST } else { &missing })
+}
+
+/// Discovery cannot see another user's processes: CAP_SYS_PTRACE (their
+/// /proc/PID/exe) or CAP_DAC_READ_SEARCH (postmaster.pid) is missing.
+fn lacks_observe_caps() -> bool {
+    use crate::privilege::{Cap, Caps};
+    !Caps::current()
+        .missing(&[Cap::SysPtrace, Cap::DacReadSearch])
+        .is_empty()
+}
 
 /// Whether this process may look at `pid` at all: another user's
 /// /proc/PID/exe needs root (or CAP_SYS_PTRACE). Without it every check
@@ -183,7 +197,7 @@ fn check_access(pid: u32) -> Result<()> {
                 format!(
                     "cannot observe pid {pid}{owner}: /proc/{pid}/exe: permission denied (pgbelow runs as uid {me}, not root)"
                 ),
-                ROOT_FIX,
+                observe_fix(),
             ))
         }
         _ => Ok(()),
@@ -222,7 +236,14 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
     if let Some(pid) = opts.pid {
         check_access(pid)?;
     }
-    crate::collect::preflight(&opts.collectors)?;
+    crate::collect::preflight(&opts.collectors, true)?;
+    if announce {
+        // One line per capability of the least set this process lacks: what
+        // degrades and the fix (collectors degrade rather than stop the run).
+        for line in crate::privilege::missing_lines(crate::privilege::Caps::current()) {
+            eprintln!("pgbelow: {line}");
+        }
+    }
     if let Some(pid) = opts.pid.filter(|p| !procinfo::looks_like_postmaster(*p)) {
         return Err(fixable(
             format!("pid {pid} is not a PostgreSQL postmaster"),
@@ -293,12 +314,14 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
             (None, Err(why)) => {
                 let at = conn.server.clone();
                 // SAFETY: geteuid has no preconditions.
-                if unsafe { libc::geteuid() } != 0 && why.contains("ermission denied") {
+                if unsafe { libc::geteuid() } != 0
+                    && (why.contains("ermission denied") || lacks_observe_caps())
+                {
                     return Err(crate::error::unprivileged(
                         format!(
-                            "cannot find the postmaster of the server at {at} ({why}): pgbelow is not root"
+                            "cannot find the postmaster of the server at {at} ({why}): pgbelow is not root and lacks the capabilities to see other users' processes"
                         ),
-                        ROOT_FIX,
+                        observe_fix(),
                     ));
                 }
                 return Err(fixable(

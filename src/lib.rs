@@ -18,6 +18,7 @@ pub mod lab;
 pub mod ledger;
 pub mod matrix;
 pub mod pidns;
+pub mod privilege;
 pub mod procinfo;
 pub mod provision;
 pub mod recording;

@@ -114,7 +114,9 @@ pub fn swapins(ev: &Evidence) -> Option<Swapins> {
         return None;
     }
     let mut out = Swapins {
-        stacks: stacks_missing(ev).is_none(),
+        // The offcpu collector records blocked processes' kernel stacks in
+        // BPF: what procfs cannot read without CAP_SYS_ADMIN.
+        stacks: stacks_missing(ev).is_none() || ev.offcpu.is_some(),
         ..Default::default()
     };
     let mut blocked = 0.0;
@@ -263,7 +265,8 @@ impl Rule for SwapActivity {
         };
         if !s.stacks {
             return Measure::Missing(format!(
-                "{}: the time backends wait for swap-ins is seen in their kernel stacks",
+                "{}: the time backends wait for swap-ins is seen in their kernel stacks \
+                     (the offcpu collector records them without CAP_SYS_ADMIN)",
                 stacks_missing(ev).unwrap_or_default()
             ));
         }

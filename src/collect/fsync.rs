@@ -95,15 +95,26 @@ const EXT4_SUPER_MAGIC: i64 = 0xEF53;
 /// other filesystem, or one that cannot be looked at, gets the syscall
 /// tracepoints, which see every filesystem.
 fn hook_for(postmasters: &[u32]) -> Hook {
-    let ext4 = |pid: u32| {
-        let wal = format!("/proc/{pid}/cwd/pg_wal");
-        let Ok(path) = std::ffi::CString::new(wal) else {
-            return false;
-        };
+    let fs_type = |path: String| -> std::io::Result<i64> {
+        let path = std::ffi::CString::new(path).map_err(std::io::Error::other)?;
         // SAFETY: a valid C string and a zeroed statfs for the kernel to fill.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        (unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0)
-            && st.f_type as i64 == EXT4_SUPER_MAGIC
+        if unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0 {
+            Ok(st.f_type as i64)
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    let ext4 = |pid: u32| {
+        match fs_type(format!("/proc/{pid}/cwd/pg_wal")) {
+            Ok(t) => t == EXT4_SUPER_MAGIC,
+            // Without CAP_DAC_READ_SEARCH the 0700 data directory cannot be
+            // searched, but the cwd link itself names its filesystem.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                fs_type(format!("/proc/{pid}/cwd")).is_ok_and(|t| t == EXT4_SUPER_MAGIC)
+            }
+            Err(_) => false,
+        }
     };
     if !postmasters.is_empty() && postmasters.iter().all(|&p| ext4(p)) {
         Hook::Ext4
@@ -270,6 +281,7 @@ impl FsyncCollector {
 
     /// With the hook given (tests force each).
     pub fn start_hook(ctx: &Context, writes: bool, hook: Hook) -> Result<FsyncCollector> {
+        crate::collect::need_bpf("timing flushes in the kernel (eBPF)")?;
         let (bpf, hook) = Bpf::start(&ctx.roots(), writes, hook)?;
         Ok(FsyncCollector {
             hook,

@@ -77,39 +77,54 @@ const NEED_TRACING: &[&str] = &["syscalls", "profile", "offcpu", "fsync"];
 
 /// Can this process load BPF programs and open perf events?
 pub fn can_trace() -> bool {
-    const CAP_SYS_ADMIN: u64 = 21;
-    const CAP_PERFMON: u64 = 38;
-    const CAP_BPF: u64 = 39;
-    let caps = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .unwrap_or(0);
-    let has = |c: u64| caps & (1 << c) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+    crate::privilege::Caps::current().can_trace()
+}
+
+/// Fails, with the fix, when this process cannot load BPF programs: checked
+/// before libbpf tries (it would print its refusal to stderr).
+pub fn need_bpf(what: &str) -> Result<()> {
+    use crate::privilege::{Cap, Caps};
+    let missing = Caps::current().missing(&[Cap::Bpf, Cap::Perfmon]);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = missing.iter().map(|c| c.name()).collect();
+    Err(crate::error::unprivileged(
+        format!(
+            "{what} needs {}, which this process lacks",
+            names.join(" and ")
+        ),
+        crate::privilege::fix(&missing),
+    ))
 }
 
 /// Refuse before anything is started when the only collectors asked for
 /// cannot run here, so a user learns the fix without waiting for a cluster.
-pub fn preflight(names: &[String]) -> Result<()> {
+/// `attached`: capabilities suffice (record, watch); the lab needs root.
+pub fn preflight(names: &[String], attached: bool) -> Result<()> {
     let tracing: Vec<&str> = names
         .iter()
         .map(String::as_str)
         .filter(|n| NEED_TRACING.contains(n))
         .collect();
     if !tracing.is_empty() && tracing.len() == names.len() && !can_trace() {
-        let exe = std::env::current_exe().map_or("pgbelow".into(), |p| p.display().to_string());
         return Err(fixable(
             format!(
                 "collector {} needs CAP_BPF and CAP_PERFMON, which this process lacks",
                 tracing.join(",")
             ),
-            format!(
-                "run as root (sudo), or: setcap cap_bpf,cap_perfmon+ep {exe}; or --collectors none"
-            ),
+            if attached {
+                format!(
+                    "{}; or --collectors none",
+                    crate::privilege::fix(&[
+                        crate::privilege::Cap::Bpf,
+                        crate::privilege::Cap::Perfmon
+                    ])
+                )
+            } else {
+                "run as root (sudo): the lab starts servers and changes the host; or --collectors none"
+                    .into()
+            },
         ));
     }
     Ok(())

@@ -40,7 +40,7 @@ fn default_out(scenario: &str, major: u32) -> PathBuf {
 
 pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let opts = &opts.scenario.options(opts)?;
-    crate::collect::preflight(&opts.collectors)?;
+    crate::collect::preflight(&opts.collectors, false)?;
     let pgbench = Pgbench::locate()?;
     let install = resolve_install(&opts.pg, opts.show_progress)?;
     interrupt::check()?;

@@ -54,7 +54,7 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
             "pass --dsn 'host=/var/run/postgresql user=postgres dbname=postgres' (re-attaches after a server restart), or --pid",
         ));
     }
-    crate::collect::preflight(&opts.collectors)?;
+    crate::collect::preflight(&opts.collectors, true)?;
     let server = tiny_http::Server::http(&opts.listen).map_err(|e| {
         fixable(
             format!("cannot listen on {}: {e}", opts.listen),

@@ -235,6 +235,7 @@ impl OffcpuCollector {
                 "pass --offcpu-min-block between 1 and 10000000 µs (default 1000)",
             ));
         }
+        crate::collect::need_bpf("the off-CPU collector (eBPF at every context switch)")?;
         let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::channel();
         let roots = ctx.roots();

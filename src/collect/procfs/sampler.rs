@@ -393,7 +393,7 @@ fn permission_problem(pid: u32) -> StackProblem {
         what: format!(
             "kernel stacks not recorded: /proc/{pid}/stack is readable only with CAP_SYS_ADMIN (root)"
         ),
-        fix: "run pgbelow as root (sudo) to record where blocked processes wait; states and wait channels are recorded anyway".into(),
+        fix: "add the offcpu collector (--collectors …,offcpu: eBPF at the context switch, CAP_BPF and CAP_PERFMON) to record where blocked processes wait without CAP_SYS_ADMIN, or run pgbelow as root; states and wait channels are recorded anyway".into(),
     }
 }
 

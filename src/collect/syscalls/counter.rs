@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::error::{find_fixable, fixable};
+use crate::privilege::{self, Cap, Caps};
 
 #[path = "bpf.rs"]
 pub(crate) mod bpf;
@@ -109,7 +110,8 @@ impl SyscallCounter {
                 backend: Backend::Perf(perf::Perf::start(&roots)?),
                 fallback_reason: None,
             }),
-            None => match bpf::Ebpf::start(&roots) {
+            // Without CAP_BPF libbpf would only print its refusal to stderr.
+            None => match ebpf_allowed().and_then(|()| bpf::Ebpf::start(&roots)) {
                 Ok(b) => Ok(SyscallCounter {
                     backend: Backend::Ebpf(Box::new(b)),
                     fallback_reason: None,
@@ -254,32 +256,29 @@ pub fn parse_status_field(status: &str, name: &str) -> Option<u32> {
         .ok()
 }
 
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-
 /// Fails early, with the fix, when neither mechanism can work for lack of
 /// privileges: eBPF needs CAP_BPF+CAP_PERFMON, perf tracepoints CAP_PERFMON
 /// (CAP_SYS_ADMIN covers both).
 fn check_privileges() -> anyhow::Result<()> {
-    let caps = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| parse_cap_eff(&s));
-    let Some(caps) = caps else {
-        return Ok(()); // unknown: let the mechanisms tell
-    };
-    let has = |c: u32| caps & (1u64 << c) != 0;
-    if has(CAP_SYS_ADMIN) || has(CAP_PERFMON) {
+    let caps = Caps::current();
+    if caps.has(Cap::Perfmon) {
         return Ok(());
     }
-    Err(fixable(
+    Err(crate::error::unprivileged(
         "counting syscalls in the kernel needs CAP_BPF and CAP_PERFMON, which this process lacks",
-        "run as root or grant CAP_BPF,CAP_PERFMON (sudo setcap cap_bpf,cap_perfmon+ep <path to pgbelow>)",
+        privilege::fix(&caps.missing(&[Cap::Bpf, Cap::Perfmon])),
     ))
 }
 
-pub fn parse_cap_eff(status: &str) -> Option<u64> {
-    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-    u64::from_str_radix(hex.trim(), 16).ok()
+/// eBPF can be loaded (CAP_BPF); else the reason, for the fallback's note.
+fn ebpf_allowed() -> anyhow::Result<()> {
+    if Caps::current().has(Cap::Bpf) {
+        return Ok(());
+    }
+    Err(crate::error::unprivileged(
+        "eBPF needs CAP_BPF, which this process lacks",
+        privilege::fix(&[Cap::Bpf]),
+    ))
 }
 
 /// Puts the usual causes of a BPF load failure into words.
@@ -294,15 +293,24 @@ fn ebpf_error(e: anyhow::Error) -> anyhow::Error {
     match io {
         Some(libbpf_rs::ErrorKind::PermissionDenied) => fixable(
             format!("loading the eBPF syscall counter was refused ({e:#})"),
-            "run as root or grant CAP_BPF,CAP_PERFMON; check kernel.unprivileged_bpf_disabled and lockdown",
+            format!(
+                "{}; check kernel.unprivileged_bpf_disabled and lockdown",
+                privilege::fix(&[Cap::Bpf, Cap::Perfmon])
+            ),
         ),
         _ => e,
     }
 }
 
 fn both_failed(bpf_err: &anyhow::Error, perf_err: &anyhow::Error) -> anyhow::Error {
-    let fix = find_fixable(perf_err)
-        .or_else(|| find_fixable(bpf_err))
+    // A missing privilege for eBPF is the fix to give first: granting it
+    // makes the preferred mechanism work, mounting tracefs only the fallback.
+    let first = if crate::error::is_unprivileged(bpf_err) {
+        find_fixable(bpf_err)
+    } else {
+        find_fixable(perf_err).or_else(|| find_fixable(bpf_err))
+    };
+    let fix = first
         .map(|f| f.fix.clone())
         .unwrap_or_else(|| {
             "run as root on Linux >= 5.12 with BTF (/sys/kernel/btf/vmlinux), or mount tracefs: mount -t tracefs nodev /sys/kernel/tracing".into()
@@ -346,14 +354,6 @@ mod tests {
             Mechanism::PerfTracepoint
         );
         assert!("strace".parse::<Mechanism>().is_err());
-    }
-
-    #[test]
-    fn cap_eff() {
-        let s = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
-        assert_eq!(parse_cap_eff(s), Some(0x1ff_ffff_ffff));
-        assert_eq!(parse_cap_eff("CapEff:\tzz\n"), None);
-        assert_eq!(parse_cap_eff(""), None);
     }
 
     #[test]
@@ -401,6 +401,12 @@ mod tests {
             .what
             .contains("perf tracepoints failed: tracefs not mounted"));
         assert_eq!(f.fix, "mount -t tracefs nodev /sys/kernel/tracing");
+        // Without CAP_BPF, granting it is the fix, not mounting tracefs.
+        let e = both_failed(
+            &crate::error::unprivileged("eBPF needs CAP_BPF", "grant CAP_BPF"),
+            &fixable("tracefs not mounted", "mount tracefs"),
+        );
+        assert_eq!(find_fixable(&e).unwrap().fix, "grant CAP_BPF");
     }
 
     #[test]
