@@ -1462,6 +1462,11 @@ fn oom_kill_restart_found_attached() {
     let ev = &f["evidence"];
     assert_eq!(f["severity"], "critical", "{ev}");
     assert_eq!(ev["memcg_oom_kills"], 1, "{ev}");
+    // The kernel's own report (/dev/kmsg) names the victim and its memory.
+    let k = &ev["kernel_reports"][0];
+    assert_eq!(k["comm"], "postgres", "{ev}");
+    assert_eq!(k["memcg"], true, "{ev}");
+    assert!(k["anon_rss_kb"].as_u64().unwrap_or(0) > 50_000, "{ev}");
     assert_eq!(ev["outage_open"], false, "{ev}");
     assert!(ev["sessions_ended"].as_u64().unwrap() >= 1, "{ev}");
     eprintln!("attached: {ev}");

@@ -40,6 +40,11 @@ fn a_limit_below_the_working_set_kills_and_restarts_and_an_ample_one_does_not() 
     assert_eq!(f["severity"], "critical", "{f}");
     let ev = &f["evidence"];
     assert_eq!(ev["memcg_oom_kills"], 1, "{ev}");
+    // The kernel's own report (/dev/kmsg) names the victim and its memory.
+    let k = &ev["kernel_reports"][0];
+    assert_eq!(k["comm"], "postgres", "{ev}");
+    assert_eq!(k["memcg"], true, "{ev}");
+    assert!(k["anon_rss_kb"].as_u64().unwrap_or(0) > 50_000, "{ev}");
     assert_eq!(ev["outage_open"], false, "{ev}");
     assert_eq!(ev["victims"][0]["process"], "server process", "{ev}");
     assert_eq!(ev["victims"][0]["crash_recovery"], true, "{ev}");

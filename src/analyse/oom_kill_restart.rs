@@ -26,6 +26,7 @@ use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::recording::schema::pgstat::LogEvent;
+use crate::recording::schema::system::KernelOom;
 use crate::round3;
 
 pub const ID: &str = "oom-kill-restart";
@@ -96,6 +97,41 @@ fn memcg_oom_kills(ev: &Evidence) -> Option<u64> {
         .filter_map(|s| s.memory.as_ref().map(|m| m.oom_kill))
         .collect();
     (!m.is_empty()).then(|| m.iter().sum())
+}
+
+/// The kernel's reports (/dev/kmsg) of OOM kills of the cluster's
+/// processes: a victim the server log names, or a process the recording
+/// saw under the postmaster.
+fn kernel_kills<'a>(ev: &'a Evidence, r: &[Restart]) -> Vec<&'a KernelOom> {
+    let victims: Vec<u32> = r.iter().filter_map(|x| x.kill.victim_pid).collect();
+    ev.kernel_oom
+        .iter()
+        .filter(|k| victims.contains(&k.pid) || ev.processes.contains_key(&k.pid))
+        .collect()
+}
+
+/// Who sent the SIGKILL, in words: the kernel's report when there is one.
+fn sender(k: Option<&KernelOom>, memcg: Option<u64>) -> String {
+    let mb = |kb: u64| kb as f64 / 1024.0;
+    match (k, memcg) {
+        (Some(k), _) => format!(
+            "the {} OOM killer ({}), which reported the victim holding {:.0} MB anonymous and              {:.0} MB shared memory ({:.0} MB mapped)",
+            if k.memcg { "memory cgroup's" } else { "host's" },
+            match (&k.oom_memcg, &k.constraint) {
+                (Some(m), _) if k.memcg => format!("limit hit in {m}"),
+                (_, Some(c)) => c.clone(),
+                _ => "/dev/kmsg".into(),
+            },
+            mb(k.anon_rss_kb),
+            mb(k.shmem_rss_kb),
+            mb(k.total_vm_kb),
+        ),
+        (None, Some(n)) if n > 0 => format!(
+            "the memory cgroup's OOM killer (oom_kill {n} in memory.events / memory.oom_control)"
+        ),
+        _ => "SIGKILL (no kernel OOM report was read from /dev/kmsg and no memory cgroup OOM               kill was recorded: another process, or the kernel's log was not readable)"
+            .into(),
+    }
 }
 
 fn end_t(ev: &Evidence) -> f64 {
@@ -229,17 +265,21 @@ impl Rule for OomKillRestart {
             // The kernel killed something in the cgroup, but no kill is in
             // the log the recording read: no outage to measure, so info
             // saying what to enable.
-            let k = oom.filter(|k| *k > 0)?;
+            let reports = kernel_kills(ev, &r);
+            let k = oom
+                .filter(|k| *k > 0)
+                .or_else(|| (!reports.is_empty()).then_some(reports.len() as u64))?;
             let followed = log_followed(ev);
             return Some(Finding {
                 id: ID.into(),
                 severity: Severity::Info,
                 impact: None,
-                title: "The memory cgroup's OOM killer killed a process; the outage was not timed"
+                title: "The kernel's OOM killer killed a server process; the outage was not timed"
                     .into(),
                 summary: format!(
-                    "The memory cgroup counted {k} OOM kill(s); the server's processes were \
-                     started again {reborn} time(s) within the recording. {}",
+                    "{} killed {k} process(es); the server's processes were started again \
+                     {reborn} time(s) within the recording. {}",
+                    sender(reports.first().copied(), oom),
                     if followed {
                         "The server log showed no server process terminated by signal 9 before \
                          the recording ended."
@@ -248,7 +288,8 @@ impl Rule for OomKillRestart {
                     }
                 ),
                 evidence: json!({
-                    "memcg_oom_kills": k,
+                    "memcg_oom_kills": oom,
+                    "kernel_reports": reports,
                     "postmaster_restarts": reborn,
                     "log_followed": followed,
                 }),
@@ -279,14 +320,15 @@ impl Rule for OomKillRestart {
                 })
             })
             .collect();
-        let by = match oom {
-            Some(k) if k > 0 => format!(
-                "the memory cgroup's OOM killer (oom_kill {k} in memory.events / memory.oom_control)"
-            ),
-            _ => "SIGKILL (the kernel's OOM killer when /dev/kmsg says \"Out of memory: Killed \
-                  process\"; no memory cgroup OOM kill was recorded)"
-                .into(),
-        };
+        let reports = kernel_kills(ev, &r);
+        let by = sender(
+            reports
+                .iter()
+                .copied()
+                .find(|k| Some(k.pid) == first.victim_pid)
+                .or(reports.first().copied()),
+            oom,
+        );
         let severity = if outage_s >= MIN_OUTAGE_S || ended > 0 {
             Severity::Critical
         } else {
@@ -348,6 +390,7 @@ impl Rule for OomKillRestart {
                 "outage_open": open,
                 "sessions_ended": ended,
                 "memcg_oom_kills": oom,
+                "kernel_reports": reports,
                 "postmaster_restarts": reborn,
                 "tps_before": tps_before,
                 "tps_after": tps_after,

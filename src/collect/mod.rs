@@ -17,6 +17,7 @@ pub mod container;
 pub mod context;
 pub mod cpu;
 pub mod fsync;
+pub mod kmsg;
 pub mod memcg;
 pub mod offcpu;
 pub mod pgstat;

@@ -16,7 +16,8 @@ use crate::recording::{CollectorInfo, Writer};
 
 pub use crate::recording::schema::system::{
     DataDirMount, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU, CGROUP_MEMORY,
-    CONTAINER, DATA_DIR_MOUNT, OUTSIDE_FILE, POSTMASTER_OOM_SCORE_ADJ, STREAM, TOP_OUTSIDE,
+    CONTAINER, DATA_DIR_MOUNT, KERNEL_LOG, KERNEL_OOM, OUTSIDE_FILE, POSTMASTER_OOM_SCORE_ADJ,
+    STREAM, TOP_OUTSIDE,
 };
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
@@ -338,6 +339,8 @@ pub struct SystemCollector {
     memcg: Option<super::memcg::Memcg>,
     /// /proc/stat's counters at the last sample.
     last_cpu: Option<CpuTimes>,
+    /// The kernel's log from the recording's start: OOM kills.
+    kmsg: Option<super::kmsg::KmsgTail>,
     ticks_per_s: f64,
     /// Every process at the start, and when ([`OutsideCpu`]).
     first_walk: Walk,
@@ -428,6 +431,14 @@ impl SystemCollector {
                 Err(why) => serde_json::json!({ "unavailable": why }),
             },
         ));
+        let kmsg = super::kmsg::KmsgTail::open();
+        facts.push((
+            KERNEL_LOG.into(),
+            match &kmsg {
+                Ok(_) => serde_json::json!("read"),
+                Err(why) => serde_json::json!({ "unavailable": why }),
+            },
+        ));
         let ticks = ::procfs::ticks_per_second();
         let t_walk = ctx.t();
         let first_walk = walk();
@@ -441,12 +452,30 @@ impl SystemCollector {
             ctx: ctx.clone(),
             cgroup: cgroup.ok(),
             memcg: memcg.ok(),
+            kmsg: kmsg.ok(),
             facts,
             problem,
             last_vm: vm,
             last_t: ctx.t(),
             page_kb,
         })
+    }
+}
+
+impl SystemCollector {
+    /// The OOM kills the kernel logged since the last sample, on the
+    /// recording's clock (`t` is now on it; kmsg stamps are monotonic).
+    fn kernel_ooms(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        let Some(k) = &mut self.kmsg else {
+            return Ok(());
+        };
+        let offset = super::kmsg::monotonic_s() - t;
+        for p in k.read_new() {
+            let mut oom = p.oom;
+            oom.t = crate::round3(p.ts_us as f64 * 1e-6 - offset);
+            out.append(KERNEL_OOM, &oom)?;
+        }
+        Ok(())
     }
 }
 
@@ -506,6 +535,7 @@ impl Collector for SystemCollector {
             cg.memory = memory;
             out.append(super::cgroup::STREAM, &cg)?;
         }
+        self.kernel_ooms(t, out)?;
         out.append(STREAM, &s)
     }
 
@@ -516,6 +546,7 @@ impl Collector for SystemCollector {
     /// The second walk of /proc: what the processes outside the cluster
     /// used of the CPUs since the first.
     fn finish(&mut self, t: f64, out: &mut Writer) -> Result<()> {
+        self.kernel_ooms(t, out)?;
         let end = walk();
         let known: std::collections::BTreeSet<u32> = self.ctx.pids().into_iter().collect();
         let roots = self.ctx.roots();

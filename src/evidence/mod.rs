@@ -68,6 +68,8 @@ pub struct Evidence {
     pub outside_cpu: Option<crate::recording::schema::system::OutsideCpu>,
     /// The postmaster's cpu cgroup: CFS periods and throttling per second.
     pub cgroup: Vec<crate::recording::schema::cgroup::CgroupSample>,
+    /// The kernel's OOM kills (any process) logged during the recording.
+    pub kernel_oom: Vec<crate::recording::schema::system::KernelOom>,
     pub waits: Vec<WaitSample>,
     pub server: Vec<ServerSample>,
     /// Checkpoint and crash-restart lines of the server log, as recorded.
@@ -142,6 +144,12 @@ impl Evidence {
             &mut cut,
             &mut notes,
         );
+        let kernel_oom = read_stream(
+            &dir,
+            crate::recording::schema::system::KERNEL_OOM,
+            &mut cut,
+            &mut notes,
+        );
         let outside_cpu = system::load_outside(&dir, &mut notes);
         let waits = read_stream(
             &dir,
@@ -208,6 +216,7 @@ impl Evidence {
             system,
             outside_cpu,
             cgroup,
+            kernel_oom,
             waits,
             server,
             log_events,

@@ -34,6 +34,39 @@ pub struct Container {
     pub cgroup: String,
 }
 
+/// Manifest fact: whether /dev/kmsg was read ("read", or why not).
+pub const KERNEL_LOG: &str = "kernel_log";
+
+/// The kernel's OOM kills during the recording, from /dev/kmsg: one
+/// [`KernelOom`] per line.
+pub const KERNEL_OOM: &str = "kernel_oom.jsonl";
+
+/// One OOM kill as the kernel reported it ("Out of memory: Killed process
+/// N …", or "Memory cgroup out of memory: …" with the `oom-kill:` line
+/// before it): the victim and its memory at the kill.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelOom {
+    /// Seconds into the recording (the record's CLOCK_MONOTONIC stamp).
+    pub t: f64,
+    pub pid: u32,
+    /// The victim's command name (`postgres`).
+    pub comm: String,
+    /// A memory cgroup's OOM killer (not the host's).
+    pub memcg: bool,
+    /// The cgroup that hit its limit (`oom_memcg=`), when reported.
+    #[serde(default)]
+    pub oom_memcg: Option<String>,
+    /// `CONSTRAINT_MEMCG`, `CONSTRAINT_NONE`, … when reported.
+    #[serde(default)]
+    pub constraint: Option<String>,
+    pub total_vm_kb: u64,
+    pub anon_rss_kb: u64,
+    pub file_rss_kb: u64,
+    pub shmem_rss_kb: u64,
+    #[serde(default)]
+    pub oom_score_adj: Option<i64>,
+}
+
 /// Manifest fact: the postmaster's /proc/PID/oom_score_adj at the start.
 pub const POSTMASTER_OOM_SCORE_ADJ: &str = "postmaster_oom_score_adj";
 

@@ -1,0 +1,211 @@
+//! The kernel's log (`/dev/kmsg`): the OOM killer's reports of whom it
+//! killed and how much memory the victim held — what neither the server
+//! log ("terminated by signal 9") nor a cgroup's `oom_kill` count says,
+//! and the only trace of the host's OOM killer when no cgroup limit is
+//! involved. Read from where the recording started (the file is opened and
+//! moved to its end), non-blocking, once a second by the system collector.
+use std::io::{BufRead, Read};
+use std::os::unix::fs::OpenOptionsExt;
+
+use crate::recording::schema::system::KernelOom;
+
+/// One OOM kill parsed from kmsg records, before its stamp is placed on the
+/// recording's clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parsed {
+    /// The record's CLOCK_MONOTONIC stamp, µs.
+    pub ts_us: u64,
+    pub oom: KernelOom,
+}
+
+/// `key:NNNkB` in a "Killed process" line.
+fn kb(msg: &str, key: &str) -> u64 {
+    msg.split(|c: char| c == ',' || c.is_whitespace())
+        .find_map(|w| w.strip_prefix(key))
+        .and_then(|v| v.strip_suffix("kB"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `key=value` in an `oom-kill:` line.
+fn field<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
+    msg.split(',')
+        .find_map(|w| w.trim().strip_prefix(key)?.strip_prefix('='))
+}
+
+/// OOM kills in kmsg records (`prio,seq,ts_us,flags;message`, one per
+/// line; continuation lines start with a space and are skipped).
+pub fn parse(r: impl BufRead) -> Vec<Parsed> {
+    let mut out = Vec::new();
+    let mut pending: Option<(Option<String>, Option<String>, u32)> = None;
+    for line in r.lines().map_while(Result::ok) {
+        let Some((head, msg)) = line.split_once(';') else {
+            continue;
+        };
+        let Some(ts_us) = head.split(',').nth(2).and_then(|t| t.parse::<u64>().ok()) else {
+            continue;
+        };
+        if let Some(rest) = msg.strip_prefix("oom-kill:") {
+            pending = field(rest, "pid").and_then(|p| p.parse().ok()).map(|pid| {
+                (
+                    field(rest, "constraint").map(str::to_string),
+                    field(rest, "oom_memcg").map(str::to_string),
+                    pid,
+                )
+            });
+            continue;
+        }
+        let Some(i) = msg.find("Killed process ") else {
+            continue;
+        };
+        let rest = &msg[i + "Killed process ".len()..];
+        let Some(pid) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let comm = rest
+            .split_once('(')
+            .and_then(|(_, c)| c.split_once(')'))
+            .map_or(String::new(), |(c, _)| c.to_string());
+        let (constraint, oom_memcg) = match pending.take() {
+            Some((c, m, p)) if p == pid => (c, m),
+            _ => (None, None),
+        };
+        out.push(Parsed {
+            ts_us,
+            oom: KernelOom {
+                t: 0.0,
+                pid,
+                comm,
+                memcg: msg.starts_with("Memory cgroup out of memory"),
+                oom_memcg,
+                constraint,
+                total_vm_kb: kb(rest, "total-vm:"),
+                anon_rss_kb: kb(rest, "anon-rss:"),
+                file_rss_kb: kb(rest, "file-rss:"),
+                shmem_rss_kb: kb(rest, "shmem-rss:"),
+                oom_score_adj: rest
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("oom_score_adj:"))
+                    .and_then(|v| v.parse().ok()),
+            },
+        });
+    }
+    out
+}
+
+/// /dev/kmsg opened at its end.
+pub struct KmsgTail {
+    file: std::fs::File,
+}
+
+impl KmsgTail {
+    /// Why not, when it cannot be read (dmesg_restrict without CAP_SYSLOG).
+    pub fn open() -> Result<KmsgTail, String> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+            .map_err(|e| {
+                format!(
+                    "kernel OOM reports not read: /dev/kmsg: {e} (kernel.dmesg_restrict=1 needs CAP_SYSLOG)"
+                )
+            })?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid fd; SEEK_END on /dev/kmsg moves past every record
+        // logged before the recording.
+        unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) };
+        Ok(KmsgTail { file })
+    }
+
+    /// The records logged since the last call: one read(2) per record,
+    /// until none is left (EAGAIN). A record overwritten before it was read
+    /// (EPIPE) is skipped.
+    pub fn read_new(&mut self) -> Vec<Parsed> {
+        let mut text = Vec::new();
+        let mut buf = vec![0u8; 8192];
+        for _ in 0..100_000 {
+            match self.file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    text.extend_from_slice(&buf[..n]);
+                    if !text.ends_with(b"\n") {
+                        text.push(b'\n');
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(_) => break,
+            }
+        }
+        parse(&text[..])
+    }
+}
+
+/// CLOCK_MONOTONIC now, seconds (kmsg's clock).
+pub fn monotonic_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec for the kernel to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recorded from /dev/kmsg on this machine after oom-kill-restart's lab
+    /// run (PostgreSQL 15, a 512 MB memory cgroup, cgroup v1).
+    const FIXTURE: &str = include_str!("../../tests/fixtures/kmsg/memcg-oom-pg15.kmsg");
+
+    #[test]
+    fn a_memory_cgroup_kill_is_parsed_with_the_victims_memory() {
+        let v = parse(FIXTURE.as_bytes());
+        assert_eq!(v.len(), 1, "{v:?}");
+        let k = &v[0];
+        assert_eq!(k.ts_us, 71_970_070_362);
+        assert_eq!(k.oom.pid, 20708);
+        assert_eq!(k.oom.comm, "postgres");
+        assert!(k.oom.memcg);
+        assert_eq!(k.oom.constraint.as_deref(), Some("CONSTRAINT_MEMCG"));
+        assert!(k
+            .oom
+            .oom_memcg
+            .as_deref()
+            .unwrap()
+            .ends_with("pgbelow-mem-20639"));
+        assert_eq!(k.oom.total_vm_kb, 1_005_128);
+        assert_eq!(k.oom.anon_rss_kb, 385_540);
+        assert_eq!(k.oom.file_rss_kb, 7_148);
+        assert_eq!(k.oom.shmem_rss_kb, 4_556);
+        assert_eq!(k.oom.oom_score_adj, Some(0));
+    }
+
+    #[test]
+    fn other_records_and_garbage_are_not_kills() {
+        assert!(parse(&b"6,1,2,-;Adding 524284k swap\nnot a record\n;;\n"[..]).is_empty());
+        // The task table lists the victim but is not the kill.
+        let table: String = FIXTURE
+            .lines()
+            .filter(|l| !l.contains("Killed process"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(parse(table.as_bytes()).is_empty());
+    }
+
+    #[test]
+    fn the_tail_starts_at_the_end() {
+        // Whatever the kernel logged before is not reported again.
+        if let Ok(mut t) = KmsgTail::open() {
+            assert!(t
+                .read_new()
+                .iter()
+                .all(|p| p.ts_us as f64 * 1e-6 >= monotonic_s() - 5.0));
+        }
+    }
+}
