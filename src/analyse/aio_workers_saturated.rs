@@ -269,7 +269,7 @@ impl Rule for AioWorkersSaturated {
         let setting = |n: &str| settings.get(n).cloned();
         let workers = setting("io_workers").unwrap_or_else(|| q.workers.to_string());
         let eic = setting("effective_io_concurrency")
-            .map(|v| format!(" effective_io_concurrency is {v}"))
+            .map(|v| format!(" Each scan reads ahead: effective_io_concurrency {v}"))
             .unwrap_or_default();
         let icl = setting("io_combine_limit")
             .map(|v| format!(", io_combine_limit {v}."))
@@ -283,9 +283,9 @@ impl Rule for AioWorkersSaturated {
         let reads = q.reads.unwrap_or(0);
         let worker_ms = q.worker_ms_per_read().unwrap_or(0.0);
         let summary = format!(
-            "{workers} I/O worker(s) were busy {busy_pct:.0}% of the time (pg_stat_activity: \
-             {wb} of {ws} samples not in {WORKER_IDLE}) executing {reads} reads, {worker_ms:.2} \
-             ms each. The backends waited {wait:.1} session-seconds in {AIO_WAIT}, {excess:.1} s \
+            "{workers} I/O worker(s) were busy {busy_pct:.0}% of the time the backends waited \
+             on them (pg_stat_activity: {wb} of {ws} samples not in {WORKER_IDLE}), executing \
+             {reads} reads, {worker_ms:.2} ms each. The backends waited {wait:.1} session-seconds in {AIO_WAIT}, {excess:.1} s \
              more than the workers worked: {ms:.2} ms of queueing per read, {pct:.0}% of the \
              backends' busy time.{eic}{icl}",
             busy_pct = busy * 100.0,
