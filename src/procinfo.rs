@@ -26,6 +26,8 @@ pub enum Role {
     LogicalReplicationLauncher,
     ParallelWorker,
     BackgroundWorker,
+    /// 18's I/O worker (io_method=worker): executes the backends' reads.
+    IoWorker,
     /// pgbelow's own read-only connection, kept apart so it never skews a rule.
     Observer,
     /// Seen in the kernel counts but gone before /proc could be read.
@@ -51,6 +53,7 @@ impl Role {
             Role::LogicalReplicationLauncher => "logical-replication-launcher",
             Role::ParallelWorker => "parallel-worker",
             Role::BackgroundWorker => "background-worker",
+            Role::IoWorker => "io-worker",
             Role::Observer => "observer",
             Role::ShortLived => "short-lived",
             Role::Other => "other",
@@ -90,7 +93,7 @@ pub fn classify_title(title: &str) -> Role {
         ("parallel worker", Role::ParallelWorker),
         ("logical replication worker", Role::BackgroundWorker),
         ("logical replication apply worker", Role::BackgroundWorker),
-        ("io worker", Role::BackgroundWorker),
+        ("io worker", Role::IoWorker),
         ("checkpointer ", Role::Checkpointer),
     ];
     // With cluster_name set, titles carry "<name>: " before the role.

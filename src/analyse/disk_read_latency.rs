@@ -27,7 +27,7 @@ pub const ID: &str = "disk-read-latency";
 pub const READ_WAIT: &str = "IO:DataFileRead";
 /// The calls a backend reads relation blocks with (preadv: 17+'s vectored
 /// reads).
-const READS: &[&str] = &["pread64", "preadv", "preadv2"];
+pub const READS: &[&str] = &["pread64", "preadv", "preadv2"];
 /// Milliseconds per read from which reads are slow. Measured here
 /// (2-vCPU VM, ext4 on virtio, PostgreSQL 15, pgbench select-only on a
 /// cold scale-10 database, `lab run --scenario disk-read-latency`):

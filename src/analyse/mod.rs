@@ -3,6 +3,7 @@
 //! the text. Rules see the evidence model only: never the lab, its
 //! scenarios, the workload runner or the reports.
 
+pub mod aio_workers_saturated;
 pub mod cgroup_throttling;
 pub mod check;
 pub mod checkpoint_stall;
@@ -75,6 +76,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(disk_read_latency::DiskReadLatency),
         Box::new(swap_activity::SwapActivity),
         Box::new(oom_kill_restart::OomKillRestart),
+        Box::new(aio_workers_saturated::AioWorkersSaturated),
     ]
 }
 
@@ -214,7 +216,7 @@ mod tests {
             );
             assert!(!g.help.is_empty() && !g.help.contains('\n'), "{}", g.name);
         }
-        assert_eq!(gauges.len(), 9, "{:?}", names);
+        assert_eq!(gauges.len(), 10, "{:?}", names);
         assert!(rule("no-such-rule").is_none());
     }
 

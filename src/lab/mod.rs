@@ -26,11 +26,7 @@ pub fn resolve_install(pg: &PgChoice, show: bool) -> Result<PgInstall> {
             eprintln!("pgbelow: {m}");
         }
     };
-    match pg {
-        PgChoice::System => PgInstall::system(),
-        PgChoice::Major(m) => PgInstall::for_major(*m, &say),
-        PgChoice::Dir(d) => PgInstall::from_dir(d),
-    }
+    pg.install(&say)
 }
 
 fn default_out(scenario: &str, major: u32) -> PathBuf {

@@ -166,6 +166,11 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "recovery_prefetch",
     "maintenance_io_concurrency",
     "cluster_name",
+    "io_method",
+    "io_workers",
+    "effective_io_concurrency",
+    "io_combine_limit",
+    "debug_io_direct",
 ];
 
 /// Facts about this machine for the manifest.

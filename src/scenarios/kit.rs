@@ -23,6 +23,18 @@ pub enum PgChoice {
     Dir(PathBuf),
 }
 
+impl PgChoice {
+    /// The installation this choice names (an npm build is fetched once
+    /// and cached; `say` hears about it).
+    pub fn install(&self, say: &dyn Fn(&str)) -> Result<PgInstall> {
+        match self {
+            PgChoice::System => PgInstall::system(),
+            PgChoice::Major(m) => PgInstall::for_major(*m, say),
+            PgChoice::Dir(d) => PgInstall::from_dir(d),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct LabOptions {
     pub scenario: &'static dyn Scenario,

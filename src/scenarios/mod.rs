@@ -3,6 +3,7 @@
 //! the lab's generic runner calls in order; [`ALL`] is the registry the
 //! CLI, `lab list`, `lab matrix` and `doctor` read. A new scenario is its
 //! file plus one line in [`ALL`].
+pub mod aio_workers_saturated;
 pub mod builtin;
 pub mod cgroup_cpu_throttling;
 pub mod checkpoint_stall;
@@ -146,6 +147,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &disk_read_latency::DiskReadLatency,
     &swap_activity::SwapActivity,
     &oom_kill_restart::OomKillRestart,
+    &aio_workers_saturated::AioWorkersSaturated,
 ];
 
 /// The scenario named `name`.
@@ -226,7 +228,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 18);
+        assert_eq!(names.len(), 19);
     }
 
     #[test]

@@ -180,6 +180,7 @@ pub fn role_of_backend_type(backend_type: &str) -> Role {
         "archiver" => Role::Archiver,
         "logical replication launcher" => Role::LogicalReplicationLauncher,
         "parallel worker" => Role::ParallelWorker,
+        "io worker" => Role::IoWorker,
         "" => Role::Other,
         _ => Role::BackgroundWorker,
     }
