@@ -166,6 +166,11 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "recovery_prefetch",
     "maintenance_io_concurrency",
     "cluster_name",
+    "dynamic_shared_memory_type",
+    "max_parallel_workers_per_gather",
+    "max_parallel_workers",
+    "work_mem",
+    "hash_mem_multiplier",
 ];
 
 /// Facts about this machine for the manifest.

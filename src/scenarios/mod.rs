@@ -19,6 +19,7 @@ pub mod oom_kill_restart;
 pub mod owned_cgroup;
 pub mod relation_extension;
 pub mod replay_prefetch;
+pub mod shm_too_small;
 pub mod snapshot_scaling;
 pub mod spec;
 pub mod subtransaction_overflow;
@@ -146,6 +147,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &disk_read_latency::DiskReadLatency,
     &swap_activity::SwapActivity,
     &oom_kill_restart::OomKillRestart,
+    &shm_too_small::ShmTooSmall,
 ];
 
 /// The scenario named `name`.
@@ -226,7 +228,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 18);
+        assert_eq!(names.len(), 19);
     }
 
     #[test]
