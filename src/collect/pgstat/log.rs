@@ -78,6 +78,18 @@ pub fn parse_log_line(line: &str) -> Option<LogLine> {
     })
 }
 
+/// Where the message holding byte `at` starts (after the severity,
+/// "LOG:  ") and the log_line_prefix before the severity.
+fn message_start(line: &str, at: usize) -> (usize, &str) {
+    let start = line[..at].rfind(":  ").map_or(0, |i| i + 3);
+    let prefix = line[..start]
+        .trim_end()
+        .trim_end_matches(':')
+        .rsplit_once(' ')
+        .map_or("", |(p, _sev)| p);
+    (start, prefix)
+}
+
 /// The postmaster's crash-restart lines (postmaster.c, PostgreSQL 9.6–18,
 /// untranslated), as `kind` "crash" with its `phase`:
 /// - `killed`: "server process (PID n) was terminated by signal 9: Killed"
@@ -104,13 +116,7 @@ fn parse_crash_line(line: &str) -> Option<LogLine> {
     ]
     .iter()
     .find_map(|(needle, phase)| line.find(needle).map(|i| (i, *phase)))?;
-    // The message starts after the severity ("LOG:  "); the prefix before it.
-    let start = line[..at].rfind(":  ").map_or(0, |i| i + 3);
-    let prefix = line[..start]
-        .trim_end()
-        .trim_end_matches(':')
-        .rsplit_once(' ')
-        .map_or("", |(p, _sev)| p);
+    let (start, prefix) = message_start(line, at);
     let mut event = LogEvent {
         kind: "crash".into(),
         phase: phase.into(),
@@ -150,12 +156,7 @@ fn parse_dsm_line(line: &str) -> Option<LogLine> {
         .strip_prefix("to ")
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok());
-    let start = line[..at].rfind(":  ").map_or(0, |i| i + 3);
-    let prefix = line[..start]
-        .trim_end()
-        .trim_end_matches(':')
-        .rsplit_once(' ')
-        .map_or("", |(p, _sev)| p);
+    let (_, prefix) = message_start(line, at);
     Some(LogLine {
         time: find_time(prefix),
         event: LogEvent {
@@ -185,12 +186,7 @@ fn parse_worker_exit(line: &str) -> Option<LogLine> {
     if !rest.trim_start().starts_with("exited with exit code") {
         return None;
     }
-    let start = line[..at].rfind(":  ").map_or(0, |i| i + 3);
-    let prefix = line[..start]
-        .trim_end()
-        .trim_end_matches(':')
-        .rsplit_once(' ')
-        .map_or("", |(p, _sev)| p);
+    let (_, prefix) = message_start(line, at);
     Some(LogLine {
         time: find_time(prefix),
         event: LogEvent {
