@@ -1527,3 +1527,60 @@ fn aio_workers_saturated_found_attached() {
     );
     silent_on(&seen[1], "aio-workers-saturated", "8 I/O workers");
 }
+
+/// Case `shm-too-small` attached: a server started (as in a container)
+/// in a mount namespace of its own whose /dev/shm is a 64 MB tmpfs, a
+/// parallel hash join of a 2-million-row table run in a loop while
+/// recording: its DSM segments do not fit, the statements fail ("could
+/// not resize shared memory segment … No space left on device"), counted
+/// from the server log, with the postmaster's /dev/shm read through
+/// /proc/PID/root. With a 1 GB /dev/shm the joins complete: silent.
+#[test]
+fn shm_too_small_found_attached() {
+    if common::skipped_unless_root("needs root (a mount namespace)") {
+        return;
+    }
+    let settings = [
+        ("max_parallel_workers_per_gather", "2"),
+        ("work_mem", "256MB"),
+        ("parallel_setup_cost", "0"),
+        ("parallel_tuple_cost", "0"),
+    ];
+    let mut seen = Vec::new();
+    for size in ["1G", "64M"] {
+        let c = UserCluster::builder()
+            .settings(&settings)
+            .shm_size(size)
+            .start();
+        c.psql(
+            "postgres",
+            "create table shm_join as select g as id, g as v from generate_series(1, 2000000) g",
+        );
+        c.psql("postgres", "analyze shm_join");
+        let d = tempfile::tempdir().unwrap();
+        let r = record_while(&c, &d.path().join("rec"), 6, "procfs,system,pgstat", || {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed().as_secs_f64() < 3.5 {
+                let _ = common::userdb::without_pg_env(&mut Command::new("psql"))
+                    .args(["-X", "-q", "-d", &c.dsn("postgres"), "-c"])
+                    .arg("select count(*) from shm_join a join shm_join b using (id)")
+                    .output();
+            }
+        });
+        seen.push(r);
+        drop(c);
+        let leaked = std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("pgbelow-test-shm "))
+            .count();
+        assert_eq!(leaked, 0, "a private /dev/shm leaked to the host");
+    }
+    silent_on(&seen[0], "shm-too-small", "a 1 GB /dev/shm");
+    // Measured 3 failed statements against the bound of 1.
+    let f = raised_on(&seen[1], "shm-too-small", "a 64 MB /dev/shm", 2.0);
+    let ev = &f["evidence"];
+    assert_eq!(ev["dev_shm_size_kb"], 65536, "{ev}");
+    assert!(ev["failed_statements"].as_u64().unwrap() >= 2, "{ev}");
+    eprintln!("attached: {ev}");
+}

@@ -18,6 +18,7 @@ pub mod oom_kill_restart;
 pub mod relation_extension;
 pub mod replay_drop;
 pub mod replay_prefetch;
+pub mod shm_too_small;
 pub mod snapshot_scaling;
 pub mod statements;
 pub mod subtransaction_overflow;
@@ -77,6 +78,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(swap_activity::SwapActivity),
         Box::new(oom_kill_restart::OomKillRestart),
         Box::new(aio_workers_saturated::AioWorkersSaturated),
+        Box::new(shm_too_small::ShmTooSmall),
     ]
 }
 

@@ -77,7 +77,7 @@ fn restarts(ev: &Evidence) -> Vec<Restart<'_>> {
 }
 
 /// Whether the pgstat collector followed the server log.
-fn log_followed(ev: &Evidence) -> bool {
+pub(super) fn log_followed(ev: &Evidence) -> bool {
     ev.manifest.collectors.iter().any(|c| {
         c.name == "pgstat"
             && c.status != "failed"

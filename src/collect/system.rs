@@ -16,8 +16,8 @@ use crate::recording::{CollectorInfo, Writer};
 
 pub use crate::recording::schema::system::{
     DataDirMount, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU, CGROUP_MEMORY,
-    CONTAINER, DATA_DIR_MOUNT, KERNEL_LOG, KERNEL_OOM, OUTSIDE_FILE, POSTMASTER_OOM_SCORE_ADJ,
-    STREAM, TOP_OUTSIDE,
+    CONTAINER, DATA_DIR_MOUNT, DEV_SHM, KERNEL_LOG, KERNEL_OOM, OUTSIDE_FILE,
+    POSTMASTER_OOM_SCORE_ADJ, STREAM, TOP_OUTSIDE,
 };
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
@@ -103,6 +103,29 @@ pub fn add_cpu(
     s.cpus = now.map(|c| c.cpus).filter(|n| *n > 0);
     s.load1 = loadavg.map(|l| l.0);
     s.runnable = loadavg.map(|l| l.1);
+}
+
+/// statfs of `path`: (size, free) in kB; free is what an unprivileged
+/// process may still allocate (f_bavail).
+pub fn statfs_kb(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: a zeroed statfs is a valid out-parameter; `c` is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let bs = st.f_bsize as u64;
+    Ok((
+        st.f_blocks as u64 * bs / 1024,
+        st.f_bavail as u64 * bs / 1024,
+    ))
+}
+
+/// The postmaster's /dev/shm as it sees it: through /proc/PID/root, in its
+/// mount namespace (a container's `--shm-size` tmpfs).
+pub fn dev_shm_of(postmaster: u32) -> PathBuf {
+    PathBuf::from(format!("/proc/{postmaster}/root/dev/shm"))
 }
 
 /// One process at one walk of /proc.
@@ -439,6 +462,24 @@ impl SystemCollector {
                 Err(why) => serde_json::json!({ "unavailable": why }),
             },
         ));
+        // Where dynamic shared memory (posix) lives; a container's is small.
+        let shm = dev_shm_of(ctx.postmaster);
+        facts.push((
+            DEV_SHM.into(),
+            match statfs_kb(&shm) {
+                Ok((size_kb, free_kb)) => serde_json::json!({
+                    "path": shm.display().to_string(),
+                    "size_kb": size_kb,
+                    "free_kb": free_kb,
+                }),
+                Err(e) => serde_json::json!({
+                    "unavailable": format!(
+                        "statfs {}: {e} (fix: run pgbelow as root or as the server's user)",
+                        shm.display()
+                    )
+                }),
+            },
+        ));
         let ticks = ::procfs::ticks_per_second();
         let t_walk = ctx.t();
         let first_walk = walk();
@@ -518,6 +559,10 @@ impl Collector for SystemCollector {
             .ok()
             .and_then(|s| parse_loadavg(&s));
         add_cpu(&mut s, cpu, self.last_cpu, load, self.ticks_per_s);
+        if let Ok((size, free)) = statfs_kb(&dev_shm_of(self.ctx.postmaster)) {
+            s.dev_shm_size_kb = Some(size);
+            s.dev_shm_free_kb = Some(free);
+        }
         self.last_cpu = cpu.or(self.last_cpu);
         self.last_vm = vm.or(self.last_vm);
         let dt = crate::round3(t - self.last_t);

@@ -67,6 +67,9 @@ pub struct Cluster {
     pid: u32,
     child: Option<Child>,
     stopped: bool,
+    /// Bytes of a private tmpfs on /dev/shm, in a mount namespace of the
+    /// postmaster's own ([`Cluster::restart_with_private_shm`]).
+    private_shm: Option<u64>,
 }
 
 impl Cluster {
@@ -100,6 +103,7 @@ impl Cluster {
             pid: 0,
             child: None,
             stopped: false,
+            private_shm: None,
         };
         // From here on, dropping `c` removes the dir.
         let account = &c.account;
@@ -172,6 +176,24 @@ impl Cluster {
     /// Start again after [`Cluster::shutdown_for_copy`], same configuration.
     pub(super) fn relaunch(&mut self) -> Result<()> {
         self.launch(&[])
+    }
+
+    /// Stop the server and start it again in a mount namespace of its own
+    /// whose /dev/shm is a private tmpfs of `bytes` (as a container's
+    /// `--shm-size`): unshare(CLONE_NEWNS), the mounts made private, the
+    /// tmpfs mounted, before the switch to the server account. Nothing is
+    /// mounted on the host: the namespace and its tmpfs vanish with the
+    /// server's last process. Root only.
+    pub fn restart_with_private_shm(&mut self, bytes: u64) -> Result<()> {
+        if !self.account.switch {
+            return Err(fixable(
+                "a private /dev/shm for the lab server needs a mount namespace, which needs root",
+                "run pgbelow as root (sudo)",
+            ));
+        }
+        self.shutdown_for_copy()?;
+        self.private_shm = Some(bytes);
+        self.relaunch()
     }
 
     /// Pid of the postmaster (from postmaster.pid).
@@ -387,6 +409,15 @@ impl Cluster {
                 .with_context(|| format!("creating {}", self.log_path.display()))?;
             self.account.chown(&self.log_path)?;
             let mut cmd = self.server_command("postgres");
+            if self.private_shm.is_some() {
+                // The account switch moves into pre_exec, after the mounts
+                // (which need root); std's would come before it.
+                cmd = self.install.command("postgres");
+                cmd.current_dir(&self.root)
+                    .env("LC_ALL", "C")
+                    .env_remove("PGDATA")
+                    .stdin(Stdio::null());
+            }
             // Test/diagnostic hook: a library preloaded into the server only
             // (e.g. one that turns clock reads into system calls, to reproduce
             // a clocksource without vDSO support). Must be readable by the
@@ -401,16 +432,27 @@ impl Cluster {
             // If pgbelow is killed outright (SIGKILL, OOM), the postmaster gets
             // SIGQUIT (immediate shutdown) instead of running on unowned. std runs
             // this after the uid switch, which would otherwise clear it.
-            // SAFETY: prctl is async-signal-safe; no allocation in the closure.
             // Its own process group: a terminal's Ctrl-C reaches pgbelow,
             // which lifts I/O limits before it stops the server, not the
             // server directly.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT as libc::c_ulong);
-                    libc::setpgid(0, 0);
-                    Ok(())
-                });
+            match self.private_shm {
+                // SAFETY: prctl is async-signal-safe; no allocation in the closure.
+                None => unsafe {
+                    cmd.pre_exec(|| {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT as libc::c_ulong);
+                        libc::setpgid(0, 0);
+                        Ok(())
+                    });
+                },
+                Some(bytes) => {
+                    let (uid, gid) = (self.account.uid, self.account.gid);
+                    let opts = std::ffi::CString::new(format!("size={bytes},mode=1777"))?;
+                    // SAFETY: only async-signal-safe system calls; the
+                    // strings were made before the fork.
+                    unsafe {
+                        cmd.pre_exec(move || private_shm_then_switch(&opts, uid, gid));
+                    }
+                }
             }
             let child = cmd
                 .spawn()
@@ -749,6 +791,50 @@ fn rejected_setting(log: &str, settings: &[(String, String)]) -> Option<Rejected
         });
     }
     None
+}
+
+/// In the child before exec: a mount namespace of its own, every mount in
+/// it private (nothing propagates back to the host), a tmpfs mounted with
+/// `opts` on /dev/shm; then the switch to `uid`/`gid` (no supplementary
+/// groups), the parent-death signal (a credential change clears it) and a
+/// process group of its own, as for any lab server.
+fn private_shm_then_switch(opts: &std::ffi::CStr, uid: u32, gid: u32) -> std::io::Result<()> {
+    let err = std::io::Error::last_os_error;
+    // SAFETY: plain system calls on NUL-terminated strings.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return Err(err());
+        }
+        if libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return Err(err());
+        }
+        if libc::mount(
+            c"pgbelow-shm".as_ptr(),
+            c"/dev/shm".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            opts.as_ptr().cast(),
+        ) != 0
+        {
+            return Err(err());
+        }
+        if libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setgid(gid) != 0
+            || libc::setuid(uid) != 0
+        {
+            return Err(err());
+        }
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT as libc::c_ulong);
+        libc::setpgid(0, 0);
+    }
+    Ok(())
 }
 
 /// A log line without its `log_line_prefix`.

@@ -171,6 +171,11 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "effective_io_concurrency",
     "io_combine_limit",
     "debug_io_direct",
+    "dynamic_shared_memory_type",
+    "max_parallel_workers_per_gather",
+    "max_parallel_workers",
+    "work_mem",
+    "hash_mem_multiplier",
 ];
 
 /// Facts about this machine for the manifest.

@@ -20,6 +20,7 @@ pub mod oom_kill_restart;
 pub mod owned_cgroup;
 pub mod relation_extension;
 pub mod replay_prefetch;
+pub mod shm_too_small;
 pub mod snapshot_scaling;
 pub mod spec;
 pub mod subtransaction_overflow;
@@ -148,6 +149,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &swap_activity::SwapActivity,
     &oom_kill_restart::OomKillRestart,
     &aio_workers_saturated::AioWorkersSaturated,
+    &shm_too_small::ShmTooSmall,
 ];
 
 /// The scenario named `name`.
@@ -228,7 +230,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 19);
+        assert_eq!(names.len(), 20);
     }
 
     #[test]

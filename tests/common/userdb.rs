@@ -79,6 +79,7 @@ pub struct ClusterBuilder<'a> {
     hba: Option<&'a str>,
     prepare: Option<Prepare<'a>>,
     pid_namespace: bool,
+    shm_size: Option<&'a str>,
     primary: Option<&'a UserCluster>,
 }
 
@@ -129,6 +130,15 @@ impl<'a> ClusterBuilder<'a> {
         self
     }
 
+    /// Start the server in a mount namespace of its own whose /dev/shm is
+    /// a private tmpfs of `size` (`64M`: a container's `--shm-size`); the
+    /// namespace and its tmpfs go with the server, nothing is mounted on
+    /// the host.
+    pub fn shm_size(mut self, size: &'a str) -> Self {
+        self.shm_size = Some(size);
+        self
+    }
+
     /// A streaming standby of `primary` (pg_basebackup) instead of initdb.
     pub fn standby_of(mut self, primary: &'a UserCluster) -> Self {
         self.primary = Some(primary);
@@ -166,8 +176,8 @@ impl<'a> ClusterBuilder<'a> {
             .status()
             .unwrap();
         assert!(st.success());
-        if self.pid_namespace {
-            c.start_in_pid_namespace(self.settings, self.env);
+        if self.pid_namespace || self.shm_size.is_some() {
+            c.start_in_namespace(self.pid_namespace, self.shm_size, self.settings, self.env);
         } else {
             c.pg_ctl_start(self.settings, self.env);
         }
@@ -224,6 +234,7 @@ impl UserCluster {
             hba: None,
             prepare: None,
             pid_namespace: false,
+            shm_size: None,
             primary: None,
         }
     }
@@ -333,13 +344,29 @@ impl UserCluster {
 
     /// `runuser -u postgres -- env ENV`: the server's account, with `env`
     /// (runuser resets the environment; `env` passes these through); in
-    /// a pid namespace of its own under `unshare` when `pid_namespace`.
-    fn as_server(pid_namespace: bool, env: &[(&str, &Path)]) -> Command {
-        let mut c = Command::new(if pid_namespace { "unshare" } else { "runuser" });
+    /// a pid namespace of its own under `unshare` when `pid_namespace`; in
+    /// a mount namespace of its own with a private tmpfs of that size on
+    /// /dev/shm when `shm_size`.
+    fn as_server(pid_namespace: bool, shm_size: Option<&str>, env: &[(&str, &Path)]) -> Command {
+        let unshared = pid_namespace || shm_size.is_some();
+        let mut c = Command::new(if unshared { "unshare" } else { "runuser" });
+        if let Some(size) = shm_size {
+            // Private: the tmpfs never propagates to the host's /dev/shm.
+            c.args(["--mount", "--propagation", "private"]);
+            c.args(["sh", "-c"]).arg(format!(
+                "mount -t tmpfs -o size={size},mode=1777 pgbelow-test-shm /dev/shm && exec \"$0\" \"$@\""
+            ));
+            if pid_namespace {
+                c.arg("unshare");
+            }
+        }
         if pid_namespace {
             // --kill-child: the namespace goes with its holder even if the
             // postmaster ignored the signal to stop.
-            c.args(["--pid", "--fork", "--kill-child", "--mount-proc", "runuser"]);
+            c.args(["--pid", "--fork", "--kill-child", "--mount-proc"]);
+        }
+        if unshared {
+            c.arg("runuser");
         }
         without_pg_env(&mut c)
             .current_dir("/")
@@ -357,7 +384,7 @@ impl UserCluster {
             .iter()
             .map(|a| shell_quoted(a))
             .collect();
-        let st = UserCluster::as_server(false, env)
+        let st = UserCluster::as_server(false, None, env)
             .arg(self.bin.join("pg_ctl"))
             .args(["-w", "-t", "60", "-D"])
             .arg(self.data())
@@ -370,11 +397,18 @@ impl UserCluster {
         assert!(st.success(), "pg_ctl start failed: {}", self.log());
     }
 
-    /// The server started under `unshare --pid`, held by that process
-    /// until drop; ready once psql gets an answer.
-    fn start_in_pid_namespace(&mut self, settings: &[(&str, &str)], env: &[(&str, &Path)]) {
+    /// The server started under `unshare` (`--pid` and/or `--mount` with
+    /// a private /dev/shm), held by that process until drop; ready once
+    /// psql gets an answer.
+    fn start_in_namespace(
+        &mut self,
+        pid_namespace: bool,
+        shm_size: Option<&str>,
+        settings: &[(&str, &str)],
+        env: &[(&str, &Path)],
+    ) {
         let log = std::fs::File::create(self.log_path()).unwrap();
-        let child = UserCluster::as_server(true, env)
+        let child = UserCluster::as_server(pid_namespace, shm_size, env)
             .arg(self.bin.join("postgres"))
             .arg("-D")
             .arg(self.data())

@@ -41,7 +41,9 @@ pub fn parse_log_line(line: &str) -> Option<LogLine> {
     ]
     .iter()
     .find_map(|(needle, kind, phase)| line.find(needle).map(|i| (i, *kind, *phase))) else {
-        return parse_crash_line(line);
+        return parse_crash_line(line)
+            .or_else(|| parse_dsm_line(line))
+            .or_else(|| parse_worker_exit(line));
     };
     let prefix = &line[..at];
     // The severity ("LOG:  ") ends the prefix; a server in another language
@@ -76,6 +78,18 @@ pub fn parse_log_line(line: &str) -> Option<LogLine> {
     })
 }
 
+/// Where the message holding byte `at` starts (after the severity,
+/// "LOG:  ") and the log_line_prefix before the severity.
+fn message_start(line: &str, at: usize) -> (usize, &str) {
+    let start = line[..at].rfind(":  ").map_or(0, |i| i + 3);
+    let prefix = line[..start]
+        .trim_end()
+        .trim_end_matches(':')
+        .rsplit_once(' ')
+        .map_or("", |(p, _sev)| p);
+    (start, prefix)
+}
+
 /// The postmaster's crash-restart lines (postmaster.c, PostgreSQL 9.6–18,
 /// untranslated), as `kind` "crash" with its `phase`:
 /// - `killed`: "server process (PID n) was terminated by signal 9: Killed"
@@ -102,13 +116,7 @@ fn parse_crash_line(line: &str) -> Option<LogLine> {
     ]
     .iter()
     .find_map(|(needle, phase)| line.find(needle).map(|i| (i, *phase)))?;
-    // The message starts after the severity ("LOG:  "); the prefix before it.
-    let start = line[..at].rfind(":  ").map_or(0, |i| i + 3);
-    let prefix = line[..start]
-        .trim_end()
-        .trim_end_matches(':')
-        .rsplit_once(' ')
-        .map_or("", |(p, _sev)| p);
+    let (start, prefix) = message_start(line, at);
     let mut event = LogEvent {
         kind: "crash".into(),
         phase: phase.into(),
@@ -130,6 +138,65 @@ fn parse_crash_line(line: &str) -> Option<LogLine> {
     Some(LogLine {
         time: find_time(prefix),
         event,
+    })
+}
+
+/// A dynamic shared memory segment that could not be sized (dsm_impl.c,
+/// PostgreSQL 9.4–18, untranslated): `could not resize shared memory
+/// segment "/PostgreSQL.N" to M bytes: %m`, as `kind` "dsm" with `segment`
+/// and `bytes`, `phase` `no-space` for ENOSPC ("No space left on device":
+/// /dev/shm full, posix_fallocate) and `error` for any other errno. The
+/// leader repeats a parallel worker's error with the same segment name.
+fn parse_dsm_line(line: &str) -> Option<LogLine> {
+    const NEEDLE: &str = "could not resize shared memory segment \"";
+    let at = line.find(NEEDLE)?;
+    let (segment, rest) = line[at + NEEDLE.len()..].split_once('"')?;
+    let bytes = rest
+        .trim_start()
+        .strip_prefix("to ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok());
+    let (_, prefix) = message_start(line, at);
+    Some(LogLine {
+        time: find_time(prefix),
+        event: LogEvent {
+            kind: "dsm".into(),
+            phase: if rest.contains("No space left on device") {
+                "no-space"
+            } else {
+                "error"
+            }
+            .into(),
+            pid: find_pid(prefix),
+            segment: Some(segment.to_string()),
+            bytes,
+            ..LogEvent::default()
+        },
+    })
+}
+
+/// The postmaster's `background worker "parallel worker" (PID n) exited
+/// with exit code 1` (a worker that ended with an error; postmaster.c
+/// LogChildExit), as `kind` "worker", `phase` "exited", `victim_pid` n:
+/// which pids of the errors above were a query's workers, not its leader.
+fn parse_worker_exit(line: &str) -> Option<LogLine> {
+    const NEEDLE: &str = "background worker \"parallel worker\" (PID ";
+    let at = line.find(NEEDLE)?;
+    let (pid, rest) = line[at + NEEDLE.len()..].split_once(')')?;
+    if !rest.trim_start().starts_with("exited with exit code") {
+        return None;
+    }
+    let (_, prefix) = message_start(line, at);
+    Some(LogLine {
+        time: find_time(prefix),
+        event: LogEvent {
+            kind: "worker".into(),
+            phase: "exited".into(),
+            pid: find_pid(prefix),
+            victim_pid: pid.trim().parse().ok(),
+            process: Some("parallel worker".into()),
+            ..LogEvent::default()
+        },
     })
 }
 
@@ -358,6 +425,35 @@ mod tests {
             assert_eq!(p.event.victim_pid, None);
         }
         assert!(parse_log_line("LOG:  database system is shut down").is_none());
+    }
+
+    // PostgreSQL 15.18's lines when a parallel hash join's DSA outgrew a
+    // 64 MB /dev/shm (log_line_prefix '%m [%p] '): the worker's, then the
+    // leader's with the same segment.
+    #[test]
+    fn parses_the_dsm_resize_errors() {
+        let l = r#"2026-11-26 18:42:33.425 UTC [8008] ERROR:  could not resize shared memory segment "/PostgreSQL.130219292" to 16777216 bytes: No space left on device"#;
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(
+            (p.event.kind.as_str(), p.event.phase.as_str()),
+            ("dsm", "no-space")
+        );
+        assert_eq!(p.event.pid, Some(8008));
+        assert_eq!(p.event.segment.as_deref(), Some("/PostgreSQL.130219292"));
+        assert_eq!(p.event.bytes, Some(16777216));
+        assert!(matches!(p.time, Some(LogTime::Local { .. })));
+        let l = r#"[8005] ERROR:  could not resize shared memory segment "/PostgreSQL.7" to 8192 bytes: Invalid argument"#;
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(p.event.phase, "error");
+        assert_eq!(p.event.pid, Some(8005));
+        assert!(parse_log_line("[1] ERROR:  could not resize shared memory segment").is_none());
+        let l = r#"2026-11-26 18:42:33.452 UTC [7703] LOG:  background worker "parallel worker" (PID 8008) exited with exit code 1"#;
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(
+            (p.event.kind.as_str(), p.event.phase.as_str()),
+            ("worker", "exited")
+        );
+        assert_eq!((p.event.pid, p.event.victim_pid), (Some(7703), Some(8008)));
     }
 
     #[test]

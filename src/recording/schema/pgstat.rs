@@ -196,7 +196,8 @@ pub struct LogEvent {
     /// Recording time of the line (negative: before the recording began).
     pub t: f64,
     /// `checkpoint`, `restartpoint`, `too-frequent` (the "checkpoints are
-    /// occurring too frequently" warning), or `crash`.
+    /// occurring too frequently" warning), `crash`, `dsm`, or `worker`
+    /// (`exited`: a parallel worker that ended with an error).
     pub kind: String,
     /// `start`, `complete`, or `warning`; for `crash`: `killed` (a child
     /// ended by a signal), `terminating`, `reinitializing`, `recovery`,
@@ -220,6 +221,13 @@ pub struct LogEvent {
     pub signal: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process: Option<String>,
+    /// `dsm` (a dynamic shared memory segment that could not be sized;
+    /// `phase` `no-space` or `error`): the segment's name and the bytes
+    /// asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// The numbers of a "checkpoint complete" line (PostgreSQL 10–18 formats).

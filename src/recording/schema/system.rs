@@ -136,7 +136,18 @@ pub struct SystemSample {
     pub load1: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runnable: Option<u32>,
+    /// statfs of the postmaster's /dev/shm (through /proc/PID/root: its
+    /// mount namespace's): size and free, kB. Absent when it cannot be read
+    /// (not root, another user's server) and in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev_shm_size_kb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev_shm_free_kb: Option<u64>,
 }
+
+/// Manifest fact: the postmaster's /dev/shm at the start: `{"path",
+/// "size_kb", "free_kb"}`, or `{"unavailable": why}`.
+pub const DEV_SHM: &str = "dev_shm";
 
 fn is_zero(x: &u64) -> bool {
     *x == 0
