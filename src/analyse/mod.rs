@@ -21,6 +21,7 @@ pub mod snapshot_scaling;
 pub mod statements;
 pub mod subtransaction_overflow;
 pub mod swap_activity;
+pub mod syncrep_network_latency;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
 pub mod wal_fsync;
@@ -75,6 +76,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(disk_read_latency::DiskReadLatency),
         Box::new(swap_activity::SwapActivity),
         Box::new(oom_kill_restart::OomKillRestart),
+        Box::new(syncrep_network_latency::SyncrepNetworkLatency),
     ]
 }
 

@@ -184,6 +184,22 @@ pub struct ReplicaLag {
     pub flush_lag_s_max: Option<f64>,
     /// Most bytes sent but not yet replayed.
     pub replay_bytes_max: Option<u64>,
+    /// The walsender socket's TCP round trip (tcp_info), ms: mean over
+    /// the samples that read it, and how many did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_ms_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rtt_samples: usize,
+    /// The smallest round trip the kernel saw (tcpi_min_rtt), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_rtt_ms: Option<f64>,
+    /// Why the round trip could not be read (the last reason given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_error: Option<String>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// This server as a standby.
@@ -461,6 +477,7 @@ fn replicas(rows: &[ServerSample]) -> Vec<ReplicaLag> {
     by.into_iter()
         .map(|(name, v)| {
             let lags: Vec<f64> = v.iter().filter_map(|r| r.replay_lag_s).collect();
+            let rtts: Vec<f64> = v.iter().filter_map(|r| r.rtt_ms).collect();
             let last = v.last().copied();
             ReplicaLag {
                 application_name: name,
@@ -476,6 +493,11 @@ fn replicas(rows: &[ServerSample]) -> Vec<ReplicaLag> {
                     .iter()
                     .filter_map(|r| Some(diff(r.replay_lsn?, r.sent_lsn?)))
                     .max(),
+                rtt_ms_mean: (!rtts.is_empty())
+                    .then(|| round3(rtts.iter().sum::<f64>() / rtts.len() as f64)),
+                rtt_samples: rtts.len(),
+                min_rtt_ms: max(&v, |r| r.min_rtt_ms.map(|m| -m)).map(|m| -m),
+                rtt_error: v.iter().rev().find_map(|r| r.rtt_error.clone()),
             }
         })
         .collect()

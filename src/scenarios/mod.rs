@@ -24,6 +24,7 @@ pub mod spec;
 pub mod subtransaction_overflow;
 pub mod swap_activity;
 pub mod syncrep_commit;
+pub mod syncrep_network_latency;
 pub mod wal_fsync;
 
 use std::any::Any;
@@ -146,6 +147,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &disk_read_latency::DiskReadLatency,
     &swap_activity::SwapActivity,
     &oom_kill_restart::OomKillRestart,
+    &syncrep_network_latency::SyncrepNetworkLatency,
 ];
 
 /// The scenario named `name`.
@@ -226,7 +228,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 18);
+        assert_eq!(names.len(), 19);
     }
 
     #[test]
