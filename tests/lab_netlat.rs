@@ -15,7 +15,7 @@ use common::assert_torn_down;
 const ID: &str = "syncrep-network-latency";
 
 fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let short = ["--duration", "6", "--collectors", "pgstat"];
+    let short = ["--duration", "3", "--collectors", "pgstat"];
     common::lab_scenario(ID, &[&short[..], extra].concat(), out)
 }
 

@@ -17,7 +17,6 @@ use serde_json::json;
 
 use super::{Figure, Finding, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
-use crate::procinfo::Role;
 use crate::round3;
 
 pub const ID: &str = "syncrep-network-latency";
@@ -139,21 +138,8 @@ impl Commits {
 
 pub fn commits(ev: &Evidence) -> Option<Commits> {
     let (n, source, _) = super::syncrep_wait::commits(ev)?;
-    let (mut syncrep_s, mut samples, mut busy, mut busy_s) = (0.0, 0u64, 0u64, 0.0);
-    for s in &ev.waits {
-        let per_sample = s.dt / f64::from(s.ticks.max(1));
-        for r in &s.rows {
-            if r.role != Role::Backend || r.state.as_deref() == Some("hidden") || r.is_idle() {
-                continue;
-            }
-            busy += r.samples;
-            busy_s += r.samples as f64 * per_sample;
-            if r.wait() == SYNCREP_WAIT {
-                samples += r.samples;
-                syncrep_s += r.samples as f64 * per_sample;
-            }
-        }
-    }
+    let w = ev.backend_wait(SYNCREP_WAIT);
+    let (syncrep_s, samples, busy, busy_s) = (w.wait_s, w.samples, w.busy_samples, w.busy_s);
     if n == 0 || busy == 0 {
         return None;
     }

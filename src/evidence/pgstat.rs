@@ -455,6 +455,38 @@ fn wal_rate(rows: &[ServerSample]) -> Option<WalRate> {
     })
 }
 
+/// The busy (not idle, not hidden) backends' pg_stat_activity samples and
+/// session-seconds, and those in one wait event (`IO:DataFileRead`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BackendWait {
+    pub wait_s: f64,
+    pub samples: u64,
+    pub busy_samples: u64,
+    pub busy_s: f64,
+}
+
+impl Evidence {
+    /// [`BackendWait`] for `wait` over the recording.
+    pub fn backend_wait(&self, wait: &str) -> BackendWait {
+        let mut w = BackendWait::default();
+        for s in &self.waits {
+            let per_sample = s.dt / f64::from(s.ticks.max(1));
+            for r in &s.rows {
+                if r.role != Role::Backend || r.state.as_deref() == Some("hidden") || r.is_idle() {
+                    continue;
+                }
+                w.busy_samples += r.samples;
+                w.busy_s += r.samples as f64 * per_sample;
+                if r.wait() == wait {
+                    w.samples += r.samples;
+                    w.wait_s += r.samples as f64 * per_sample;
+                }
+            }
+        }
+        w
+    }
+}
+
 fn replicas(rows: &[ServerSample]) -> Vec<ReplicaLag> {
     let mut by: BTreeMap<String, Vec<&crate::recording::schema::pgstat::Replica>> = BTreeMap::new();
     for r in rows {
