@@ -909,6 +909,17 @@ mod tests {
                 path: "/proc/sys/vm/nr_hugepages".into(),
                 restore: "lots".into(),
             },
+            // Not pgbelow's rule (no pgbelow- comment), or not its tool.
+            Object::Iptables {
+                tool: "iptables".into(),
+                chain: "OUTPUT".into(),
+                rule: vec!["-o".into(), "lo".into(), "-j".into(), "DROP".into()],
+            },
+            Object::Iptables {
+                tool: "/bin/sh".into(),
+                chain: "OUTPUT".into(),
+                rule: vec!["--comment".into(), "pgbelow-1".into()],
+            },
         ] {
             assert!(!plausible(&o), "{o:?}");
             assert!(undo(&o).is_err(), "{o:?}");
@@ -923,6 +934,22 @@ mod tests {
             restore: "7:0 wbps=max".into(),
             backing: "/var/tmp/pgbelow-stall-9-0/disk.img".into(),
             maj_min: "7:0".into(),
+        }));
+        assert!(plausible(&Object::Iptables {
+            tool: "iptables-legacy".into(),
+            chain: "OUTPUT".into(),
+            rule: [
+                "-o",
+                "lo",
+                "-m",
+                "comment",
+                "--comment",
+                "pgbelow-42",
+                "-j",
+                "NFQUEUE"
+            ]
+            .map(String::from)
+            .to_vec(),
         }));
     }
 
