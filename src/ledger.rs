@@ -76,6 +76,13 @@ pub enum Object {
     /// A swap file: swapped off (once the servers whose pages it holds
     /// stopped), then removed.
     SwapFile { path: PathBuf },
+    /// An iptables rule (`tool -t filter -A chain rule…`), removed with
+    /// `-D`; its rule carries a `pgbelow-…` comment.
+    Iptables {
+        tool: String,
+        chain: String,
+        rule: Vec<String>,
+    },
     /// A temp file (pgbench's `-f` script).
     TempFile { path: PathBuf },
     /// A temp directory (removed with what is left in it).
@@ -87,7 +94,7 @@ impl Object {
     /// backing files, directories.
     fn step(&self) -> u8 {
         match self {
-            Object::IoLimit { .. } | Object::Bdi { .. } => 0,
+            Object::IoLimit { .. } | Object::Bdi { .. } | Object::Iptables { .. } => 0,
             Object::Cluster { .. } => 1,
             Object::Mount { .. }
             | Object::TracefsMount { .. }
@@ -414,6 +421,42 @@ fn plausible(o: &Object) -> bool {
         | Object::TempFile { path: backing } => named(backing),
         Object::Cgroup { path, .. } => path.starts_with("/sys/fs/cgroup/") && named(path),
         Object::TempDir { path } => named(path),
+        Object::Iptables { tool, chain, rule } => {
+            matches!(tool.as_str(), "iptables" | "iptables-legacy")
+                && chain == "OUTPUT"
+                && rule.iter().any(|a| a.starts_with("pgbelow-"))
+        }
+    }
+}
+
+/// Remove an iptables rule pgbelow added (nothing to do when it is gone).
+pub fn remove_iptables_rule(
+    tool: &str,
+    chain: &str,
+    rule: &[String],
+) -> Result<Vec<String>, String> {
+    let run = |op: &str| {
+        Command::new(tool)
+            .args(["-w", "-t", "filter", op, chain])
+            .args(rule)
+            .output()
+    };
+    match run("-C") {
+        Ok(o) if !o.status.success() => return Ok(Vec::new()),
+        Err(e) => return Err(format!("running {tool} -C {chain}: {e}")),
+        Ok(_) => {}
+    }
+    match run("-D") {
+        Ok(o) if o.status.success() => Ok(vec![format!(
+            "removed the iptables rule {chain} {}",
+            rule.join(" ")
+        )]),
+        Ok(o) => Err(format!(
+            "{tool} -D {chain} {}: {}",
+            rule.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("running {tool} -D {chain}: {e}")),
     }
 }
 
@@ -539,6 +582,7 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
             Err(e) => Err(format!("removing {}: {e}", path.display())),
         },
         Object::TempDir { path } => remove_dir(path),
+        Object::Iptables { tool, chain, rule } => remove_iptables_rule(tool, chain, rule),
     }
 }
 
@@ -865,6 +909,17 @@ mod tests {
                 path: "/proc/sys/vm/nr_hugepages".into(),
                 restore: "lots".into(),
             },
+            // Not pgbelow's rule (no pgbelow- comment), or not its tool.
+            Object::Iptables {
+                tool: "iptables".into(),
+                chain: "OUTPUT".into(),
+                rule: vec!["-o".into(), "lo".into(), "-j".into(), "DROP".into()],
+            },
+            Object::Iptables {
+                tool: "/bin/sh".into(),
+                chain: "OUTPUT".into(),
+                rule: vec!["--comment".into(), "pgbelow-1".into()],
+            },
         ] {
             assert!(!plausible(&o), "{o:?}");
             assert!(undo(&o).is_err(), "{o:?}");
@@ -879,6 +934,22 @@ mod tests {
             restore: "7:0 wbps=max".into(),
             backing: "/var/tmp/pgbelow-stall-9-0/disk.img".into(),
             maj_min: "7:0".into(),
+        }));
+        assert!(plausible(&Object::Iptables {
+            tool: "iptables-legacy".into(),
+            chain: "OUTPUT".into(),
+            rule: [
+                "-o",
+                "lo",
+                "-m",
+                "comment",
+                "--comment",
+                "pgbelow-42",
+                "-j",
+                "NFQUEUE"
+            ]
+            .map(String::from)
+            .to_vec(),
         }));
     }
 

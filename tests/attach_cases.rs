@@ -1584,3 +1584,75 @@ fn shm_too_small_found_attached() {
     assert!(ev["failed_statements"].as_u64().unwrap() >= 2, "{ev}");
     eprintln!("attached: {ev}");
 }
+
+/// Issue 23's `syncrep-network-latency` attached to the primary: one
+/// synchronous standby streaming over TCP (127.0.0.1), one INSERT per
+/// commit from 4 sessions. With the standby's packets held 10 ms each way
+/// (the lab's NFQUEUE delay) the walsender socket's round trip is most of
+/// each commit and the finding fires; the same standby without the delay
+/// stays silent (its commits wait in SyncRep as much, for a fraction of a
+/// millisecond each).
+#[test]
+fn syncrep_network_latency_found_attached_to_the_primary() {
+    use pgbelow::scenarios::syncrep_network_latency::NetDelay;
+    if common::skipped_unless_root("the network delay needs root (iptables NFQUEUE)") {
+        return;
+    }
+    let mut results = Vec::new();
+    for delayed in [true, false] {
+        let p = UserCluster::builder()
+            .settings(&[
+                ("listen_addresses", "127.0.0.1"),
+                ("synchronous_standby_names", "standby1"),
+            ])
+            .start();
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres application_name=standby1",
+            p.port
+        );
+        // Before the standby connects: the kernel's minimum round trip is
+        // then the delayed path's.
+        let delay =
+            delayed.then(|| NetDelay::start(p.port, std::time::Duration::from_millis(10)).unwrap());
+        let s = UserCluster::builder()
+            .standby_of(&p)
+            .settings(&[("primary_conninfo", &conninfo)])
+            .start();
+        wait_streaming(&p, &s, 1);
+        p.psql(
+            "postgres",
+            "create table netlat_t (id bigserial primary key, info text)",
+        );
+        let d = tempfile::tempdir().unwrap();
+        let r = record_while(&p, &d.path().join("rec"), 6, "pgstat", || {
+            pgbench_script(
+                &p,
+                "postgres",
+                "insert into netlat_t (info) values (md5(random()::text));\n",
+                4,
+                4,
+            )
+        });
+        drop(delay);
+        results.push(r);
+        drop(s);
+    }
+    // A 20 ms round trip against the 2 ms bound is 10× at least.
+    let f = raised_on(
+        &results[0],
+        "syncrep-network-latency",
+        "20 ms round trip",
+        4.0,
+    );
+    assert!(f["evidence"]["rtt_ms"].as_f64().unwrap() >= 10.0, "{f}");
+    silent_on(&results[1], "syncrep-network-latency", "no delay");
+    assert_eq!(
+        common::check(&results[1], "syncrep-network-latency")["status"],
+        "clear"
+    );
+    let rules = Command::new("iptables-legacy")
+        .args(["-w", "-S", "OUTPUT"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&rules.stdout).contains("NFQUEUE"));
+}

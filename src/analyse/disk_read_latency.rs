@@ -72,20 +72,8 @@ impl ReadWait {
 /// The backends' read waits; None without pg_stat_activity samples of
 /// backends.
 pub fn read_wait(ev: &Evidence) -> Option<ReadWait> {
-    let (mut wait_s, mut samples, mut busy) = (0.0, 0u64, 0u64);
-    for s in &ev.waits {
-        let per_sample = s.dt / f64::from(s.ticks.max(1));
-        for r in &s.rows {
-            if r.role != Role::Backend || r.state.as_deref() == Some("hidden") || r.is_idle() {
-                continue;
-            }
-            busy += r.samples;
-            if r.wait() == READ_WAIT {
-                samples += r.samples;
-                wait_s += r.samples as f64 * per_sample;
-            }
-        }
-    }
+    let w = ev.backend_wait(READ_WAIT);
+    let (wait_s, samples, busy) = (w.wait_s, w.samples, w.busy_samples);
     if busy == 0 && samples == 0 && !ev.waits.iter().any(|s| !s.rows.is_empty()) {
         return None;
     }

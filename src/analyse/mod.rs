@@ -23,6 +23,7 @@ pub mod snapshot_scaling;
 pub mod statements;
 pub mod subtransaction_overflow;
 pub mod swap_activity;
+pub mod syncrep_network_latency;
 pub mod syncrep_wait;
 pub mod timer_syscalls;
 pub mod wal_fsync;
@@ -79,6 +80,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(oom_kill_restart::OomKillRestart),
         Box::new(aio_workers_saturated::AioWorkersSaturated),
         Box::new(shm_too_small::ShmTooSmall),
+        Box::new(syncrep_network_latency::SyncrepNetworkLatency),
     ]
 }
 

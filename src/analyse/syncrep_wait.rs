@@ -31,7 +31,7 @@ const CRITICAL_EPOLL_SHARE: f64 = 0.2;
 pub struct SyncrepWait;
 
 /// Committed transactions in the recording and where the number came from.
-fn commits(rec: &Evidence) -> Option<(u64, String, (f64, f64))> {
+pub(crate) fn commits(rec: &Evidence) -> Option<(u64, String, (f64, f64))> {
     if let Some(w) = &rec.workload {
         if w.transactions > 0 {
             return Some((

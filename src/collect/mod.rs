@@ -26,6 +26,7 @@ pub mod profile;
 pub mod queries;
 pub mod querytext;
 pub mod session;
+pub mod sockdiag;
 pub mod syscalls;
 pub mod system;
 pub mod tracked;

@@ -184,6 +184,22 @@ pub struct ReplicaLag {
     pub flush_lag_s_max: Option<f64>,
     /// Most bytes sent but not yet replayed.
     pub replay_bytes_max: Option<u64>,
+    /// The walsender socket's TCP round trip (tcp_info), ms: mean over
+    /// the samples that read it, and how many did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_ms_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rtt_samples: usize,
+    /// The smallest round trip the kernel saw (tcpi_min_rtt), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_rtt_ms: Option<f64>,
+    /// Why the round trip could not be read (the last reason given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_error: Option<String>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// This server as a standby.
@@ -439,6 +455,38 @@ fn wal_rate(rows: &[ServerSample]) -> Option<WalRate> {
     })
 }
 
+/// The busy (not idle, not hidden) backends' pg_stat_activity samples and
+/// session-seconds, and those in one wait event (`IO:DataFileRead`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BackendWait {
+    pub wait_s: f64,
+    pub samples: u64,
+    pub busy_samples: u64,
+    pub busy_s: f64,
+}
+
+impl Evidence {
+    /// [`BackendWait`] for `wait` over the recording.
+    pub fn backend_wait(&self, wait: &str) -> BackendWait {
+        let mut w = BackendWait::default();
+        for s in &self.waits {
+            let per_sample = s.dt / f64::from(s.ticks.max(1));
+            for r in &s.rows {
+                if r.role != Role::Backend || r.state.as_deref() == Some("hidden") || r.is_idle() {
+                    continue;
+                }
+                w.busy_samples += r.samples;
+                w.busy_s += r.samples as f64 * per_sample;
+                if r.wait() == wait {
+                    w.samples += r.samples;
+                    w.wait_s += r.samples as f64 * per_sample;
+                }
+            }
+        }
+        w
+    }
+}
+
 fn replicas(rows: &[ServerSample]) -> Vec<ReplicaLag> {
     let mut by: BTreeMap<String, Vec<&crate::recording::schema::pgstat::Replica>> = BTreeMap::new();
     for r in rows {
@@ -461,6 +509,7 @@ fn replicas(rows: &[ServerSample]) -> Vec<ReplicaLag> {
     by.into_iter()
         .map(|(name, v)| {
             let lags: Vec<f64> = v.iter().filter_map(|r| r.replay_lag_s).collect();
+            let rtts: Vec<f64> = v.iter().filter_map(|r| r.rtt_ms).collect();
             let last = v.last().copied();
             ReplicaLag {
                 application_name: name,
@@ -476,6 +525,11 @@ fn replicas(rows: &[ServerSample]) -> Vec<ReplicaLag> {
                     .iter()
                     .filter_map(|r| Some(diff(r.replay_lsn?, r.sent_lsn?)))
                     .max(),
+                rtt_ms_mean: (!rtts.is_empty())
+                    .then(|| round3(rtts.iter().sum::<f64>() / rtts.len() as f64)),
+                rtt_samples: rtts.len(),
+                min_rtt_ms: max(&v, |r| r.min_rtt_ms.map(|m| -m)).map(|m| -m),
+                rtt_error: v.iter().rev().find_map(|r| r.rtt_error.clone()),
             }
         })
         .collect()

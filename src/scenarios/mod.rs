@@ -26,6 +26,7 @@ pub mod spec;
 pub mod subtransaction_overflow;
 pub mod swap_activity;
 pub mod syncrep_commit;
+pub mod syncrep_network_latency;
 pub mod wal_fsync;
 
 use std::any::Any;
@@ -150,6 +151,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &oom_kill_restart::OomKillRestart,
     &aio_workers_saturated::AioWorkersSaturated,
     &shm_too_small::ShmTooSmall,
+    &syncrep_network_latency::SyncrepNetworkLatency,
 ];
 
 /// The scenario named `name`.
@@ -230,7 +232,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 20);
+        assert_eq!(names.len(), 21);
     }
 
     #[test]

@@ -392,6 +392,37 @@ fn discover_log(conn: &mut ServerConn, ctx: &Context) -> std::result::Result<Pat
     Err(why.join("; "))
 }
 
+/// The round trip of a walsender's TCP connection (a standby on a Unix
+/// socket has none), read from the kernel by its pid on this host.
+fn walsender_rtt(r: &mut Replica, host_pid: u32) {
+    if r.client_addr.is_none() {
+        return;
+    }
+    match super::sockdiag::tcp_rtt_of(host_pid) {
+        Ok(v) => match v.first() {
+            Some(x) => {
+                r.rtt_ms = Some(crate::round3(x.rtt_ms));
+                r.min_rtt_ms = x.min_rtt_ms.map(crate::round3);
+            }
+            None => {
+                r.rtt_error = Some(format!(
+                    "walsender {host_pid} has no TCP socket in this network namespace"
+                ))
+            }
+        },
+        Err(e) => {
+            r.rtt_error = Some(format!(
+                "reading walsender {host_pid}'s socket (/proc/{host_pid}/fd, sock_diag): {e}{}",
+                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    " (fix: run pgbelow as root or as the server's account)"
+                } else {
+                    ""
+                }
+            ))
+        }
+    }
+}
+
 /// The sampling thread: `pg_stat_activity` at [`WAIT_HZ`], counters at 1 Hz
 /// and once more when told to stop.
 fn sampler(
@@ -437,7 +468,10 @@ fn sampler(
         let now = Instant::now();
         if stopping || now >= next_counters {
             match conn.counters(&p, t()) {
-                Ok((s, pg)) => {
+                Ok((mut s, pg)) => {
+                    for r in &mut s.replication {
+                        walsender_rtt(r, pids.host(r.pid));
+                    }
                     if let Ok(mut g) = shared.pending.lock() {
                         g.server.push(s);
                         g.pgstat.push(pg);

@@ -186,6 +186,18 @@ pub struct Replica {
     pub write_lag_s: Option<f64>,
     pub flush_lag_s: Option<f64>,
     pub replay_lag_s: Option<f64>,
+    /// The walsender's TCP round trip as the kernel estimates it
+    /// (`tcp_info.tcpi_rtt` over sock_diag), ms; None for a standby on a
+    /// Unix socket or when the socket could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_ms: Option<f64>,
+    /// The smallest round trip in the kernel's window (`tcpi_min_rtt`), ms:
+    /// the path's delay without the standby's time to answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_rtt_ms: Option<f64>,
+    /// Why `rtt_ms` is missing, when it was asked for and not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_error: Option<String>,
 }
 
 /// A checkpoint (or restartpoint) line of the server log, or one of the

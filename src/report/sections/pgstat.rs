@@ -141,6 +141,17 @@ pub fn render(s: &PgstatSection, out: &mut String) {
             opt(r.flush_lag_s_max, " s"),
             r.replay_bytes_max.map_or("?".into(), |b| bytes(b as f64)),
         );
+        if let Some(rtt) = r.rtt_ms_mean {
+            let _ = writeln!(
+                out,
+                "    TCP round trip (walsender's socket, tcp_info, {} samples): mean {rtt:.2} ms, \
+                 minimum {}",
+                r.rtt_samples,
+                opt(r.min_rtt_ms, " ms"),
+            );
+        } else if let Some(e) = &r.rtt_error {
+            let _ = writeln!(out, "    TCP round trip not read: {e}");
+        }
     }
     if let Some(sb) = &s.standby {
         let _ = writeln!(
