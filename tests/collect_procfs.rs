@@ -387,7 +387,7 @@ fn nonroot_inner() {
     assert_eq!(info.status, "degraded");
     let reason = info.reason.unwrap();
     assert!(
-        reason.contains("CAP_SYS_ADMIN") && reason.contains("fix: run pgbelow as root"),
+        reason.contains("CAP_SYS_ADMIN") && reason.contains("fix: add the offcpu collector"),
         "{reason}"
     );
     assert_eq!(reason.lines().count(), 1);
