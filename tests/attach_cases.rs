@@ -1519,8 +1519,9 @@ fn aio_workers_saturated_found_attached() {
         });
         seen.push(r);
     }
-    // Measured in the lab: +0.42 to +0.90 ms queueing per read, bound 0.1 ms.
-    let f = raised_on(&seen[0], "aio-workers-saturated", "1 I/O worker", 1.5);
+    // Measured: +0.42 ms (quiet machine) to +0.90 ms queueing per read, bound
+    // 0.3 ms: a cause, not a margin, is what this asserts.
+    let f = raised_on(&seen[0], "aio-workers-saturated", "1 I/O worker", 1.2);
     assert!(
         f["evidence"]["worker_busy_share"].as_f64().unwrap() >= 0.9,
         "{f}"

@@ -34,10 +34,12 @@ const WORKER_IDLE: &str = "Activity:IoWorkerMain";
 /// aio-workers-saturated`): +0.90 ms per read with one worker (the read
 /// itself 0.36 ms; 14.5 transactions a second), −0.25 ms with eight (50
 /// a second); on the same machine when quiet, +0.42 ms (the read 0.17
-/// ms): the figure shrinks with a faster CPU while the queue stays, and
-/// eight workers measure below zero. 0.1 ms of queueing per read is half a
-/// fast local read or more; the share below keeps it a cost, not noise.
-pub const WARN_MS: f64 = 0.1;
+/// ms). Eight workers measure below zero alone, but reached 0.1–0.3 ms
+/// when the CI ran another test beside them (CPU-starved workers: a
+/// 0.1 ms bound raised there). A local SSD serves a read in 0.1–0.3 ms:
+/// past 0.3 ms of queueing a read takes at least twice as long as the
+/// device needs.
+pub const WARN_MS: f64 = 0.3;
 /// …and the queueing must cost this share of the backends' busy time.
 pub const MIN_SHARE: f64 = 0.1;
 const CRITICAL_SHARE: f64 = 0.5;
