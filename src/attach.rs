@@ -163,22 +163,24 @@ pub fn dsn_from_postmaster_pid(pid: u32) -> Option<String> {
     ))
 }
 
-/// The fix for a missing privilege to observe another user's processes:
-/// the capabilities this process lacks of those discovery needs (all of
-/// the least set when it lacks none of them and is still refused).
-fn observe_fix() -> String {
-    use crate::privilege::{Cap, Caps, LEAST};
-    let missing = Caps::current().missing(&[Cap::SysPtrace, Cap::DacReadSearch]);
-    crate::privilege::fix(if missing.is_empty() { &LEAST } else { &missing })
+/// The capabilities to observe another user's processes that this process
+/// lacks: CAP_SYS_PTRACE (their /proc/PID/exe) and CAP_DAC_READ_SEARCH
+/// (postmaster.pid).
+fn observe_missing() -> Vec<crate::privilege::Cap> {
+    use crate::privilege::{Cap, Caps};
+    Caps::current().missing(&[Cap::SysPtrace, Cap::DacReadSearch])
 }
 
-/// Discovery cannot see another user's processes: CAP_SYS_PTRACE (their
-/// /proc/PID/exe) or CAP_DAC_READ_SEARCH (postmaster.pid) is missing.
-fn lacks_observe_caps() -> bool {
-    use crate::privilege::{Cap, Caps};
-    !Caps::current()
-        .missing(&[Cap::SysPtrace, Cap::DacReadSearch])
-        .is_empty()
+/// The fix for a missing privilege to observe another user's processes:
+/// those capabilities, or all of the least set when it lacks none of them
+/// and is still refused.
+fn observe_fix() -> String {
+    let missing = observe_missing();
+    crate::privilege::fix(if missing.is_empty() {
+        &crate::privilege::LEAST
+    } else {
+        &missing
+    })
 }
 
 /// Whether this process may look at `pid` at all: another user's
@@ -315,7 +317,7 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
                 let at = conn.server.clone();
                 // SAFETY: geteuid has no preconditions.
                 if unsafe { libc::geteuid() } != 0
-                    && (why.contains("ermission denied") || lacks_observe_caps())
+                    && (why.contains("ermission denied") || !observe_missing().is_empty())
                 {
                     return Err(crate::error::unprivileged(
                         format!(

@@ -74,17 +74,30 @@ pub fn socket_inodes(pid: u32) -> io::Result<Vec<u64>> {
     Ok(out)
 }
 
-/// The TCP sockets of `pid` (IPv4 and IPv6) with their round-trip times.
-pub fn tcp_rtt_of(pid: u32) -> io::Result<Vec<TcpRtt>> {
-    let inodes = socket_inodes(pid)?;
-    if inodes.is_empty() {
-        return Ok(Vec::new());
-    }
+/// Every TCP socket (IPv4 and IPv6) of this network namespace, by inode:
+/// dumped once per sample and shared by every walsender.
+pub fn tcp_sockets() -> io::Result<BTreeMap<u64, TcpRtt>> {
     let mut all = BTreeMap::new();
     for family in [libc::AF_INET, libc::AF_INET6] {
         dump(family as u8, &mut all)?;
     }
-    Ok(inodes.iter().filter_map(|i| all.get(i).copied()).collect())
+    Ok(all)
+}
+
+/// The TCP sockets of `pid` with their round-trip times; `all` is
+/// [`tcp_sockets`], dumped only when `pid` has a socket at all.
+pub fn tcp_rtt_of(
+    pid: u32,
+    all: &mut Option<io::Result<BTreeMap<u64, TcpRtt>>>,
+) -> io::Result<Vec<TcpRtt>> {
+    let inodes = socket_inodes(pid)?;
+    if inodes.is_empty() {
+        return Ok(Vec::new());
+    }
+    match all.get_or_insert_with(tcp_sockets) {
+        Ok(all) => Ok(inodes.iter().filter_map(|i| all.get(i).copied()).collect()),
+        Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+    }
 }
 
 /// Every TCP socket of one family in this network namespace, by inode.
@@ -241,7 +254,7 @@ mod tests {
             s.write_all(b"pong").unwrap();
             c.read_exact(&mut b).unwrap();
         }
-        let mine = tcp_rtt_of(std::process::id()).unwrap();
+        let mine = tcp_rtt_of(std::process::id(), &mut None).unwrap();
         // The listener has no round trip (0); the two ends have one.
         let ends = mine
             .iter()

@@ -393,12 +393,17 @@ fn discover_log(conn: &mut ServerConn, ctx: &Context) -> std::result::Result<Pat
 }
 
 /// The round trip of a walsender's TCP connection (a standby on a Unix
-/// socket has none), read from the kernel by its pid on this host.
-fn walsender_rtt(r: &mut Replica, host_pid: u32) {
+/// socket has none), read from the kernel by its pid on this host;
+/// `sockets`: the sample's one dump of the TCP sockets, made on first need.
+fn walsender_rtt(
+    r: &mut Replica,
+    host_pid: u32,
+    sockets: &mut Option<std::io::Result<BTreeMap<u64, super::sockdiag::TcpRtt>>>,
+) {
     if r.client_addr.is_none() {
         return;
     }
-    match super::sockdiag::tcp_rtt_of(host_pid) {
+    match super::sockdiag::tcp_rtt_of(host_pid, sockets) {
         Ok(v) => match v.first() {
             Some(x) => {
                 r.rtt_ms = Some(crate::round3(x.rtt_ms));
@@ -469,8 +474,9 @@ fn sampler(
         if stopping || now >= next_counters {
             match conn.counters(&p, t()) {
                 Ok((mut s, pg)) => {
+                    let mut sockets = None;
                     for r in &mut s.replication {
-                        walsender_rtt(r, pids.host(r.pid));
+                        walsender_rtt(r, pids.host(r.pid), &mut sockets);
                     }
                     if let Ok(mut g) = shared.pending.lock() {
                         g.server.push(s);

@@ -111,22 +111,24 @@ impl SyscallCounter {
                 fallback_reason: None,
             }),
             // Without CAP_BPF libbpf would only print its refusal to stderr.
-            None => match ebpf_allowed().and_then(|()| bpf::Ebpf::start(&roots)) {
-                Ok(b) => Ok(SyscallCounter {
-                    backend: Backend::Ebpf(Box::new(b)),
-                    fallback_reason: None,
-                }),
-                Err(bpf_err) => {
-                    let bpf_err = ebpf_error(bpf_err);
-                    match perf::Perf::start(&roots) {
-                        Ok(p) => Ok(SyscallCounter {
-                            backend: Backend::Perf(p),
-                            fallback_reason: Some(format!("eBPF unavailable: {bpf_err:#}")),
-                        }),
-                        Err(perf_err) => Err(both_failed(&bpf_err, &perf_err)),
+            None => {
+                match crate::collect::need_bpf("eBPF").and_then(|()| bpf::Ebpf::start(&roots)) {
+                    Ok(b) => Ok(SyscallCounter {
+                        backend: Backend::Ebpf(Box::new(b)),
+                        fallback_reason: None,
+                    }),
+                    Err(bpf_err) => {
+                        let bpf_err = ebpf_error(bpf_err);
+                        match perf::Perf::start(&roots) {
+                            Ok(p) => Ok(SyscallCounter {
+                                backend: Backend::Perf(p),
+                                fallback_reason: Some(format!("eBPF unavailable: {bpf_err:#}")),
+                            }),
+                            Err(perf_err) => Err(both_failed(&bpf_err, &perf_err)),
+                        }
                     }
                 }
-            },
+            }
         }
     }
 
@@ -267,17 +269,6 @@ fn check_privileges() -> anyhow::Result<()> {
     Err(crate::error::unprivileged(
         "counting syscalls in the kernel needs CAP_BPF and CAP_PERFMON, which this process lacks",
         privilege::fix(&caps.missing(&[Cap::Bpf, Cap::Perfmon])),
-    ))
-}
-
-/// eBPF can be loaded (CAP_BPF); else the reason, for the fallback's note.
-fn ebpf_allowed() -> anyhow::Result<()> {
-    if Caps::current().has(Cap::Bpf) {
-        return Ok(());
-    }
-    Err(crate::error::unprivileged(
-        "eBPF needs CAP_BPF, which this process lacks",
-        privilege::fix(&[Cap::Bpf]),
     ))
 }
 
