@@ -820,12 +820,15 @@ fn move_cluster_into(c: &UserCluster, dir: &Path) {
 struct QuotaCgroup(std::path::PathBuf);
 
 impl QuotaCgroup {
-    fn new(quota_us: u32) -> Option<QuotaCgroup> {
+    fn new(quota_us: i64) -> Option<QuotaCgroup> {
         let root = Path::new("/sys/fs/cgroup/cpu");
         if !root.join("cpu.cfs_quota_us").exists() {
             return None;
         }
-        let p = root.join(format!("pgbelow-test-cpu-{}", std::process::id()));
+        let p = root.join(format!(
+            "pgbelow-test-cpu-{}-{quota_us}",
+            std::process::id()
+        ));
         std::fs::create_dir(&p).unwrap();
         let cg = QuotaCgroup(p);
         std::fs::write(cg.0.join("cpu.cfs_quota_us"), quota_us.to_string()).unwrap();
@@ -847,7 +850,8 @@ impl Drop for QuotaCgroup {
 /// cgroup with a 0.1 CPU quota by someone else (cgroup v1 here; far below
 /// pgbench's demand even when other tests load the machine); the
 /// system collector finds the postmaster's cgroup from /proc and the rule
-/// fires from its throttling counters. The cgroup is the test's, not
+/// fires from its throttling counters, pgbelow running as in a pod (its
+/// own cgroup namespace and cgroup mount). The cgroup is the test's, not
 /// pgbelow's, and is still there, untouched, after the recording.
 #[test]
 fn cgroup_throttling_found_attached() {
@@ -861,10 +865,29 @@ fn cgroup_throttling_found_attached() {
         return;
     };
     move_cluster_into(&c, &cg.0);
+    // pgbelow as an agent in a pod: its own cpu cgroup and cgroup
+    // namespace, its own cgroup mounted over the host's (the server's
+    // cgroup is `/../…` to it and not below its /sys/fs/cgroup/cpu).
+    let agent = QuotaCgroup::new(-1).unwrap();
+    let mut pod = std::process::Command::new("sh");
+    pod.args([
+        "-c",
+        r#"cg=$1; shift; echo $$ > "$cg/cgroup.procs" && exec unshare --cgroup --mount --propagation private sh -c 'mount --bind "$0" /sys/fs/cgroup/cpu && exec "$@"' "$cg" "$@""#,
+        "sh",
+    ])
+    .arg(&agent.0)
+    .arg(assert_cmd::cargo::cargo_bin("pgbelow"));
     let d = tempfile::tempdir().unwrap();
-    let r = record_while(&c, &d.path().join("rec"), 7, "procfs,system,pgstat", || {
-        c.pgbench("postgres", &["-S", "-M", "prepared", "-c", "2", "-T", "4"]);
-    });
+    let r = common::record_while_as(
+        pod,
+        &c,
+        &d.path().join("rec"),
+        7,
+        "procfs,system,pgstat",
+        || {
+            c.pgbench("postgres", &["-S", "-M", "prepared", "-c", "2", "-T", "4"]);
+        },
+    );
     // Measured 3.6× (72 % of periods throttled, bound 20 %).
     let f = common::raised_with_margin(&r, "cgroup-cpu-throttling", 1.5);
     let ev = &f["evidence"];

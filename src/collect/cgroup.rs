@@ -63,40 +63,93 @@ pub fn controller_dir(
     mounts: &[Mount],
     controller: &str,
 ) -> Option<(PathBuf, PathBuf, Version)> {
+    // A mount hidden by a later one at the same point (a container's own
+    // cgroup bind-mounted over the host's) is not where files are read.
+    let visible = mounts.iter().enumerate().filter(|(i, x)| {
+        !mounts[i + 1..]
+            .iter()
+            .any(|y| y.mount_point == x.mount_point)
+    });
+    let inside = |m: &Membership, fstype: &str, v: Version| {
+        visible
+            .clone()
+            .filter(|(_, x)| {
+                x.fstype == fstype
+                    && (v == Version::V2 || x.super_options.split(',').any(|o| o == controller))
+            })
+            .find_map(|(_, x)| {
+                let root = PathBuf::from(&x.mount_point);
+                below(&m.path, &x.root).map(|rel| (root.join(rel), root, v))
+            })
+    };
     let v1 = members
         .iter()
         .find(|m| m.controllers.iter().any(|c| c == controller))
-        .and_then(|m| {
-            let mount = mounts.iter().find(|x| {
-                x.fstype == "cgroup" && x.super_options.split(',').any(|o| o == controller)
-            })?;
-            Some((m, mount, Version::V1))
-        });
-    let v2 = || {
+        .and_then(|m| inside(m, "cgroup", Version::V1));
+    v1.or_else(|| {
         let m = members
             .iter()
             .find(|m| m.hierarchy == 0 && m.controllers.is_empty())?;
-        let mount = mounts.iter().find(|x| x.fstype == "cgroup2")?;
-        Some((m, mount, Version::V2))
+        inside(m, "cgroup2", Version::V2)
+    })
+}
+
+/// `path` relative to a mount's `root`, both as /proc shows them (relative
+/// to the reader's cgroup namespace, `/..` above it): None when the cgroup
+/// is not inside that mount, e.g. a server outside pgbelow's cgroup
+/// namespace (a pod) seen through pgbelow's own /sys/fs/cgroup.
+fn below(path: &str, root: &str) -> Option<PathBuf> {
+    let parts = |p: &str| -> Vec<String> {
+        p.split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .map(str::to_string)
+            .collect()
     };
-    let (m, mount, v) = v1.or_else(v2)?;
-    let root = PathBuf::from(&mount.mount_point);
-    let rel = m.path.trim_start_matches('/');
-    Some((root.join(rel), root, v))
+    let (path, root) = (parts(path), parts(root));
+    let rest = path.strip_prefix(root.as_slice())?;
+    (!rest.iter().any(|c| c == "..")).then(|| rest.iter().collect())
 }
 
 /// The directory of `controller`'s cgroup for `pid`, its hierarchy's
 /// mount point and version ([`controller_dir`]); Err says why there is none.
+/// Through pgbelow's own mounts first, else through the server's: a server
+/// in another cgroup namespace than pgbelow (pgbelow in a pod) is reached
+/// at /proc/PID/root plus the server's own cgroup mount.
 pub fn locate(pid: u32, controller: &str) -> Result<(PathBuf, PathBuf, Version), String> {
     let file = format!("/proc/{pid}/cgroup");
     let members = std::fs::read_to_string(&file)
         .map(|s| parse_proc_cgroup(&s))
         .map_err(|e| format!("cannot read {file}: {e}"))?;
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|s| super::system::parse_mountinfo(&s))
-        .unwrap_or_default();
-    controller_dir(&members, &mounts, controller)
-        .ok_or_else(|| format!("no cgroup hierarchy with the {controller} controller is mounted"))
+    let mounts_of = |f: &str| {
+        std::fs::read_to_string(f)
+            .map(|s| super::system::parse_mountinfo(&s))
+            .unwrap_or_default()
+    };
+    let ours = controller_dir(&members, &mounts_of("/proc/self/mountinfo"), controller);
+    if matches!(ours, Some((_, _, Version::V1))) {
+        return Ok(ours.unwrap());
+    }
+    // A v1 hierarchy through the server's mounts beats the v2 fallback
+    // through ours (which, on a v1 host, has no controllers).
+    let theirs = PathBuf::from(format!("/proc/{pid}/root"));
+    let inside = |p: PathBuf| theirs.join(p.strip_prefix("/").unwrap_or(&p));
+    let through = controller_dir(
+        &members,
+        &mounts_of(&format!("/proc/{pid}/mountinfo")),
+        controller,
+    )
+    .map(|(dir, root, v)| (inside(dir), inside(root), v));
+    match (ours, through) {
+        (_, Some(t)) if t.2 == Version::V1 => Ok(t),
+        (Some(o), _) | (None, Some(o)) => Ok(o),
+        (None, None) if members.iter().any(|m| m.path.starts_with("/..")) => Err(format!(
+            "pid {pid}'s {controller} cgroup ({}) is outside pgbelow's cgroup namespace and not mounted in the server's",
+            members.first().map_or("", |m| m.path.as_str())
+        )),
+        (None, None) => Err(format!(
+            "no cgroup hierarchy with the {controller} controller is mounted"
+        )),
+    }
 }
 
 /// `dir` and its ancestors up to the hierarchy's root `root`, `dir` first.
@@ -312,5 +365,65 @@ mod tests {
         let (dir, _, v) = cpu_dir(&m, &v2).expect("cgroup2 mount");
         assert_eq!(v, Version::V2);
         assert_eq!(dir, Path::new("/sys/fs/cgroup/unified"));
+    }
+
+    /// Real files captured in a cgroup namespace on this machine
+    /// (tests/fixtures/proc/cgroupns/README.md): the agent in its own
+    /// cgroup and namespace, the server in a sibling cgroup.
+    fn ns(name: &str) -> String {
+        std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/proc/cgroupns")
+                .join(name),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_server_outside_pgbelows_cgroup_namespace() {
+        let server = parse_proc_cgroup(&ns("cgroup-server-from-agent"));
+        assert!(server
+            .iter()
+            .any(|m| m.path == "/../pgbelow-fixture-server"));
+        // The host's mounts seen from inside the namespace: their root is
+        // `/..`, so the server's `/../x` is `x` below the mount point.
+        let host = super::super::system::parse_mountinfo(&ns("mountinfo-agent-host-mounts"));
+        let (dir, root, v) = cpu_dir(&server, &host).expect("through the host's mount");
+        assert_eq!(v, Version::V1);
+        assert_eq!(root, Path::new("/sys/fs/cgroup/cpu"));
+        assert_eq!(dir, Path::new("/sys/fs/cgroup/cpu/pgbelow-fixture-server"));
+        // The agent's own cgroup mounted over the host's (as a container
+        // runtime does): the host's mount is hidden, and the server is not
+        // below the agent's: not found here, never `…/cpu/../x`.
+        let own = super::super::system::parse_mountinfo(&ns("mountinfo-agent-own-mounts"));
+        assert_eq!(
+            own.iter()
+                .filter(|x| x.mount_point == "/sys/fs/cgroup/cpu")
+                .count(),
+            2
+        );
+        let (dir, _, v) = cpu_dir(&server, &own).expect("the v2 hierarchy");
+        assert_eq!(
+            (dir.as_path(), v),
+            (Path::new("/sys/fs/cgroup/unified/"), Version::V2)
+        );
+        // ... but through the server's own mounts (at /proc/PID/root).
+        let theirs = super::super::system::parse_mountinfo(&ns("mountinfo-server-from-agent"));
+        let (dir, _, _) = cpu_dir(&server, &theirs).expect("through the server's mount");
+        assert_eq!(dir, Path::new("/sys/fs/cgroup/cpu/pgbelow-fixture-server"));
+        // The agent itself, at its namespace's root, is its own mount's root.
+        let agent = parse_proc_cgroup(&ns("cgroup-agent-self"));
+        let (dir, root, _) = cpu_dir(&agent, &own).expect("the agent's own cgroup");
+        assert_eq!(dir, root);
+    }
+
+    #[test]
+    fn below_a_mount_root() {
+        assert_eq!(below("/a/b", "/"), Some(PathBuf::from("a/b")));
+        assert_eq!(below("/a/b", "/a"), Some(PathBuf::from("b")));
+        assert_eq!(below("/../x", "/.."), Some(PathBuf::from("x")));
+        assert_eq!(below("/../x", "/"), None);
+        assert_eq!(below("/b", "/a"), None);
+        assert_eq!(below("/", "/"), Some(PathBuf::new()));
     }
 }

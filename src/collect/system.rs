@@ -286,12 +286,13 @@ pub fn parse_mountinfo(s: &str) -> Vec<Mount> {
             let _id = a.next()?;
             let _parent = a.next()?;
             let device = a.next()?.to_string();
-            let _root = a.next()?;
+            let root = unescape(a.next()?);
             let mount_point = unescape(a.next()?);
             let mount_options = a.next()?.to_string();
             let mut b = right.splitn(3, ' ');
             Some(Mount {
                 mount_point,
+                root,
                 device,
                 fstype: b.next()?.to_string(),
                 source: unescape(b.next()?),

@@ -512,8 +512,28 @@ pub fn record_while(
     collectors: &str,
     during: impl FnOnce(),
 ) -> Value {
+    record_while_as(
+        std::process::Command::new(assert_cmd::cargo::cargo_bin("pgbelow")),
+        c,
+        out,
+        secs,
+        collectors,
+        during,
+    )
+}
+
+/// [`record_while`] with pgbelow started by `cmd` (pgbelow or a wrapper
+/// that execs it with the arguments appended).
+pub fn record_while_as(
+    mut cmd: std::process::Command,
+    c: &userdb::UserCluster,
+    out: &Path,
+    secs: u32,
+    collectors: &str,
+    during: impl FnOnce(),
+) -> Value {
     let _one = exclusive();
-    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+    let child = cmd
         // This host's pid, also for a server in a pid namespace of its own.
         .args([
             "record",

@@ -184,6 +184,11 @@ pub struct OutsideCpu {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mount {
     pub mount_point: String,
+    /// The directory of the filesystem mounted there (`/` but for bind
+    /// mounts; for cgroupfs relative to the reader's cgroup namespace,
+    /// `/..` above it). Recorded only when not `/`.
+    #[serde(default = "slash", skip_serializing_if = "is_slash")]
+    pub root: String,
     /// major:minor of the device.
     pub device: String,
     pub fstype: String,
@@ -193,6 +198,14 @@ pub struct Mount {
     pub mount_options: String,
     /// Filesystem options (`rw,data=writeback`, …).
     pub super_options: String,
+}
+
+fn slash() -> String {
+    "/".to_string()
+}
+
+fn is_slash(s: &str) -> bool {
+    s == "/"
 }
 
 /// The manifest fact `data_dir_mount`: the data directory and its mount.
