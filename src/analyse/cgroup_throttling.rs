@@ -218,6 +218,8 @@ impl Rule for CgroupThrottling {
             .workload
             .as_ref()
             .and_then(|w| w.latency_avg_ms.map(|l| (l, w.tps)));
+        // cgroup v2's own account of the wait (PSI), where the kernel has it.
+        let psi_cpu = rec.cgroup_pressure_s(|p| p.cpu_some_s).map(|p| p / secs);
         let impact = match (runq_s, cpu_s) {
             (Some(r), Some(c)) if r + c > 0.0 => Impact::new(
                 r / (r + c),
@@ -238,13 +240,17 @@ impl Rule for CgroupThrottling {
             summary: format!(
                 "The cgroup {cg} ({quota}) was throttled in {thr} of {per} CFS periods ({pct:.0} %), \
                  {ts:.1} s in all ({tps:.2} s per second): every process in it, lock holders included, \
-                 stopped until the next period.{runq_text}{lat}",
+                 stopped until the next period.{runq_text}{psi}{lat}",
                 cg = worst.cgroup,
                 thr = worst.throttled,
                 per = worst.periods,
                 pct = share * 100.0,
                 ts = worst.throttled_s,
                 tps = worst.throttled_s / secs,
+                psi = psi_cpu.map_or(String::new(), |p| format!(
+                    " The cgroup's cpu.pressure: some task of it waited for a CPU {:.0} % of the time.",
+                    (p * 100.0).min(100.0)
+                )),
                 lat = latency.map_or(String::new(), |(l, t)| format!(
                     " pgbench: {t:.0} tps, {l:.2} ms average latency."
                 )),
@@ -268,6 +274,7 @@ impl Rule for CgroupThrottling {
                 "backend_runq_s": backend.map(|b| round3(b.0)),
                 "backend_cpu_s": backend.map(|b| round3(b.1)),
                 "latency_avg_ms": latency.map(|l| l.0),
+                "cpu_pressure_some_share": psi_cpu.map(round3),
                 "window_s": [round3(a), round3(b)],
             }),
             remedy: "Give the cluster the CPU it uses or stop the quota from cutting it into periods: raise the \

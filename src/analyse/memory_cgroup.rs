@@ -415,6 +415,10 @@ impl Rule for MemoryCgroupReclaim {
                 "postmaster_restarts": restarts,
                 "shared_buffers": sb,
                 "latency_avg_ms": ev.workload.as_ref().and_then(|w| w.latency_avg_ms),
+                // cgroup v2's own account (PSI): time some / every task of
+                // the cgroup stalled on memory.
+                "memory_pressure_some_share": ev.cgroup_pressure_s(|p| p.memory_some_s).map(|x| round3(x / secs)),
+                "memory_pressure_full_share": ev.cgroup_pressure_s(|p| p.memory_full_s).map(|x| round3(x / secs)),
                 "window_s": [round3(window.0), round3(window.1)],
             }),
             remedy: "Give the cluster's page cache room inside the limit, or the limit room around the \

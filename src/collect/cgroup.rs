@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::system::Mount;
 
-pub use crate::recording::schema::cgroup::{CgroupLevel, CgroupSample, Version, STREAM};
+pub use crate::recording::schema::cgroup::{CgroupLevel, CgroupSample, Pressure, Version, STREAM};
 
 /// One line of /proc/PID/cgroup: `id:controllers:path`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -228,7 +228,43 @@ pub struct CgroupCpu {
     root: PathBuf,
     /// Directories read, the postmaster's first, with their last counters.
     dirs: Vec<(PathBuf, Option<CpuStat>)>,
+    /// The postmaster's cgroup's PSI totals (µs) at the last sample, v2.
+    psi: Option<Totals>,
     last_t: f64,
+}
+
+/// `some`/`full` totals (µs) of cpu, memory and io pressure, by file.
+type Totals = [(Option<u64>, Option<u64>); 3];
+
+const PSI_FILES: [&str; 3] = ["cpu.pressure", "memory.pressure", "io.pressure"];
+
+/// The `total=` of the `some` and `full` lines of a `*.pressure` file.
+pub fn parse_pressure(r: impl std::io::BufRead) -> (Option<u64>, Option<u64>) {
+    let mut out = (None, None);
+    for l in r.lines().map_while(Result::ok) {
+        let total = l
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("total="))
+            .and_then(|v| v.parse().ok());
+        match l.split_whitespace().next() {
+            Some("some") => out.0 = total,
+            Some("full") => out.1 = total,
+            _ => {}
+        }
+    }
+    out
+}
+
+fn read_psi(dir: &Path) -> Option<Totals> {
+    let mut t: Totals = Default::default();
+    let mut any = false;
+    for (i, f) in PSI_FILES.iter().enumerate() {
+        if let Ok(file) = std::fs::File::open(dir.join(f)) {
+            t[i] = parse_pressure(std::io::BufReader::new(file));
+            any = true;
+        }
+    }
+    any.then_some(t)
 }
 
 impl CgroupCpu {
@@ -241,10 +277,12 @@ impl CgroupCpu {
                 dir.display()
             ));
         }
+        let psi = (version == Version::V2).then(|| read_psi(&dir)).flatten();
         let mut c = CgroupCpu {
             version,
             root,
             dirs: Vec::new(),
+            psi,
             last_t: t,
         };
         for d in up_to(&dir, &c.root) {
@@ -300,11 +338,26 @@ impl CgroupCpu {
                 ),
             });
         }
+        let pressure = self.psi.and_then(|before| {
+            let now = read_psi(&self.dirs[0].0)?;
+            self.psi = Some(now);
+            let d = |b: Option<u64>, n: Option<u64>| {
+                Some(crate::round3(n?.saturating_sub(b?) as f64 * 1e-6))
+            };
+            Some(Pressure {
+                cpu_some_s: d(before[0].0, now[0].0),
+                memory_some_s: d(before[1].0, now[1].0),
+                memory_full_s: d(before[1].1, now[1].1),
+                io_some_s: d(before[2].0, now[2].0),
+                io_full_s: d(before[2].1, now[2].1),
+            })
+        });
         let s = CgroupSample {
             t,
             dt: crate::round3(t - self.last_t),
             levels,
             memory: None,
+            pressure,
         };
         self.last_t = t;
         s
@@ -415,6 +468,19 @@ mod tests {
         let agent = parse_proc_cgroup(&ns("cgroup-agent-self"));
         let (dir, root, _) = cpu_dir(&agent, &own).expect("the agent's own cgroup");
         assert_eq!(dir, root);
+    }
+
+    /// This host's /proc/pressure files (a cgroup v2's `*.pressure` have
+    /// the same lines).
+    #[test]
+    fn pressure_totals() {
+        let p = |s: &str| parse_pressure(s.as_bytes());
+        assert_eq!(
+            p(fixture!("pressure-memory")),
+            (Some(106174684), Some(56110924))
+        );
+        assert_eq!(p(fixture!("pressure-cpu")), (Some(33433746682), Some(0)));
+        assert_eq!(p(""), (None, None));
     }
 
     #[test]

@@ -114,6 +114,18 @@ impl std::ops::DerefMut for Evidence {
 }
 
 impl Evidence {
+    /// Seconds of one PSI figure of the postmaster's cgroup (cgroup v2's
+    /// `*.pressure`) over the recording; None where no sample had it.
+    pub fn cgroup_pressure_s(
+        &self,
+        f: fn(&crate::recording::schema::cgroup::Pressure) -> Option<f64>,
+    ) -> Option<f64> {
+        self.cgroup
+            .iter()
+            .filter_map(|s| f(s.pressure.as_ref()?))
+            .fold(None, |a, x| Some(a.unwrap_or(0.0) + x))
+    }
+
     /// Read a recording. Only a missing or unreadable manifest is an error.
     pub fn load(dir: &Path) -> Result<Evidence> {
         Ok(Evidence::from_loaded(Loaded::open(dir)?))

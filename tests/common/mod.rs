@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 pub mod userdb;
+pub mod vm;
 use std::time::Duration;
 
 use assert_cmd::Command;

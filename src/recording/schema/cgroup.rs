@@ -38,4 +38,25 @@ pub struct CgroupSample {
     /// The postmaster's memory cgroup ([`super::memcg`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<super::memcg::MemcgSample>,
+    /// Pressure stall time of the postmaster's cgroup (cgroup v2 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<Pressure>,
+}
+
+/// PSI of a cgroup in `(t-dt, t]`, from `cpu.pressure`, `memory.pressure`
+/// and `io.pressure` (`total=` µs): seconds in which some (`some`) or every
+/// (`full`) runnable task of the cgroup waited for the resource. None: the
+/// file is absent (no PSI in the kernel, or the controller is off).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Pressure {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_some_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_some_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_full_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_some_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_full_s: Option<f64>,
 }
