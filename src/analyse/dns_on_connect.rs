@@ -59,9 +59,12 @@ pub const POLL_FRAMES: &[&str] = &[
 /// 200 ms. A resolver in the same data centre answers a PTR in 0.2–2 ms.
 pub const WARN_MS: f64 = 20.0;
 /// …and the waits must cost this many client-seconds per second of the
-/// recording (5 % of one client's time) over at least `MIN_CONNECTIONS`.
+/// recording (5 % of one client's time) over at least `MIN_CONNECTIONS`
+/// (a few: a resolver that never answers lets 4 clients connect about
+/// once a second each — measured 9 connections in 5.5 s at 1006 ms each,
+/// `--dns-delay-ms never`).
 pub const MIN_LOST_S_PER_S: f64 = 0.05;
-pub const MIN_CONNECTIONS: usize = 10;
+pub const MIN_CONNECTIONS: usize = 3;
 /// Critical from this per connection (a resolver timing out costs ≥ 1 s),
 /// or from this many client-seconds per second.
 pub const CRITICAL_MS: f64 = 100.0;
@@ -372,7 +375,7 @@ mod tests {
         // The same lookups happen, one per connection: only their time
         // tells the two apart.
         let w = resolver_wait(&ev).unwrap();
-        assert!(w.connections >= MIN_CONNECTIONS, "{w:?}");
+        assert!(w.connections >= 20, "{w:?}");
         assert!(w.ms_per_connection().unwrap() < WARN_MS / 2.0, "{w:?}");
     }
 
