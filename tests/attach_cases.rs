@@ -1688,7 +1688,7 @@ fn dns_on_connect_found_attached() {
         let o = Command::new(pgbelow::workload::find_pgbench().expect("pgbench"))
             .args(["-n", "-C", "-f"])
             .arg(&script)
-            .args(["-c", "4", "-j", "4", "-T", "3", "-h", "127.0.0.1", "-p"])
+            .args(["-c", "4", "-j", "4", "-T", "2", "-h", "127.0.0.1", "-p"])
             .arg(c.port.to_string())
             .args(["-U", "postgres", "postgres"])
             .output()
@@ -1696,9 +1696,9 @@ fn dns_on_connect_found_attached() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     };
     let d = tempfile::tempdir().unwrap();
-    let slow = record_while(&c, &d.path().join("slow"), 4, "offcpu", load);
+    let slow = record_while(&c, &d.path().join("slow"), 3, "offcpu", load);
     resolver.set_delay(0);
-    let fast = record_while(&c, &d.path().join("fast"), 4, "offcpu", load);
+    let fast = record_while(&c, &d.path().join("fast"), 3, "offcpu", load);
     drop(c);
     drop(resolver);
     // Measured ~200 ms per connection against the 20 ms bound.

@@ -48,6 +48,11 @@ fn a_slow_resolver_delays_every_connection() {
     assert_eq!(ev["resolver_frame"], "getnameinfo", "{ev}");
     assert_eq!(ev["log_hostname"], "on", "{ev}");
     assert!(ev["connections_waited"].as_u64().unwrap() >= 10, "{ev}");
+    // pgbench -C's own figure agrees: each connection took the delay.
+    assert!(
+        ev["pgbench_connection_avg_ms"].as_f64().unwrap() >= 150.0,
+        "{ev}"
+    );
     let m = common::manifest(&out);
     assert_eq!(m["facts"]["dns"]["delay_ms"], 200, "{}", m["facts"]);
     assert_torn_down(&out);

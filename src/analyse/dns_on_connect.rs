@@ -282,6 +282,11 @@ impl Rule for DnsOnConnect {
             None => String::new(),
         };
         let share = w.wait_s / w.their_off_cpu_s.max(w.wait_s).max(1e-9);
+        let connect_ms = ev.workload.as_ref().and_then(|w| w.connection_avg_ms);
+        let setting = match connect_ms {
+            Some(c) => format!("{setting} pgbench's average connection time was {c:.1} ms."),
+            None => setting,
+        };
         let summary = if costly {
             format!(
                 "New connections waited {ms:.1} ms each on name resolution ({n} connections, \
@@ -330,6 +335,7 @@ impl Rule for DnsOnConnect {
                 "lookup": lookup,
                 "by_frame_s": w.by_frame.iter().map(|(k, v)| (k.clone(), round3(*v))).collect::<BTreeMap<_, _>>(),
                 "log_hostname": log_hostname(ev),
+                "pgbench_connection_avg_ms": connect_ms,
                 "bound_ms": WARN_MS,
             }),
             remedy: "Every new connection waits for the resolver. Turn log_hostname off (logs \

@@ -336,6 +336,7 @@ fn summarise(
         tps: summary.tps.unwrap_or(0.0),
         duration_s: round_ms(t_end - t_start),
         latency_avg_ms: summary.latency_avg_ms,
+        connection_avg_ms: summary.connection_avg_ms,
         t_start,
         t_end,
     }
