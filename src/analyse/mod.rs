@@ -10,6 +10,7 @@ pub mod checkpoint_stall;
 pub mod clock_reads;
 pub mod cpu_saturation;
 pub mod disk_read_latency;
+pub mod dns_on_connect;
 pub mod facts;
 pub mod finding;
 pub mod huge_pages;
@@ -81,6 +82,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(aio_workers_saturated::AioWorkersSaturated),
         Box::new(shm_too_small::ShmTooSmall),
         Box::new(syncrep_network_latency::SyncrepNetworkLatency),
+        Box::new(dns_on_connect::DnsOnConnect),
     ]
 }
 
@@ -220,7 +222,7 @@ mod tests {
             );
             assert!(!g.help.is_empty() && !g.help.contains('\n'), "{}", g.name);
         }
-        assert_eq!(gauges.len(), 10, "{:?}", names);
+        assert_eq!(gauges.len(), 11, "{:?}", names);
         assert!(rule("no-such-rule").is_none());
     }
 

@@ -67,9 +67,20 @@ pub struct Cluster {
     pid: u32,
     child: Option<Child>,
     stopped: bool,
-    /// Bytes of a private tmpfs on /dev/shm, in a mount namespace of the
-    /// postmaster's own ([`Cluster::restart_with_private_shm`]).
-    private_shm: Option<u64>,
+    /// What the postmaster sees in a mount namespace of its own
+    /// ([`Cluster::restart_with_private_mounts`]).
+    private: Option<PrivateMounts>,
+}
+
+/// What a server restarted in a mount namespace of its own sees instead
+/// of the host's: nothing of it is mounted on the host.
+#[derive(Clone, Debug, Default)]
+pub struct PrivateMounts {
+    /// Bytes of a private tmpfs on /dev/shm (as a container's `--shm-size`).
+    pub shm: Option<u64>,
+    /// Files bound over the host's, `(source, target)`: the server reads
+    /// `source` where it opens `target` (e.g. a private /etc/resolv.conf).
+    pub files: Vec<(PathBuf, PathBuf)>,
 }
 
 impl Cluster {
@@ -103,7 +114,7 @@ impl Cluster {
             pid: 0,
             child: None,
             stopped: false,
-            private_shm: None,
+            private: None,
         };
         // From here on, dropping `c` removes the dir.
         let account = &c.account;
@@ -185,14 +196,27 @@ impl Cluster {
     /// mounted on the host: the namespace and its tmpfs vanish with the
     /// server's last process. Root only.
     pub fn restart_with_private_shm(&mut self, bytes: u64) -> Result<()> {
+        self.restart_with_private_mounts(PrivateMounts {
+            shm: Some(bytes),
+            files: Vec::new(),
+        })
+    }
+
+    /// Stop the server and start it again in a mount namespace of its own
+    /// with `mounts` (a private /dev/shm, files bound over the host's):
+    /// unshare(CLONE_NEWNS), the mounts made private, then these, before
+    /// the switch to the server account. The host's files are untouched;
+    /// the namespace vanishes with the server's last process. Root only.
+    pub fn restart_with_private_mounts(&mut self, mounts: PrivateMounts) -> Result<()> {
         if !self.account.switch {
             return Err(fixable(
-                "a private /dev/shm for the lab server needs a mount namespace, which needs root",
+                "private mounts for the lab server (a /dev/shm, /etc files) need a mount \
+                 namespace, which needs root",
                 "run pgbelow as root (sudo)",
             ));
         }
         self.shutdown_for_copy()?;
-        self.private_shm = Some(bytes);
+        self.private = Some(mounts);
         self.relaunch()
     }
 
@@ -409,7 +433,7 @@ impl Cluster {
                 .with_context(|| format!("creating {}", self.log_path.display()))?;
             self.account.chown(&self.log_path)?;
             let mut cmd = self.server_command("postgres");
-            if self.private_shm.is_some() {
+            if self.private.is_some() {
                 // The account switch moves into pre_exec, after the mounts
                 // (which need root); std's would come before it.
                 cmd = self.install.command("postgres");
@@ -435,7 +459,7 @@ impl Cluster {
             // Its own process group: a terminal's Ctrl-C reaches pgbelow,
             // which lifts I/O limits before it stops the server, not the
             // server directly.
-            match self.private_shm {
+            match &self.private {
                 // SAFETY: prctl is async-signal-safe; no allocation in the closure.
                 None => unsafe {
                     cmd.pre_exec(|| {
@@ -444,13 +468,24 @@ impl Cluster {
                         Ok(())
                     });
                 },
-                Some(bytes) => {
+                Some(m) => {
                     let (uid, gid) = (self.account.uid, self.account.gid);
-                    let opts = std::ffi::CString::new(format!("size={bytes},mode=1777"))?;
+                    let shm = m
+                        .shm
+                        .map(|b| std::ffi::CString::new(format!("size={b},mode=1777")))
+                        .transpose()?;
+                    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes());
+                    let binds = m
+                        .files
+                        .iter()
+                        .map(|(src, dst)| Ok((c(src)?, c(dst)?)))
+                        .collect::<Result<Vec<_>, std::ffi::NulError>>()?;
                     // SAFETY: only async-signal-safe system calls; the
                     // strings were made before the fork.
                     unsafe {
-                        cmd.pre_exec(move || private_shm_then_switch(&opts, uid, gid));
+                        cmd.pre_exec(move || {
+                            private_mounts_then_switch(shm.as_deref(), &binds, uid, gid)
+                        });
                     }
                 }
             }
@@ -795,10 +830,16 @@ fn rejected_setting(log: &str, settings: &[(String, String)]) -> Option<Rejected
 
 /// In the child before exec: a mount namespace of its own, every mount in
 /// it private (nothing propagates back to the host), a tmpfs mounted with
-/// `opts` on /dev/shm; then the switch to `uid`/`gid` (no supplementary
+/// `shm` on /dev/shm if given, each `(source, target)` of `binds` bound
+/// over its target; then the switch to `uid`/`gid` (no supplementary
 /// groups), the parent-death signal (a credential change clears it) and a
 /// process group of its own, as for any lab server.
-fn private_shm_then_switch(opts: &std::ffi::CStr, uid: u32, gid: u32) -> std::io::Result<()> {
+fn private_mounts_then_switch(
+    shm: Option<&std::ffi::CStr>,
+    binds: &[(std::ffi::CString, std::ffi::CString)],
+    uid: u32,
+    gid: u32,
+) -> std::io::Result<()> {
     let err = std::io::Error::last_os_error;
     // SAFETY: plain system calls on NUL-terminated strings.
     unsafe {
@@ -815,15 +856,29 @@ fn private_shm_then_switch(opts: &std::ffi::CStr, uid: u32, gid: u32) -> std::io
         {
             return Err(err());
         }
-        if libc::mount(
-            c"pgbelow-shm".as_ptr(),
-            c"/dev/shm".as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            opts.as_ptr().cast(),
-        ) != 0
-        {
-            return Err(err());
+        if let Some(opts) = shm {
+            if libc::mount(
+                c"pgbelow-shm".as_ptr(),
+                c"/dev/shm".as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                opts.as_ptr().cast(),
+            ) != 0
+            {
+                return Err(err());
+            }
+        }
+        for (src, dst) in binds {
+            if libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(err());
+            }
         }
         if libc::setgroups(0, std::ptr::null()) != 0
             || libc::setgid(gid) != 0

@@ -38,7 +38,7 @@ mod npm;
 mod procs;
 mod topology;
 
-pub use cluster::{Cluster, ClusterOptions};
+pub use cluster::{Cluster, ClusterOptions, PrivateMounts};
 pub use install::{InstallSource, PgInstall};
 pub use npm::{available_majors, pick_version, NPM_PACKAGE};
 pub use topology::{Standby, SyncMode, Topology, TopologyOptions};

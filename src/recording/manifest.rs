@@ -176,6 +176,8 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "max_parallel_workers",
     "work_mem",
     "hash_mem_multiplier",
+    "log_hostname",
+    "log_connections",
 ];
 
 /// Facts about this machine for the manifest.

@@ -33,6 +33,9 @@ pub struct WorkloadSummary {
     pub tps: f64,
     pub duration_s: f64,
     pub latency_avg_ms: Option<f64>,
+    /// pgbench -C's mean time to connect, ms (absent in older recordings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_avg_ms: Option<f64>,
     /// Recording time (s) when the workload started and ended.
     pub t_start: f64,
     pub t_end: f64,

@@ -448,6 +448,7 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
         duration_s: round_ms(dur),
         latency_avg_ms: (commits > 0)
             .then(|| round3(runs.iter().map(|r| r.ms).sum::<f64>() / commits as f64)),
+        connection_avg_ms: None,
         t_start,
         t_end,
     };

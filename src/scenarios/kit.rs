@@ -131,10 +131,14 @@ impl Lab<'_> {
         self.primary().conninfo("bench")
     }
 
-    /// pgbench against `cluster`'s `bench` database.
+    /// pgbench against `cluster`'s `bench` database: over its unix
+    /// socket, or TCP to 127.0.0.1 ([`super::Spec::tcp`]).
     pub fn target(&self, cluster: &Cluster) -> PgbenchTarget {
         PgbenchTarget {
-            host: cluster.socket_dir().display().to_string(),
+            host: match self.opts.scenario.spec().tcp {
+                true => "127.0.0.1".into(),
+                false => cluster.socket_dir().display().to_string(),
+            },
             port: cluster.port(),
             user: self.primary().user().to_string(),
             dbname: "bench".into(),
@@ -332,6 +336,7 @@ fn summarise(
         tps: summary.tps.unwrap_or(0.0),
         duration_s: round_ms(t_end - t_start),
         latency_avg_ms: summary.latency_avg_ms,
+        connection_avg_ms: summary.connection_avg_ms,
         t_start,
         t_end,
     }

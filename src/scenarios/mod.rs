@@ -8,6 +8,7 @@ pub mod builtin;
 pub mod cgroup_cpu_throttling;
 pub mod checkpoint_stall;
 pub mod disk_read_latency;
+pub mod dns_on_connect;
 pub mod drop_many;
 pub mod drop_sweep;
 pub mod explain_timing;
@@ -152,6 +153,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &aio_workers_saturated::AioWorkersSaturated,
     &shm_too_small::ShmTooSmall,
     &syncrep_network_latency::SyncrepNetworkLatency,
+    &dns_on_connect::DnsOnConnect,
 ];
 
 /// The scenario named `name`.
@@ -232,7 +234,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 21);
+        assert_eq!(names.len(), 22);
     }
 
     #[test]

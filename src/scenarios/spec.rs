@@ -38,6 +38,8 @@ pub struct Spec {
     /// Settings `lab matrix` adds (unless given) so that the finding is
     /// possible at all.
     pub matrix_set: &'static [(&'static str, &'static str)],
+    /// pgbench connects over TCP to 127.0.0.1 (else the unix socket).
+    pub tcp: bool,
 }
 
 impl Spec {
@@ -59,6 +61,7 @@ impl Spec {
         on_standby: false,
         finding: None,
         matrix_set: &[],
+        tcp: false,
     };
 
     pub fn owns(&self, flag: &str) -> bool {

@@ -56,6 +56,9 @@ pub struct Summary {
     pub latency_avg_ms: Option<f64>,
     pub latency_stddev_ms: Option<f64>,
     pub tps: Option<f64>,
+    /// `-C`'s mean time to connect (pgbench 14+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_avg_ms: Option<f64>,
 }
 
 fn first_num<T: std::str::FromStr>(v: &str) -> Option<T> {
@@ -79,6 +82,8 @@ pub fn parse_summary(input: impl BufRead) -> Summary {
             s.latency_avg_ms = first_num(v);
         } else if let Some(v) = line.strip_prefix("latency stddev = ") {
             s.latency_stddev_ms = first_num(v);
+        } else if let Some(v) = line.strip_prefix("average connection time = ") {
+            s.connection_avg_ms = first_num(v);
         } else if let Some(v) = line.strip_prefix("tps = ") {
             s.tps = first_num(v);
         }
@@ -140,6 +145,12 @@ mod tests {
         assert_eq!(t.transactions, Some(1180));
         assert_eq!(t.clients, Some(2));
         assert_eq!(t.latency_avg_ms, Some(5.072));
+        assert_eq!(t.connection_avg_ms, None);
+        // pgbench -C -S (a new connection per transaction, TCP).
+        let c = parse_summary(fixture("select-only-connect-pg15.stdout"));
+        assert_eq!(c.connection_avg_ms, Some(12.362));
+        assert_eq!(c.latency_avg_ms, Some(50.2));
+        assert_eq!(c.tps, Some(79.681078));
     }
 
     #[test]

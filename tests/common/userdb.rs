@@ -80,6 +80,7 @@ pub struct ClusterBuilder<'a> {
     prepare: Option<Prepare<'a>>,
     pid_namespace: bool,
     shm_size: Option<&'a str>,
+    private_files: &'a [(&'a Path, &'a Path)],
     primary: Option<&'a UserCluster>,
 }
 
@@ -139,6 +140,30 @@ impl<'a> ClusterBuilder<'a> {
         self
     }
 
+    /// Start the server in a mount namespace of its own where each
+    /// `(source, target)` file is bound over the host's target (e.g. a
+    /// private /etc/resolv.conf); the host's files are untouched.
+    pub fn private_files(mut self, files: &'a [(&'a Path, &'a Path)]) -> Self {
+        self.private_files = files;
+        self
+    }
+
+    /// The shell commands that make the namespace's mounts, if any.
+    fn mounts(&self) -> Option<String> {
+        let shm = self.shm_size.map(|size| {
+            format!("mount -t tmpfs -o size={size},mode=1777 pgbelow-test-shm /dev/shm")
+        });
+        let binds = self.private_files.iter().map(|(src, dst)| {
+            format!(
+                "mount --bind {} {}",
+                shell_quoted(&src.display().to_string()),
+                shell_quoted(&dst.display().to_string())
+            )
+        });
+        let all: Vec<String> = shm.into_iter().chain(binds).collect();
+        (!all.is_empty()).then(|| all.join(" && "))
+    }
+
     /// A streaming standby of `primary` (pg_basebackup) instead of initdb.
     pub fn standby_of(mut self, primary: &'a UserCluster) -> Self {
         self.primary = Some(primary);
@@ -147,6 +172,7 @@ impl<'a> ClusterBuilder<'a> {
 
     /// Set up the data directory and start the server.
     pub fn start(self) -> UserCluster {
+        let mounts = self.mounts();
         let bin = match (self.bin, self.primary) {
             (Some(b), _) => b,
             (None, Some(p)) => p.bin.clone(),
@@ -178,8 +204,13 @@ impl<'a> ClusterBuilder<'a> {
             .status()
             .unwrap();
         assert!(st.success());
-        if self.pid_namespace || self.shm_size.is_some() {
-            c.start_in_namespace(self.pid_namespace, self.shm_size, self.settings, self.env);
+        if self.pid_namespace || mounts.is_some() {
+            c.start_in_namespace(
+                self.pid_namespace,
+                mounts.as_deref(),
+                self.settings,
+                self.env,
+            );
         } else {
             c.pg_ctl_start(self.settings, self.env);
         }
@@ -237,6 +268,7 @@ impl UserCluster {
             prepare: None,
             pid_namespace: false,
             shm_size: None,
+            private_files: &[],
             primary: None,
         }
     }
@@ -347,17 +379,16 @@ impl UserCluster {
     /// `runuser -u postgres -- env ENV`: the server's account, with `env`
     /// (runuser resets the environment; `env` passes these through); in
     /// a pid namespace of its own under `unshare` when `pid_namespace`; in
-    /// a mount namespace of its own with a private tmpfs of that size on
-    /// /dev/shm when `shm_size`.
-    fn as_server(pid_namespace: bool, shm_size: Option<&str>, env: &[(&str, &Path)]) -> Command {
-        let unshared = pid_namespace || shm_size.is_some();
+    /// a mount namespace of its own where the shell commands `mounts` ran
+    /// (a private /dev/shm, files bound over the host's) when given.
+    fn as_server(pid_namespace: bool, mounts: Option<&str>, env: &[(&str, &Path)]) -> Command {
+        let unshared = pid_namespace || mounts.is_some();
         let mut c = Command::new(if unshared { "unshare" } else { "runuser" });
-        if let Some(size) = shm_size {
-            // Private: the tmpfs never propagates to the host's /dev/shm.
+        if let Some(mounts) = mounts {
+            // Private: the mounts never propagate to the host.
             c.args(["--mount", "--propagation", "private"]);
-            c.args(["sh", "-c"]).arg(format!(
-                "mount -t tmpfs -o size={size},mode=1777 pgbelow-test-shm /dev/shm && exec \"$0\" \"$@\""
-            ));
+            c.args(["sh", "-c"])
+                .arg(format!("{mounts} && exec \"$0\" \"$@\""));
             if pid_namespace {
                 c.arg("unshare");
             }
@@ -405,12 +436,12 @@ impl UserCluster {
     fn start_in_namespace(
         &mut self,
         pid_namespace: bool,
-        shm_size: Option<&str>,
+        mounts: Option<&str>,
         settings: &[(&str, &str)],
         env: &[(&str, &Path)],
     ) {
         let log = std::fs::File::create(self.log_path()).unwrap();
-        let child = UserCluster::as_server(pid_namespace, shm_size, env)
+        let child = UserCluster::as_server(pid_namespace, mounts, env)
             .arg(self.bin.join("postgres"))
             .arg("-D")
             .arg(self.data())
