@@ -519,7 +519,14 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
                 .map_err(|e| format!("writing {restore:?} to {}: {e}", path.display()))
         }
         Object::Sysctl { path, restore } => {
-            if read_trim(path).as_deref() == Some(restore) {
+            // A sysfs choice reads `always [madvise] never`: its selected word.
+            let now = read_trim(path);
+            let now = now.as_deref().map(|s| {
+                s.split_once('[')
+                    .and_then(|(_, r)| r.split_once(']'))
+                    .map_or(s, |(w, _)| w)
+            });
+            if now == Some(restore.as_str()) {
                 return Ok(Vec::new());
             }
             fs::write(path, restore)
