@@ -395,6 +395,12 @@ const QUIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Does `o` name only what pgbelow makes? An entry is only ever written by
 /// pgbelow, but a damaged one must not make a reclaim remove `/`.
+/// The machine-wide THP and compaction settings thp-compaction-stall sets
+/// (sysfs and sysctl files, restored like a sysctl).
+pub const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+pub const THP_DEFRAG: &str = "/sys/kernel/mm/transparent_hugepage/defrag";
+pub const COMPACTION_PROACTIVENESS: &str = "/proc/sys/vm/compaction_proactiveness";
+
 fn plausible(o: &Object) -> bool {
     let named = |p: &Path| {
         p.is_absolute()
@@ -409,9 +415,17 @@ fn plausible(o: &Object) -> bool {
                 || path.starts_with("/sys/fs/cgroup/") && named(path)
         }
         Object::Bdi { path, .. } => path.starts_with("/sys/class/bdi/"),
-        Object::Sysctl { path, restore } => {
-            path == Path::new("/proc/sys/vm/nr_hugepages") && restore.parse::<u64>().is_ok()
-        }
+        Object::Sysctl { path, restore } => match path.to_str() {
+            Some("/proc/sys/vm/nr_hugepages") => restore.parse::<u64>().is_ok(),
+            // thp-compaction-stall's settings: a mode word, a 0–100 figure.
+            Some(THP_ENABLED) => matches!(restore.as_str(), "always" | "madvise" | "never"),
+            Some(THP_DEFRAG) => matches!(
+                restore.as_str(),
+                "always" | "defer" | "defer+madvise" | "madvise" | "never"
+            ),
+            Some(COMPACTION_PROACTIVENESS) => restore.parse::<u8>().is_ok_and(|n| n <= 100),
+            _ => false,
+        },
         Object::Cluster { dir, data_dir, .. } => named(dir) && data_dir.starts_with(dir),
         Object::Mount { path } => named(path),
         Object::TracefsMount { path } => path == Path::new("/sys/kernel/tracing"),
@@ -505,7 +519,14 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
                 .map_err(|e| format!("writing {restore:?} to {}: {e}", path.display()))
         }
         Object::Sysctl { path, restore } => {
-            if read_trim(path).as_deref() == Some(restore) {
+            // A sysfs choice reads `always [madvise] never`: its selected word.
+            let now = read_trim(path);
+            let now = now.as_deref().map(|s| {
+                s.split_once('[')
+                    .and_then(|(_, r)| r.split_once(']'))
+                    .map_or(s, |(w, _)| w)
+            });
+            if now == Some(restore.as_str()) {
                 return Ok(Vec::new());
             }
             fs::write(path, restore)
@@ -909,6 +930,22 @@ mod tests {
                 path: "/proc/sys/vm/nr_hugepages".into(),
                 restore: "lots".into(),
             },
+            Object::Sysctl {
+                path: THP_ENABLED.into(),
+                restore: "always [madvise] never".into(),
+            },
+            Object::Sysctl {
+                path: THP_DEFRAG.into(),
+                restore: "sometimes".into(),
+            },
+            Object::Sysctl {
+                path: COMPACTION_PROACTIVENESS.into(),
+                restore: "101".into(),
+            },
+            Object::Sysctl {
+                path: "/sys/kernel/mm/transparent_hugepage/shmem_enabled".into(),
+                restore: "never".into(),
+            },
             // Not pgbelow's rule (no pgbelow- comment), or not its tool.
             Object::Iptables {
                 tool: "iptables".into(),
@@ -923,6 +960,20 @@ mod tests {
         ] {
             assert!(!plausible(&o), "{o:?}");
             assert!(undo(&o).is_err(), "{o:?}");
+        }
+        for (path, restore) in [
+            (THP_ENABLED, "madvise"),
+            (THP_ENABLED, "never"),
+            (THP_DEFRAG, "defer+madvise"),
+            (THP_DEFRAG, "madvise"),
+            (COMPACTION_PROACTIVENESS, "20"),
+            (COMPACTION_PROACTIVENESS, "0"),
+        ] {
+            let o = Object::Sysctl {
+                path: path.into(),
+                restore: restore.into(),
+            };
+            assert!(plausible(&o), "{o:?}");
         }
         assert!(plausible(&Object::Cluster {
             dir: "/tmp/pgbelow-ab12cd".into(),

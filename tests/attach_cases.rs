@@ -1736,3 +1736,83 @@ fn dns_on_connect_found_attached() {
     assert_eq!(binds, 0, "a private /etc file leaked to the host");
     std::net::UdpSocket::bind("127.0.0.153:53").expect("the resolver still listens");
 }
+
+/// Case `thp-compaction-stall` attached, on one cluster and without
+/// touching the machine's THP settings: the server started with
+/// `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (glibc madvises its mmap'd
+/// chunks MADV_HUGEPAGE, which the host's `defrag=madvise` compacts for
+/// directly) beside the scenario's fragmenter (1 GiB), fresh backends
+/// sorting in memory (pgbench -C); then the same cluster restarted
+/// without the tunable. On this VM the stall does not reach the bound
+/// (docs/findings.md), so the affected side asserts the figure was
+/// measured, and the healthy side that it is clear. glibc 2.36 applied
+/// the tunable in only some processes here (4 of 5 in one probe, 1 of 3
+/// in another): its THP faults are printed, not asserted.
+#[test]
+fn thp_compaction_stall_measured_attached() {
+    use pgbelow::scenarios::thp_compaction_stall::Fragmenter;
+    if common::skipped_unless_root("thp-compaction-stall attached needs root (a memory cgroup)") {
+        return;
+    }
+    let defrag =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/defrag").unwrap_or_default();
+    if !defrag.contains("[madvise]") {
+        eprintln!(
+            "skipped: THP defrag is not madvise here ({})",
+            defrag.trim()
+        );
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let id = "thp-compaction-stall";
+    let work_mem = [("work_mem", "512MB")];
+    let c = UserCluster::builder()
+        .settings(&work_mem)
+        .env(&[("GLIBC_TUNABLES", Path::new("glibc.malloc.hugetlb=1"))])
+        .start();
+    c.psql(
+        "postgres",
+        "create table thp_sort as select (random() * 1e9)::int v from generate_series(1, 1000000)",
+    );
+    let script = c.dir.path().join("sort.sql");
+    std::fs::write(
+        &script,
+        "select v from thp_sort order by v offset 1000000;\n",
+    )
+    .unwrap();
+    let script = script.display().to_string();
+    let load = || {
+        c.pgbench(
+            "postgres",
+            &["-n", "-C", "-f", &script, "-c", "2", "-j", "2", "-T", "2"],
+        );
+    };
+    let collectors = "profile,offcpu,procfs,system";
+    let frag = Fragmenter::start(1, &|_| {}).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let tunable = record_while(&c, &d.path().join("tunable"), 4, collectors, load);
+    drop(frag);
+    c.stop();
+    c.restart_stopped(&work_mem);
+    let plain = record_while(&c, &d.path().join("plain"), 4, collectors, load);
+    let thp = |out: &str| -> u64 {
+        std::fs::read_to_string(d.path().join(out).join("system.jsonl"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| v["thp_fault_alloc"].as_u64())
+            .sum()
+    };
+    let checked = common::check(&tunable, id);
+    eprintln!(
+        "hugetlb tunable + fragmenter: {} ({}), {} THP faults machine-wide",
+        checked["figure"],
+        checked["status"],
+        thp("tunable")
+    );
+    assert_ne!(checked["status"], "not_measurable", "{checked}");
+    assert!(checked["measured"]["value"].as_f64().is_some(), "{checked}");
+    silent_on(&plain, id, "no tunable");
+    assert_eq!(common::check(&plain, id)["status"], "clear");
+    eprintln!("thp attached: {:.0} s", t0.elapsed().as_secs_f64());
+}

@@ -48,6 +48,7 @@ fn cgroup_v2_and_a_slow_clocksource_in_a_vm() {
     eprintln!("{console}");
     let section = |n: &str| common::vm::section(&console, n).unwrap_or_default().trim();
     assert_eq!(section("clocksource"), "hpet", "{console}");
+    assert!(console.contains("TMPDIR=/disk"), "no data disk: {console}");
     assert!(section("controllers").contains("cpu"), "{console}");
     assert!(section("controllers").contains("memory"), "{console}");
 
@@ -95,8 +96,13 @@ pgbelow lab run --scenario memory-cgroup-reclaim --duration 10 --collectors proc
 echo "rc mem $?"
 echo "==> mem"; cat /tmp/mem.json; echo "<== mem"
 echo "==> mem.err"; tail -20 /tmp/mem.err; echo "<== mem.err"
+echo "==> mem.cgroup"; tail -n 4 /tmp/mem/cgroup.jsonl; echo "<== mem.cgroup"
 "#;
     let console = vm.run(script, "", Duration::from_secs(1800));
+    eprintln!(
+        "{}",
+        common::vm::section(&console, "mem.cgroup").unwrap_or_default()
+    );
     let mem = report(&console, "mem");
     let f = common::raised_with_margin(&mem, "memory-cgroup-reclaim", 1.2);
     let ev = &f["evidence"];

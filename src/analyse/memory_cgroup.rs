@@ -16,6 +16,11 @@
 //! that reclaim cost: an OOM kill in the cgroup and the restart after it
 //! (a second checkpointer) are `oom-kill-restart`'s finding, whose cost is
 //! the outage; here they are only noted, never raise or escalate this one.
+//!
+//! Against `thp-compaction-stall`: direct reclaim inside a huge page fault
+//! (a reclaim frame beside `do_huge_pmd_anonymous_page`) is also that
+//! rule's time. This one speaks only with its cgroup at the limit, so the
+//! two claim the same seconds only when both causes are there at once.
 use std::collections::BTreeMap;
 
 use serde_json::json;

@@ -26,6 +26,7 @@ pub mod subtransaction_overflow;
 pub mod swap_activity;
 pub mod syncrep_network_latency;
 pub mod syncrep_wait;
+pub mod thp_compaction_stall;
 pub mod timer_syscalls;
 pub mod wal_fsync;
 
@@ -78,6 +79,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(cpu_saturation::CpuSaturation),
         Box::new(disk_read_latency::DiskReadLatency),
         Box::new(swap_activity::SwapActivity),
+        Box::new(thp_compaction_stall::ThpCompactionStall),
         Box::new(oom_kill_restart::OomKillRestart),
         Box::new(aio_workers_saturated::AioWorkersSaturated),
         Box::new(shm_too_small::ShmTooSmall),

@@ -113,32 +113,68 @@ pub fn swapins(ev: &Evidence) -> Option<Swapins> {
     if !ev.recorded("procfs") {
         return None;
     }
-    let mut out = Swapins {
+    let t = stack_time(
+        ev,
+        |r| r == Role::Backend.as_str(),
+        |f| swapin_stack(f.iter().copied()),
+    );
+    let majflt = ev
+        .procfs
+        .iter()
+        .flat_map(|smp| &smp.procs)
+        .filter(|(pid, _)| ev.role_of(**pid) == Role::Backend)
+        .map(|(_, d)| d.majflt)
+        .sum();
+    Some(Swapins {
         // The offcpu collector records blocked processes' kernel stacks in
         // BPF: what procfs cannot read without CAP_SYS_ADMIN.
         stacks: stacks_missing(ev).is_none() || ev.offcpu.is_some(),
-        ..Default::default()
-    };
+        by_source: t.by_source,
+        stall_s: t.stall_s,
+        busy_s: t.busy_s,
+        majflt,
+    })
+}
+
+/// Time the processes of some roles spent in kernel stacks of one kind.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StackTime {
+    /// Seconds by source: `blocked_procfs`, `off_cpu_offcpu`,
+    /// `on_cpu_profile` (each only when recorded).
+    pub by_source: std::collections::BTreeMap<&'static str, f64>,
+    /// On a CPU (profile) plus off it (the larger of procfs's D stacks and
+    /// offcpu's).
+    pub stall_s: f64,
+    /// Their CPU seconds plus their D process-seconds (procfs).
+    pub busy_s: f64,
+}
+
+/// [`StackTime`] of the processes whose role (`Role::as_str`) `role`
+/// accepts, in stacks (frames outermost first, profile frames with their
+/// `_[k]` suffix) that `stack` accepts.
+pub fn stack_time(
+    ev: &Evidence,
+    role: impl Fn(&str) -> bool,
+    stack: impl Fn(&[&str]) -> bool,
+) -> StackTime {
+    let mut out = StackTime::default();
     let mut blocked = 0.0;
     for smp in &ev.procfs {
         for r in &smp.rows {
-            if r.role != Role::Backend || r.samples == 0 {
+            if !role(r.role.as_str()) || r.samples == 0 || r.state != "D" {
                 continue;
             }
-            if r.state == "D" {
-                out.busy_s += r.s;
-                let hits: u64 = r
-                    .stacks
-                    .iter()
-                    .filter(|(k, _)| swapin_stack(k.split(';')))
-                    .map(|(_, n)| n)
-                    .sum();
-                blocked += r.s * hits as f64 / r.samples as f64;
-            }
+            out.busy_s += r.s;
+            let hits: u64 = r
+                .stacks
+                .iter()
+                .filter(|(k, _)| stack(&k.split(';').collect::<Vec<_>>()))
+                .map(|(_, n)| n)
+                .sum();
+            blocked += r.s * hits as f64 / r.samples as f64;
         }
         for (pid, d) in &smp.procs {
-            if ev.role_of(*pid) == Role::Backend {
-                out.majflt += d.majflt;
+            if role(ev.role_of(*pid).as_str()) {
                 out.busy_s += d.cpu_s;
             }
         }
@@ -150,10 +186,7 @@ pub fn swapins(ev: &Evidence) -> Option<Swapins> {
         let us: u64 = o
             .stacks
             .iter()
-            .filter(|s| {
-                s.role == Role::Backend.as_str()
-                    && swapin_stack(s.frames.iter().skip(1).map(String::as_str))
-            })
+            .filter(|s| role(&s.role) && stack(&frames(&s.frames, 1)))
             .map(|s| s.samples)
             .sum();
         let s = us as f64 * 1e-6;
@@ -166,17 +199,18 @@ pub fn swapins(ev: &Evidence) -> Option<Swapins> {
         let n: u64 = p
             .stacks
             .iter()
-            .filter(|s| {
-                s.role == Role::Backend.as_str()
-                    && swapin_stack(s.frames.iter().map(String::as_str))
-            })
+            .filter(|s| role(&s.role) && stack(&frames(&s.frames, 0)))
             .map(|s| s.samples)
             .sum();
         on = n as f64 / hz;
         out.by_source.insert("on_cpu_profile", round3(on));
     }
     out.stall_s = on + off;
-    Some(out)
+    out
+}
+
+fn frames(f: &[String], skip: usize) -> Vec<&str> {
+    f.iter().skip(skip).map(String::as_str).collect()
 }
 
 /// The machine's swap traffic and the server's swapped memory.

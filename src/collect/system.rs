@@ -17,7 +17,7 @@ use crate::recording::{CollectorInfo, Writer};
 pub use crate::recording::schema::system::{
     DataDirMount, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU, CGROUP_MEMORY,
     CONTAINER, DATA_DIR_MOUNT, DEV_SHM, KERNEL_LOG, KERNEL_OOM, OUTSIDE_FILE,
-    POSTMASTER_OOM_SCORE_ADJ, STREAM, TOP_OUTSIDE,
+    POSTMASTER_OOM_SCORE_ADJ, STREAM, THP_DIR, TOP_OUTSIDE, TRANSPARENT_HUGEPAGE,
 };
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
@@ -34,6 +34,38 @@ pub const DIRTY_SYSCTLS: &[&str] = &[
 /// The `vm.*` sysctls that decide whether an allocation fails or the OOM
 /// killer runs (the PostgreSQL docs' "Linux Memory Overcommit").
 pub const OVERCOMMIT_SYSCTLS: &[&str] = &["overcommit_memory", "overcommit_ratio"];
+
+/// The `vm.*` sysctls that decide how hard the kernel compacts memory for
+/// huge pages (thp-compaction-stall); `defrag_mode` is 6.15+.
+pub const COMPACTION_SYSCTLS: &[&str] = &[
+    "compaction_proactiveness",
+    "extfrag_threshold",
+    "defrag_mode",
+];
+
+/// The transparent huge page settings under
+/// /sys/kernel/mm/transparent_hugepage: `enabled`, `defrag`,
+/// `shmem_enabled` (the bracketed word of each) and `khugepaged/defrag`.
+pub fn thp_settings(dir: &Path) -> Option<serde_json::Value> {
+    let word = |f: &str| -> Option<String> {
+        let s = std::fs::read_to_string(dir.join(f)).ok()?;
+        Some(bracketed(&s).unwrap_or(s.trim()).to_string())
+    };
+    let enabled = word("enabled")?;
+    Some(serde_json::json!({
+        "enabled": enabled,
+        "defrag": word("defrag"),
+        "shmem_enabled": word("shmem_enabled"),
+        "khugepaged_defrag": word("khugepaged/defrag"),
+    }))
+}
+
+/// The selected word of a sysfs choice such as `always [madvise] never`.
+pub fn bracketed(s: &str) -> Option<&str> {
+    let a = s.find('[')?;
+    let b = s[a..].find(']')?;
+    Some(&s[a + 1..a + b])
+}
 
 /// /proc/stat's aggregate `cpu` line, in clock ticks, and the CPUs online.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -223,6 +255,15 @@ pub struct VmCounters {
     /// Pages read in from swap and written out to it.
     pub pswpin: u64,
     pub pswpout: u64,
+    /// Direct compactions (stalls) and their outcome, pages scanned for
+    /// migration, and anonymous THP faults served / fallen back to 4 kB.
+    pub compact_stall: u64,
+    pub compact_fail: u64,
+    pub compact_success: u64,
+    pub compact_migrate_scanned: u64,
+    pub thp_fault_alloc: u64,
+    pub thp_fault_fallback: u64,
+    pub thp_collapse_alloc: u64,
 }
 
 /// Build a sample from the text of /proc/meminfo and /proc/vmstat;
@@ -244,6 +285,13 @@ pub fn sample_from(
         pgpgout,
         pswpin: vg("pswpin"),
         pswpout: vg("pswpout"),
+        compact_stall: vg("compact_stall"),
+        compact_fail: vg("compact_fail"),
+        compact_success: vg("compact_success"),
+        compact_migrate_scanned: vg("compact_migrate_scanned"),
+        thp_fault_alloc: vg("thp_fault_alloc"),
+        thp_fault_fallback: vg("thp_fault_fallback"),
+        thp_collapse_alloc: vg("thp_collapse_alloc"),
     });
     let delta = |f: fn(&VmCounters) -> u64| match (now, before) {
         (Some(n), Some(b)) => f(&n).saturating_sub(f(&b)),
@@ -270,6 +318,13 @@ pub fn sample_from(
         swap_free_kb: m.get("SwapFree").copied(),
         pswpin: delta(|c| c.pswpin),
         pswpout: delta(|c| c.pswpout),
+        compact_stall: delta(|c| c.compact_stall),
+        compact_fail: delta(|c| c.compact_fail),
+        compact_success: delta(|c| c.compact_success),
+        compact_migrate_scanned: delta(|c| c.compact_migrate_scanned),
+        thp_fault_alloc: delta(|c| c.thp_fault_alloc),
+        thp_fault_fallback: delta(|c| c.thp_fault_fallback),
+        thp_collapse_alloc: delta(|c| c.thp_collapse_alloc),
         ..SystemSample::default()
     };
     (s, now)
@@ -375,7 +430,11 @@ pub struct SystemCollector {
 impl SystemCollector {
     pub fn start(ctx: &Context) -> Result<SystemCollector> {
         let mut facts = Vec::new();
-        for name in DIRTY_SYSCTLS.iter().chain(OVERCOMMIT_SYSCTLS) {
+        for name in DIRTY_SYSCTLS
+            .iter()
+            .chain(OVERCOMMIT_SYSCTLS)
+            .chain(COMPACTION_SYSCTLS)
+        {
             if let Ok(v) = std::fs::read_to_string(format!("/proc/sys/vm/{name}")) {
                 let v = v.trim();
                 let value = v
@@ -383,6 +442,9 @@ impl SystemCollector {
                     .map_or_else(|_| serde_json::json!(v), |n| serde_json::json!(n));
                 facts.push((format!("vm.{name}"), value));
             }
+        }
+        if let Some(thp) = thp_settings(Path::new(THP_DIR)) {
+            facts.push((TRANSPARENT_HUGEPAGE.into(), thp));
         }
         // Whom the OOM killer spares: -1000 never, 1000 first.
         if let Some(adj) =
@@ -659,6 +721,62 @@ mod tests {
             4,
         );
         assert_eq!((s.pgpgout_kb, s.pswpin, s.pswpout), (512, 0, 0));
+        assert_eq!((s.compact_stall, s.thp_fault_alloc), (0, 0));
+    }
+
+    #[test]
+    fn compaction_and_thp_deltas_from_a_6_18_vmstat() {
+        // Captured on this VM (6.18) after a THP probe: direct compactions
+        // and THP faults counted since boot.
+        let text = fixture("vmstat-6.18");
+        let v = parse_vmstat(&text);
+        let (_, now) = sample_from(1.0, 1.0, &fixture("meminfo"), &text, None, 4);
+        let now = now.unwrap();
+        assert_eq!(now.compact_stall, v["compact_stall"]);
+        assert_eq!(now.thp_fault_alloc, v["thp_fault_alloc"]);
+        assert!(now.compact_stall >= now.compact_success && now.compact_success > 0);
+        let before = VmCounters {
+            compact_stall: now.compact_stall - 341,
+            compact_success: now.compact_success - 341,
+            thp_fault_alloc: now.thp_fault_alloc - 1022,
+            ..now
+        };
+        let (s, _) = sample_from(2.0, 1.0, &fixture("meminfo"), &text, Some(before), 4);
+        assert_eq!(
+            (s.compact_stall, s.compact_success, s.compact_fail),
+            (341, 341, 0)
+        );
+        assert_eq!((s.thp_fault_alloc, s.thp_fault_fallback), (1022, 0));
+        // Zero deltas are left out of system.jsonl; old lines load.
+        let line = serde_json::to_string(&s).unwrap();
+        assert!(line.contains("\"compact_stall\":341") && !line.contains("compact_fail"));
+        let old: SystemSample = serde_json::from_str(r#"{"t":1,"dt":1,"dirty_kb":0,"writeback_kb":0,"mem_free_kb":0,"cached_kb":0,"nr_dirty":0,"nr_writeback":0,"pgpgout_kb":0}"#).unwrap();
+        assert_eq!(old.compact_stall, 0);
+    }
+
+    #[test]
+    fn thp_settings_are_the_bracketed_words() {
+        assert_eq!(bracketed("always [madvise] never\n"), Some("madvise"));
+        assert_eq!(
+            bracketed("always defer defer+madvise [madvise] never"),
+            Some("madvise")
+        );
+        assert_eq!(bracketed("1\n"), None);
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("khugepaged")).unwrap();
+        std::fs::write(d.path().join("enabled"), "[always] madvise never\n").unwrap();
+        std::fs::write(
+            d.path().join("defrag"),
+            "always defer [defer+madvise] madvise never\n",
+        )
+        .unwrap();
+        std::fs::write(d.path().join("khugepaged/defrag"), "1\n").unwrap();
+        let t = thp_settings(d.path()).unwrap();
+        assert_eq!(t["enabled"], "always");
+        assert_eq!(t["defrag"], "defer+madvise");
+        assert_eq!(t["khugepaged_defrag"], "1");
+        assert!(t["shmem_enabled"].is_null());
+        assert!(thp_settings(&d.path().join("none")).is_none());
     }
 
     #[test]

@@ -108,11 +108,19 @@ impl MemCgroup {
             Version::V1 => "memory.limit_in_bytes",
             Version::V2 => "memory.max",
         });
+        if self.version == Version::V2 {
+            self.reclaim_below_v2(bytes)?;
+        }
         let mut last = None;
         for _ in 0..30 {
             crate::interrupt::check()?;
             match std::fs::write(&file, bytes.to_string()) {
                 Ok(()) => {
+                    if self.version == Version::V2 {
+                        // memory.max is the limit now; memory.high was only
+                        // the way down to it.
+                        let _ = std::fs::write(self.cg.path.join("memory.high"), "max");
+                    }
                     status(&format!(
                         "the cluster runs in {} limited to {} MB",
                         self.cg.path.display(),
@@ -135,6 +143,43 @@ impl MemCgroup {
                 self.cg.path.display(),
                 self.limit_mb,
                 last.map_or("busy".into(), |e| e.to_string())
+            ),
+            "give a larger --memory-limit, or a smaller shared_buffers with --set",
+        ))
+    }
+
+    /// cgroup v2 has no EBUSY: a `memory.max` below what the cgroup can
+    /// give back OOM-kills in it at once. So `memory.high` first (reclaim
+    /// without the OOM killer), and `memory.max` only once `memory.current`
+    /// is under it; else `memory.high` back to `max` and the same error as
+    /// v1's refusal.
+    fn reclaim_below_v2(&self, bytes: u64) -> Result<()> {
+        let high = self.cg.path.join("memory.high");
+        std::fs::write(&high, bytes.to_string())
+            .with_context(|| format!("writing {bytes} to {}", high.display()))?;
+        let current = || -> Option<u64> {
+            std::fs::read_to_string(self.cg.path.join("memory.current"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        for _ in 0..30 {
+            crate::interrupt::check()?;
+            if current().is_some_and(|c| c <= bytes) {
+                return Ok(());
+            }
+            // SAFETY: sync has no preconditions.
+            unsafe { libc::sync() };
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = std::fs::write(&high, "max");
+        Err(fixable(
+            format!(
+                "{} cannot be limited to {} MB: it still uses {} it cannot give back (memory.current)",
+                self.cg.path.display(),
+                self.limit_mb,
+                current().map_or("memory".into(), |c| format!("{} MB", c >> 20))
             ),
             "give a larger --memory-limit, or a smaller shared_buffers with --set",
         ))

@@ -28,6 +28,7 @@ pub mod subtransaction_overflow;
 pub mod swap_activity;
 pub mod syncrep_commit;
 pub mod syncrep_network_latency;
+pub mod thp_compaction_stall;
 pub mod wal_fsync;
 
 use std::any::Any;
@@ -154,6 +155,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &shm_too_small::ShmTooSmall,
     &syncrep_network_latency::SyncrepNetworkLatency,
     &dns_on_connect::DnsOnConnect,
+    &thp_compaction_stall::ThpCompactionStall,
 ];
 
 /// The scenario named `name`.
@@ -234,7 +236,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 22);
+        assert_eq!(names.len(), 23);
     }
 
     #[test]

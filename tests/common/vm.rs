@@ -3,8 +3,8 @@
 //! cannot read. Debian's cloud kernel (tests/vm/kernel.sh, fetched once
 //! without installing it) boots under qemu's software emulation with the
 //! whole root filesystem as an initramfs (tests/vm/initramfs.sh: busybox,
-//! this host's PostgreSQL 15, the pgbelow under test), runs a script as
-//! root and powers off; the script's output comes back on the serial
+//! this host's PostgreSQL 15, the pgbelow under test) and an ext4 disk
+//! for the data directories (TMPDIR), runs a script as root and powers off; the script's output comes back on the serial
 //! console. KVM does not work on this kind of machine, so the guest runs
 //! about 15× slower than the host: scale work down.
 use std::io::Read;
@@ -112,6 +112,20 @@ impl Vm {
         let mut all = std::fs::read(&self.root).unwrap();
         all.extend_from_slice(&extra);
         std::fs::write(&initrd, all).unwrap();
+        // A disk for the data directories (the initramfs is tmpfs, whose
+        // pages no reclaim can drop): a sparse ext4 image on NVMe, which the
+        // cloud kernel drives without modules.
+        let disk = dir.path().join("disk.img");
+        std::fs::File::create(&disk)
+            .unwrap()
+            .set_len(4 << 30)
+            .unwrap();
+        let mkfs = Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(&disk)
+            .status()
+            .unwrap();
+        assert!(mkfs.success(), "mkfs.ext4 {}", disk.display());
         let console = dir.path().join("console");
         let mut q = Command::new("qemu-system-x86_64")
             .args(["-m", "3072", "-smp", "2", "-no-reboot"])
@@ -122,6 +136,12 @@ impl Vm {
             .arg(&self.kernel)
             .arg("-initrd")
             .arg(&initrd)
+            .arg("-drive")
+            .arg(format!(
+                "file={},if=none,id=disk,format=raw",
+                disk.display()
+            ))
+            .args(["-device", "nvme,serial=pgbelow,drive=disk"])
             .args([
                 "-append",
                 &format!("console=ttyS0 quiet panic=-1 {cmdline}"),

@@ -128,6 +128,26 @@ pub struct SystemSample {
     pub pswpin: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub pswpout: u64,
+    /// Machine-wide in `(t-dt, t]` (/proc/vmstat deltas): direct
+    /// compactions (an allocation stalled to compact memory; any high
+    /// order, not only THP) and how they ended, pages scanned for
+    /// migration; anonymous THP faults served with a huge page and fallen
+    /// back to 4 kB pages; khugepaged's collapses. Absent (0) in older
+    /// recordings.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compact_stall: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compact_fail: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compact_success: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compact_migrate_scanned: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub thp_fault_alloc: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub thp_fault_fallback: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub thp_collapse_alloc: u64,
     /// CPUs online (`cpuN` lines of /proc/stat).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<u32>,
@@ -144,6 +164,13 @@ pub struct SystemSample {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dev_shm_free_kb: Option<u64>,
 }
+
+/// Manifest fact: the transparent huge page settings at the start:
+/// `{"enabled", "defrag", "shmem_enabled", "khugepaged_defrag"}`, each the
+/// selected word (`always`, `madvise`, …).
+pub const TRANSPARENT_HUGEPAGE: &str = "transparent_hugepage";
+/// Where the kernel shows them.
+pub const THP_DIR: &str = "/sys/kernel/mm/transparent_hugepage";
 
 /// Manifest fact: the postmaster's /dev/shm at the start: `{"path",
 /// "size_kb", "free_kb"}`, or `{"unavailable": why}`.
