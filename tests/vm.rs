@@ -10,6 +10,8 @@
 //!   cgroup2 directory, the readers take `cpu.stat`'s `throttled_usec` and
 //!   the memory controller's `memory.current`/`memory.stat`, PSI from
 //!   `cpu.pressure`, and the rule fires.
+//! - `memory-cgroup-reclaim` on cgroup v2: `memory.max`, `memory.events`,
+//!   refaults and `memory.pressure`, and the rule fires.
 mod common;
 
 use std::time::Duration;
@@ -29,6 +31,7 @@ echo "==> controllers"; cat /sys/fs/cgroup/cgroup.controllers; echo "<== control
 run clock --scenario explain-timing --scale 1 --duration 3 --collectors syscalls,pgstat
 run cpu --scenario cgroup-cpu-throttling --scale 1 --clients 2 --duration 5 --collectors procfs,system,pgstat
 echo "==> cpu.cgroup"; tail -n 2 /tmp/cpu/cgroup.jsonl; echo "<== cpu.cgroup"
+run mem --scenario memory-cgroup-reclaim --memory-limit 120MB --duration 8 --collectors procfs,system,pgstat
 echo "==> left"; ls /sys/fs/cgroup | grep pgbelow; echo "<== left"
 "#;
 
@@ -77,36 +80,19 @@ fn cgroup_v2_and_a_slow_clocksource_in_a_vm() {
     let mem = &last["memory"];
     assert_eq!(mem["version"], "v2", "{last}");
     assert!(mem["usage_bytes"].as_u64().unwrap() > 0, "{last}");
-    // The lab's cgroups are gone with it.
-    assert_eq!(section("left"), "", "{console}");
-}
-
-/// `memory-cgroup-reclaim` on cgroup v2 (`memory.max`, `memory.events`'
-/// `max`, `memory.stat`'s `workingset_refault_file`, `memory.pressure`):
-/// the lab's default scale 10 takes minutes to load under emulation, so
-/// this runs by hand (`cargo test --test vm -- --ignored`), not in CI.
-#[test]
-#[ignore]
-fn memory_cgroup_reclaim_on_cgroup_v2_in_a_vm() {
-    let Some(vm) = common::vm::Vm::build() else {
-        return;
-    };
-    let script = r#"
-pgbelow lab run --scenario memory-cgroup-reclaim --duration 10 --collectors procfs,system,pgstat --format json --out /tmp/mem > /tmp/mem.json 2> /tmp/mem.err
-echo "rc mem $?"
-echo "==> mem"; cat /tmp/mem.json; echo "<== mem"
-echo "==> mem.err"; tail -20 /tmp/mem.err; echo "<== mem.err"
-echo "==> mem.cgroup"; tail -n 4 /tmp/mem/cgroup.jsonl; echo "<== mem.cgroup"
-"#;
-    let console = vm.run(script, "", Duration::from_secs(1800));
-    eprintln!(
-        "{}",
-        common::vm::section(&console, "mem.cgroup").unwrap_or_default()
-    );
+    // memory-cgroup-reclaim on v2: memory.max (reached through
+    // memory.high: v2 OOM-kills where v1 refuses), memory.events' max,
+    // memory.stat's workingset_refault_file, memory.pressure. 120 MB: with
+    // the default 160 MB the emulated run was too slow to fill
+    // shared_buffers (40 of 128 MB charged), usage stayed at 126-132 MB
+    // with no limit hit, and the rule was rightly clear.
     let mem = report(&console, "mem");
     let f = common::raised_with_margin(&mem, "memory-cgroup-reclaim", 1.2);
     let ev = &f["evidence"];
-    eprintln!("memory-cgroup-reclaim on v2: {ev}");
+    eprintln!("memory-cgroup-reclaim: {ev}");
     assert_eq!(ev["version"], "v2", "{ev}");
+    assert!(ev["limit_hits"].as_u64().unwrap() > 0, "{ev}");
     assert!(ev["memory_pressure_some_share"].as_f64().is_some(), "{ev}");
+    // The lab's cgroups are gone with it.
+    assert_eq!(section("left"), "", "{console}");
 }
