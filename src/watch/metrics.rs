@@ -798,6 +798,34 @@ mod tests {
         assert_eq!(gauge("pg13-select-only-timeout-all", pte), None);
     }
 
+    // Two servers' windows in one exposition (watch --all): every family
+    // declared once, each sample after its server's labels.
+    #[test]
+    fn servers_merge_into_one_declaration_per_family() {
+        let ev = crate::evidence::fixture("pg13-select-only-timeout-all");
+        let rep = crate::report::build(&ev);
+        let mut e = Exposition::default();
+        for port in ["5432", "5433"] {
+            let mut m = Metrics::new(&["syscalls".into()]);
+            m.add_window(&ev, &rep, true);
+            e.prefix = vec![("port".to_string(), port.to_string())];
+            m.families(&mut e);
+        }
+        e.prefix.clear();
+        own_families(&mut e, &Own::default(), 0.0);
+        let text = e.write(false);
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
+        let mut unique = types.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(types.len(), unique.len(), "{text}");
+        for port in ["5432", "5433"] {
+            let want = format!("pgbelow_windows_total{{port=\"{port}\"}} 1");
+            assert!(text.lines().any(|l| l == want), "no {want} in\n{text}");
+        }
+        assert!(text.lines().any(|l| l == "process_open_fds 0"), "{text}");
+    }
+
     #[test]
     fn label_values_are_escaped() {
         assert_eq!(escape("a\"b\\c\nd", true), "a\\\"b\\\\c\\nd");
