@@ -114,13 +114,18 @@ fn start_ticks(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// The file name of /proc/PID/exe is a server's.
+/// The file name of /proc/PID/exe is a server's; /proc/PID/comm's when
+/// the exe link is not this process's to read (another account's process
+/// without CAP_SYS_PTRACE: its cwd will be refused too, and said).
 fn runs_postgres(pid: u32) -> bool {
-    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| {
-        e.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("postgres") || n.starts_with("postmaster"))
-    })
+    let server = |n: &str| n.starts_with("postgres") || n.starts_with("postmaster");
+    match std::fs::read_link(format!("/proc/{pid}/exe")) {
+        Ok(e) => e.file_name().and_then(|n| n.to_str()).is_some_and(server),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| server(c.trim()))
+        }
+        Err(_) => false,
+    }
 }
 
 /// `cluster_name` from a server process's title: `postgres: NAME:
