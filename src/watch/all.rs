@@ -3,7 +3,7 @@
 //! `/metrics` for all of them: each family's HELP and TYPE once, its
 //! samples labelled with their server's `data_directory`, `port`,
 //! `cluster` and `container`. /proc is scanned again every
-//! [`rescan_every`]: a new postmaster gets a loop, and one that exited has
+//! window ([`rescan_every`]): a new postmaster gets a loop, and one that exited has
 //! its series dropped at once and its loop ended.
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -64,10 +64,12 @@ impl Registry {
 /// When the agent started (Unix time): process_start_time_seconds.
 static STARTED: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 
-/// How often /proc is scanned for postmasters: every window, at least every
-/// 10 s (a scan reads each process's stat and exe link: milliseconds).
+/// How often /proc is scanned for postmasters: once per window (a scan
+/// reads each process's stat and exe link; every 10 s it was a sixth of
+/// the agent's CPU beside one idle cluster). An exited postmaster is
+/// noticed within a second all the same.
 pub fn rescan_every(window_s: u32) -> Duration {
-    Duration::from_secs(u64::from(window_s.clamp(1, 10)))
+    Duration::from_secs(u64::from(window_s.max(1)))
 }
 
 /// Before listening: this process can read other accounts' servers'
