@@ -29,6 +29,9 @@ pub struct RecordOptions {
     pub sampling: crate::collect::Sampling,
     pub out: Option<PathBuf>,
     pub show_progress: bool,
+    /// With `pid` and no `dsn`: connect through the socket the server's
+    /// postmaster.pid names (`watch --all` tries that itself, once).
+    pub pid_file_connection: bool,
 }
 
 /// Version of the binary a pid runs, from `<exe> --version` (read-only).
@@ -265,7 +268,11 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
             let conn = ServerConn::connect_spec(&spec)?;
             (Some(dsn), Some(conn))
         }
-        None => match opts.pid.and_then(dsn_from_postmaster_pid) {
+        None => match opts
+            .pid
+            .filter(|_| opts.pid_file_connection)
+            .and_then(dsn_from_postmaster_pid)
+        {
             Some(dsn) => match crate::connect::ConnSpec::resolve(Some(&dsn))
                 .and_then(|spec| ServerConn::connect_spec(&spec))
             {

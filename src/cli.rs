@@ -46,6 +46,7 @@ pub enum Command {
 
 const WATCH_EXAMPLES: &str = "Examples:
   pgbelow watch --dsn 'host=/var/run/postgresql user=postgres dbname=postgres'
+  sudo pgbelow watch --all --listen 0.0.0.0:19187
   pgbelow watch --dsn 'host=/var/run/postgresql dbname=postgres' --listen 0.0.0.0:19187 --window 60 \\
       --keep /var/lib/pgbelow/kept --keep-max-mb 500
 Systemd unit, Prometheus scrape config and alerting rules: docs/watch/.";
@@ -63,6 +64,12 @@ pub struct WatchArgs {
     /// is found from the postmaster.pid of the data directory it worked in.
     #[arg(long)]
     pub pid: Option<u32>,
+    /// Every postmaster on this host, containers' included, each with a
+    /// connection from its postmaster.pid; servers that start later are
+    /// added, those that stop dropped. Series carry data_directory, port,
+    /// cluster (cluster_name) and container labels.
+    #[arg(long, conflicts_with_all = ["pid", "dsn", "dbname", "host", "port", "username"])]
+    pub all: bool,
     #[command(flatten)]
     pub conn: ConnArgs,
     /// Address of the /metrics endpoint.

@@ -411,6 +411,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 sampling: a.collection.sampling.sampling(),
                 out: a.collection.out,
                 show_progress: show,
+                pid_file_connection: true,
             };
             let res = pgbelow::app::record(&opts)?;
             print_rendered(
@@ -484,6 +485,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 collectors.push("profile".into());
             }
             pgbelow::watch::run(&pgbelow::watch::WatchOptions {
+                all: a.all,
                 pid: a.pid,
                 dsn: a.conn.conninfo().map_err(|e| {
                     pgbelow::error::fixable(e, "see --help for -h, -p, -U, -d and --dsn")

@@ -184,26 +184,6 @@ impl Drop for Watch {
     }
 }
 
-fn promtool_check(body: &str) {
-    let mut p = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    p.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
-    let o = p.wait_with_output().unwrap();
-    let out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "promtool check metrics: {out}\n{body}");
-    // promtool prints lint problems (names, units, help) and still exits 0 for some.
-    assert!(out.trim().is_empty(), "promtool lint: {out}");
-}
-
 /// A pgbench select-only load at a fixed rate for `secs` (background).
 fn load(c: &UserCluster, secs: u32) -> Child {
     c.pgbench_cmd(
@@ -341,7 +321,7 @@ fn prometheus_sees_the_finding_on_13_not_on_15() {
     let m13 = w13.wait_for(90, "two windows on 13", windows);
     let m15 = w15.wait_for(90, "two windows on 15", windows);
     for m in [&m13, &m15] {
-        promtool_check(m);
+        common::promtool_check(m);
     }
     eprintln!("PostgreSQL 13 scrape:\n{m13}");
     let per13 = sample(&m13, "pgbelow_timer_syscalls_per_statement ").unwrap();
@@ -491,7 +471,7 @@ fn watch_survives_a_server_restart() {
     let by_pid = Watch::start_pid(&c, 5, logs.path());
     let up = |m: &str| sample(m, "pgbelow_collector_up{collector=\"syscalls\"}") == Some(1.0);
     let first = w.wait_for(60, "collectors up", up);
-    promtool_check(&first);
+    common::promtool_check(&first);
     by_pid.wait_for(60, "collectors up (--pid)", up);
     let pm1 = c.postmaster_pid();
     c.stop();
@@ -510,7 +490,7 @@ fn watch_survives_a_server_restart() {
         let again = agent.wait_for(60, &format!("re-attached ({name})"), |m| {
             up(m) && sample(m, "pgbelow_windows_total").unwrap_or(0.0) > before
         });
-        promtool_check(&again);
+        common::promtool_check(&again);
         assert!(
             agent.log().contains("observing the server again"),
             "{name}: {}",

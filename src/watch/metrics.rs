@@ -47,10 +47,12 @@ pub struct Metrics {
     /// The watched server as of the last window: version, and the container
     /// it runs in (id, pod) where it does.
     server_info: Vec<(String, String)>,
+    /// Why the server's connection fails, while it does (`watch --all`).
+    pub connection_error: Option<String>,
     postgres_up: bool,
     last_window_end: f64,
     /// When the agent started (Unix time).
-    started: f64,
+    pub started: f64,
     /// Seconds between the last two windows in which nothing was counted
     /// (the last window's evaluation and the next one's attach).
     pub gap_s: Option<f64>,
@@ -152,8 +154,10 @@ impl Metrics {
         self.window_s += secs;
         self.last_window_end = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
         for c in &ev.rec.manifest.collectors {
-            self.collector_up
-                .insert(c.name.clone(), server_up && c.status == "ok");
+            // Degraded is up: it ran, with less (a server in a pid
+            // namespace of its own has its pids translated).
+            let ran = matches!(c.status.as_str(), "ok" | "degraded");
+            self.collector_up.insert(c.name.clone(), server_up && ran);
         }
         // Syscall and process counters are added live, each second (add_live).
         let cp = |s: &crate::collect::pgstat::ServerSample| s.checkpointer.clone();
@@ -198,10 +202,15 @@ impl Metrics {
     /// The exposition; `openmetrics` picks OpenMetrics 1.0 over text 0.0.4.
     /// `own` is the process's own figures, read at scrape time.
     pub fn render(&self, openmetrics: bool, own: &Own) -> String {
-        let mut e = Exposition {
-            out: String::new(),
-            openmetrics,
-        };
+        let mut e = Exposition::default();
+        self.families(&mut e);
+        own_families(&mut e, own, self.started);
+        e.write(openmetrics)
+    }
+
+    /// The server's families (all but the agent's own process), each
+    /// sample's labels after `e.prefix`.
+    pub fn families(&self, e: &mut Exposition) {
         let lab = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
             pairs
                 .iter()
@@ -328,15 +337,6 @@ impl Metrics {
             );
         }
         e.family(
-            "pgbelow_build_info",
-            Kind::Gauge,
-            "Always 1; the running pgbelow's version as a label.",
-            [(
-                vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())],
-                1.0,
-            )],
-        );
-        e.family(
             "pgbelow_check_status",
             Kind::Gauge,
             "1 for the check's status over the last window (raised, clear, not_measurable), else 0.",
@@ -389,7 +389,7 @@ impl Metrics {
         e.family(
             "pgbelow_collector_up",
             Kind::Gauge,
-            "1 when the collector ran over the last window, 0 when it failed or the server was gone.",
+            "1 when the collector ran over the last window (degraded included: the report says what it lacked), 0 when it failed or the server was gone.",
             self.collector_up
                 .iter()
                 .map(|(c, up)| (lab(&[("collector", c)]), if *up { 1.0 } else { 0.0 })),
@@ -436,37 +436,53 @@ impl Metrics {
                 [(vec![], self.last_window_end)],
             );
         }
-        // The exporter's own process, by the names every Prometheus client
-        // library's process collector uses.
-        e.family(
-            "process_cpu_seconds_total",
-            Kind::Counter,
-            "Total user and system CPU time spent in seconds (pgbelow itself, all threads).",
-            [(vec![], crate::round3(own.cpu_s))],
-        );
-        e.family(
-            "process_resident_memory_bytes",
-            Kind::Gauge,
-            "Resident memory size in bytes (pgbelow itself).",
-            [(vec![], own.rss as f64)],
-        );
-        e.family(
-            "process_open_fds",
-            Kind::Gauge,
-            "Number of open file descriptors (pgbelow itself).",
-            [(vec![], own.fds as f64)],
-        );
-        e.family(
-            "process_start_time_seconds",
-            Kind::Gauge,
-            "Start time of the process since the Unix epoch in seconds.",
-            [(vec![], self.started)],
-        );
-        if openmetrics {
-            e.out.push_str("# EOF\n");
+        if let Some(why) = &self.connection_error {
+            e.family(
+                "pgbelow_postgres_connection_error",
+                Kind::Gauge,
+                "1 while pgbelow cannot connect to the server (watch --all: the connection postmaster.pid names, as the account the server runs as); the reason as a label. Its kernel-side collectors go on.",
+                [(vec![("reason".to_string(), why.clone())], 1.0)],
+            );
         }
-        e.out
     }
+}
+
+/// The agent's own families: its build and its process, by the names every
+/// Prometheus client library's process collector uses; once per exposition.
+pub fn own_families(e: &mut Exposition, own: &Own, started: f64) {
+    e.family(
+        "pgbelow_build_info",
+        Kind::Gauge,
+        "Always 1; the running pgbelow's version as a label.",
+        [(
+            vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())],
+            1.0,
+        )],
+    );
+    e.family(
+        "process_cpu_seconds_total",
+        Kind::Counter,
+        "Total user and system CPU time spent in seconds (pgbelow itself, all threads).",
+        [(vec![], crate::round3(own.cpu_s))],
+    );
+    e.family(
+        "process_resident_memory_bytes",
+        Kind::Gauge,
+        "Resident memory size in bytes (pgbelow itself).",
+        [(vec![], own.rss as f64)],
+    );
+    e.family(
+        "process_open_fds",
+        Kind::Gauge,
+        "Number of open file descriptors (pgbelow itself).",
+        [(vec![], own.fds as f64)],
+    );
+    e.family(
+        "process_start_time_seconds",
+        Kind::Gauge,
+        "Start time of the process since the Unix epoch in seconds.",
+        [(vec![], started)],
+    );
 }
 
 #[derive(Clone, Copy)]
@@ -475,9 +491,18 @@ enum Kind {
     Gauge,
 }
 
-struct Exposition {
-    out: String,
-    openmetrics: bool,
+/// Labels and value of one sample.
+type Sample = (Vec<(String, String)>, f64);
+
+/// Metric families being gathered, in the order first given; a family
+/// given again (another server's, under `watch --all`) adds its samples to
+/// the first, so that each family's HELP and TYPE are written once.
+#[derive(Default)]
+pub struct Exposition {
+    families: Vec<(String, Kind, String, Vec<Sample>)>,
+    index: BTreeMap<String, usize>,
+    /// Labels put before each sample's own (`watch --all`: the server's).
+    pub prefix: Vec<(String, String)>,
 }
 
 impl Exposition {
@@ -488,32 +513,59 @@ impl Exposition {
         name: &str,
         kind: Kind,
         help: &str,
-        samples: impl IntoIterator<Item = (Vec<(String, String)>, f64)>,
+        samples: impl IntoIterator<Item = Sample>,
     ) {
-        let family = match kind {
-            Kind::Counter if self.openmetrics => name.strip_suffix("_total").unwrap_or(name),
-            _ => name,
-        };
-        let t = match kind {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-        };
-        let _ = writeln!(self.out, "# HELP {family} {}", escape(help, false));
-        let _ = writeln!(self.out, "# TYPE {family} {t}");
-        for (labels, v) in samples {
-            self.out.push_str(name);
-            if !labels.is_empty() {
-                self.out.push('{');
-                for (i, (k, val)) in labels.iter().enumerate() {
-                    if i > 0 {
-                        self.out.push(',');
+        let i = *self.index.entry(name.to_string()).or_insert_with(|| {
+            self.families
+                .push((name.to_string(), kind, help.to_string(), Vec::new()));
+            self.families.len() - 1
+        });
+        let prefix = &self.prefix;
+        self.families[i].3.extend(samples.into_iter().map(|(l, v)| {
+            let mut all = prefix.clone();
+            all.extend(l);
+            (all, v)
+        }));
+    }
+
+    /// A gauge of one sample without labels of its own.
+    pub fn gauge(&mut self, name: &str, help: &str, value: f64) {
+        self.family(name, Kind::Gauge, help, [(vec![], value)]);
+    }
+
+    /// The text: Prometheus 0.0.4, or OpenMetrics 1.0 (with its `# EOF`).
+    pub fn write(&self, openmetrics: bool) -> String {
+        let mut out = String::new();
+        for (name, kind, help, samples) in &self.families {
+            let family = match kind {
+                Kind::Counter if openmetrics => name.strip_suffix("_total").unwrap_or(name),
+                _ => name,
+            };
+            let t = match kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+            };
+            let _ = writeln!(out, "# HELP {family} {}", escape(help, false));
+            let _ = writeln!(out, "# TYPE {family} {t}");
+            for (labels, v) in samples {
+                out.push_str(name);
+                if !labels.is_empty() {
+                    out.push('{');
+                    for (i, (k, val)) in labels.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        let _ = write!(out, "{k}=\"{}\"", escape(val, true));
                     }
-                    let _ = write!(self.out, "{k}=\"{}\"", escape(val, true));
+                    out.push('}');
                 }
-                self.out.push('}');
+                let _ = writeln!(out, " {}", number(*v));
             }
-            let _ = writeln!(self.out, " {}", number(v));
         }
+        if openmetrics {
+            out.push_str("# EOF\n");
+        }
+        out
     }
 }
 
@@ -744,6 +796,34 @@ mod tests {
         let on = gauge("pg15-no-huge-pages-on", pte).expect("page tables gauge");
         assert!(off > 0.05 && on < 0.01, "{off} {on}");
         assert_eq!(gauge("pg13-select-only-timeout-all", pte), None);
+    }
+
+    // Two servers' windows in one exposition (watch --all): every family
+    // declared once, each sample after its server's labels.
+    #[test]
+    fn servers_merge_into_one_declaration_per_family() {
+        let ev = crate::evidence::fixture("pg13-select-only-timeout-all");
+        let rep = crate::report::build(&ev);
+        let mut e = Exposition::default();
+        for port in ["5432", "5433"] {
+            let mut m = Metrics::new(&["syscalls".into()]);
+            m.add_window(&ev, &rep, true);
+            e.prefix = vec![("port".to_string(), port.to_string())];
+            m.families(&mut e);
+        }
+        e.prefix.clear();
+        own_families(&mut e, &Own::default(), 0.0);
+        let text = e.write(false);
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
+        let mut unique = types.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(types.len(), unique.len(), "{text}");
+        for port in ["5432", "5433"] {
+            let want = format!("pgbelow_windows_total{{port=\"{port}\"}} 1");
+            assert!(text.lines().any(|l| l == want), "no {want} in\n{text}");
+        }
+        assert!(text.lines().any(|l| l == "process_open_fds 0"), "{text}");
     }
 
     #[test]

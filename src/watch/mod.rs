@@ -5,11 +5,14 @@
 //! When the server goes away the collectors are marked down and it
 //! re-attaches (from `--dsn`, to the new postmaster) once it is back.
 //! Windows that raised a finding can be kept as recordings (`--keep`).
+pub mod all;
+pub mod discover;
 pub mod live;
 pub mod metrics;
 pub mod otlp;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +36,8 @@ const RETRY: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub struct WatchOptions {
+    /// Every postmaster on the host (`--all`), each with its own loop.
+    pub all: bool,
     pub pid: Option<u32>,
     pub dsn: Option<String>,
     pub listen: String,
@@ -48,13 +53,16 @@ pub struct WatchOptions {
 
 /// Serve `/metrics` until stopped; the stop is the ordinary way out (Ok).
 pub fn run(opts: &WatchOptions) -> Result<()> {
-    if opts.pid.is_none() && opts.dsn.is_none() && !attach::env_names_server() {
+    if !opts.all && opts.pid.is_none() && opts.dsn.is_none() && !attach::env_names_server() {
         return Err(fixable(
             "watch needs the server to observe: no --dsn, no PGHOST/PGPORT/PGUSER/PGDATABASE in the environment, and no --pid",
-            "pass --dsn 'host=/var/run/postgresql user=postgres dbname=postgres' (re-attaches after a server restart), or --pid",
+            "pass --dsn 'host=/var/run/postgresql user=postgres dbname=postgres' (re-attaches after a server restart), --pid, or --all (every postmaster on this host)",
         ));
     }
     crate::collect::preflight(&opts.collectors, true)?;
+    if opts.all {
+        all::preflight()?;
+    }
     let server = tiny_http::Server::http(&opts.listen).map_err(|e| {
         fixable(
             format!("cannot listen on {}: {e}", opts.listen),
@@ -67,11 +75,6 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
         server.server_addr(),
         opts.window_s
     );
-    let metrics = Arc::new(Mutex::new(Metrics::new(&opts.collectors)));
-    let http = {
-        let (server, metrics) = (Arc::clone(&server), Arc::clone(&metrics));
-        std::thread::spawn(move || serve(&server, &metrics))
-    };
     let work = match &opts.keep {
         Some(k) => {
             std::fs::create_dir_all(k).map_err(|e| {
@@ -88,14 +91,104 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
             .prefix("pgbelow-watch-")
             .tempdir()?,
     };
-    let result = windows(opts, work.path(), &metrics);
+    if opts.all {
+        let registry = Arc::new(all::Registry::default());
+        let r = Arc::clone(&registry);
+        serving(&server, Box::new(move |om, own| r.render(om, own)), || {
+            all::run(opts, work.path(), &registry)
+        })
+    } else {
+        let metrics = Arc::new(Mutex::new(Metrics::new(&opts.collectors)));
+        let m = Arc::clone(&metrics);
+        let stop = AtomicBool::new(false);
+        serving(
+            &server,
+            Box::new(move |om, own| lock(&m).render(om, own)),
+            || windows(opts, work.path(), &metrics, &Target::single(&stop)),
+        )
+    }
+}
+
+/// Answer scrapes with `render` on a thread of its own while `work` runs.
+fn serving(
+    server: &Arc<tiny_http::Server>,
+    render: Render,
+    work: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let http = {
+        let server = Arc::clone(server);
+        std::thread::spawn(move || serve(&server, &*render))
+    };
+    let result = work();
     server.unblock();
     let _ = http.join();
     result
 }
 
+/// The exposition for a scrape: OpenMetrics or not, the agent's own figures.
+type Render = Box<dyn Fn(bool, &metrics::Own) -> String + Send>;
+
+/// Wait before connecting again to a server whose connection failed
+/// (`--all`): a role that does not exist is not created every minute.
+const RECONNECT: Duration = Duration::from_secs(300);
+
+/// What one loop of windows watches, beyond the options.
+struct Target<'a> {
+    /// Asked to end (`--all`: the postmaster exited).
+    stop: &'a AtomicBool,
+    /// Put after `pgbelow: watch: ` in its journal lines (`--all`: which
+    /// server).
+    tag: String,
+    /// `--all`: connect with this connection string (from postmaster.pid),
+    /// tried again every [`RECONNECT`] while it fails; without it, the
+    /// kernel-side collectors alone.
+    pid_dsn: Option<String>,
+    /// Added to kept windows' names (`--all`: the server's port).
+    keep_suffix: String,
+}
+
+impl Target<'_> {
+    fn single(stop: &AtomicBool) -> Target<'_> {
+        Target {
+            stop,
+            tag: String::new(),
+            pid_dsn: None,
+            keep_suffix: String::new(),
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        interrupt::requested() || self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Sleep `d`, or less when asked to stop; true when asked.
+    fn pause(&self, d: Duration) -> bool {
+        let end = std::time::Instant::now() + d;
+        while std::time::Instant::now() < end {
+            if self.stopped() || interrupt::sleep(Duration::from_millis(200)) {
+                return true;
+            }
+        }
+        self.stopped()
+    }
+}
+
+/// Whether the connection `dsn` names logs in: Ok, or why not (one line).
+fn try_connect(dsn: &str) -> std::result::Result<(), String> {
+    crate::connect::ConnSpec::resolve(Some(dsn))
+        .and_then(|spec| crate::collect::pgstat::ServerConn::connect_spec(&spec))
+        .map(drop)
+        .map_err(|e| one_line(&format!("{e:#}")))
+}
+
 /// Record, evaluate, publish; until a stop is asked.
-fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result<()> {
+fn windows(
+    opts: &WatchOptions,
+    work: &Path,
+    metrics: &Mutex<Metrics>,
+    target: &Target,
+) -> Result<()> {
+    let tag = &target.tag;
     let mut n = 0u64;
     let mut last_error = String::new();
     let mut last_end: Option<std::time::Instant> = None;
@@ -104,8 +197,35 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
     let mut pid = opts.pid;
     let mut data_dir: Option<PathBuf> = None;
     let mut last_push_error = String::new();
-    while !interrupt::requested() {
+    // --all: the connection as last tried, and when.
+    let mut dsn = opts.dsn.clone();
+    let mut tried: Option<(std::time::Instant, bool)> = None;
+    while !target.stopped() {
         n += 1;
+        if let Some(pid_dsn) = &target.pid_dsn {
+            let due = match tried {
+                None => true,
+                Some((at, ok)) => !ok && at.elapsed() >= RECONNECT,
+            };
+            if due {
+                let r = try_connect(pid_dsn);
+                let mut m = lock(metrics);
+                match &r {
+                    Ok(()) if m.connection_error.is_some() => {
+                        eprintln!("pgbelow: watch: {tag}connected with \"{pid_dsn}\" again");
+                    }
+                    Err(why) if m.connection_error.as_ref() != Some(why) => eprintln!(
+                        "pgbelow: watch: {tag}no connection with \"{pid_dsn}\" (from postmaster.pid): {why}; \
+                         watching without the server's counters, trying again every {} s",
+                        RECONNECT.as_secs()
+                    ),
+                    _ => {}
+                }
+                m.connection_error = r.as_ref().err().cloned();
+                dsn = r.is_ok().then(|| pid_dsn.clone());
+                tried = Some((std::time::Instant::now(), r.is_ok()));
+            }
+        }
         if let (Some(old), Some(d)) = (pid, &data_dir) {
             // Gone, or its pid now someone else's (another server's
             // postmaster too): not the one working in that directory.
@@ -113,7 +233,7 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
             if !procinfo::looks_like_postmaster(old) || cwd.as_ref() != Some(d) {
                 if let Ok(new) = procinfo::postmaster_of_data_dir(d) {
                     eprintln!(
-                        "pgbelow: watch: the postmaster of {} is now pid {new} (was {old})",
+                        "pgbelow: watch: {tag}the postmaster of {} is now pid {new} (was {old})",
                         d.display()
                     );
                     pid = Some(new);
@@ -124,15 +244,18 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
         let mut live = live::LiveSyscalls::default();
         let ropts = RecordOptions {
             pid,
-            dsn: opts.dsn.clone(),
+            dsn: dsn.clone(),
             duration_s: opts.window_s,
             collectors: opts.collectors.clone(),
             syscall_mechanism: opts.syscall_mechanism,
             sampling: opts.sampling,
             out: Some(dir.clone()),
             show_progress: false,
+            // --all tried postmaster.pid's connection itself, above.
+            pid_file_connection: !opts.all,
         };
-        let recorded = attach::attach(&ropts, n == 1).and_then(|(session, pm)| {
+        let announce = n == 1 && !opts.all;
+        let recorded = attach::attach(&ropts, announce).and_then(|(session, pm)| {
             // Uncounted time: from the end of the last window to this one's start.
             if let Some(end) = last_end.take() {
                 lock(metrics).gap_s = Some(end.elapsed().as_secs_f64());
@@ -161,7 +284,7 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
                 let msg = one_line(&format!("{e:#}"));
                 if msg != last_error {
                     eprintln!(
-                        "pgbelow: watch: server not observed ({msg}); retrying every {} s",
+                        "pgbelow: watch: {tag}server not observed ({msg}); retrying every {} s",
                         RETRY.as_secs()
                     );
                     last_error = msg;
@@ -169,7 +292,7 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
                 lock(metrics).down();
                 last_end = None;
                 let _ = std::fs::remove_dir_all(&dir);
-                interrupt::sleep(RETRY);
+                target.pause(RETRY);
                 continue;
             }
         };
@@ -177,19 +300,19 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
         let rep = crate::report::build(&ev);
         let server_up = rec.follow_up.is_ok();
         if let Err(e) = &rec.follow_up {
-            eprintln!("pgbelow: watch: {}", one_line(&format!("{e:#}")));
+            eprintln!("pgbelow: watch: {tag}{}", one_line(&format!("{e:#}")));
         } else if !last_error.is_empty() {
-            eprintln!("pgbelow: watch: observing the server again");
+            eprintln!("pgbelow: watch: {tag}observing the server again");
             last_error.clear();
         }
         lock(metrics).add_window(&ev, &rep, server_up);
-        eprintln!("{}", window_line(n, &rep));
+        eprintln!("pgbelow: watch: {tag}{}", window_line(n, &rep));
         if let Some(url) = &opts.otlp_endpoint {
             let pushed = otlp::push(url, &ev);
             if let Err(e) = &pushed {
                 let msg = one_line(&format!("{e:#}"));
                 if msg != last_push_error {
-                    eprintln!("pgbelow: watch: OTLP push to {url} failed: {msg}");
+                    eprintln!("pgbelow: watch: {tag}OTLP push to {url} failed: {msg}");
                     last_push_error = msg;
                 }
             } else {
@@ -200,7 +323,7 @@ fn windows(opts: &WatchOptions, work: &Path, metrics: &Mutex<Metrics>) -> Result
         match &opts.keep {
             Some(keep) if !rep.findings.is_empty() => {
                 crate::report::write_files(&rec.dir, &rep)?;
-                keep_window(&rec.dir, keep, opts.keep_max_mb)?;
+                keep_window(&rec.dir, keep, &target.keep_suffix, opts.keep_max_mb)?;
             }
             _ => std::fs::remove_dir_all(&rec.dir)?,
         }
@@ -219,7 +342,7 @@ fn window_line(n: u64, rep: &crate::report::Report) -> String {
         count(Status::NotMeasurable)
     );
     if rep.findings.is_empty() {
-        return format!("pgbelow: watch: window {n}: no findings; {checks}");
+        return format!("window {n}: no findings; {checks}");
     }
     let found: Vec<String> = rep
         .findings
@@ -235,7 +358,7 @@ fn window_line(n: u64, rep: &crate::report::Report) -> String {
             None => format!("{} {}", f.severity.as_str(), f.id),
         })
         .collect();
-    format!("pgbelow: watch: window {n}: {}; {checks}", found.join(", "))
+    format!("window {n}: {}; {checks}", found.join(", "))
 }
 
 fn lock(m: &Mutex<Metrics>) -> std::sync::MutexGuard<'_, Metrics> {
@@ -248,8 +371,8 @@ fn one_line(s: &str) -> String {
 
 /// Move a window's recording into `keep` under a time-stamped name, then
 /// delete the oldest kept ones until they fit in `max_mb`.
-fn keep_window(dir: &Path, keep: &Path, max_mb: u64) -> Result<()> {
-    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+fn keep_window(dir: &Path, keep: &Path, suffix: &str, max_mb: u64) -> Result<()> {
+    let stamp = format!("{}{suffix}", chrono::Local::now().format("%Y%m%d-%H%M%S"));
     let mut dest = keep.join(format!("watch-{stamp}"));
     let mut i = 1;
     while dest.exists() {
@@ -314,7 +437,7 @@ fn resident_bytes() -> u64 {
 }
 
 /// Answer scrapes until the server is unblocked.
-fn serve(server: &tiny_http::Server, metrics: &Mutex<Metrics>) {
+fn serve(server: &tiny_http::Server, render: &(dyn Fn(bool, &metrics::Own) -> String + Send)) {
     for req in server.incoming_requests() {
         let path = req.url().split('?').next().unwrap_or("");
         let resp = if path == "/metrics" {
@@ -326,7 +449,7 @@ fn serve(server: &tiny_http::Server, metrics: &Mutex<Metrics>) {
                 rss: resident_bytes(),
                 fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
             };
-            let body = lock(metrics).render(om, &own);
+            let body = render(om, &own);
             let ctype = if om {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8"
             } else {

@@ -612,3 +612,27 @@ pub fn children(pid: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// `promtool check metrics` on an exposition: valid and without lint
+/// problems (promtool prints them and still exits 0 for some).
+pub fn promtool_check(body: &str) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut p = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    p.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let o = p.wait_with_output().unwrap();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "promtool check metrics: {out}\n{body}");
+    // promtool prints lint problems (names, units, help) and still exits 0 for some.
+    assert!(out.trim().is_empty(), "promtool lint: {out}");
+}
