@@ -109,6 +109,43 @@ pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, Strin
     Err(why.join("; "))
 }
 
+/// What a server writes to `postmaster.pid` (its first lines, in the order
+/// PostgreSQL's `LOCK_FILE_LINE_*` numbers them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PidFile {
+    /// The postmaster, as its pid namespace numbers it.
+    pub pid: u32,
+    /// The data directory, as the server names it (its own file system).
+    pub data_dir: String,
+    /// Unix time the postmaster started.
+    pub start: Option<i64>,
+    pub port: Option<u16>,
+    /// The first Unix socket directory (empty: no Unix socket).
+    pub socket_dir: Option<String>,
+    /// The first TCP listen address (`*`, `localhost`; empty: none).
+    pub listen: Option<String>,
+    /// `starting`, `ready`, `stopping`, `standby` once the postmaster wrote it.
+    pub status: Option<String>,
+}
+
+/// Parse a `postmaster.pid`; None when it names no pid or no data
+/// directory (a file being written, or not one).
+pub fn parse_pid_file(r: impl std::io::BufRead) -> Option<PidFile> {
+    let lines: Vec<String> = r.lines().map_while(Result::ok).take(8).collect();
+    let field = |i: usize| lines.get(i).map(|l| l.trim().to_string());
+    let pid = field(0)?.parse().ok()?;
+    let data_dir = field(1).filter(|d| !d.is_empty())?;
+    Some(PidFile {
+        pid,
+        data_dir,
+        start: field(2).and_then(|s| s.parse().ok()),
+        port: field(3).and_then(|s| s.parse().ok()),
+        socket_dir: field(4),
+        listen: field(5),
+        status: field(7).filter(|s| !s.is_empty()),
+    })
+}
+
 /// A connection string for the postmaster `pid` from what its
 /// `postmaster.pid` names (port, first socket directory) and the name of
 /// the account it runs as (the bootstrap superuser initdb names after it),
@@ -116,15 +153,15 @@ pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, Strin
 /// accounts are its own. None when the file cannot be read or names no
 /// socket directory.
 pub fn dsn_from_postmaster_pid(pid: u32) -> Option<String> {
+    let f = std::fs::File::open(format!("/proc/{pid}/cwd/postmaster.pid")).ok()?;
+    dsn_from_pid_file(pid, &parse_pid_file(std::io::BufReader::new(f))?)
+}
+
+/// [`dsn_from_postmaster_pid`] from the file already read.
+pub fn dsn_from_pid_file(pid: u32, file: &PidFile) -> Option<String> {
     let root = PathBuf::from(format!("/proc/{pid}/root"));
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cwd/postmaster.pid")).ok()?;
-    let lines: Vec<&str> = text.lines().collect();
-    // Lines: pid, data directory, start time, port, socket directory, …
-    let port: u16 = lines.get(3)?.trim().parse().ok()?;
-    let sock = lines.get(4)?.trim();
-    if sock.is_empty() {
-        return None;
-    }
+    let port = file.port?;
+    let sock = file.socket_dir.as_deref().filter(|s| !s.is_empty())?;
     // Through the server's root when it has its own (a container's
     // /var/run/postgresql); the plain path when it shares ours.
     let same_root = {

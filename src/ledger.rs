@@ -121,13 +121,13 @@ impl Owner {
         let pid = std::process::id();
         Some(Owner {
             pid,
-            start_time: start_time(pid)?,
+            start_time: crate::procinfo::start_ticks(pid)?,
         })
     }
 
     /// Still running (same pid, same start time, not a zombie)?
     pub fn alive(&self) -> bool {
-        start_time(self.pid) == Some(self.start_time) && !zombie(self.pid)
+        crate::procinfo::start_ticks(self.pid) == Some(self.start_time) && !zombie(self.pid)
     }
 
     fn file_name(&self) -> String {
@@ -249,12 +249,6 @@ fn write_entry(d: &Path, owner: Owner, items: &[Item]) -> std::io::Result<()> {
 fn create_dir(d: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     fs::DirBuilder::new().recursive(true).mode(0o700).create(d)
-}
-
-/// The start time of `pid` in clock ticks after boot.
-fn start_time(pid: u32) -> Option<u64> {
-    let p = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
-    p.stat().ok().map(|s| s.starttime)
 }
 
 fn zombie(pid: u32) -> bool {

@@ -324,6 +324,14 @@ pub fn looks_like_postmaster(pid: u32) -> bool {
     }
 }
 
+/// The start time of `pid` in clock ticks after boot (/proc/PID/stat
+/// field 22): with the pid, what tells a process from a later one that
+/// reused its pid.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let p = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+    p.stat().ok().map(|s| s.starttime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

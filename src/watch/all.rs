@@ -182,7 +182,7 @@ fn start(opts: &WatchOptions, work: &Path, registry: &Registry, pm: Postmaster) 
     let dir = work.join(format!("pid-{}", pm.pid));
     let target_stop = Arc::clone(&stop);
     let tag = pm.tag();
-    let pid_dsn = crate::attach::dsn_from_postmaster_pid(pm.pid);
+    let pid_dsn = crate::attach::dsn_from_pid_file(pm.pid, &pm.file);
     let keep_suffix = format!("-port{}", pm.file.port.unwrap_or_default());
     let thread = std::thread::spawn(move || {
         let target = Target {

@@ -5,48 +5,12 @@
 //! namespace of its own is read in its own file system, and compared with
 //! its pid as its own namespace numbers it (the last `NSpid:` entry).
 use std::collections::BTreeMap;
-use std::io::BufRead;
 
 use crate::collect::cgroup::parse_proc_cgroup;
 use crate::collect::container::container_of;
 use crate::procinfo;
 
-/// What a server writes to `postmaster.pid` (its first lines, in the order
-/// PostgreSQL's `LOCK_FILE_LINE_*` numbers them).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PidFile {
-    /// The postmaster, as its pid namespace numbers it.
-    pub pid: u32,
-    /// The data directory, as the server names it (its own file system).
-    pub data_dir: String,
-    /// Unix time the postmaster started.
-    pub start: Option<i64>,
-    pub port: Option<u16>,
-    /// The first Unix socket directory (empty: no Unix socket).
-    pub socket_dir: Option<String>,
-    /// The first TCP listen address (`*`, `localhost`; empty: none).
-    pub listen: Option<String>,
-    /// `starting`, `ready`, `stopping`, `standby` once the postmaster wrote it.
-    pub status: Option<String>,
-}
-
-/// Parse a `postmaster.pid`; None when it names no pid or no data
-/// directory (a file being written, or not one).
-pub fn parse_pid_file(r: impl BufRead) -> Option<PidFile> {
-    let lines: Vec<String> = r.lines().map_while(Result::ok).take(8).collect();
-    let field = |i: usize| lines.get(i).map(|l| l.trim().to_string());
-    let pid = field(0)?.parse().ok()?;
-    let data_dir = field(1).filter(|d| !d.is_empty())?;
-    Some(PidFile {
-        pid,
-        data_dir,
-        start: field(2).and_then(|s| s.parse().ok()),
-        port: field(3).and_then(|s| s.parse().ok()),
-        socket_dir: field(4),
-        listen: field(5),
-        status: field(7).filter(|s| !s.is_empty()),
-    })
-}
+pub use crate::attach::{parse_pid_file, PidFile};
 
 /// One postmaster found on this host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,19 +63,8 @@ impl Postmaster {
 
     /// Whether this very process still runs (its pid not reused).
     pub fn alive(&self) -> bool {
-        start_ticks(self.pid) == Some(self.started)
+        procinfo::start_ticks(self.pid) == Some(self.started)
     }
-}
-
-/// Field 22 of /proc/PID/stat (after the parenthesised name).
-fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
 }
 
 /// The file name of /proc/PID/exe is a server's; /proc/PID/comm's when
@@ -168,7 +121,7 @@ pub fn scan() -> Scan {
             .ok()
             .and_then(|ns| ns.last().copied())
             .unwrap_or(pid);
-        let (Some(file), Some(started)) = (file, start_ticks(pid)) else {
+        let (Some(file), Some(started)) = (file, procinfo::start_ticks(pid)) else {
             continue;
         };
         if file.pid != own {
