@@ -277,9 +277,9 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
         results.push(r);
         drop((s1, s2));
     }
-    // One epoll_create1 per commit wait against the bound of 0.8 is 1.25×
-    // at most (measured 1.22×): the figure cannot grow.
-    let f13 = raised_on(&results[0], "syncrep-wait-syscalls", "PostgreSQL 13", 1.1);
+    // One epoll_create1 per commit wait against the bound of 0.5 is 2× at
+    // most (measured 0.82–0.98 per commit: 1.6–1.96×); PostgreSQL 15 0.001.
+    let f13 = raised_on(&results[0], "syncrep-wait-syscalls", "PostgreSQL 13", 1.3);
     let ev = &f13["evidence"];
     let per = ev.to_string();
     assert!(per.contains("epoll_create1"), "{ev}");
@@ -1540,13 +1540,21 @@ fn aio_workers_saturated_found_attached() {
         let r = record_while(&c, &d.path().join("rec"), 6, "syscalls,pgstat", || {
             pgbench_script(&c, "postgres", script, 4, 6)
         });
+        // The rule's inputs, printed: a failure shows which one fell short.
+        let ev = pgbelow::evidence::Evidence::load(&d.path().join("rec")).unwrap();
+        eprintln!(
+            "{workers} I/O worker(s): {:?}",
+            pgbelow::analyse::aio_workers_saturated::aio_queue(&ev)
+        );
         seen.push(r);
     }
-    // Measured: +0.42 ms (quiet machine) to +0.90 ms queueing per read, bound
-    // 0.3 ms: a cause, not a margin, is what this asserts.
-    let f = raised_on(&seen[0], "aio-workers-saturated", "1 I/O worker", 1.2);
+    // Measured 2.5× the read's own time queued per read (+0.25 ms on a
+    // 0.10 ms read; CI +0.55 ms), bound 1×: a cause, not a margin, is what
+    // this asserts.
+    let f = raised_on(&seen[0], "aio-workers-saturated", "1 I/O worker", 1.5);
     assert!(
-        f["evidence"]["worker_busy_share"].as_f64().unwrap() >= 0.9,
+        f["evidence"]["worker_busy_share"].as_f64().unwrap()
+            >= pgbelow::analyse::aio_workers_saturated::BUSY,
         "{f}"
     );
     silent_on(&seen[1], "aio-workers-saturated", "8 I/O workers");

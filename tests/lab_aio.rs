@@ -36,12 +36,13 @@ fn one_io_worker_raises_the_finding_and_eight_do_not() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("one");
     let r = lab_run(&[], &out);
-    // Measured +0.42 ms (a quiet machine) to +0.90 ms queueing per read
-    // against the 0.3 ms bound, the worker busy 94–98 % of its samples: the
-    // figure shrinks with a faster CPU, so the margin asked is small.
-    let f = common::raised_with_margin(&r, ID, 1.2);
+    // Measured 2.4–2.6× the read's own time in the queue per read (+0.25
+    // to +0.90 ms on 0.10–0.36 ms reads) against the 1× bound, the worker
+    // busy 92–98 % of its samples.
+    let f = common::raised_with_margin(&r, ID, 1.5);
     let ev = &f["evidence"];
-    assert!(ev["worker_busy_share"].as_f64().unwrap() >= 0.9, "{ev}");
+    let busy = pgbelow::analyse::aio_workers_saturated::BUSY;
+    assert!(ev["worker_busy_share"].as_f64().unwrap() >= busy, "{ev}");
     assert!(ev["worker_reads"].as_u64().unwrap() >= 1000, "{ev}");
     assert_eq!(
         common::manifest(&out)["postgres"]["settings"]["io_workers"],

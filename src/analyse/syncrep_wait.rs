@@ -21,10 +21,15 @@ pub const ID: &str = "syncrep-wait-syscalls";
 /// of ~1 within a few percent; the CI's shared disk once cut a 6 s lab run
 /// to 492 commits (10 ms WAL fsyncs) with epoll_create1 at 0.94 per commit.
 const MIN_COMMITS: u64 = 200;
-/// epoll_create1 per commit that counts as "one set per commit wait".
-const MIN_CREATE_PER_COMMIT: f64 = 0.8;
-/// epoll_ctl per commit (2 expected: the latch and postmaster-death fds).
-const MIN_CTL_PER_COMMIT: f64 = 1.5;
+/// epoll_create1 per commit that counts as "a set per commit wait". Not
+/// every commit waits: with concurrent committers the standbys have often
+/// confirmed a backend's LSN before it checks, and SyncRepWaitForLSN returns
+/// without WaitLatch (measured 0.82 per commit attached on CI, 0.94–0.98 in
+/// the lab; PostgreSQL 14+ and healthy servers: 0.001). Half the commits
+/// waiting is the bound.
+const MIN_CREATE_PER_COMMIT: f64 = 0.5;
+/// epoll_ctl per commit (2 per wait: the latch and postmaster-death fds).
+const MIN_CTL_PER_COMMIT: f64 = 1.0;
 /// Share of backend samples in epoll/mutex code that makes it critical.
 const CRITICAL_EPOLL_SHARE: f64 = 0.2;
 
