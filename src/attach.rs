@@ -60,9 +60,21 @@ pub fn env_names_server() -> bool {
 /// server says (the backend's title names this session's user and
 /// database; the postmaster's working directory is `data_directory`), so a
 /// pid from another host or pid namespace is not taken for a local one.
-/// `Ok((pid, how it was found))`, or why neither way worked.
+/// A socket reached through a container's root (`/proc/N/root/…`) is
+/// that container's server: its pids are read in N's pid namespace and its
+/// data directory in N's root. `Ok((pid, how it was found))`, or why
+/// neither way worked.
 pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, String), String> {
-    let backend = conn.backend_pid;
+    // A socket reached through another process's root (a container's
+    // /tmp as /proc/N/root/tmp): the server's pids are that process's pid
+    // namespace's and its paths are in that root.
+    let through = conn
+        .server
+        .strip_prefix("socket ")
+        .and_then(|s| proc_root_of(std::path::Path::new(s)));
+    let backend = through
+        .and_then(|n| crate::pidns::host_pid_in_ns_of(n, conn.backend_pid))
+        .unwrap_or(conn.backend_pid);
     let ident = conn.text("select session_user::text || ' ' || current_database()::text");
     let data_dir = conn.text("select current_setting('data_directory')");
     // The postmaster's cwd is its data directory (unknown: not checked).
@@ -70,12 +82,17 @@ pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, Strin
         let (Some(d), Ok(cwd)) = (&data_dir, std::fs::read_link(format!("/proc/{pm}/cwd"))) else {
             return true;
         };
+        let d = match through {
+            Some(n) => PathBuf::from(format!("/proc/{n}/root")).join(d.trim_start_matches('/')),
+            None => PathBuf::from(d),
+        };
         std::fs::canonicalize(d).map_or(true, |d| d == cwd)
     };
     let mut why = Vec::new();
     match procinfo::read_ppid(backend) {
         None => why.push(format!(
-            "this connection's backend (pid {backend} on the server) is not a process here"
+            "this connection's backend (pid {} on the server) is not a process here",
+            conn.backend_pid
         )),
         Some(pm) => {
             let title = procinfo::read_title(backend).unwrap_or_default();
@@ -107,6 +124,17 @@ pub fn find_postmaster(conn: &mut ServerConn) -> std::result::Result<(u32, Strin
         },
     }
     Err(why.join("; "))
+}
+
+/// The process whose root `path` is reached through (`/proc/N/root/…`).
+fn proc_root_of(path: &std::path::Path) -> Option<u32> {
+    use std::path::Component;
+    let mut c = path.components();
+    if c.next()? != Component::RootDir || c.next()?.as_os_str() != "proc" {
+        return None;
+    }
+    let n = c.next()?.as_os_str().to_str()?.parse().ok()?;
+    (c.next()?.as_os_str() == "root").then_some(n)
 }
 
 /// What a server writes to `postmaster.pid` (its first lines, in the order
@@ -399,6 +427,14 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
     if let Ok(cwd) = std::fs::read_link(format!("/proc/{}/cwd", pid)) {
         manifest.postgres.data_dir = Some(cwd.display().to_string());
     }
+    // The container it runs in, whichever collectors run (the system
+    // collector notes it too).
+    if let Some(c) = crate::collect::container::of_process(pid) {
+        manifest.facts.insert(
+            crate::recording::schema::system::CONTAINER.into(),
+            serde_json::to_value(c)?,
+        );
+    }
     let out = opts.out.clone().unwrap_or_else(|| {
         let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
         PathBuf::from("pgbelow-runs").join(format!("record-{}-{stamp}", pid))
@@ -484,4 +520,20 @@ pub fn record_for_each_tick(
         dir,
         follow_up: outcome,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockets_reached_through_another_process_root() {
+        let of = |p: &str| proc_root_of(std::path::Path::new(p));
+        assert_eq!(of("/proc/4242/root/tmp/.s.PGSQL.5432"), Some(4242));
+        assert_eq!(of("/proc/4242/root"), Some(4242));
+        assert_eq!(of("/proc/self/root/tmp"), None);
+        assert_eq!(of("/proc/4242/cwd/tmp"), None);
+        assert_eq!(of("/var/run/postgresql/.s.PGSQL.5432"), None);
+        assert_eq!(of("proc/4242/root/tmp"), None);
+    }
 }

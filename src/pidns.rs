@@ -30,6 +30,17 @@ fn nspid(pid: u32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// This host's pid of the process numbered `pid` in the pid namespace of
+/// the process `anchor` (this host's pid; e.g. any process of a
+/// container); None when there is none, or `anchor` is gone.
+pub fn host_pid_in_ns_of(anchor: u32, pid: u32) -> Option<u32> {
+    let ns_of = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let ns = ns_of(anchor)?;
+    crate::procinfo::all_parents()
+        .into_keys()
+        .find(|&h| nspid(h).last() == Some(&pid) && ns_of(h).as_ref() == Some(&ns))
+}
+
 /// Refreshed at most this often when a pid is not known yet (a backend
 /// that just started).
 const REFRESH: Duration = Duration::from_millis(200);
@@ -118,5 +129,9 @@ mod tests {
         if !m.nested() {
             assert_eq!(m.host(12345), 12345);
         }
+        // Itself, numbered in its own namespace.
+        let inner = *nspid(me).last().unwrap();
+        assert_eq!(host_pid_in_ns_of(me, inner), Some(me));
+        assert_eq!(host_pid_in_ns_of(u32::MAX, inner), None);
     }
 }

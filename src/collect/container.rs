@@ -50,6 +50,13 @@ pub fn container_of(members: &[Membership]) -> Option<Container> {
     })
 }
 
+/// The container the process `pid` runs in, from its /proc/PID/cgroup as
+/// this host sees it (None on a host, or when the file is gone).
+pub fn of_process(pid: u32) -> Option<Container> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    container_of(&super::cgroup::parse_proc_cgroup(&text))
+}
+
 /// A Kubernetes pod's uid from `pod<uid>` (cgroupfs) or
 /// `kubepods-<class>-pod<uid_with_underscores>.slice` (systemd).
 fn pod_uid(component: &str) -> Option<String> {

@@ -500,10 +500,7 @@ impl SystemCollector {
             },
         ));
         // The container it runs in (its cgroup path names it), if any.
-        let container = std::fs::read_to_string(format!("/proc/{}/cgroup", ctx.postmaster))
-            .ok()
-            .and_then(|s| super::container::container_of(&super::cgroup::parse_proc_cgroup(&s)));
-        if let Some(c) = container {
+        if let Some(c) = super::container::of_process(ctx.postmaster) {
             facts.push((CONTAINER.into(), serde_json::to_value(c)?));
         }
         let memcg = super::memcg::Memcg::start(ctx.postmaster);

@@ -6,8 +6,7 @@
 //! its pid as its own namespace numbers it (the last `NSpid:` entry).
 use std::collections::BTreeMap;
 
-use crate::collect::cgroup::parse_proc_cgroup;
-use crate::collect::container::container_of;
+use crate::collect::container;
 use crate::procinfo;
 
 pub use crate::attach::{parse_pid_file, PidFile};
@@ -131,10 +130,7 @@ pub fn scan() -> Scan {
             .into_iter()
             .find_map(|c| cluster_of_title(&procinfo::read_title(c)?))
             .unwrap_or_default();
-        let container = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()
-            .and_then(|t| container_of(&parse_proc_cgroup(&t)))
-            .map(|c| c.id);
+        let container = container::of_process(pid).map(|c| c.id);
         out.found.push(Postmaster {
             pid,
             started,

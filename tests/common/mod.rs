@@ -526,8 +526,28 @@ pub fn record_while(
 /// [`record_while`] with pgbelow started by `cmd` (pgbelow or a wrapper
 /// that execs it with the arguments appended).
 pub fn record_while_as(
-    mut cmd: std::process::Command,
+    cmd: std::process::Command,
     c: &userdb::UserCluster,
+    out: &Path,
+    secs: u32,
+    collectors: &str,
+    during: impl FnOnce(),
+) -> Value {
+    // This host's pid, also for a server in a pid namespace of its own.
+    let pid = c
+        .host_postmaster_pid()
+        .unwrap_or_else(|| c.postmaster_pid())
+        .to_string();
+    let target = ["--pid", &pid, "--dsn", &c.dsn("postgres")];
+    record_target_while(cmd, &target, out, secs, collectors, during)
+}
+
+/// `pgbelow record` started by `cmd` with `target` (the server's options:
+/// `--pid`, `--dsn`, either or both) for `secs`, running `during` 1.5 s
+/// in; the JSON report.
+pub fn record_target_while(
+    mut cmd: std::process::Command,
+    target: &[&str],
     out: &Path,
     secs: u32,
     collectors: &str,
@@ -535,15 +555,8 @@ pub fn record_while_as(
 ) -> Value {
     let _one = exclusive();
     let child = cmd
-        // This host's pid, also for a server in a pid namespace of its own.
-        .args([
-            "record",
-            "--pid",
-            &c.host_postmaster_pid()
-                .unwrap_or_else(|| c.postmaster_pid())
-                .to_string(),
-        ])
-        .args(["--dsn", &c.dsn("postgres")])
+        .arg("record")
+        .args(target)
         .args(["--duration", &secs.to_string()])
         .args(["--collectors", collectors, "--format", "json", "--out"])
         .arg(out)

@@ -3,8 +3,9 @@
 //! pgbelow's lab or its provisioning code: attach-mode and connection tests
 //! record it. [`UserCluster::builder`] sets it up (binaries, settings, the
 //! server's environment, pg_hba.conf, files in the data directory such as
-//! TLS certificates, a pid namespace of its own, a standby of another);
-//! dropping it stops the server and removes its directory.
+//! TLS certificates, a pid namespace of its own, a container of its own, a
+//! standby of another); dropping it stops the server and removes its
+//! directory.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -64,6 +65,10 @@ pub struct UserCluster {
     pub port: u16,
     /// `unshare` holding a server started in its own pid namespace.
     ns: Option<std::process::Child>,
+    /// The server runs in a container: `dir` is its root file system.
+    in_container: bool,
+    /// The container's cgroup, removed after the server stopped.
+    cgroup: Option<ContainerCgroup>,
 }
 
 /// What [`ClusterBuilder::prepare`] runs on the data directory.
@@ -82,6 +87,7 @@ pub struct ClusterBuilder<'a> {
     shm_size: Option<&'a str>,
     private_files: &'a [(&'a Path, &'a Path)],
     primary: Option<&'a UserCluster>,
+    container: bool,
 }
 
 impl<'a> ClusterBuilder<'a> {
@@ -142,7 +148,8 @@ impl<'a> ClusterBuilder<'a> {
 
     /// Start the server in a mount namespace of its own where each
     /// `(source, target)` file is bound over the host's target (e.g. a
-    /// private /etc/resolv.conf); the host's files are untouched.
+    /// private /etc/resolv.conf); the host's files are untouched. In a
+    /// [`ClusterBuilder::container`], copied to target in its root instead.
     pub fn private_files(mut self, files: &'a [(&'a Path, &'a Path)]) -> Self {
         self.private_files = files;
         self
@@ -164,6 +171,21 @@ impl<'a> ClusterBuilder<'a> {
         (!all.is_empty()).then(|| all.join(" && "))
     }
 
+    /// Start the server as in a container (without a container runtime):
+    /// in pid, mount, network, IPC, UTS and cgroup namespaces of its own,
+    /// chrooted to a root file system made in `dir` (a copy of the
+    /// install at /opt/pg — an npm build, whose lib/ and share/ sit beside
+    /// bin/ — and of the host libraries it links, busybox as /bin/sh, a
+    /// `postgres` account, /dev nodes, a tmpfs /dev/shm of 64 MB or
+    /// [`ClusterBuilder::shm_size`], the data directory at /data, the
+    /// socket in /tmp, no TCP listener), in a cpu cgroup named as Docker's
+    /// (`docker-<64 hex>.scope`, [`UserCluster::container_id`]). The
+    /// environment of [`ClusterBuilder::env`] names paths in that root.
+    pub fn container(mut self, on: bool) -> Self {
+        self.container = on;
+        self
+    }
+
     /// A streaming standby of `primary` (pg_basebackup) instead of initdb.
     pub fn standby_of(mut self, primary: &'a UserCluster) -> Self {
         self.primary = Some(primary);
@@ -179,6 +201,10 @@ impl<'a> ClusterBuilder<'a> {
             (None, None) => system_bin(),
         };
         let mut c = UserCluster::new_dir(&bin);
+        if self.container {
+            make_rootfs(c.dir.path(), &bin, self.private_files);
+            c.in_container = true;
+        }
         match self.primary {
             Some(p) => p.base_backup(&c),
             None => {
@@ -186,6 +212,12 @@ impl<'a> ClusterBuilder<'a> {
                 // nothing about the cluster and cost 1-2.5 s per start.
                 as_postgres(&bin, "initdb")
                     .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+                    // A container's root has no locales but C.
+                    .args(if self.container {
+                        &["--locale=C"][..]
+                    } else {
+                        &[]
+                    })
                     .args(self.initdb)
                     .arg("-D")
                     .arg(c.data())
@@ -204,7 +236,9 @@ impl<'a> ClusterBuilder<'a> {
             .status()
             .unwrap();
         assert!(st.success());
-        if self.pid_namespace || mounts.is_some() {
+        if self.container {
+            c.start_in_container(self.shm_size.unwrap_or("64M"), self.settings, self.env);
+        } else if self.pid_namespace || mounts.is_some() {
             c.start_in_namespace(
                 self.pid_namespace,
                 mounts.as_deref(),
@@ -270,6 +304,7 @@ impl UserCluster {
             shm_size: None,
             private_files: &[],
             primary: None,
+            container: false,
         }
     }
 
@@ -340,6 +375,8 @@ impl UserCluster {
             dir,
             port: free_port(),
             ns: None,
+            in_container: false,
+            cgroup: None,
         }
     }
 
@@ -361,11 +398,12 @@ impl UserCluster {
         self.pg_ctl_start(settings, &[]);
     }
 
-    /// The server's options: the socket directory, port and `settings`.
-    fn server_args(&self, settings: &[(&str, &str)]) -> Vec<String> {
+    /// The server's options: the socket directory (`sock`, as the server
+    /// names it), port and `settings`.
+    fn server_args(&self, sock: &Path, settings: &[(&str, &str)]) -> Vec<String> {
         let mut args = vec![
             "-k".to_string(),
-            self.sock().display().to_string(),
+            sock.display().to_string(),
             "-p".into(),
             self.port.to_string(),
         ];
@@ -413,7 +451,7 @@ impl UserCluster {
     fn pg_ctl_start(&self, settings: &[(&str, &str)], env: &[(&str, &Path)]) {
         assert!(self.ns.is_none(), "pg_ctl cannot start a namespaced server");
         let opts: Vec<String> = self
-            .server_args(settings)
+            .server_args(&self.sock(), settings)
             .iter()
             .map(|a| shell_quoted(a))
             .collect();
@@ -445,13 +483,73 @@ impl UserCluster {
             .arg(self.bin.join("postgres"))
             .arg("-D")
             .arg(self.data())
-            .args(self.server_args(settings))
+            .args(self.server_args(&self.sock(), settings))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("unshare (util-linux)");
         self.ns = Some(child);
+        self.wait_ready();
+    }
+
+    /// The server started in a container (see [`ClusterBuilder::container`])
+    /// under `unshare`, which holds it until drop: its root is `dir`, moved
+    /// into a Docker-like cpu cgroup first when the host has a v1 cpu
+    /// hierarchy.
+    fn start_in_container(&mut self, shm: &str, settings: &[(&str, &str)], env: &[(&str, &Path)]) {
+        let log = std::fs::File::create(self.log_path()).unwrap();
+        let cgroup = ContainerCgroup::new();
+        let mut c = Command::new("sh");
+        c.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        c.args(["-c", r#"[ -z "$0" ] || echo $$ > "$0" && exec "$@""#]);
+        c.arg(
+            cgroup
+                .as_ref()
+                .map_or(PathBuf::new(), |g| g.dir.join("cgroup.procs")),
+        );
+        // --kill-child: the namespaces go with their holder even if the
+        // postmaster ignored the signal to stop; private: no mount made
+        // inside reaches the host.
+        c.args([
+            "unshare", "--pid", "--mount", "--net", "--ipc", "--uts", "--cgroup",
+        ])
+        .args(["--fork", "--kill-child", "--propagation", "private"]);
+        // Its loopback up (PostgreSQL 13's statistics collector talks UDP
+        // to localhost), its /proc and /dev/shm mounted from inside (pid 1
+        // of the new namespace), then chrooted to the root as postgres.
+        c.args([
+            "sh",
+            "-c",
+            r#"set -e; root=$1; shm=$2; ug=$3; shift 3
+hostname pgbelow-container
+ip link set lo up
+mount -t proc proc "$root/proc"
+mount -t tmpfs -o "size=$shm,mode=1777" pgbelow-test-shm "$root/dev/shm"
+exec chroot --userspec="$ug" --groups="${ug#*:}" "$root" "$@""#,
+            "sh",
+        ]);
+        let (uid, gid) = postgres_ids();
+        c.arg(self.dir.path())
+            .arg(shm)
+            .arg(format!("{uid}:{gid}"))
+            .args(["/bin/busybox", "env", "-i"]);
+        for (k, v) in env {
+            c.arg(format!("{k}={}", v.display()));
+        }
+        c.args(["/opt/pg/bin/postgres", "-D", "/data"])
+            .args(self.server_args(Path::new("/tmp"), settings))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        self.ns = Some(c.spawn().expect("unshare (util-linux)"));
+        self.cgroup = cgroup;
+        self.wait_ready();
+    }
+
+    /// Waits until psql gets an answer from a server started under
+    /// `unshare`.
+    fn wait_ready(&mut self) {
         let t0 = std::time::Instant::now();
         loop {
             let ready = without_pg_env(&mut Command::new("psql"))
@@ -463,9 +561,10 @@ impl UserCluster {
             if ready {
                 break;
             }
+            let exited = self.ns.as_mut().and_then(|ns| ns.try_wait().ok().flatten());
             assert!(
-                t0.elapsed().as_secs() < 60,
-                "the namespaced server did not start: {}",
+                t0.elapsed().as_secs() < 60 && exited.is_none(),
+                "the namespaced server did not start ({exited:?}): {}",
                 self.log()
             );
             std::thread::sleep(std::time::Duration::from_millis(200));
@@ -476,9 +575,14 @@ impl UserCluster {
         self.dir.path().join("data")
     }
 
-    /// The server's socket directory.
-    pub fn sock(&self) -> &Path {
-        self.dir.path()
+    /// The server's socket directory (a container's /tmp as this host
+    /// reaches it).
+    pub fn sock(&self) -> PathBuf {
+        if self.in_container {
+            self.dir.path().join("tmp")
+        } else {
+            self.dir.path().to_path_buf()
+        }
     }
 
     fn log_path(&self) -> PathBuf {
@@ -519,6 +623,11 @@ impl UserCluster {
                 .to_string();
             (cwd == data && is_postgres(&pid) && !is_postgres(&ppid)).then(|| pid.parse().ok())?
         })
+    }
+
+    /// The 64-hex-digit id of a [`ClusterBuilder::container`]'s cgroup.
+    pub fn container_id(&self) -> Option<&str> {
+        self.cgroup.as_ref().map(|g| g.id.as_str())
     }
 
     pub fn dsn(&self, db: &str) -> String {
@@ -580,6 +689,152 @@ impl UserCluster {
             .stderr(Stdio::null())
             .spawn()
             .unwrap()
+    }
+}
+
+/// The `postgres` account's uid and gid on this host.
+fn postgres_ids() -> (String, String) {
+    let id = |opt: &str| {
+        let o = Command::new("id").args([opt, "postgres"]).run_ok("id");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    (id("-u"), id("-g"))
+}
+
+/// The root file system of a [`ClusterBuilder::container`] made in
+/// `root`: the install of `bin` copied to /opt/pg, every host library
+/// its programs and modules link (as `ldd` finds them) at its own path,
+/// busybox as /bin/sh, /etc/passwd and /etc/group with `postgres` (this
+/// host's ids, so the data directory's owner is the same inside), an
+/// /etc/hosts naming localhost,
+/// /tmp, /proc and /dev/shm to mount on, the /dev nodes a server opens,
+/// and `files` (`(source, target)`) copied to target.
+fn make_rootfs(root: &Path, bin: &Path, files: &[(&Path, &Path)]) {
+    let install = bin.parent().unwrap();
+    assert!(
+        install.join("lib").is_dir() && install.join("share").is_dir(),
+        "a container needs an install with lib/ and share/ beside bin/ (an npm build): {}",
+        install.display()
+    );
+    let inside = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    for d in ["opt", "etc", "tmp", "proc", "bin", "dev/shm"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    Command::new("cp")
+        .arg("-a")
+        .arg(install)
+        .arg(root.join("opt/pg"))
+        .run_ok("copy the install");
+    let programs: Vec<PathBuf> = ["bin", "lib"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(root.join("opt/pg").join(d)).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    // ldd exits non-zero when one of them is no dynamic ELF file.
+    let o = Command::new("ldd").args(&programs).output().expect("ldd");
+    let libs: std::collections::BTreeSet<PathBuf> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            let path = l.split_once("=>").map_or(l, |(_, p)| p);
+            let path = Path::new(path.split_whitespace().next()?);
+            (path.is_absolute() && !path.starts_with(root)).then(|| path.to_path_buf())
+        })
+        .collect();
+    assert!(
+        libs.iter().any(|l| l.to_string_lossy().contains("libc.so")),
+        "no libc among the install's libraries: {libs:?}"
+    );
+    let busybox = Path::new("/bin/busybox");
+    let copies = libs
+        .iter()
+        .map(|l| (l.as_path(), l.as_path()))
+        .chain([(busybox, busybox)])
+        .chain(files.iter().copied());
+    for (src, dst) in copies {
+        let dst = inside(dst);
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(src, &dst).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    }
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    let (uid, gid) = postgres_ids();
+    std::fs::write(
+        root.join("etc/passwd"),
+        format!("root:x:0:0:root:/:/bin/sh\npostgres:x:{uid}:{gid}:PostgreSQL:/data:/bin/sh\n"),
+    )
+    .unwrap();
+    // Names resolved from files alone, as a container's /etc/hosts names
+    // localhost.
+    std::fs::write(
+        root.join("etc/nsswitch.conf"),
+        "passwd: files\ngroup: files\nhosts: files\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("etc/hosts"),
+        "127.0.0.1 localhost\n::1 localhost\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("etc/group"),
+        format!("root:x:0:\npostgres:x:{gid}:\n"),
+    )
+    .unwrap();
+    for (name, minor) in [
+        ("null", "3"),
+        ("zero", "5"),
+        ("random", "8"),
+        ("urandom", "9"),
+    ] {
+        Command::new("mknod")
+            .args(["-m", "666"])
+            .arg(root.join("dev").join(name))
+            .args(["c", "1", minor])
+            .run_ok("mknod");
+    }
+}
+
+/// A cpu cgroup named as Docker names a container's
+/// (`docker-<64 hex>.scope`, under `pgbelow-test-ctr-PID-N` of the v1 cpu
+/// hierarchy), made as a container runtime makes one; removed on drop,
+/// any process left in it moved back to the root.
+struct ContainerCgroup {
+    parent: PathBuf,
+    dir: PathBuf,
+    id: String,
+}
+
+impl ContainerCgroup {
+    /// None without a v1 cpu hierarchy.
+    fn new() -> Option<ContainerCgroup> {
+        let cpu = Path::new("/sys/fs/cgroup/cpu");
+        if !cpu.join("cgroup.procs").exists() {
+            return None;
+        }
+        let n = rand_suffix();
+        let id = format!("{:032x}{n:032x}", std::process::id());
+        let parent = cpu.join(format!("pgbelow-test-ctr-{}-{n}", std::process::id()));
+        let dir = parent.join(format!("docker-{id}.scope"));
+        std::fs::create_dir_all(&dir).unwrap();
+        Some(ContainerCgroup { parent, dir, id })
+    }
+}
+
+impl Drop for ContainerCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+            for p in procs.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/cpu/cgroup.procs", p);
+            }
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir(&self.parent);
     }
 }
 
