@@ -85,6 +85,26 @@ impl PidMap {
         }
     }
 
+    /// This host's pid for the server's live process `pid` (e.g. this
+    /// session's own backend) when it must be known: the tree is read
+    /// again, for up to a second, while the pid is not found (a
+    /// children-file walk can miss a process while its siblings come and
+    /// go), then the whole process table searched for it in the
+    /// postmaster's pid namespace. None when nested and still not found.
+    pub fn host_of_live(&mut self, pid: u32) -> Option<u32> {
+        if !self.nested {
+            return Some(pid);
+        }
+        for _ in 0..5 {
+            if let Some(h) = self.map.get(&pid) {
+                return Some(*h);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            self.refresh();
+        }
+        host_pid_in_ns_of(self.root, pid)
+    }
+
     /// This host's pid for the server's `pid` (unchanged when not nested,
     /// or not found under the postmaster).
     pub fn host(&mut self, pid: u32) -> u32 {
@@ -133,5 +153,42 @@ mod tests {
         let inner = *nspid(me).last().unwrap();
         assert_eq!(host_pid_in_ns_of(me, inner), Some(me));
         assert_eq!(host_pid_in_ns_of(u32::MAX, inner), None);
+    }
+
+    // A real pid namespace (root only): `sleep` is its pid 1, found as
+    // this host's pid; a pid that is not there is None, not itself.
+    #[test]
+    fn a_live_process_in_a_pid_namespace_is_found() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: unshare --pid needs root");
+            return;
+        }
+        let mut child = std::process::Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                "sleep",
+                "20",
+            ])
+            .spawn()
+            .unwrap();
+        let holder = child.id();
+        let t0 = Instant::now();
+        let sleep = loop {
+            let kids = crate::procinfo::children(holder);
+            if let Some(k) = kids.first() {
+                break *k;
+            }
+            assert!(t0.elapsed().as_secs() < 10, "no child of unshare");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut m = PidMap::new(sleep);
+        let found = (m.nested(), m.host_of_live(1), m.host_of_live(99_999));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(found, (true, Some(sleep), None));
     }
 }

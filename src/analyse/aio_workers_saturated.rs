@@ -228,6 +228,27 @@ fn unmeasured(ev: &Evidence, q: Option<&AioQueue>) -> String {
     }
 }
 
+/// Why the workers do not count as saturated, None when they do.
+fn not_saturated(q: &AioQueue) -> Option<String> {
+    if q.worker_samples < MIN_WORKER_SAMPLES {
+        return Some(format!(
+            "{} samples of the I/O workers while backends waited on them, fewer than the \
+             {MIN_WORKER_SAMPLES} a busy share needs",
+            q.worker_samples
+        ));
+    }
+    let busy = q.worker_busy();
+    (busy < BUSY).then(|| {
+        format!(
+            "the I/O workers were busy in {:.0} % of their samples while backends waited on \
+             them, saturated from {:.0} % (with idle workers the wait is not theirs: a busy \
+             CPU delays them, see cpu-saturation)",
+            busy * 100.0,
+            BUSY * 100.0
+        )
+    })
+}
+
 pub struct AioWorkersSaturated;
 
 impl Rule for AioWorkersSaturated {
@@ -264,6 +285,10 @@ impl Rule for AioWorkersSaturated {
         }
     }
 
+    fn held_back(&self, ev: &Evidence) -> Option<String> {
+        not_saturated(&aio_queue(ev)?)
+    }
+
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
         let q = aio_queue(ev)?;
         let ms = q.queue_ms_per_read()?;
@@ -271,7 +296,7 @@ impl Rule for AioWorkersSaturated {
         let busy = q.worker_busy();
         // No queueing at all (the backends waited less than the workers
         // worked: they read ahead): however busy, the workers keep up.
-        if busy < BUSY || q.worker_samples < MIN_WORKER_SAMPLES || ratio <= 0.0 {
+        if not_saturated(&q).is_some() || ratio <= 0.0 {
             return None;
         }
         let share = q.share();
@@ -388,6 +413,13 @@ mod tests {
         assert_eq!(c.status, Status::Clear, "{c:?}");
         let q = aio_queue(&ev).unwrap();
         assert!(q.worker_busy() < BUSY, "{q:?}");
+        // Past the bound only by its queueing, the check says what held
+        // it back.
+        let mut q2 = q.clone();
+        q2.wait_s = q.worker_busy_s * 3.0;
+        assert!(q2.queue_ratio().unwrap() >= WARN_RATIO, "{q2:?}");
+        let why = not_saturated(&q2).expect("held back");
+        assert!(why.contains("busy in") && why.contains("75 %"), "{why}");
         assert!(q.queue_ratio().unwrap() < WARN_RATIO, "{q:?}");
     }
 

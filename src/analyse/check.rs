@@ -134,6 +134,10 @@ pub struct Check {
     pub measured: Option<Figure>,
     /// Why it could not be measured and what to enable.
     pub missing: Option<String>,
+    /// Why a figure past its bound raised nothing: the rule's other
+    /// condition that was not met (absent when the rule does not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_back: Option<String>,
 }
 
 impl Check {
@@ -156,7 +160,18 @@ impl Check {
             measured,
             // A raised finding measured its cost in its own terms.
             missing: if finding.is_some() { None } else { missing },
+            held_back: None,
         }
+    }
+
+    /// `why` a figure past its bound raised nothing, kept only when that
+    /// is the case.
+    pub fn held_back(mut self, why: Option<String>) -> Check {
+        let past = self.measured.as_ref().is_some_and(Figure::past);
+        if self.status == Status::Clear && past {
+            self.held_back = why;
+        }
+        self
     }
 
     /// One line for the text report.
@@ -167,7 +182,9 @@ impl Check {
             }
             (Some(f), Some(b), _) => {
                 let past = self.measured.as_ref().is_some_and(Figure::past);
-                if past {
+                if let (true, Some(why)) = (past, &self.held_back) {
+                    format!("{f} (bound {b}; not raised: {why})")
+                } else if past {
                     format!("{f} (bound {b}; its other conditions not met)")
                 } else {
                     format!("{f}, bound {b}")
@@ -206,5 +223,32 @@ mod tests {
         let json = serde_json::to_value(&c).unwrap();
         assert_eq!(json["status"], "not_measurable");
         assert!(json["figure"].is_null());
+        assert!(json.get("held_back").is_none(), "{json}");
+    }
+
+    #[test]
+    fn a_figure_past_its_bound_says_what_held_it_back() {
+        let past = Figure::above("run-queue s per CPU s", 0.65, "", 0.5);
+        let why = "the cluster's own processes filled the CPUs".to_string();
+        let c = Check::new("x", None, Measure::Figure(past)).held_back(Some(why.clone()));
+        assert!(
+            c.line().ends_with(
+                "(bound ≥ 0.50; not raised: the cluster's own processes filled the CPUs)"
+            ),
+            "{}",
+            c.line()
+        );
+        assert_eq!(serde_json::to_value(&c).unwrap()["held_back"], why);
+        // Unsaid, the line still says the bound alone did not decide.
+        let c = Check::new("x", None, Measure::Figure(Figure::above("f", 2.0, "", 1.0)));
+        assert!(
+            c.line().contains("its other conditions not met"),
+            "{}",
+            c.line()
+        );
+        // Short of its bound, a reason is not kept.
+        let short = Figure::above("f", 0.1, "", 1.0);
+        let c = Check::new("x", None, Measure::Figure(short)).held_back(Some("no".into()));
+        assert!(c.held_back.is_none());
     }
 }

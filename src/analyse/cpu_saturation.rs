@@ -137,6 +137,99 @@ fn pct(x: Option<f64>) -> Option<f64> {
     x.map(|v| (v * 1000.0).round() / 10.0)
 }
 
+/// What the finding is decided on, past the key figure's bound.
+struct Gate {
+    w: BackendWait,
+    share: f64,
+    machine: Option<crate::evidence::system::MachineCpu>,
+    cluster_cpu_s: f64,
+    busy_cpu_s: f64,
+    outside_share: f64,
+}
+
+/// The finding's conditions: None when the wait was not measured, Err with
+/// the condition not met when the backends waited but it is not this
+/// finding.
+fn gate(rec: &Evidence) -> Option<Result<Gate, String>> {
+    let w = backend_wait(rec)?;
+    let share = w.share()?;
+    if share < WARN_SHARE {
+        return Some(Err(format!(
+            "the backends waited {share:.2} s per CPU s, below {WARN_SHARE}"
+        )));
+    }
+    let busy = w.busy_backends.max(1);
+    let need = MIN_RUNQ_S.max(MIN_RUNQ_PER_BUSY_BACKEND * w.window_s * busy as f64);
+    if w.runq_s < need {
+        return Some(Err(format!(
+            "the backends waited {:.2} s in the run queue in all, fewer than the {need:.2} s \
+             ({MIN_RUNQ_S} s, and {MIN_RUNQ_PER_BUSY_BACKEND} of the window per busy backend) \
+             a saturated machine gives",
+            w.runq_s
+        )));
+    }
+    // The cluster's own quota made them wait: that rule's finding.
+    if super::cgroup_throttling::CgroupThrottling
+        .evaluate(rec)
+        .is_some()
+    {
+        return Some(Err(
+            "the cluster's own CPU quota made them wait: see cgroup-cpu-throttling".into(),
+        ));
+    }
+    let machine = crate::evidence::system::machine_cpu(&rec.system);
+    // Whose the CPUs were: the machine's busy time less the cluster's.
+    let cluster_cpu_s: f64 = rec
+        .procfs_in(None)
+        .roles
+        .iter()
+        .filter(|(r, _)| !matches!(r, Role::Observer))
+        .map(|(_, x)| x.cpu_s)
+        .sum();
+    let Some(busy_cpu_s) = machine
+        .as_ref()
+        .filter(|m| m.samples > 0)
+        .map(|m| m.total_s - m.idle_s)
+    else {
+        return Some(Err(
+            "whose the CPUs were is unknown: the machine's CPU split was not recorded (add the \
+             system collector)"
+                .into(),
+        ));
+    };
+    // Only what is known to be outside counts: the named processes
+    // outside the cluster (alive at the end walk) and the hypervisor's
+    // steal. CPU time of processes that ended meanwhile cannot be told
+    // from the cluster's own short-lived ones (parallel workers,
+    // autovacuum workers, closed sessions): the healthy corpus's
+    // analytic queries left 14 CPU-s of exited parallel workers that
+    // an "everything but the cluster" share called a neighbour.
+    let known_outside_s = rec.outside_cpu.as_ref().map_or(0.0, |o| o.cpu_s)
+        + machine.as_ref().map_or(0.0, |m| m.steal_s);
+    let outside_share = if busy_cpu_s > 0.0 {
+        (known_outside_s / busy_cpu_s).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    if outside_share < MIN_OUTSIDE_SHARE {
+        return Some(Err(format!(
+            "processes outside the cluster had {:.0} % of the machine's busy CPU time, a \
+             neighbour's from {:.0} %: the cluster's own processes filled the CPUs (more \
+             active backends than CPUs: a pooler's case)",
+            outside_share * 100.0,
+            MIN_OUTSIDE_SHARE * 100.0
+        )));
+    }
+    Some(Ok(Gate {
+        w,
+        share,
+        machine,
+        cluster_cpu_s,
+        busy_cpu_s,
+        outside_share,
+    }))
+}
+
 pub struct CpuSaturation;
 
 impl Rule for CpuSaturation {
@@ -171,54 +264,22 @@ impl Rule for CpuSaturation {
         }
     }
 
+    fn held_back(&self, rec: &Evidence) -> Option<String> {
+        gate(rec)?.err()
+    }
+
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
-        let w = backend_wait(rec)?;
-        let share = w.share()?;
-        if share < WARN_SHARE {
+        let Ok(Gate {
+            w,
+            share,
+            machine,
+            cluster_cpu_s,
+            busy_cpu_s,
+            outside_share,
+        }) = gate(rec)?
+        else {
             return None;
-        }
-        let busy = w.busy_backends.max(1);
-        if w.runq_s < MIN_RUNQ_S || w.runq_s < MIN_RUNQ_PER_BUSY_BACKEND * w.window_s * busy as f64
-        {
-            return None;
-        }
-        // The cluster's own quota made them wait: that rule's finding.
-        if super::cgroup_throttling::CgroupThrottling
-            .evaluate(rec)
-            .is_some()
-        {
-            return None;
-        }
-        let machine = crate::evidence::system::machine_cpu(&rec.system);
-        // Whose the CPUs were: the machine's busy time less the cluster's.
-        let cluster_cpu_s: f64 = rec
-            .procfs_in(None)
-            .roles
-            .iter()
-            .filter(|(r, _)| !matches!(r, Role::Observer))
-            .map(|(_, x)| x.cpu_s)
-            .sum();
-        let busy_cpu_s = machine
-            .as_ref()
-            .filter(|m| m.samples > 0)
-            .map(|m| m.total_s - m.idle_s)?;
-        // Only what is known to be outside counts: the named processes
-        // outside the cluster (alive at the end walk) and the hypervisor's
-        // steal. CPU time of processes that ended meanwhile cannot be told
-        // from the cluster's own short-lived ones (parallel workers,
-        // autovacuum workers, closed sessions): the healthy corpus's
-        // analytic queries left 14 CPU-s of exited parallel workers that
-        // an "everything but the cluster" share called a neighbour.
-        let known_outside_s = rec.outside_cpu.as_ref().map_or(0.0, |o| o.cpu_s)
-            + machine.as_ref().map_or(0.0, |m| m.steal_s);
-        let outside_share = if busy_cpu_s > 0.0 {
-            (known_outside_s / busy_cpu_s).clamp(0.0, 1.0)
-        } else {
-            0.0
         };
-        if outside_share < MIN_OUTSIDE_SHARE {
-            return None;
-        }
         let cpus = machine
             .as_ref()
             .and_then(|m| m.cpus)
@@ -454,7 +515,8 @@ mod tests {
         assert!(f.is_none());
         assert_eq!(c.status, Status::Clear);
         assert!(
-            c.line().contains("other conditions not met"),
+            c.line()
+                .contains("not raised: processes outside the cluster had"),
             "{}",
             c.line()
         );
@@ -518,7 +580,8 @@ mod tests {
         let (c, _) = CpuSaturation.check(&rec);
         assert_eq!(c.status, Status::Clear);
         assert!(
-            c.line().contains("other conditions not met"),
+            c.line()
+                .contains("not raised: whose the CPUs were is unknown"),
             "{}",
             c.line()
         );

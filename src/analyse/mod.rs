@@ -54,10 +54,18 @@ pub trait Rule {
     fn changes(&self) -> &'static [Change] {
         &[]
     }
+    /// Why the key figure, past its bound, raised nothing: the rule's
+    /// other condition that was not met, in words (None: not said).
+    fn held_back(&self, _ev: &Evidence) -> Option<String> {
+        None
+    }
     /// `raised`, `clear` or `not measurable`, with the figure behind it.
     fn check(&self, ev: &Evidence) -> (Check, Option<Finding>) {
         let f = self.evaluate(ev);
-        (Check::new(self.id(), f.as_ref(), self.measure(ev)), f)
+        let c = Check::new(self.id(), f.as_ref(), self.measure(ev));
+        let past = f.is_none() && c.measured.as_ref().is_some_and(Figure::past);
+        let why = if past { self.held_back(ev) } else { None };
+        (c.held_back(why), f)
     }
 }
 

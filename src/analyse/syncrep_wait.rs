@@ -59,6 +59,21 @@ pub(crate) fn commits(rec: &Evidence) -> Option<(u64, String, (f64, f64))> {
     })
 }
 
+/// Whether the commits waited for standbys: the recording's topology says
+/// so, the primary's pg_stat_replication names synchronous standbys
+/// (attached), or the profile caught backends in SyncRepWaitForLSN.
+fn waited_for_standbys(rec: &Evidence, prof: Option<&ProfileShares>) -> bool {
+    let repl = rec.manifest.postgres.replication.as_ref();
+    let sync_topology = repl.is_some_and(|r| r.sync != "async");
+    let sync_in_profile = prof.is_some_and(|p| p.syncrep > 0);
+    let sync_in_server = rec.server.iter().any(|s| {
+        s.replication
+            .iter()
+            .any(|r| matches!(r.sync_state.as_deref(), Some("sync" | "quorum")))
+    });
+    sync_topology || sync_in_profile || sync_in_server
+}
+
 /// Backend samples of the profile: total, under SyncRepWaitForLSN, in epoll
 /// functions, in mutex code (kernel), with any kernel frame.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -251,6 +266,24 @@ impl Rule for SyncrepWait {
         }
     }
 
+    fn held_back(&self, rec: &Evidence) -> Option<String> {
+        let (n, _, _) = commits(rec)?;
+        let by_role = rec.syscalls_by_role(None);
+        let ctl = by_role.get(&Role::Backend)?.get("epoll_ctl") as f64 / n.max(1) as f64;
+        if ctl < MIN_CTL_PER_COMMIT {
+            return Some(format!(
+                "{ctl:.2} epoll_ctl per commit, fewer than the {MIN_CTL_PER_COMMIT} a set built \
+                 per commit wait makes: the epoll sets are not WaitLatch's"
+            ));
+        }
+        (!waited_for_standbys(rec, profile_shares(rec).as_ref())).then(|| {
+            "no commit was seen waiting for a synchronous standby (none in the recording's \
+             topology or pg_stat_replication, no SyncRepWaitForLSN in the profile): the epoll \
+             sets are someone else's"
+                .into()
+        })
+    }
+
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
         let (n, source, window) = commits(rec)?;
         if n < MIN_COMMITS {
@@ -268,18 +301,8 @@ impl Rule for SyncrepWait {
             return None;
         }
         let prof = profile_shares(rec);
-        // The commits must have waited for standbys: the recording's topology
-        // says so, or the profile caught backends in SyncRepWaitForLSN.
         let repl = rec.manifest.postgres.replication.as_ref();
-        let sync_topology = repl.is_some_and(|r| r.sync != "async");
-        let sync_in_profile = prof.as_ref().is_some_and(|p| p.syncrep > 0);
-        // Attached: the primary's pg_stat_replication names synchronous standbys.
-        let sync_in_server = rec.server.iter().any(|s| {
-            s.replication
-                .iter()
-                .any(|r| matches!(r.sync_state.as_deref(), Some("sync" | "quorum")))
-        });
-        if !sync_topology && !sync_in_profile && !sync_in_server {
+        if !waited_for_standbys(rec, prof.as_ref()) {
             return None;
         }
         let level = rec
@@ -484,6 +507,14 @@ mod tests {
         let mut rec = fixture("pg13-syncrep-commit");
         rec.manifest.postgres.replication = None;
         assert!(SyncrepWait.evaluate(&rec).is_some());
+        // Without either, the check says why it held back.
+        let mut quiet = fixture("pg13-syncrep-commit");
+        quiet.manifest.postgres.replication = None;
+        quiet.profile = None;
+        let (c, f) = SyncrepWait.check(&quiet);
+        assert!(f.is_none());
+        let why = c.held_back.unwrap_or_default();
+        assert!(why.contains("synchronous standby"), "{why}");
         // Without the epoll calls in the counts, nothing.
         let mut rec = fixture("pg13-syncrep-commit");
         for s in &mut rec.syscalls {

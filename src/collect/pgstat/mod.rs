@@ -155,7 +155,19 @@ impl PgstatCollector {
         // pids are translated to this host's, which the rest of the
         // recording uses.
         let mut pids = crate::pidns::PidMap::new(ctx.postmaster);
-        let backend_pid = pids.host(conn.backend_pid);
+        // pgbelow's own backend must be found: unmarked, it would count as
+        // a user's (its sampling queries' system calls among theirs).
+        let backend_pid = match pids.host_of_live(conn.backend_pid) {
+            Some(pid) => pid,
+            None => {
+                notes.push(format!(
+                    "this session's backend (pid {} in the server's pid namespace) was not found \
+                     among this host's processes: its system calls may count as a user backend's",
+                    conn.backend_pid
+                ));
+                conn.backend_pid
+            }
+        };
         if pids.nested() {
             notes.push(format!(
                 "the server runs in a pid namespace of its own: its pids (this session's {}) are \

@@ -330,7 +330,17 @@ fn checks(o: &mut String, r: &Report) {
             ),
         };
         let (what, bound) = match (&c.figure, &c.bound, &c.missing) {
-            (Some(f), Some(b), _) => (escape(f), escape(b)),
+            (Some(f), Some(b), _) => match &c.held_back {
+                Some(why) => (
+                    format!(
+                        "{} <span class=\"held-back\">(not raised: {})</span>",
+                        escape(f),
+                        escape(why)
+                    ),
+                    escape(b),
+                ),
+                None => (escape(f), escape(b)),
+            },
             (_, _, Some(m)) => (escape(m), String::new()),
             _ => (String::new(), String::new()),
         };

@@ -178,3 +178,18 @@ fn fsync_latency_histogram() {
     let (_, page) = page_of("pg15-attach-wal-slow-device");
     assert!(!page.contains("data-chart=\"fsync-latency\""));
 }
+
+// A real run whose run-queue figure passed its bound with the cluster
+// itself filling the CPUs: the page says why it was not raised.
+#[test]
+fn a_check_held_back_says_why() {
+    let (r, page) = page_of("pg15-noisy-neighbour-none-quiet");
+    let c = r
+        .checks
+        .iter()
+        .find(|c| c.id == "cpu-saturation")
+        .expect("the check");
+    let why = c.held_back.as_deref().expect("held back");
+    assert!(page.contains("(not raised: "), "no reason in the page");
+    assert!(page.contains(&escape(why)), "{why}");
+}
