@@ -1,6 +1,6 @@
 //! Case `swap-activity` end to end on real PostgreSQL: the lab prewarms
 //! shared_buffers (256MB) with the whole database, swaps on a file in
-//! /var/tmp and limits the cluster's memory cgroup to 64 MB, so the kernel
+//! /var/tmp and limits the cluster's memory cgroup to 96 MB, so the kernel
 //! swaps the buffers out and the backends fault them back in; the finding
 //! follows the backends' measured time in swap-in kernel stacks — raised
 //! with swap and the limit, clear without them. The swap file and the
@@ -51,7 +51,8 @@ fn swap_under_a_memory_limit_raises_the_finding_and_none_does_not() {
     let m = common::manifest(&out);
     assert_eq!(m["facts"]["swap_file"]["size_mb"], 512, "{}", m["facts"]);
     assert_eq!(
-        m["facts"]["memory_cgroup"]["limit_mb"], 64,
+        m["facts"]["memory_cgroup"]["limit_mb"],
+        pgbelow::scenarios::swap_activity::LIMIT_MB,
         "{}",
         m["facts"]
     );
@@ -67,7 +68,7 @@ fn swap_under_a_memory_limit_raises_the_finding_and_none_does_not() {
     assert_torn_down(&out);
     assert_no_swap_left();
     eprintln!(
-        "swap + 64 MB limit: {:.1} % of busy time in swap-ins, {tps_swap:.0} tps; none: \
+        "swap + 96 MB limit: {:.1} % of busy time in swap-ins, {tps_swap:.0} tps; none: \
          {tps_none:.0} tps",
         ev["swapin_share"].as_f64().unwrap() * 100.0
     );
