@@ -38,7 +38,8 @@ pub fn host_pid_in_ns_of(anchor: u32, pid: u32) -> Option<u32> {
     let ns = ns_of(anchor)?;
     crate::procinfo::all_parents()
         .into_keys()
-        .find(|&h| nspid(h).last() == Some(&pid) && ns_of(h).as_ref() == Some(&ns))
+        // The namespace link first: a readlink, where NSpid reads a file.
+        .find(|&h| ns_of(h).as_ref() == Some(&ns) && nspid(h).last() == Some(&pid))
 }
 
 /// Refreshed at most this often when a pid is not known yet (a backend

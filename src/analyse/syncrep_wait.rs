@@ -74,6 +74,29 @@ fn waited_for_standbys(rec: &Evidence, prof: Option<&ProfileShares>) -> bool {
     sync_topology || sync_in_profile || sync_in_server
 }
 
+/// Why the backends' epoll sets, however many, are not commit waits'
+/// (`ctl` epoll_ctl calls over `n` commits); None when they are.
+fn not_commit_waits(
+    rec: &Evidence,
+    n: u64,
+    ctl: u64,
+    prof: Option<&ProfileShares>,
+) -> Option<String> {
+    let per = ctl as f64 / n.max(1) as f64;
+    if per < MIN_CTL_PER_COMMIT {
+        return Some(format!(
+            "{per:.2} epoll_ctl per commit, fewer than the {MIN_CTL_PER_COMMIT} a set built per \
+             commit wait makes: the epoll sets are not WaitLatch's"
+        ));
+    }
+    (!waited_for_standbys(rec, prof)).then(|| {
+        "no commit was seen waiting for a synchronous standby (none in the recording's \
+         topology or pg_stat_replication, no SyncRepWaitForLSN in the profile): the epoll sets \
+         are someone else's"
+            .into()
+    })
+}
+
 /// Backend samples of the profile: total, under SyncRepWaitForLSN, in epoll
 /// functions, in mutex code (kernel), with any kernel frame.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -269,19 +292,8 @@ impl Rule for SyncrepWait {
     fn held_back(&self, rec: &Evidence) -> Option<String> {
         let (n, _, _) = commits(rec)?;
         let by_role = rec.syscalls_by_role(None);
-        let ctl = by_role.get(&Role::Backend)?.get("epoll_ctl") as f64 / n.max(1) as f64;
-        if ctl < MIN_CTL_PER_COMMIT {
-            return Some(format!(
-                "{ctl:.2} epoll_ctl per commit, fewer than the {MIN_CTL_PER_COMMIT} a set built \
-                 per commit wait makes: the epoll sets are not WaitLatch's"
-            ));
-        }
-        (!waited_for_standbys(rec, profile_shares(rec).as_ref())).then(|| {
-            "no commit was seen waiting for a synchronous standby (none in the recording's \
-             topology or pg_stat_replication, no SyncRepWaitForLSN in the profile): the epoll \
-             sets are someone else's"
-                .into()
-        })
+        let ctl = by_role.get(&Role::Backend)?.get("epoll_ctl");
+        not_commit_waits(rec, n, ctl, profile_shares(rec).as_ref())
     }
 
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
@@ -295,14 +307,12 @@ impl Rule for SyncrepWait {
         let ctl = b.get("epoll_ctl");
         let close = b.get("close");
         let per = |x: u64| round3(x as f64 / n as f64);
-        if (create as f64 / n as f64) < MIN_CREATE_PER_COMMIT
-            || (ctl as f64 / n as f64) < MIN_CTL_PER_COMMIT
-        {
+        if (create as f64 / n as f64) < MIN_CREATE_PER_COMMIT {
             return None;
         }
         let prof = profile_shares(rec);
         let repl = rec.manifest.postgres.replication.as_ref();
-        if !waited_for_standbys(rec, prof.as_ref()) {
+        if not_commit_waits(rec, n, ctl, prof.as_ref()).is_some() {
             return None;
         }
         let level = rec
