@@ -4,8 +4,8 @@
 //! checkpoint's writes pause the checkpointer in balance_dirty_pages while it
 //! holds the table file's inode lock, tps collapses and
 //! `checkpoint-writeback-stall` fires; with bandwidth to spare the same
-//! workload and checkpoint pass without a finding. Both runs must remove
-//! every device, mount and limit they made.
+//! workload and checkpoint pass without a finding (by hand; CI has it
+//! attached). Both runs must remove every device, mount and limit they made.
 mod common;
 
 use std::path::Path;
@@ -98,7 +98,13 @@ fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
     common::assert_stall_device_removed(&out);
 }
 
+/// By hand (`cargo test --test lab_checkpoint -- --ignored`): the rule's
+/// silence on the same workload and checkpoint with bandwidth to spare is
+/// CI's in tests/attach_cases.rs (`checkpoint_stall_found_attached`, its
+/// second run), and the lab's --write-limit/--dirty-cap path in tests/kill.rs;
+/// this run's 70 s went to keep the suite within CI's budget.
 #[test]
+#[ignore = "by hand: attach_cases' healthy checkpoint run covers it in CI"]
 fn with_bandwidth_to_spare_the_same_checkpoint_passes() {
     if !root_or_skip() {
         return;
