@@ -300,6 +300,16 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
     let ev = &f13["evidence"];
     let per = ev.to_string();
     assert!(per.contains("epoll_create1"), "{ev}");
+    // Recorded without the profile or offcpu, the sets' cost is not
+    // measured: info, saying what to add.
+    assert_eq!(f13["severity"], "info", "{f13}");
+    assert!(
+        f13["summary"]
+            .as_str()
+            .unwrap()
+            .contains("add the profile collector"),
+        "{f13}"
+    );
     silent_on(&results[1], "syncrep-wait-syscalls", "PostgreSQL 15");
 }
 
