@@ -390,9 +390,10 @@ fn id_of(flag: &str) -> u32 {
 
 /// One run of seed 001's workload attached: the hot table on an ext4 loop
 /// device, the cluster started by initdb/pg_ctl with the scenario's
-/// settings, recorded by `pgbelow record` for 56 s while pgbench upserts
-/// (a timed checkpoint comes 30 s after the calibration's CHECKPOINT, and
-/// 26 s of it are recorded). The load outlasts the recording: ending inside
+/// settings, recorded by `pgbelow record` for 50 s while pgbench upserts
+/// (a timed checkpoint comes 30 s after the calibration's CHECKPOINT and
+/// spreads its writes over 15 s, checkpoint_completion_target 0.5: 20 s of
+/// it are recorded). The load outlasts the recording: ending inside
 /// the checkpoint, as 40 s of it did, its last idle seconds were a dip to 0
 /// tps in the healthy run too, silenced only by the rule's other gates.
 /// `limited`: the device limits calibrated to this machine, else none and
@@ -443,10 +444,10 @@ fn checkpoint_run(limited: bool) -> Value {
     let r = record_while(
         &c,
         &d.path().join("rec"),
-        56,
+        50,
         "syscalls,procfs,system,pgstat",
         || {
-            pgbench(58).unwrap();
+            pgbench(52).unwrap();
         },
     );
     // The limits go before the server stops (a throttled shutdown

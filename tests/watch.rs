@@ -620,6 +620,8 @@ fn promtool_test_rules(scrapes: &[(&str, &str)]) {
     let mut input = String::new();
     let mut finding = String::new();
     let mut timer = String::new();
+    // Active findings of the real scrapes: (labels, severity).
+    let mut active: Vec<(String, String)> = Vec::new();
     for (instance, body) in scrapes {
         for (series, value) in series_from_scrape(body, instance, &names) {
             input += &format!("      - series: '{series}'\n        values: '{value}x40'\n");
@@ -638,6 +640,7 @@ fn promtool_test_rules(scrapes: &[(&str, &str)]) {
                         .unwrap()
                 };
                 let (id, sev) = (label("id"), label("severity"));
+                active.push((labels.to_string(), sev.clone()));
                 if sev == "info" {
                     continue;
                 }
@@ -651,14 +654,39 @@ fn promtool_test_rules(scrapes: &[(&str, &str)]) {
                 let v: f64 = v.parse().unwrap();
                 if v >= 0.5 {
                     timer += &format!(
-                        "          - exp_labels: {{instance: {instance}, job: pgbelow, severity: warning}}\n            \
+                        "          - exp_labels: {{instance: {instance}, job: pgbelow, severity: info}}\n            \
                          exp_annotations:\n              summary: 'setitimer per statement on {instance}: {v}'\n"
                     );
                 }
             }
         }
     }
-    assert!(!finding.is_empty(), "no finding active in the scrapes");
+    assert!(!active.is_empty(), "no finding active in the scrapes");
+    // Info findings alert nobody. When the scrapes raised only info (the
+    // timer finding without a profile to measure its cost), the same series
+    // relabelled warning, as an instance of its own, must alert: the rule's
+    // severity filter is tested both ways.
+    if finding.is_empty() {
+        let (labels, sev) = &active[0];
+        let labels = labels
+            .replace(&format!("severity=\"{sev}\""), "severity=\"warning\"")
+            .trim_end_matches('}')
+            .to_string();
+        let instance = "relabelled";
+        input += &format!(
+            "      - series: 'pgbelow_finding_active{{{labels},instance=\"{instance}\",job=\"pgbelow\"}}'\n        values: '1x40'\n"
+        );
+        let id = labels
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("id=\""))
+            .map(|v| v.trim_end_matches('"').to_string())
+            .unwrap();
+        finding += &format!(
+            "          - exp_labels: {{instance: {instance}, id: {id}, severity: warning}}\n            \
+             exp_annotations:\n              summary: 'pgbelow: {id} on {instance}'\n              \
+             description: 'pgbelow raised {id} (warning) in every window for 5 minutes. Kept recordings (--keep) explain it: pgbelow report DIR.'\n"
+        );
+    }
     let dir = tempfile::tempdir().unwrap();
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/watch/alerts.yml");
     let o = Command::new("promtool")

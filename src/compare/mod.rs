@@ -598,7 +598,7 @@ mod tests {
             .iter()
             .find(|k| k.id == "timer-syscalls-per-statement")
             .expect("the timer check on both sides");
-        assert_eq!(k.status[0].as_deref(), Some("raised (warning)"), "{k:?}");
+        assert_eq!(k.status[0].as_deref(), Some("raised (info)"), "{k:?}");
         assert_eq!(k.status[1].as_deref(), Some("clear"), "{k:?}");
         assert!(
             k.figure[1]

@@ -657,12 +657,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(
-            "pgbelow_finding_active{id=\"timer-syscalls-per-statement\",severity=\"warning\"} 1"
+            "pgbelow_finding_active{id=\"timer-syscalls-per-statement\",severity=\"info\"} 1"
         ));
         assert!(text.contains("pgbelow_collector_up{collector=\"syscalls\"} 1"));
         assert!(
             text.contains(
-                "pgbelow_finding_impact_ratio{id=\"timer-syscalls-per-statement\",of=\"the backends' system calls\"} 0."
+                "pgbelow_finding_impact_ratio{id=\"timer-syscalls-per-statement\",of=\"the backends' CPU\"} 0.022"
             ),
             "{text}"
         );
