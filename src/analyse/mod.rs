@@ -127,6 +127,15 @@ pub(crate) fn severity_at(value: f64, critical: f64) -> Severity {
     }
 }
 
+/// The severity a measured cost gives: critical from `critical`, a warning
+/// from `warn`, else (or when the cost was not measured) info.
+pub(crate) fn severity_of_cost(cost: Option<f64>, warn: f64, critical: f64) -> Severity {
+    match cost {
+        Some(c) if c >= warn => severity_at(c, critical),
+        _ => Severity::Info,
+    }
+}
+
 /// Every rule's findings, most severe first, then by id.
 pub fn analyse(ev: &Evidence) -> Vec<Finding> {
     diagnose(ev).1

@@ -8,7 +8,7 @@
 //! backend samples under `SyncRepWaitForLSN` and in epoll/mutex kernel code.
 use serde_json::json;
 
-use super::{Change, Figure, Finding, Gauge, Headline, Impact, Measure, Rule, Severity};
+use super::{Change, Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
 use crate::evidence::profile::FoldedStack;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -149,6 +149,9 @@ impl ProfileShares {
 /// stacks through it (offcpu: the global epmutex), per commit.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct EpollSetup {
+    /// The backends' profile samples in the set-up (the seconds' source).
+    #[serde(skip)]
+    pub on_cpu_samples: u64,
     pub on_cpu_kernel_s: f64,
     pub on_cpu_us_per_commit: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -203,17 +206,13 @@ impl SetupCost {
     }
 }
 
-fn setup_cost(rec: &Evidence, setup: Option<&EpollSetup>) -> Option<SetupCost> {
+fn setup_cost(
+    rec: &Evidence,
+    setup: Option<&EpollSetup>,
+    prof: Option<&ProfileShares>,
+) -> Option<SetupCost> {
     let setup = setup?;
-    let backend_samples: u64 = rec
-        .stacks()
-        .iter()
-        .filter(|s| s.role == "backend")
-        .map(|s| s.samples)
-        .sum();
-    let hz = rec.profile.as_ref().map_or(0, |p| p.summary.hz);
-    let cpu = (backend_samples > 0 && hz > 0)
-        .then(|| round3(setup.on_cpu_kernel_s * hz as f64 / backend_samples as f64));
+    let cpu = prof.map(|p| p.share(setup.on_cpu_samples));
     let latency_us = rec
         .workload
         .as_ref()
@@ -251,6 +250,7 @@ fn epoll_setup(rec: &Evidence, commits: u64) -> Option<EpollSetup> {
     });
     let per = |s: f64| (s / commits as f64 * 1e6 * 10.0).round() / 10.0;
     Some(EpollSetup {
+        on_cpu_samples: samples,
         on_cpu_kernel_s: round3(on),
         on_cpu_us_per_commit: per(on),
         off_cpu_s: off.map(round3),
@@ -436,16 +436,12 @@ impl Rule for SyncrepWait {
             )
         });
         // Severity from the measured cost, never from the counts alone.
-        let cost = setup_cost(rec, setup.as_ref());
+        let cost = setup_cost(rec, setup.as_ref(), prof.as_ref());
         let share = cost.as_ref().map(SetupCost::share);
-        let severity = match share {
-            Some(c) if c >= CRITICAL_COST => Severity::Critical,
-            Some(c) if c >= WARN_COST => Severity::Warning,
-            _ => Severity::Info,
-        };
+        let severity = super::severity_of_cost(share, WARN_COST, CRITICAL_COST);
         let pct = |x: f64| format!("{:.1} %", x * 100.0);
-        let cost_text = match (&cost, share) {
-            (Some(c), Some(x)) => format!(
+        let cost_text = match &cost {
+            Some(c) => format!(
                 " Measured cost: {}{} (a warning from {}, critical from {}){}.",
                 c.share_of_backend_cpu.map_or(String::new(), |v| format!(
                     "{} of the backends' CPU",
@@ -462,16 +458,18 @@ impl Rule for SyncrepWait {
                 )),
                 pct(WARN_COST),
                 pct(CRITICAL_COST),
-                if x < WARN_COST {
+                if c.share() < WARN_COST {
                     "; it grows with the cores contending for the kernel's global epmutex (the \
                      seed's 64 CPUs spent 20 % of their cycles in kernel mutex code)"
                 } else {
                     ""
                 }
             ),
-            _ => " Its cost was not measured: add the profile collector (the backends' CPU in the \
+            None => {
+                " Its cost was not measured: add the profile collector (the backends' CPU in the \
                   epoll set-up) or offcpu (commits blocked on its lock) for a severity past info."
-                .into(),
+                    .into()
+            }
         };
         let mut f = Finding {
             id: ID.into(),
@@ -549,7 +547,7 @@ impl Rule for SyncrepWait {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analyse::fixture;
+    use crate::analyse::{fixture, Severity};
     use crate::evidence::profile::parse_folded;
 
     #[test]

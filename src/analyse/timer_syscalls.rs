@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::statements::statements;
-use super::{Change, Figure, Finding, Gauge, Headline, Impact, Measure, Rule, Severity};
+use super::{Change, Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
 use crate::round3;
@@ -149,11 +149,7 @@ impl Rule for TimerSyscalls {
         let cpu = timer_cpu(rec);
         // Decided on the figure the evidence shows (0.0498 is "0.05").
         let cost = cpu.map(|(t, all)| round3(t as f64 / all as f64));
-        let severity = match cost {
-            Some(c) if c >= CRITICAL_COST => Severity::Critical,
-            Some(c) if c >= WARN_COST => Severity::Warning,
-            _ => Severity::Info,
-        };
+        let severity = super::severity_of_cost(cost, WARN_COST, CRITICAL_COST);
         let cost_text = match cpu {
             Some((t, all)) => format!(
                 " Measured cost: {:.1} % of the backends' CPU ({t} of {all} profile samples in \
@@ -275,7 +271,7 @@ impl Rule for TimerSyscalls {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analyse::fixture;
+    use crate::analyse::{fixture, Severity};
 
     /// The remedy holds for the server measured: "upgrade to 14" only
     /// where the server is older; on 14+ the per-statement timers come from
