@@ -207,9 +207,10 @@ pub struct SamplingArgs {
     /// 0.1–100). Past it (≈ 60k calls/s on one CPU per 1 % at 150 ns a
     /// counted call, measured at start), calls are counted in one window
     /// of each second and the counts scaled, as the report says; 100
-    /// counts every call.
-    #[arg(long, value_name = "PCT", default_value_t = pgbelow::collect::syscalls::duty::DEFAULT_BUDGET_PCT, value_parser = parse_syscalls_budget)]
-    pub syscalls_budget: f64,
+    /// counts every call. Default 0.5; a lab scenario whose figure is calls
+    /// per unit of fixed work (explain-timing) counts every call.
+    #[arg(long, value_name = "PCT", value_parser = parse_syscalls_budget)]
+    pub syscalls_budget: Option<f64>,
 }
 
 impl SamplingArgs {

@@ -516,7 +516,7 @@ fn collector_counts_all_under_its_budget_and_scales_past_it() {
         let mut manifest = this_host_manifest("lab");
         manifest.postgres.postmaster_pid = load.pid;
         let mut ctx = Context::new(load.pid);
-        ctx.sampling.syscalls_budget_pct = budget;
+        ctx.sampling.syscalls_budget_pct = Some(budget);
         let mut s = Session::start(
             d.path().join("rec"),
             manifest,

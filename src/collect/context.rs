@@ -57,8 +57,10 @@ pub struct Sampling {
     /// kernel has ([`Hook::detect`](super::offcpu::bpf::Hook::detect)).
     pub offcpu_hook: Option<super::offcpu::bpf::Hook>,
     /// Share of one CPU the syscall counting may cost (percent): past it,
-    /// counting is duty-cycled ([`super::syscalls::duty`]).
-    pub syscalls_budget_pct: f64,
+    /// counting is duty-cycled ([`super::syscalls::duty`]). None: as the
+    /// user did not say — the lab scenario's own, else
+    /// [`DEFAULT_BUDGET_PCT`](super::syscalls::duty::DEFAULT_BUDGET_PCT).
+    pub syscalls_budget_pct: Option<f64>,
 }
 
 pub const DEFAULT_PROCFS_HZ: f64 = 10.0;
@@ -72,7 +74,7 @@ impl Default for Sampling {
             profile_hz: DEFAULT_PROFILE_HZ,
             offcpu_min_us: super::offcpu::DEFAULT_MIN_BLOCK_US,
             offcpu_hook: None,
-            syscalls_budget_pct: super::syscalls::duty::DEFAULT_BUDGET_PCT,
+            syscalls_budget_pct: None,
         }
     }
 }

@@ -138,7 +138,10 @@ pub fn start(name: &str, ctx: &Context) -> Result<Box<dyn Collector>> {
         "syscalls" => Ok(Box::new(syscalls::SyscallCollector::start(
             &ctx.roots(),
             ctx.syscall_mechanism,
-            ctx.sampling.syscalls_budget_pct / 100.0,
+            ctx.sampling
+                .syscalls_budget_pct
+                .unwrap_or(syscalls::duty::DEFAULT_BUDGET_PCT)
+                / 100.0,
         )?)),
         "procfs" => Ok(Box::new(procfs::ProcfsCollector::start(ctx)?)),
         "system" => Ok(Box::new(system::SystemCollector::start(ctx)?)),

@@ -102,5 +102,8 @@ pub(super) fn collect_context(lab: &Lab) -> CollectContext {
     ctx.major = Some(lab.install.major);
     ctx.syscall_mechanism = lab.opts.syscall_mechanism;
     ctx.sampling = lab.opts.sampling;
+    if ctx.sampling.syscalls_budget_pct.is_none() {
+        ctx.sampling.syscalls_budget_pct = lab.opts.scenario.spec().syscalls_budget_pct;
+    }
     ctx
 }

@@ -40,6 +40,9 @@ pub struct Spec {
     pub matrix_set: &'static [(&'static str, &'static str)],
     /// pgbench connects over TCP to 127.0.0.1 (else the unix socket).
     pub tcp: bool,
+    /// The syscall counting budget (percent of one CPU) when the user gives
+    /// none; None: the collector's default.
+    pub syscalls_budget_pct: Option<f64>,
 }
 
 impl Spec {
@@ -62,6 +65,7 @@ impl Spec {
         finding: None,
         matrix_set: &[],
         tcp: false,
+        syscalls_budget_pct: None,
     };
 
     pub fn owns(&self, flag: &str) -> bool {
