@@ -85,7 +85,7 @@ fn reads(rec: &Evidence) -> Reads {
     let rates: Vec<f64> = rec
         .syscalls
         .iter()
-        .filter(|s| s.dt > 0.0)
+        .filter(|s| s.dt > 0.0 && s.counted())
         .map(|s| {
             let n: u64 = s
                 .counts

@@ -38,6 +38,15 @@ pub struct SyscallSample {
     pub counted_share: Option<f64>,
 }
 
+impl SyscallSample {
+    /// Whether any of the interval was counted: under a duty below 1 an
+    /// interval can end before its window opens (a recording's last), and
+    /// its calls are then unknown, not none.
+    pub fn counted(&self) -> bool {
+        self.counted_share != Some(0.0)
+    }
+}
+
 /// Time-weighted share of `samples` in which calls were counted; None when
 /// every call was.
 fn counted_share(samples: &[SyscallSample]) -> Option<f64> {
@@ -50,6 +59,40 @@ fn counted_share(samples: &[SyscallSample]) -> Option<f64> {
         .map(|s| s.dt * s.counted_share.unwrap_or(1.0))
         .sum();
     (total > 0.0).then(|| counted / total)
+}
+
+/// [`Loaded::syscall_totals`] over `samples`.
+fn syscall_totals(
+    samples: &[SyscallSample],
+    window: Option<(f64, f64)>,
+) -> BTreeMap<u32, BTreeMap<String, u64>> {
+    let mut out: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
+    let (mut all_s, mut counted_s) = (0.0, 0.0);
+    for s in samples {
+        if let Some((a, b)) = window {
+            if s.t < a || s.t > b {
+                continue;
+            }
+        }
+        all_s += s.dt;
+        if !s.counted() {
+            continue;
+        }
+        counted_s += s.dt;
+        for (pid, calls) in &s.counts {
+            let e = out.entry(*pid).or_default();
+            for (name, n) in calls {
+                *e.entry(name.clone()).or_default() += n;
+            }
+        }
+    }
+    if counted_s > 0.0 && all_s > counted_s {
+        let f = all_s / counted_s;
+        for n in out.values_mut().flat_map(|c| c.values_mut()) {
+            *n = (*n as f64 * f).round() as u64;
+        }
+    }
+    out
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -193,26 +236,16 @@ impl Loaded {
             .map_or(Role::ShortLived, |p| p.role)
     }
 
-    /// Syscall counts per pid summed over samples whose interval ends in `window` (all if None).
+    /// Syscall counts per pid summed over samples whose interval ends in
+    /// `window` (all if None). Intervals nothing was counted in
+    /// ([`SyscallSample::counted`]) are taken at the mean rate of the
+    /// counted ones — as each counted interval is scaled to its own length —
+    /// so that the totals cover the same time as the window's statements.
     pub fn syscall_totals(
         &self,
         window: Option<(f64, f64)>,
     ) -> BTreeMap<u32, BTreeMap<String, u64>> {
-        let mut out: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
-        for s in &self.syscalls {
-            if let Some((a, b)) = window {
-                if s.t < a || s.t > b {
-                    continue;
-                }
-            }
-            for (pid, calls) in &s.counts {
-                let e = out.entry(*pid).or_default();
-                for (name, n) in calls {
-                    *e.entry(name.clone()).or_default() += n;
-                }
-            }
-        }
-        out
+        syscall_totals(&self.syscalls, window)
     }
 
     /// Syscall counts per role (over all pids of that role).
@@ -545,6 +578,33 @@ mod tests {
         samples[1].counted_share = Some(0.25);
         // 1 s all counted, 2 s a quarter counted: 1.5 s of 3.
         assert!((counted_share(&samples).unwrap() - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_interval_nothing_was_counted_in_is_unknown_not_none() {
+        let mut t = 0;
+        // From a real duty-cycled recording's tail (explain-timing, budget
+        // 0.5 %): whole seconds counted in a tenth, then a last 0.27 s that
+        // ended before its window.
+        let samples: Vec<SyscallSample> = parse_jsonl(
+            "{\"t\":1.0,\"dt\":1.0,\"counts\":{\"7\":{\"clock_gettime\":1200}}}\n\
+             {\"t\":2.0,\"dt\":1.0,\"counts\":{\"7\":{\"clock_gettime\":1000}},\"counted_share\":0.1}\n\
+             {\"t\":2.5,\"dt\":0.5,\"counts\":{},\"counted_share\":0.0}\n"
+                .as_bytes(),
+            "x",
+            &mut t,
+        )
+        .unwrap();
+        assert!(samples[1].counted() && !samples[2].counted());
+        // 2200 calls in 2 counted seconds, the last half second at that rate.
+        assert_eq!(syscall_totals(&samples, None)[&7]["clock_gettime"], 2750);
+        // A window of counted intervals only is summed as it was.
+        assert_eq!(
+            syscall_totals(&samples, Some((0.5, 2.0)))[&7]["clock_gettime"],
+            2200
+        );
+        // Nothing counted at all: nothing to scale from.
+        assert!(syscall_totals(&samples, Some((2.2, 2.6))).is_empty());
     }
 
     #[test]

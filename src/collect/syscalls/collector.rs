@@ -74,11 +74,23 @@ impl SyscallCollector {
 /// Shortest interval whose rate changes the duty (s).
 const MIN_DECIDING_S: f64 = 0.5;
 
+/// Least counted time (s) whose calls are scaled to their interval: less
+/// is a sliver of a window (the interval ended just after it opened), and
+/// scaling it by 50× or more would print noise as a measurement.
+const MIN_COUNTED_S: f64 = 0.02;
+
 /// The share of `dt` that was counted, when the interval ran under a duty
-/// below 1 (`partial`); None when every call was counted. (The first
-/// interval begins before the program is attached: it is whole.)
+/// below 1 (`partial`); None when every call was counted, 0 when too
+/// little was to say anything (the calls are then unknown, not none).
+/// (The first interval begins before the program is attached: it is whole.)
 fn counted_share(partial: bool, counted: f64, dt: f64) -> Option<f64> {
-    (partial && dt > 0.0).then(|| (counted / dt).clamp(0.0, 1.0))
+    (partial && dt > 0.0).then(|| {
+        if counted < MIN_COUNTED_S {
+            0.0
+        } else {
+            (counted / dt).clamp(0.0, 1.0)
+        }
+    })
 }
 
 /// Counts seen in `share` of the interval, scaled to all of it.
@@ -155,7 +167,11 @@ impl Collector for SyscallCollector {
             counts,
             dropped: now.dropped.saturating_sub(self.last.dropped),
             lost_children: now.lost_children.saturating_sub(self.last.lost_children),
-            counted_share: share.map(|s| (s * 1000.0).round() / 1000.0),
+            // Never rounded to 0 when something was counted: 0 says unknown.
+            counted_share: share.map(|s| match (s * 1000.0).round() / 1000.0 {
+                r if r == 0.0 && s > 0.0 => 0.001,
+                r => r,
+            }),
         };
         out.append(files::SYSCALLS, &sample)?;
         self.last = now;
@@ -192,6 +208,9 @@ mod tests {
         assert_eq!(counted_share(false, 0.3, 1.0), None);
         assert_eq!(counted_share(true, 1.0, 0.0), None);
         assert_eq!(counted_share(true, 1.2, 1.0), Some(1.0));
+        // A sliver of a window is no estimate: unknown, counts cleared.
+        assert_eq!(counted_share(true, 0.005, 0.27), Some(0.0));
+        assert_eq!(counted_share(false, 0.005, 0.27), None);
         let s = counted_share(true, 0.25, 1.0).unwrap();
         let mut c = BTreeMap::from([(7, BTreeMap::from([("read".to_string(), 1001)]))]);
         scale(&mut c, s);

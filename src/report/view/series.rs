@@ -345,7 +345,8 @@ fn syscalls(r: &Report, ev: &Evidence) -> Option<Panel> {
     let cited = cited(r);
     let named = |n: &str| cited.contains(n) || crate::report::json::WATCHED.contains(&n);
     let mut acc: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for s in &ev.syscalls {
+    // An interval nothing was counted in is left out (a gap), never drawn as 0.
+    for s in ev.syscalls.iter().filter(|s| s.counted()) {
         let dt = s.dt.max(1e-9);
         let mut per: BTreeMap<String, u64> = BTreeMap::new();
         for (pid, calls) in &s.counts {
