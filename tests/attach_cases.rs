@@ -62,7 +62,7 @@ fn record_explain_loop(c: &UserCluster) -> Value {
         c,
         &d.path().join("rec"),
         6,
-        "syscalls,procfs,pgstat",
+        "syscalls,procfs,pgstat,clock",
         || {
             client = Some(c.psql_script("postgres", &script));
         },
@@ -86,6 +86,19 @@ fn assert_clock_reads_slow_by_rate(r: &Value, label: &str) {
     let rate = ev["sustained_rate_per_s"].as_f64().unwrap();
     assert!(rate >= 10_000.0, "clock syscalls/s {rate}: {ev}");
     assert!(ev["clock_syscalls_per_statement"].is_null(), "{ev}");
+    // Severity from the measured cost: the calls' extra cost over vDSO
+    // reads against the backends' CPU (the clock collector and procfs).
+    let cost = ev["cost"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no cost measured: {}", f["summary"]));
+    eprintln!("  cost {cost} of the backends' CPU, {}", f["severity"]);
+    assert!(cost >= 0.02, "cost {cost}: {}", f["impact"]);
+    let expect = match cost {
+        c if c >= 0.20 => "critical",
+        c if c >= 0.05 => "warning",
+        _ => "info",
+    };
+    assert_eq!(f["severity"], expect, "cost {cost}: {}", f["impact"]);
 }
 
 /// PostgreSQL 13's binaries (the affected side of seeds 000, 003, 004),

@@ -13,7 +13,7 @@
 use serde_json::json;
 
 use super::statements::{statements, Statements};
-use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
+use super::{Figure, Finding, Headline, Impact, Measure, Rule};
 use crate::evidence::clock::CLOCK_SYSCALLS;
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -27,9 +27,6 @@ pub const ID: &str = "clock-reads-slow";
 const WARN_RATE_PER_S: f64 = 200.0;
 /// Seconds at that rate that make it sustained (not a one-off burst).
 const MIN_SUSTAINED_S: usize = 3;
-/// A sustained rate this high is critical: at 1–7 µs per syscall read, a
-/// tenth of a CPU or more goes to reading the clock.
-const CRITICAL_RATE_PER_S: f64 = 100_000.0;
 /// Clock syscalls below this count say nothing (a handful come from
 /// backend start-up even with a working vDSO).
 const MIN_CLOCK_SYSCALLS: u64 = 1000;
@@ -52,8 +49,11 @@ const WARN_VDSO_TO_SYSCALL: f64 = 0.5;
 /// machine), and pg_test_timing's own bound (good: > 90% of reads < 1 µs).
 /// Seed 002's fallback measured 6853 ns.
 const WARN_VDSO_NS: f64 = 1000.0;
-/// ANALYZE/TIMING OFF ratio that makes it critical.
-const CRITICAL_RATIO: f64 = 2.0;
+/// Severity from the measured cost (the finding's impact share: of
+/// EXPLAIN ANALYZE's time, else of the backends' CPU): a warning from 5 %,
+/// critical from 20 %; a count of syscalls alone is info.
+const WARN_COST: f64 = 0.05;
+const CRITICAL_COST: f64 = 0.20;
 
 /// What the rule measured of the server's clock reads, for `evaluate` and
 /// `measure` alike.
@@ -276,14 +276,6 @@ impl Rule for ClockReads {
             return None;
         }
         let ratio = explain.as_ref().and_then(|e| e.max_analyze_to_timing_off());
-        let severity = if ratio.is_some_and(|r| r >= CRITICAL_RATIO)
-            || per_row.is_some_and(|r| r >= 1.0)
-            || (by_rate && sustained_rate.is_some_and(|r| r >= CRITICAL_RATE_PER_S))
-        {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        };
         let src = clock
             .as_ref()
             .and_then(|c| c.clocksource.clone())
@@ -383,7 +375,11 @@ impl Rule for ClockReads {
                 "EXPLAIN ANALYZE's time",
                 format!("EXPLAIN ANALYZE took {r:.2}× its TIMING OFF run"),
             ),
-            (_, Some(c), Some(cpu)) if c.syscall.ns_per_read > c.vdso.ns_per_read => {
+            // Only calls counted as syscalls are weighed: reads a broken
+            // vDSO serves slowly in user space are not counted anywhere.
+            (_, Some(c), Some(cpu))
+                if by_syscalls && c.syscall.ns_per_read > c.vdso.ns_per_read =>
+            {
                 let extra_s =
                     clock_syscalls as f64 * (c.syscall.ns_per_read - c.vdso.ns_per_read) / 1e9;
                 Impact::new(
@@ -398,6 +394,28 @@ impl Rule for ClockReads {
             }
             _ => None,
         };
+        // Severity from the measured cost only (the counts raise the finding).
+        let cost = impact.as_ref().map(|i| i.share);
+        let severity = super::severity_of_cost(cost, WARN_COST, CRITICAL_COST);
+        let cost_text = match &impact {
+            Some(i) => format!(
+                " Measured cost: {:.1} % of {} ({}; a warning from {:.0} %, critical from {:.0} %).",
+                i.share * 100.0,
+                i.of,
+                i.basis,
+                WARN_COST * 100.0,
+                CRITICAL_COST * 100.0
+            ),
+            None if !by_syscalls => " Its cost was not measured: the server's reads are not system \
+                      calls here, so how many it makes is unknown; EXPLAIN ANALYZE against TIMING OFF \
+                      measures it (`pgbelow lab run --scenario explain-timing` on this host)."
+                .to_string(),
+            None => " Its cost was not measured: add the clock and procfs collectors (`--collectors \
+                      …,clock,procfs`: the extra cost of a syscall read over a vDSO read, against the \
+                      backends' CPU), or run EXPLAIN ANALYZE against TIMING OFF with `pgbelow lab run \
+                      --scenario explain-timing`."
+                .to_string(),
+        };
         Some(Finding {
             id: ID.into(),
             severity,
@@ -406,10 +424,11 @@ impl Rule for ClockReads {
             summary: format!(
                 "{} (clocksource {src_name}). PostgreSQL {version} times plan nodes, I/O (track_io_timing) and \
                  statements with clock_gettime(CLOCK_MONOTONIC) (instr_time, since 10); each read that is a \
-                 system call adds its cost twice per row per plan node under EXPLAIN ANALYZE.",
+                 system call adds its cost twice per row per plan node under EXPLAIN ANALYZE.{cost_text}",
                 parts.join("; ")
             ),
             evidence: json!({
+                "cost": cost,
                 "clock_gettime": cg,
                 "gettimeofday": gtod,
                 "clock_syscalls": clock_syscalls,
@@ -450,6 +469,7 @@ impl Rule for ClockReads {
 mod tests {
     use super::*;
     use crate::analyse::fixture;
+    use crate::analyse::Severity;
 
     // Both fixtures are real lab runs of `pgbelow lab run --scenario
     // explain-timing --duration 8 --scale 5` on PostgreSQL 15.18 (tsc):
@@ -471,9 +491,59 @@ mod tests {
         assert_eq!(f.evidence["clocksource"], "tsc");
         assert!(f.evidence["vdso_ns_per_read"].as_f64().unwrap() < 100.0);
         assert!(f.summary.contains("2.00 per row"), "{}", f.summary);
+        // The cost decides: EXPLAIN ANALYZE's time lost to the timing.
+        let cost = f.evidence["cost"].as_f64().unwrap();
+        assert!(cost >= CRITICAL_COST, "{cost}");
+        assert!(f.summary.contains("Measured cost"), "{}", f.summary);
         // tsc already: the remedy points at what intercepts the clock.
         assert!(f.remedy.contains("LD_PRELOAD"), "{}", f.remedy);
         assert!(f.remedy.contains("TIMING OFF") && f.remedy.contains("auto_explain.log_timing"));
+    }
+
+    #[test]
+    fn severity_follows_the_measured_cost_not_the_counts() {
+        // Attached (no EXPLAIN driver): the same calls weighed as CPU, the
+        // extra cost of a syscall read over a vDSO read against the
+        // backends' CPU.
+        // A real lab run of `lab run --scenario explain-timing --duration 4
+        // --scale 2` on 15.18 with the clock forced to syscalls, procfs kept.
+        let attached = || {
+            let mut rec = fixture("pg15-explain-timing-forced-procfs");
+            rec.lab.explain = None;
+            rec
+        };
+        let f = ClockReads.evaluate(&attached()).expect("finding");
+        let i = f.impact.clone().expect("a CPU cost");
+        eprintln!("attached: {i:?}");
+        assert_eq!(i.of, "the backends' CPU time");
+        assert_eq!(f.severity, severity_at_cost(i.share), "{i:?}");
+        // The same counts with each read costing a tenth more than a vDSO
+        // read of what it did: a smaller cost, never a higher severity.
+        let mut cheap = attached();
+        let mut c = cheap.clock.clone().unwrap();
+        c.syscall.ns_per_read =
+            c.vdso.ns_per_read + (c.syscall.ns_per_read - c.vdso.ns_per_read) / 10.0;
+        cheap.clock = Some(c);
+        let g = ClockReads.evaluate(&cheap).expect("finding");
+        let j = g.impact.clone().unwrap();
+        assert!(j.share < i.share, "{j:?} vs {i:?}");
+        assert!(g.severity <= f.severity);
+        // Nothing to weigh the calls with: raised, as info saying what to add.
+        let mut bare = attached();
+        bare.clock = None;
+        let h = ClockReads.evaluate(&bare).expect("raised from the counts");
+        assert_eq!(h.severity, Severity::Info);
+        assert!(h.impact.is_none());
+        assert!(
+            h.summary.contains("add the clock and procfs collectors"),
+            "{}",
+            h.summary
+        );
+        assert!(h.evidence["cost"].is_null());
+    }
+
+    fn severity_at_cost(c: f64) -> Severity {
+        crate::analyse::severity_of_cost(Some(c), WARN_COST, CRITICAL_COST)
     }
 
     #[test]
