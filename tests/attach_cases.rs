@@ -91,14 +91,8 @@ fn assert_clock_reads_slow_by_rate(r: &Value, label: &str) {
     let cost = ev["cost"]
         .as_f64()
         .unwrap_or_else(|| panic!("no cost measured: {}", f["summary"]));
-    eprintln!("  cost {cost} of the backends' CPU, {}", f["severity"]);
     assert!(cost >= 0.02, "cost {cost}: {}", f["impact"]);
-    let expect = match cost {
-        c if c >= 0.20 => "critical",
-        c if c >= 0.05 => "warning",
-        _ => "info",
-    };
-    assert_eq!(f["severity"], expect, "cost {cost}: {}", f["impact"]);
+    common::assert_severity_of_cost(f, 0.05, 0.20);
 }
 
 /// PostgreSQL 13's binaries (the affected side of seeds 000, 003, 004),
@@ -1256,7 +1250,7 @@ fn no_huge_pages_found_attached() {
         &c,
         &d.path().join("rec"),
         11,
-        "procfs,system,pgstat",
+        "procfs,system,pgstat,profile",
         || pgbench_script(&c, "postgres", script, 120, 8),
     );
     // The shutdown would write the unlogged table's buffers.
@@ -1272,6 +1266,8 @@ fn no_huge_pages_found_attached() {
     // 1GB of shared_buffers and the rest: about 540 pages of 2 MB.
     let pages = ev["nr_hugepages_needed"].as_u64().unwrap();
     assert!((500..700).contains(&pages), "{ev}");
+    // Severity from the faults' share of the backends' CPU (profile).
+    common::assert_severity_of_cost(f, 0.05, 0.20);
 }
 
 /// The fsync collector attached (issue 14): a user's cluster with

@@ -15,10 +15,20 @@ use common::{assert_torn_down, manifest, nr_hugepages};
 
 const ID: &str = "no-huge-pages";
 
-fn lab_run(extra: &[&str], out: &Path) -> Value {
-    let mut args = vec!["--set", "shared_buffers=1GB", "--clients", "100"];
+/// 8 s of the case with `collectors`.
+fn lab_run(collectors: &str, extra: &[&str], out: &Path) -> Value {
+    let mut args = vec![
+        "--duration",
+        "8",
+        "--collectors",
+        collectors,
+        "--set",
+        "shared_buffers=1GB",
+        "--clients",
+        "100",
+    ];
     args.extend_from_slice(extra);
-    common::lab_short_case(ID, &args, out)
+    common::lab_scenario(ID, &args, out)
 }
 
 #[test]
@@ -29,7 +39,9 @@ fn page_tables_raise_the_finding_without_huge_pages_and_not_with_them() {
     let before = nr_hugepages();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("off");
-    let r = lab_run(&[], &out);
+    // With the profile: the faults' share of the backends' CPU decides
+    // the severity (page tables alone are memory, not time).
+    let r = lab_run("procfs,system,pgstat,profile", &[], &out);
     // Measured 4.4× (page tables 13 % of the shared memory, bound 3 %; 40
     // clients gave 1.8×).
     let f = common::raised_with_margin(&r, ID, 2.0);
@@ -41,11 +53,12 @@ fn page_tables_raise_the_finding_without_huge_pages_and_not_with_them() {
     assert!(ev["backend_minflt"].as_u64().unwrap() > 10_000, "{ev}");
     let pages = ev["nr_hugepages_needed"].as_u64().unwrap();
     assert!((500..700).contains(&pages), "{ev}");
+    common::assert_severity_of_cost(f, 0.05, 0.20);
     let tps_off = r["workload"]["tps"].as_f64().unwrap();
     assert_torn_down(&out);
 
     let out = d.path().join("on");
-    let r = lab_run(&["--huge-pages", "on"], &out);
+    let r = lab_run("procfs,system,pgstat", &["--huge-pages", "on"], &out);
     common::silent(&r, ID);
     let m = manifest(&out);
     assert_eq!(m["facts"]["shared_memory"]["hugetlb"], true, "{m:#}");

@@ -15,7 +15,7 @@
 //! got them, and a server whose backends touch little needs none.
 use serde_json::json;
 
-use super::{severity_at, Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
+use super::{Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
 use crate::evidence::procfs::{page_tables, PageTables};
 use crate::evidence::Evidence;
 use crate::procinfo::Role;
@@ -30,7 +30,31 @@ pub const MIN_EXCESS_KB: u64 = 32 * 1024;
 /// …and as a share of the shared memory's size (3 %: as many page tables as
 /// 15 processes mapping all of it; 245 MB with 8 GB of shared_buffers).
 pub const WARN_SHARE: f64 = 0.03;
-pub const CRITICAL_SHARE: f64 = 0.25;
+/// Severity from the measured cost in time: the backends' CPU in faults on
+/// the shared memory (profile), a warning from 5 %, critical from 20 %.
+/// Page tables are memory, not time: alone they are info.
+pub const WARN_COST: f64 = 0.05;
+pub const CRITICAL_COST: f64 = 0.20;
+/// Kernel frames of a fault that maps a 4 kB page of a shared mapping:
+/// read faults (`do_fault` → `do_read_fault`, inlined on some kernels) and
+/// the fault-around that maps their neighbours (`filemap_map_pages` serves
+/// shmem too), shmem write faults. Huge pages make them about 512× rarer.
+/// Private memory faults (`do_anonymous_page`, copy-on-write's
+/// `do_wp_page`) are not these; a fault caught before it reached the
+/// handler's inner frames is not counted either (the figure errs low).
+const SHARED_FAULT_FRAMES: &[&str] = &[
+    "do_fault",
+    "do_read_fault",
+    "do_shared_fault",
+    "do_fault_around",
+    "filemap_map_pages",
+    "shmem_fault",
+];
+/// A new backend's first instructions after fork fault in its binary and
+/// libraries through the same read-fault path: not the shared memory.
+const STARTUP_FRAME: &str = "fork_process";
+/// Backend profile samples needed to weigh the faults.
+const MIN_SAMPLES: u64 = 100;
 /// Bytes of shared memory one kB of 4 kB-page tables maps (8-byte entries).
 const MAPPED_PER_PTE: u64 = 512;
 /// The shared memory the processes map (Σ RssShmem) must be at least this
@@ -111,6 +135,33 @@ fn measured(ev: &Evidence) -> Result<(SharedSegment, PageTables, f64), String> {
 
 fn peak(p: &[PageTables]) -> Option<&PageTables> {
     p.iter().max_by_key(|x| x.excess_kb)
+}
+
+/// The backends' profile samples in faults on the shared memory, and all
+/// their samples (None: too few samples, or no profile).
+fn fault_cpu(ev: &Evidence) -> Option<(u64, u64)> {
+    let (mut faults, mut all) = (0, 0);
+    for s in ev.stacks().iter().filter(|s| s.role == "backend") {
+        all += s.samples;
+        if is_shared_fault(&s.frames) {
+            faults += s.samples;
+        }
+    }
+    (all >= MIN_SAMPLES).then_some((faults, all))
+}
+
+/// Whether a backend stack is in a fault on the shared memory. Kernel
+/// frames are folded as `name_[k]`, some with a compiler suffix
+/// (`.isra.0`).
+fn is_shared_fault(frames: &[String]) -> bool {
+    let bare = |f: &String| {
+        let f = f.strip_suffix("_[k]").unwrap_or(f);
+        f.split('.').next().unwrap_or(f).to_string()
+    };
+    !frames.iter().any(|f| f == STARTUP_FRAME)
+        && frames
+            .iter()
+            .any(|f| SHARED_FAULT_FRAMES.contains(&bare(f).as_str()))
 }
 
 /// Huge pages of `size_kb` each that hold `shared_kb`.
@@ -217,10 +268,32 @@ impl Rule for NoHugePages {
             Some(v) => format!(" (huge_pages = {v})"),
             None => String::new(),
         };
-        Some(Finding {
-            id: ID.into(),
-            severity: severity_at(share, CRITICAL_SHARE),
-            impact: Impact::new(
+        // Severity from time only: the faults' share of the backends' CPU.
+        let cpu = fault_cpu(ev);
+        let cost = cpu.map(|(f, all)| round3(f as f64 / all as f64));
+        let severity = super::severity_of_cost(cost, WARN_COST, CRITICAL_COST);
+        let cost_text = match cpu {
+            Some((f, all)) => format!(
+                " Measured cost: {:.1} % of the backends' CPU ({f} of {all} profile samples) in \
+                 faults mapping 4 kB pages of shared memory (a warning from {:.0} %, critical from \
+                 {:.0} %).",
+                f as f64 / all as f64 * 100.0,
+                WARN_COST * 100.0,
+                CRITICAL_COST * 100.0
+            ),
+            None => " Its cost in time was not measured: add the profile collector (the backends' \
+                     CPU in faults on the shared memory); page tables are memory, not time, so alone \
+                     they are info — `pgbelow compare` of a run without and with huge pages measures \
+                     the throughput."
+                .to_string(),
+        };
+        let impact = match cpu {
+            Some((f, all)) => Impact::new(
+                f as f64 / all as f64,
+                "the backends' CPU time",
+                format!("{f} of {all} backend profile samples in faults on the shared memory"),
+            ),
+            None => Impact::new(
                 share,
                 "the shared memory's size, in extra page tables (memory)",
                 format!(
@@ -228,13 +301,18 @@ impl Rule for NoHugePages {
                     peak.excess_kb as f64 / 1024.0
                 ),
             ),
+        };
+        Some(Finding {
+            id: ID.into(),
+            severity,
+            impact,
             title: "Every backend maps the shared memory in 4 kB pages".into(),
             summary: format!(
                 "The server's {n} processes held {pte:.0} MB of page tables (Σ VmPTE) at {t:.0} s, \
                  {ex:.0} MB of them beyond what each held before touching the shared memory \
                  ({base} kB, the postmaster's, and {allow} kB for its own): {pct:.1} % of the {sh:.0} MB shared memory ({map}, \
                  not hugetlb{setting_text}) — as many as {copies:.0} processes mapping all of it \
-                 ({full:.1} MB each), up to {max:.1} MB in one.{sys}{flt}{lat}",
+                 ({full:.1} MB each), up to {max:.1} MB in one.{sys}{flt}{lat}{cost_text}",
                 n = peak.procs,
                 pte = mb(peak.pte_kb),
                 t = peak.t,
@@ -266,6 +344,9 @@ impl Rule for NoHugePages {
                 )),
             ),
             evidence: json!({
+                "cost": cost,
+                "fault_samples": cpu.map(|c| c.0),
+                "backend_samples": cpu.map(|c| c.1),
                 "shared_memory_kb": seg.size_kb,
                 "mapping": seg.mapping,
                 "hugetlb": false,
@@ -329,7 +410,15 @@ mod tests {
         let rec = fixture("pg15-no-huge-pages-off");
         let f = NoHugePages.evaluate(&rec).expect("finding");
         assert_eq!(f.id, ID);
-        assert_eq!(f.severity, Severity::Warning);
+        // No profile: page tables are memory, not time — info, saying what
+        // measures the time.
+        assert_eq!(f.severity, Severity::Info);
+        assert!(
+            f.summary.contains("add the profile collector"),
+            "{}",
+            f.summary
+        );
+        assert!(f.evidence["cost"].is_null());
         assert_eq!(f.evidence["mapping"], "/dev/zero (deleted)");
         assert_eq!(f.evidence["shared_memory_kb"], 1099104);
         assert_eq!(f.evidence["page_tables_kb"], 78584);
@@ -398,15 +487,77 @@ mod tests {
     }
 
     #[test]
-    fn critical_from_a_quarter_of_the_shared_memory() {
-        // The same page tables against a quarter of the size.
-        let mut rec = fixture("pg15-no-huge-pages-off");
+    fn shared_memory_faults_by_their_kernel_frames() {
+        // Stacks from the fixture's profile.folded, their user frames trimmed.
+        let stack = |s: &str| s.split(';').map(String::from).collect::<Vec<_>>();
+        assert!(is_shared_fault(&stack(
+            "PostgresMain;heap_page_prune_opt;asm_exc_page_fault_[k];exc_page_fault_[k];\
+             handle_mm_fault_[k];__handle_mm_fault_[k];do_fault_[k];filemap_map_pages_[k];\
+             set_ptes.isra.0_[k]"
+        )));
+        // A new backend's startup faults, and copy-on-write: not these.
+        assert!(!is_shared_fault(&stack(
+            "PostmasterMain;fork_process;__libc_fork;asm_exc_page_fault_[k];\
+             exc_page_fault_[k];handle_mm_fault_[k];__handle_mm_fault_[k];do_fault_[k];\
+             filemap_map_pages_[k]"
+        )));
+        assert!(!is_shared_fault(&stack(
+            "PostgresMain;CRYPTO_zalloc;__GI___libc_malloc;asm_exc_page_fault_[k];\
+             exc_page_fault_[k];handle_mm_fault_[k];__handle_mm_fault_[k];do_wp_page_[k]"
+        )));
+    }
+
+    /// The real run with the profile (`--collectors
+    /// procfs,system,pgstat,profile`, 100 clients), its fault stacks'
+    /// samples times `k`.
+    fn with_fault_samples(k: u64) -> Evidence {
+        let mut rec = fixture("pg15-no-huge-pages-off-profile");
+        let mut n = 0;
+        for s in &mut rec.profile.as_mut().expect("profile").stacks {
+            if s.role == "backend" && is_shared_fault(&s.frames) {
+                s.samples *= k;
+                n += 1;
+            }
+        }
+        assert!(n > 0, "no fault stack in the fixture");
+        rec
+    }
+
+    #[test]
+    fn severity_follows_the_faults_cost_not_the_page_tables() {
+        let sev = |rec: &Evidence| {
+            let f = NoHugePages.evaluate(rec).expect("finding");
+            (f.severity, f.evidence["cost"].as_f64().expect("cost"))
+        };
+        // The run itself: 337 of 1573 backend samples (21.4 %) in faults on
+        // the shared memory, critical (with huge pages on: 1.2 %, 1912 tps
+        // against 888).
+        let (s1, c1) = sev(&with_fault_samples(1));
+        assert!((0.15..0.30).contains(&c1), "{c1}");
+        // No time in those faults: the same page tables are info.
+        let (s0, c0) = sev(&with_fault_samples(0));
+        assert_eq!((s0, c0), (Severity::Info, 0.0));
+        assert_eq!(
+            s1,
+            crate::analyse::severity_of_cost(Some(c1), WARN_COST, CRITICAL_COST)
+        );
+        // More time in faults, never a lower severity; enough is critical.
+        let (s10, c10) = sev(&with_fault_samples(10));
+        let (s100, c100) = sev(&with_fault_samples(100));
+        assert!(c1 < c10 && c10 < c100, "{c1} {c10} {c100}");
+        assert!(s1 <= s10 && s10 <= s100);
+        assert_eq!(s100, Severity::Critical, "cost {c100}");
+        // The same page tables against a quarter of the size (four times
+        // the share): the same time, the same severity.
+        let mut rec = with_fault_samples(1);
         rec.manifest.facts.insert(
             SHARED_MEMORY.into(),
             json!({"mapping": "/dev/zero (deleted)", "size_kb": 200_000, "hugetlb": false}),
         );
         let f = NoHugePages.evaluate(&rec).expect("finding");
-        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.severity, s1);
+        assert_eq!(f.impact.unwrap().of, "the backends' CPU time");
+        assert!(f.summary.contains("Measured cost"), "{}", f.summary);
         assert_eq!(pages_for(1099104, 2048), 537);
     }
 

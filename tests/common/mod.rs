@@ -164,6 +164,22 @@ fn margin(c: &Value) -> Option<f64> {
     Some(if b > 0.0 { a / b } else { f64::INFINITY })
 }
 
+/// Asserts finding `f` measured its cost (`evidence.cost`, a share) and
+/// has the severity that cost gives: critical from `critical`, a warning
+/// from `warn`, else info. Prints the cost either way.
+pub fn assert_severity_of_cost(f: &Value, warn: f64, critical: f64) {
+    let cost = f["evidence"]["cost"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{}: no cost measured: {}", f["id"], f["summary"]));
+    eprintln!("{}: cost {cost}, {}", f["id"], f["severity"]);
+    let expect = match cost {
+        c if c >= critical => "critical",
+        c if c >= warn => "warning",
+        _ => "info",
+    };
+    assert_eq!(f["severity"], expect, "cost {cost}: {}", f["impact"]);
+}
+
 /// Asserts check `id` raised its finding with its key figure at least
 /// `k` times past the bound, and returns the finding. The margin is
 /// printed either way; evidence too thin to be sure of fails as a weak
