@@ -140,13 +140,7 @@ fn peak(p: &[PageTables]) -> Option<&PageTables> {
 /// The backends' profile samples in faults on the shared memory, and all
 /// their samples (None: too few samples, or no profile).
 fn fault_cpu(ev: &Evidence) -> Option<(u64, u64)> {
-    let (mut faults, mut all) = (0, 0);
-    for s in ev.stacks().iter().filter(|s| s.role == "backend") {
-        all += s.samples;
-        if is_shared_fault(&s.frames) {
-            faults += s.samples;
-        }
-    }
+    let (faults, all) = ev.backend_samples(is_shared_fault);
     (all >= MIN_SAMPLES).then_some((faults, all))
 }
 

@@ -64,16 +64,11 @@ fn window_per_statement(ev: &Evidence) -> Option<f64> {
 /// The backends' profile samples in setting timers and all of theirs, when
 /// the profile has enough of them.
 fn timer_cpu(rec: &Evidence) -> Option<(u64, u64)> {
-    let (mut timer, mut all) = (0, 0);
-    for s in rec.stacks().iter().filter(|s| s.role == "backend") {
-        all += s.samples;
-        if s.frames
+    let (timer, all) = rec.backend_samples(|frames| {
+        frames
             .iter()
             .any(|f| f.contains("setitimer") || f.contains("timer_settime"))
-        {
-            timer += s.samples;
-        }
-    }
+    });
     (all >= MIN_SAMPLES).then_some((timer, all))
 }
 

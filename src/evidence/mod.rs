@@ -273,6 +273,19 @@ impl Evidence {
     pub fn stacks(&self) -> &[profile::FoldedStack] {
         self.profile.as_ref().map_or(&[], |p| &p.stacks)
     }
+
+    /// The backends' profile samples whose stack `hit` says yes to, and all
+    /// of their samples: a cost as a share of the backends' CPU.
+    pub fn backend_samples(&self, hit: impl Fn(&[String]) -> bool) -> (u64, u64) {
+        let (mut hits, mut all) = (0, 0);
+        for s in self.stacks().iter().filter(|s| s.role == "backend") {
+            all += s.samples;
+            if hit(&s.frames) {
+                hits += s.samples;
+            }
+        }
+        (hits, all)
+    }
 }
 
 /// The folded-stacks file a collector's summary (`summary`) names, when the
