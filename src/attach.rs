@@ -462,7 +462,7 @@ pub fn record_for(
     session: Session,
     pid: u32,
 ) -> Result<crate::recording::Recorded> {
-    record_for_each_tick(opts, session, pid, &mut |_| {})
+    record_for_each_tick(opts, session, pid, &mut |_| false)
 }
 
 /// [`record_for`], calling `on_tick` after each second's samples are
@@ -471,7 +471,7 @@ pub fn record_for_each_tick(
     opts: &RecordOptions,
     mut session: Session,
     pid: u32,
-    on_tick: &mut dyn FnMut(&Session),
+    on_tick: &mut dyn FnMut(&Session) -> bool,
 ) -> Result<crate::recording::Recorded> {
     let bar = if opts.show_progress {
         let b = ProgressBar::new(u64::from(opts.duration_s));
@@ -499,13 +499,17 @@ pub fn record_for_each_tick(
             outcome = Err(e);
             break;
         }
-        on_tick(&session);
+        // The caller may end the recording here (watch: a trigger tripped).
+        let done = on_tick(&session);
         bar.set_position(n);
         if !std::path::Path::new(&format!("/proc/{}", pid)).exists() {
             outcome = Err(anyhow::anyhow!(
                 "the postmaster (pid {}) exited during the recording",
                 pid
             ));
+            break;
+        }
+        if done {
             break;
         }
     }

@@ -86,7 +86,7 @@ pub struct WatchArgs {
     /// Size bound of --keep: the oldest kept windows are deleted first.
     #[arg(long, value_name = "N", default_value_t = 256, requires = "keep", value_parser = clap::value_parser!(u64).range(1..))]
     pub keep_max_mb: u64,
-    /// Collectors to run (default: syscalls,procfs,pgstat).
+    /// Collectors to run (default: syscalls,procfs,pgstat,system).
     #[arg(long, value_name = "LIST")]
     pub collectors: Option<String>,
     #[arg(long, value_enum)]
@@ -98,8 +98,32 @@ pub struct WatchArgs {
     /// Collector, Alloy) forwards it.
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// Seconds of the recent past kept (on disk, in the scratch directory)
+    /// so that an incident starts before its onset (120, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "120", value_parser = secs_5_3600)]
+    pub history: u32,
+    /// Size bound of that history: the oldest windows go first.
+    #[arg(long, value_name = "N", default_value_t = pgbelow::watch::flight::DEFAULT_HISTORY_MAX_MB, value_parser = clap::value_parser!(u64).range(1..))]
+    pub history_max_mb: u64,
+    /// Length of the window with the deep collectors (offcpu, profile,
+    /// system, fsync, clock; every syscall counted) after a trigger trips.
+    #[arg(long, value_name = "DURATION", default_value = "30", value_parser = secs_5_3600)]
+    pub escalate_for: u32,
+    /// Share of one CPU (percent) escalations may use over an hour; past
+    /// it a trigger keeps the incident without escalating.
+    #[arg(long, value_name = "PCT", default_value_t = pgbelow::watch::flight::DEFAULT_BUDGET_PCT, value_parser = budget_pct)]
+    pub budget: f64,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+}
+
+fn budget_pct(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "'{s}' is not a percentage from 0 to 100 (e.g. --budget 2)"
+        )),
+    }
 }
 
 #[derive(Args, Debug)]

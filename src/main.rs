@@ -498,6 +498,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 syscall_mechanism: mechanism(a.syscall_mechanism),
                 sampling: a.sampling.sampling(),
                 otlp_endpoint,
+                history_s: a.history,
+                history_max_mb: a.history_max_mb,
+                escalate_s: a.escalate_for,
+                budget_pct: a.budget,
             })?;
             Ok(ExitCode::SUCCESS)
         }

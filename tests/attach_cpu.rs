@@ -6,55 +6,8 @@
 //! walk of /proc that names the loops.
 mod common;
 
-use std::io::Write;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-
-use common::record_while;
 use common::userdb::UserCluster;
-
-/// `pgbelow record` of `c` for `secs`, running `during` 1.5 s in (after the
-/// collectors attached); the JSON report.
-struct Spinners(Vec<Child>);
-
-impl Spinners {
-    fn start(n: usize) -> Spinners {
-        let mut v = Vec::new();
-        for _ in 0..n {
-            let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("pgbelow-spin"));
-            // Each in its own session, as other services are: with the
-            // scheduler's autogroups, loops in the test's session share one
-            // group's weight against the postmaster's session (pg_ctl's
-            // setsid) and hardly delay the backends (0.10 s per CPU s
-            // beside 4 loops on a quiet machine).
-            // SAFETY: setsid is async-signal-safe.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                });
-            }
-            let mut c = cmd
-                .arg("60")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap();
-            c.stdin.take().unwrap().write_all(b"go\n").unwrap();
-            v.push(c);
-        }
-        Spinners(v)
-    }
-}
-
-impl Drop for Spinners {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+use common::{record_while, Spinners};
 
 /// Beside 4 busy loops the backends wait on the run queue, the finding
 /// names the loops; without them it stays silent (unless another job on

@@ -186,14 +186,19 @@ impl Drop for Watch {
 
 /// A pgbench select-only load at a fixed rate for `secs` (background).
 fn load(c: &UserCluster, secs: u32) -> Child {
-    c.pgbench_cmd(
-        "postgres",
+    pgbench_bg(
+        c,
         &["-S", "-M", "prepared", "-R", "400", "-T", &secs.to_string()],
     )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap()
+}
+
+/// pgbench with `args` in the background, its output dropped.
+fn pgbench_bg(c: &UserCluster, args: &[&str]) -> Child {
+    c.pgbench_cmd("postgres", args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
 }
 
 fn pg13_bin() -> std::path::PathBuf {
@@ -210,6 +215,12 @@ struct Prometheus {
 
 impl Prometheus {
     fn start(targets: &[(&str, u16)]) -> Prometheus {
+        Prometheus::start_with(targets, |rules| rules)
+    }
+
+    /// With the shipped alerting rules as `rules` makes them (a test of
+    /// minutes shortens their `for:`).
+    fn start_with(targets: &[(&str, u16)], rules: impl Fn(String) -> String) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let mut cfg = String::from(
@@ -222,11 +233,11 @@ impl Prometheus {
         }
         std::fs::write(dir.path().join("prometheus.yml"), cfg).unwrap();
         // The shipped alerting rules load into the real server.
-        std::fs::copy(
+        let shipped = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/watch/alerts.yml"),
-            dir.path().join("alerts.yml"),
         )
         .unwrap();
+        std::fs::write(dir.path().join("alerts.yml"), rules(shipped)).unwrap();
         let child = Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",
@@ -248,25 +259,36 @@ impl Prometheus {
         }
     }
 
-    /// Instant query: {pg label → value}.
-    fn query(&self, q: &str) -> Vec<(String, f64)> {
+    /// The alerts named `name` in `state` (firing, pending), with their
+    /// `id` label.
+    fn alerts(&self, name: &str, state: &str) -> Vec<String> {
+        let q = format!("ALERTS{{alertname=\"{name}\",alertstate=\"{state}\"}}");
+        self.results(&q)
+            .iter()
+            .filter_map(|r| Some(r["metric"]["id"].as_str()?.to_string()))
+            .collect()
+    }
+
+    /// An instant query's result vector (empty when it failed).
+    fn results(&self, q: &str) -> Vec<Value> {
         let path = format!("/api/v1/query?query={}", urlencode(q));
         let Some((_, body)) = http_get(self.port, &path, None) else {
             return Vec::new();
         };
         let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        v["data"]["result"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|r| {
-                        let pg = r["metric"]["pg"].as_str()?.to_string();
-                        let val = r["value"][1].as_str()?.parse().ok()?;
-                        Some((pg, val))
-                    })
-                    .collect()
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Instant query: {pg label → value}.
+    fn query(&self, q: &str) -> Vec<(String, f64)> {
+        self.results(q)
+            .iter()
+            .filter_map(|r| {
+                let pg = r["metric"]["pg"].as_str()?.to_string();
+                let val = r["value"][1].as_str()?.parse().ok()?;
+                Some((pg, val))
             })
-            .unwrap_or_default()
+            .collect()
     }
 }
 
@@ -504,11 +526,94 @@ fn watch_survives_a_server_restart() {
         "--pid did not follow the restart to {pm2}: {}",
         by_pid.log()
     );
+    // The restart is an incident: the windows before it, the first on
+    // the new postmaster, the escalated one, kept as one recording.
+    let m = w.wait_for(60, "the restart's incident", |m| {
+        sample(m, "pgbelow_incidents_total{trigger=\"restart\"}") == Some(1.0)
+    });
+    assert_eq!(
+        sample(&m, "pgbelow_escalations_total{trigger=\"restart\"}"),
+        Some(1.0),
+        "{m}"
+    );
     by_pid.stop();
+    let wlog = w.log();
     w.stop();
-    // Windows are scratch unless they raised a finding: nothing kept, no scratch left.
+    let left: Vec<_> = std::fs::read_dir(keep.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}\n{wlog}");
+    let inc = common::manifest(&left[0])["incident"].clone();
+    assert_eq!(inc["trigger_id"], "restart", "{inc}");
+    assert!(
+        inc["trigger"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{pm1} is now {pm2}")),
+        "{inc}"
+    );
+    assert!(inc["onset_t"].as_f64().unwrap() >= 4.0, "{inc}");
+}
+
+/// A `--keep` with no room (a 64 kB tmpfs): the incident is not kept,
+/// which is said on stderr and in /metrics, nothing half-written is left
+/// in it, and the watching goes on.
+#[test]
+fn a_full_keep_is_said_and_watching_goes_on() {
+    if common::skipped_unless_root("mounts a tmpfs") {
+        return;
+    }
+    let _alone = common::exclusive();
+    let logs = tempfile::tempdir().unwrap();
+    let keep = tempfile::tempdir().unwrap();
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    assert!(Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "pgbelow-test-full"])
+        .arg(keep.path())
+        .status()
+        .unwrap()
+        .success());
+    let _unmount = Unmount(keep.path());
+    let c = UserCluster::start(&[], &[]);
+    let keep_s = keep.path().to_string_lossy().to_string();
+    let w = Watch::start(
+        &c,
+        5,
+        logs.path(),
+        &["--keep", &keep_s, "--escalate-for", "5"],
+    );
+    w.wait_for(60, "a window", |m| {
+        sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= 1.0
+    });
+    // A restart trips the restart trigger: an incident to keep.
+    c.stop();
+    c.restart_stopped(&[]);
+    let m = w.wait_for(90, "the keep error", |m| m.contains("pgbelow_keep_error{"));
+    let err = m
+        .lines()
+        .find(|l| l.starts_with("pgbelow_keep_error{"))
+        .unwrap()
+        .to_string();
+    assert!(err.contains("No space left on device"), "{err}");
+    let n = sample(&m, "pgbelow_windows_total").unwrap();
+    w.wait_for(60, "windows after the error", |m| {
+        sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= n + 2.0
+    });
+    let log = w.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("incident not kept in") && l.contains("No space left")),
+        "{log}"
+    );
+    w.stop();
     let left: Vec<_> = std::fs::read_dir(keep.path()).unwrap().collect();
-    assert!(left.is_empty(), "{left:?}");
+    assert!(left.is_empty(), "half-written: {left:?}");
 }
 
 #[test]
@@ -763,12 +868,7 @@ fn every_dashboard_panel_returns_data() {
     let logs = tempfile::tempdir().unwrap();
     let c = UserCluster::start(&[], &[]);
     c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
-    let mut l = c
-        .pgbench_cmd("postgres", &["-c", "2", "-R", "200", "-T", "90"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut l = pgbench_bg(&c, &["-c", "2", "-R", "200", "-T", "90"]);
     let w = Watch::start(
         &c,
         10,
@@ -806,4 +906,204 @@ fn every_dashboard_panel_returns_data() {
         empty.is_empty(),
         "panels without data: {empty:#?}\nlast scrape:\n{m}"
     );
+}
+
+/// The flight recorder, end to end: a server under a steady load watched
+/// for a minute, busy loops started beside it at a moment the test picks.
+/// The run-queue trigger ends the window in course, the next one runs the
+/// deep collectors, and the incident kept is one recording from 40 s
+/// before the onset to the escalation's end, with the loops named; the
+/// finding's gauge goes to 1 and back to 0 when the loops stop, and the
+/// shipped `PgbelowFinding` alert (its `for:` shortened to this test's
+/// minutes) fires and resolves in a real Prometheus.
+#[test]
+fn a_cpu_burst_is_an_incident_with_the_seconds_before_it() {
+    let Some(_) = prometheus_tool("prometheus") else {
+        return;
+    };
+    let _alone = common::exclusive();
+    let c = UserCluster::start(&[], &[]);
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    let logs = tempfile::tempdir().unwrap();
+    let keep = logs.path().join("kept");
+    let keep_s = keep.to_string_lossy().to_string();
+    // Four clients at 2000 tps: beside the loops their run-queue wait is
+    // material (on 2 CPUs: 0.45 → 2.2–2.4 s per CPU s, 0.11 s a second).
+    let mut pgb = pgbench_bg(
+        &c,
+        &[
+            "-S", "-M", "prepared", "-c", "4", "-j", "2", "-R", "2000", "-T", "400",
+        ],
+    );
+    let w = Watch::start(
+        &c,
+        20,
+        logs.path(),
+        &["--history", "40", "--escalate-for", "15", "--keep", &keep_s],
+    );
+    let prom = Prometheus::start_with(&[("pg", w.port)], |r| r.replace("for: 5m", "for: 0s"));
+    let windows = |m: &str| sample(m, "pgbelow_windows_total").unwrap_or(0.0);
+    w.wait_for(120, "two windows of history", |m| windows(m) >= 2.0);
+    let active = |m: &str| {
+        ["warning", "critical"].iter().any(|s| {
+            sample(
+                m,
+                &format!("pgbelow_finding_active{{id=\"cpu-saturation\",severity=\"{s}\"}}"),
+            ) == Some(1.0)
+        })
+    };
+    // Not asserted silent before the loops: on this shared machine another
+    // job may saturate the CPUs (it would be a finding, rightly).
+    if active(&w.metrics().unwrap_or_default()) {
+        eprintln!(
+            "cpu-saturation already active before the loops:\n{}",
+            w.log()
+        );
+    }
+    let onset = Instant::now();
+    let hogs = common::Spinners::start(8);
+    w.wait_for(120, "cpu-saturation active", active);
+    let to_active = onset.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    while prom.alerts("PgbelowFinding", "firing") != ["cpu-saturation"] {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "the alert did not fire: {:?}\n{}",
+            prom.alerts("PgbelowFinding", "pending"),
+            w.log()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    drop(hogs);
+    let gone = Instant::now();
+    let m = w.wait_for(150, "cpu-saturation cleared", |m| !active(m));
+    let to_clear = gone.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    while !prom.alerts("PgbelowFinding", "firing").is_empty() {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "the alert did not resolve\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    eprintln!("onset → finding active {to_active:.1} s; loops gone → cleared {to_clear:.1} s");
+    assert!(
+        sample(&m, "pgbelow_incidents_total{trigger=\"runq-jump\"}").unwrap_or(0.0)
+            + sample(&m, "pgbelow_incidents_total{trigger=\"finding\"}").unwrap_or(0.0)
+            >= 1.0,
+        "{m}"
+    );
+    let escalations: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("pgbelow_escalations_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(escalations >= 1.0, "{m}");
+    let left = sample(&m, "pgbelow_escalation_budget_left_seconds").unwrap();
+    assert!(left > 0.0 && left < 72.0, "budget left {left}: {m}");
+    let watch_pid = w.child.id();
+    w.stop();
+    let _ = pgb.kill();
+    let _ = pgb.wait();
+    // Its scratch (the windows, the history) is gone with it.
+    let scratch: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with(&format!("pgbelow-watch-{watch_pid}-")))
+        .collect();
+    assert!(scratch.is_empty(), "{scratch:?}");
+
+    // The incident: one recording, from before the onset to the escalation's end.
+    let kept: Vec<_> = std::fs::read_dir(&keep)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("watch-")
+        })
+        .collect();
+    assert!(!kept.is_empty(), "nothing kept: {}", w_log(logs.path()));
+    // The loops' incident: the one whose report names them (on this shared
+    // machine another job may have tripped a trigger before them: that
+    // incident is kept too, and is not asserted on).
+    let report_of = |d: &Path| -> Value {
+        serde_json::from_slice(&std::fs::read(d.join("report.json")).unwrap()).unwrap()
+    };
+    let names_the_loops = |r: &Value| {
+        common::finding(r, "cpu-saturation")
+            .is_some_and(|f| f["summary"].as_str().unwrap_or("").contains("pgbelow-spin"))
+    };
+    let Some(dir) = kept.iter().find(|d| names_the_loops(&report_of(d))) else {
+        let all: Vec<Value> = kept
+            .iter()
+            .map(|d| common::manifest(d)["incident"].clone())
+            .collect();
+        panic!(
+            "no kept incident raised cpu-saturation naming the loops: {all:?}\n{}",
+            w_log(logs.path())
+        );
+    };
+    let manifest = common::manifest(dir);
+    let inc = &manifest["incident"];
+    eprintln!("incident: {inc} ({} kept)", kept.len());
+    let onset_t = inc["onset_t"].as_f64().unwrap();
+    assert!(onset_t >= 30.0, "only {onset_t} s before the onset: {inc}");
+    let parts = inc["parts"].as_array().unwrap();
+    // Its own escalation is its last window (an earlier incident's may be
+    // in its history).
+    let last = parts.last().unwrap();
+    assert_eq!(last["escalated"], true, "{inc}");
+    let deep = last["collectors"].to_string();
+    for c in ["offcpu", "profile", "system"] {
+        assert!(deep.contains(c), "{c} not escalated: {inc}");
+    }
+    assert!(last["t_start"].as_f64().unwrap() >= onset_t, "{inc}");
+    assert!(parts.len() >= 3, "{inc}");
+    // What the escalation recorded is in it, and the report reads it.
+    for f in [
+        "offcpu.json",
+        "profile.folded",
+        "procfs.jsonl",
+        "report.json",
+        "report.txt",
+    ] {
+        assert!(dir.join(f).exists(), "{f} missing in {}", dir.display());
+    }
+    let r = report_of(dir);
+    assert_eq!(r["recording"]["incident"]["onset_t"], inc["onset_t"]);
+    let text = std::fs::read_to_string(dir.join("report.txt")).unwrap();
+    assert!(text.contains("incident: trigger"), "{text}");
+    let html = logs.path().join("incident.html");
+    Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+        .args(["report", &dir.to_string_lossy(), "--format", "html", "-o"])
+        .arg(&html)
+        .status()
+        .unwrap()
+        .success()
+        .then_some(())
+        .expect("report --format html");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("\"onset\":") && page.contains("\"escalated\":"),
+        "no onset in the page data"
+    );
+    // Nothing but the incident in --keep.
+    let other: Vec<_> = std::fs::read_dir(&keep)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| !n.starts_with("watch-"))
+        .collect();
+    assert!(other.is_empty(), "{other:?}");
+}
+
+fn w_log(dir: &Path) -> String {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect()
 }

@@ -1,7 +1,8 @@
 // pgbelow's report page: draws the timeline panels (uPlot) from the JSON in
 // #pgbelow-data on one shared x axis — the cursor and a drag-zoom apply to
-// every panel, a double-click zooms all out — shades the checkpoints, and
-// marks the window of the finding selected.
+// every panel, a double-click zooms all out — shades the checkpoints and an
+// incident's escalated windows, draws its onset, and marks the window of the
+// finding selected.
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("pgbelow-data").textContent);
@@ -27,7 +28,18 @@
     (data.checkpoints || []).forEach(function (c) {
       band(c.start, c.end, "rgba(245,160,40,0.20)");
     });
+    (data.escalated || []).forEach(function (c) {
+      band(c.start, c.end, "rgba(40,110,220,0.12)");
+    });
     if (highlight) band(highlight[0], highlight[1], "rgba(200,30,30,0.25)");
+    // watch's incident: its onset, a line across every panel.
+    if (data.onset != null) {
+      var x = u.valToPos(data.onset, "x", true);
+      if (x >= u.bbox.left && x <= u.bbox.left + u.bbox.width) {
+        ctx.fillStyle = "rgba(200,0,0,0.9)";
+        ctx.fillRect(x - 1, top, 2, h);
+      }
+    }
     ctx.restore();
   }
 

@@ -174,11 +174,25 @@ impl Check {
         self
     }
 
+    /// A figure past its bound that could not decide for want of `why`:
+    /// not measurable (the figure kept), never clear.
+    pub fn undecided(mut self, why: String) -> Check {
+        let past = self.measured.as_ref().is_some_and(Figure::past);
+        if self.status == Status::Clear && past {
+            self.status = Status::NotMeasurable;
+            self.missing = Some(why);
+        }
+        self
+    }
+
     /// One line for the text report.
     pub fn line(&self) -> String {
         let what = match (&self.figure, &self.bound, &self.missing) {
             (Some(f), Some(b), _) if self.status == Status::Raised => {
                 format!("{f} (raises at {b})")
+            }
+            (Some(f), Some(b), Some(why)) if self.status == Status::NotMeasurable => {
+                format!("{f} (bound {b}; cannot decide: {why})")
             }
             (Some(f), Some(b), _) => {
                 let past = self.measured.as_ref().is_some_and(Figure::past);
@@ -246,6 +260,19 @@ mod tests {
             "{}",
             c.line()
         );
+        // Past its bound but undecided: not measurable, the figure kept.
+        let c = Check::new("x", None, Measure::Figure(Figure::above("f", 2.0, "", 1.0)))
+            .undecided("who used the CPUs was not recorded".into());
+        assert_eq!(c.status, Status::NotMeasurable);
+        assert!(
+            c.line()
+                .contains("f 2.00 (bound ≥ 1.00; cannot decide: who used"),
+            "{}",
+            c.line()
+        );
+        let short = Check::new("x", None, Measure::Figure(Figure::above("f", 0.5, "", 1.0)))
+            .undecided("no".into());
+        assert_eq!(short.status, Status::Clear);
         // Short of its bound, a reason is not kept.
         let short = Figure::above("f", 0.1, "", 1.0);
         let c = Check::new("x", None, Measure::Figure(short)).held_back(Some("no".into()));

@@ -59,11 +59,22 @@ pub trait Rule {
     fn held_back(&self, _ev: &Evidence) -> Option<String> {
         None
     }
+    /// Why the key figure, past its bound, could not decide: another input
+    /// the rule needs was not recorded, and how to record it. The check is
+    /// then `not measurable`, never `clear` (None: nothing missing).
+    fn undecided(&self, _ev: &Evidence) -> Option<String> {
+        None
+    }
     /// `raised`, `clear` or `not measurable`, with the figure behind it.
     fn check(&self, ev: &Evidence) -> (Check, Option<Finding>) {
         let f = self.evaluate(ev);
         let c = Check::new(self.id(), f.as_ref(), self.measure(ev));
         let past = f.is_none() && c.measured.as_ref().is_some_and(Figure::past);
+        if past {
+            if let Some(why) = self.undecided(ev) {
+                return (c.undecided(why), f);
+            }
+        }
         let why = if past { self.held_back(ev) } else { None };
         (c.held_back(why), f)
     }

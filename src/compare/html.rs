@@ -147,6 +147,8 @@ pub fn render(c: &Comparison, a: (&Report, &View), b: (&Report, &View)) -> Strin
         end,
         panels: merged,
         checkpoints,
+        onset: None,
+        escalated: Vec::new(),
     });
     let graphs = flame::differential(&va.on_cpu, &vb.on_cpu, &mut page.csp);
     let o = &mut page.body;

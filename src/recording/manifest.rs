@@ -42,6 +42,9 @@ pub struct Manifest {
     /// Why the run failed, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `watch`'s incident: what tripped, when, and the windows it joins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<super::splice::Incident>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -208,7 +211,8 @@ pub fn new_manifest(mode: &str) -> Manifest {
         pgbelow_version: env!("CARGO_PKG_VERSION").to_string(),
         mode: mode.to_string(),
         status: Status::Recording,
-        started_at: chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        // Milliseconds: watch joins back-to-back windows by their starts.
+        started_at: chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         duration_s: None,
         host: this_host(),
         postgres: Postgres::default(),
@@ -218,5 +222,6 @@ pub fn new_manifest(mode: &str) -> Manifest {
         pgbelow_cpu_s: None,
         pgbelow_peak_rss_kb: None,
         error: None,
+        incident: None,
     }
 }

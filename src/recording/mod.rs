@@ -4,6 +4,7 @@
 pub mod manifest;
 pub mod reader;
 pub mod schema;
+pub mod splice;
 pub mod summaries;
 pub mod writer;
 

@@ -139,6 +139,10 @@ pub struct RecordingMeta {
     pub scenario: Option<crate::recording::ScenarioInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `watch`'s incident: the trigger, the onset and which collectors ran
+    /// when (additive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<crate::recording::splice::Incident>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -325,6 +329,7 @@ pub fn build(rec: &Evidence) -> Report {
             unreadable: rec.unreadable.clone(),
             scenario: m.scenario.clone(),
             error: m.error.clone(),
+            incident: m.incident.clone(),
         },
         host: m.host.clone(),
         postgres: PostgresMeta {

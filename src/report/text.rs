@@ -54,6 +54,23 @@ pub fn render(r: &Report) -> String {
         );
     }
     let _ = writeln!(o);
+    if let Some(i) = &m.incident {
+        let _ = writeln!(
+            o,
+            "  incident: trigger {} at {:.1} s ({}); {:.0} s of history before it",
+            i.trigger_id, i.onset_t, i.trigger, i.onset_t
+        );
+        for p in &i.parts {
+            let _ = writeln!(
+                o,
+                "    {:>7.1}–{:<7.1} s {}{}",
+                p.t_start,
+                p.t_end,
+                p.collectors.join(","),
+                if p.escalated { "  (escalated)" } else { "" }
+            );
+        }
+    }
     if let Some(e) = &m.error {
         let _ = writeln!(o, "  error: {e}");
     }

@@ -49,6 +49,15 @@ pub struct Metrics {
     server_info: Vec<(String, String)>,
     /// Why the server's connection fails, while it does (`watch --all`).
     pub connection_error: Option<String>,
+    /// Why the last incident could not be kept, until one is.
+    pub keep_error: Option<String>,
+    /// Escalated windows and incidents, by trigger id.
+    escalations: BTreeMap<String, u64>,
+    incidents: BTreeMap<String, u64>,
+    escalation_cpu_s: f64,
+    /// The history's seconds and bytes, and the hour's escalation budget
+    /// left (CPU-s), after the last window.
+    history: Option<(f64, u64, f64)>,
     postgres_up: bool,
     last_window_end: f64,
     /// When the agent started (Unix time).
@@ -131,6 +140,22 @@ impl Metrics {
         self.checkpoint_buffers = b.buffers_written;
     }
 
+    /// One escalated window, for `trigger`, that cost pgbelow `cpu_s`.
+    pub fn escalated(&mut self, trigger: &str, cpu_s: f64) {
+        *self.escalations.entry(trigger.to_string()).or_default() += 1;
+        self.escalation_cpu_s += cpu_s;
+    }
+
+    /// One incident, kept or not, for `trigger`.
+    pub fn incident(&mut self, trigger: &str) {
+        *self.incidents.entry(trigger.to_string()).or_default() += 1;
+    }
+
+    /// The flight recorder after a window: history held, budget left.
+    pub fn flight(&mut self, held_s: f64, held_bytes: u64, budget_left_s: f64) {
+        self.history = Some((held_s, held_bytes, budget_left_s));
+    }
+
     /// Count one OTLP push.
     pub fn otlp_pushed(&mut self, ok: bool) {
         // Both results shown from the first push on, so rate() sees 0s.
@@ -155,9 +180,12 @@ impl Metrics {
         self.last_window_end = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
         for c in &ev.rec.manifest.collectors {
             // Degraded is up: it ran, with less (a server in a pid
-            // namespace of its own has its pids translated).
+            // namespace of its own has its pids translated). Those an
+            // escalated window added are not the watch's own.
             let ran = matches!(c.status.as_str(), "ok" | "degraded");
-            self.collector_up.insert(c.name.clone(), server_up && ran);
+            if let Some(up) = self.collector_up.get_mut(&c.name) {
+                *up = server_up && ran;
+            }
         }
         // Syscall and process counters are added live, each second (add_live).
         let cp = |s: &crate::collect::pgstat::ServerSample| s.checkpointer.clone();
@@ -434,6 +462,63 @@ impl Metrics {
                 Kind::Gauge,
                 "When the last window was evaluated (Unix time).",
                 [(vec![], self.last_window_end)],
+            );
+        }
+        let by_trigger = |m: &BTreeMap<String, u64>| -> Vec<Sample> {
+            // Every trigger from the start, so rate() sees its 0s.
+            let mut v: BTreeMap<&str, u64> =
+                super::trigger::IDS.iter().map(|id| (*id, 0)).collect();
+            for (k, n) in m {
+                v.insert(k.as_str(), *n);
+            }
+            v.into_iter()
+                .map(|(k, n)| (vec![("trigger".to_string(), k.to_string())], n as f64))
+                .collect()
+        };
+        e.family(
+            "pgbelow_escalations_total",
+            Kind::Counter,
+            "Windows recorded with the deep collectors (offcpu, profile, system, fsync, clock; every syscall counted) after a trigger tripped, by trigger.",
+            by_trigger(&self.escalations),
+        );
+        e.family(
+            "pgbelow_escalation_cpu_seconds_total",
+            Kind::Counter,
+            "pgbelow's own CPU seconds over its escalated windows.",
+            [(vec![], crate::round3(self.escalation_cpu_s))],
+        );
+        e.family(
+            "pgbelow_incidents_total",
+            Kind::Counter,
+            "Incidents (history before the onset, the window the trigger ended, the escalated one), kept in --keep or not, by trigger.",
+            by_trigger(&self.incidents),
+        );
+        if let Some((held_s, held_bytes, left)) = self.history {
+            e.family(
+                "pgbelow_history_seconds",
+                Kind::Gauge,
+                "Seconds of recent windows held for the next incident (--history).",
+                [(vec![], crate::round3(held_s))],
+            );
+            e.family(
+                "pgbelow_history_bytes",
+                Kind::Gauge,
+                "Bytes of recent windows held for the next incident, on disk in the scratch directory (--history-max-mb).",
+                [(vec![], held_bytes as f64)],
+            );
+            e.family(
+                "pgbelow_escalation_budget_left_seconds",
+                Kind::Gauge,
+                "pgbelow CPU seconds escalations may still use in the hour ending now (--budget).",
+                [(vec![], crate::round3(left))],
+            );
+        }
+        if let Some(why) = &self.keep_error {
+            e.family(
+                "pgbelow_keep_error",
+                Kind::Gauge,
+                "1 while the last incident could not be written to --keep (full, read-only); the reason as a label. Watching goes on.",
+                [(vec![("reason".to_string(), why.clone())], 1.0)],
             );
         }
         if let Some(why) = &self.connection_error {

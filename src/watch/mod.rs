@@ -7,9 +7,11 @@
 //! Windows that raised a finding can be kept as recordings (`--keep`).
 pub mod all;
 pub mod discover;
+pub mod flight;
 pub mod live;
 pub mod metrics;
 pub mod otlp;
+pub mod trigger;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,8 +30,9 @@ use crate::procinfo;
 use metrics::Metrics;
 
 /// Collectors `watch` runs when `--collectors` is not given: the cheap,
-/// continuous ones (no stack sampling).
-pub const DEFAULT_COLLECTORS: &[&str] = &["syscalls", "procfs", "pgstat"];
+/// continuous ones (no stack sampling). `system` says whose processes had
+/// the CPUs: without it cpu-saturation cannot decide in a cheap window.
+pub const DEFAULT_COLLECTORS: &[&str] = &["syscalls", "procfs", "pgstat", "system"];
 
 /// Wait before trying to attach again after the server could not be reached.
 const RETRY: Duration = Duration::from_secs(5);
@@ -49,6 +52,14 @@ pub struct WatchOptions {
     pub sampling: crate::collect::Sampling,
     /// Where each window's profile is pushed (OTLP/HTTP), if anywhere.
     pub otlp_endpoint: Option<String>,
+    /// Seconds of the recent past kept for an incident (`--history`).
+    pub history_s: u32,
+    /// Bound of that history on disk (`--history-max-mb`).
+    pub history_max_mb: u64,
+    /// Length of an escalated window (`--escalate-for`).
+    pub escalate_s: u32,
+    /// Share of one CPU escalations may use over an hour, percent (`--budget`).
+    pub budget_pct: f64,
 }
 
 /// Serve `/metrics` until stopped; the stop is the ordinary way out (Ok).
@@ -75,22 +86,21 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
         server.server_addr(),
         opts.window_s
     );
-    let work = match &opts.keep {
-        Some(k) => {
-            std::fs::create_dir_all(k).map_err(|e| {
-                fixable(
-                    format!("cannot create --keep directory {}: {e}", k.display()),
-                    "pass --keep with a writable directory",
-                )
-            })?;
-            tempfile::Builder::new()
-                .prefix(".pgbelow-watch-")
-                .tempdir_in(k)?
-        }
-        None => tempfile::Builder::new()
-            .prefix("pgbelow-watch-")
-            .tempdir()?,
-    };
+    if let Some(k) = &opts.keep {
+        std::fs::create_dir_all(k).map_err(|e| {
+            fixable(
+                format!("cannot create --keep directory {}: {e}", k.display()),
+                "pass --keep with a writable directory",
+            )
+        })?;
+    }
+    // The scratch directory holds the windows and the history, apart from
+    // --keep (a full --keep must not stop the watching); its name carries
+    // this process's pid, so a later watch reclaims one a killed watch left.
+    reclaim_scratch(&std::env::temp_dir(), "pgbelow-watch-");
+    let work = tempfile::Builder::new()
+        .prefix(&format!("pgbelow-watch-{}-", std::process::id()))
+        .tempdir()?;
     if opts.all {
         let registry = Arc::new(all::Registry::default());
         let r = Arc::clone(&registry);
@@ -181,12 +191,27 @@ fn try_connect(dsn: &str) -> std::result::Result<(), String> {
         .map_err(|e| one_line(&format!("{e:#}")))
 }
 
-/// Record, evaluate, publish; until a stop is asked.
+/// Record, evaluate, publish; until a stop is asked. Windows stay in the
+/// history ([`flight`]); a trigger ends the window in course, escalates the
+/// next one within the budget, and keeps the incident.
 fn windows(
     opts: &WatchOptions,
     work: &Path,
     metrics: &Mutex<Metrics>,
     target: &Target,
+) -> Result<()> {
+    let mut flight = flight::Flight::new(opts.history_s, opts.history_max_mb, opts.budget_pct);
+    let result = windows_in(opts, work, metrics, target, &mut flight);
+    flight.clear();
+    result
+}
+
+fn windows_in(
+    opts: &WatchOptions,
+    work: &Path,
+    metrics: &Mutex<Metrics>,
+    target: &Target,
+    flight: &mut flight::Flight,
 ) -> Result<()> {
     let tag = &target.tag;
     let mut n = 0u64;
@@ -200,6 +225,10 @@ fn windows(
     // --all: the connection as last tried, and when.
     let mut dsn = opts.dsn.clone();
     let mut tried: Option<(std::time::Instant, bool)> = None;
+    let mut triggers = trigger::Triggers::new(opts.history_s);
+    // The postmaster the last window observed: another one is a restart.
+    let mut last_pm: Option<u32> = None;
+    let deep = deep_collectors(opts);
     while !target.stopped() {
         n += 1;
         if let Some(pid_dsn) = &target.pid_dsn {
@@ -240,22 +269,45 @@ fn windows(
                 }
             }
         }
+        let escalated = flight.pending.as_ref().is_some_and(|p| p.escalate);
         let dir = work.join(format!("window-{n}"));
         let mut live = live::LiveSyscalls::default();
+        let mut collectors = opts.collectors.clone();
+        let mut sampling = opts.sampling;
+        if escalated {
+            for c in &deep {
+                if !collectors.contains(c) {
+                    collectors.push(c.clone());
+                }
+            }
+            // Every call counted while it matters, unless the user said.
+            sampling.syscalls_budget_pct.get_or_insert(100.0);
+        }
         let ropts = RecordOptions {
             pid,
             dsn: dsn.clone(),
-            duration_s: opts.window_s,
-            collectors: opts.collectors.clone(),
+            duration_s: if escalated {
+                opts.escalate_s
+            } else {
+                opts.window_s
+            },
+            collectors,
             syscall_mechanism: opts.syscall_mechanism,
-            sampling: opts.sampling,
+            sampling,
             out: Some(dir.clone()),
             show_progress: false,
             // --all tried postmaster.pid's connection itself, above.
             pid_file_connection: !opts.all,
         };
         let announce = n == 1 && !opts.all;
+        let mut started = std::time::Instant::now();
+        // The triggers that tripped in this window, armed or not.
+        let mut tripped_here: std::collections::BTreeSet<&'static str> = Default::default();
+        let with_statements = opts.collectors.iter().any(|c| c == "pgstat");
+        // A restart seen at attach ends this window at its first second.
+        let mut end_now = false;
         let recorded = attach::attach(&ropts, announce).and_then(|(session, pm)| {
+            started = std::time::Instant::now();
             // Uncounted time: from the end of the last window to this one's start.
             if let Some(end) = last_end.take() {
                 lock(metrics).gap_s = Some(end.elapsed().as_secs_f64());
@@ -265,14 +317,50 @@ fn windows(
                     .ok()
                     .or(data_dir.take());
             }
+            if last_pm.is_some_and(|old| old != pm) {
+                triggers.reset();
+                if flight.armed("restart") {
+                    flight.trip(
+                        trigger::Tripped {
+                            id: "restart",
+                            what: format!(
+                                "the postmaster restarted (pid {} is now {pm})",
+                                last_pm.unwrap_or(0)
+                            ),
+                        },
+                        started,
+                    );
+                    tripped_here.insert("restart");
+                    end_now = true;
+                }
+            }
+            last_pm = Some(pm);
             attach::record_for_each_tick(&ropts, session, pm, &mut |session| {
                 live.learn_roles(session);
-                lock(metrics).add_live(live.read_new(&dir));
+                let d = live.read_new(&dir);
+                let second = trigger::Second::of(&d, with_statements);
+                lock(metrics).add_live(d);
+                let Some(t) = triggers.push(second) else {
+                    return end_now;
+                };
+                tripped_here.insert(t.id);
+                if escalated || !flight.armed(t.id) {
+                    return false;
+                }
+                eprintln!("pgbelow: watch: {tag}trigger {}: {}", t.id, t.what);
+                // The onset: where the trigger's recent span began.
+                let onset = std::time::Instant::now()
+                    .checked_sub(std::time::Duration::from_secs(trigger::RECENT_S as u64))
+                    .unwrap_or(started)
+                    .max(started);
+                flight.trip(t, onset);
+                true
             })
         });
         // What the session wrote after its last tick (the final interval).
         lock(metrics).add_live(live.read_new(&dir));
-        last_end = Some(std::time::Instant::now());
+        let ended = std::time::Instant::now();
+        last_end = Some(ended);
         let rec = match recorded {
             Ok(rec) => rec,
             Err(e) if crate::error::is_unprivileged(&e) => {
@@ -320,15 +408,154 @@ fn windows(
             }
             lock(metrics).otlp_pushed(pushed.is_ok());
         }
-        match &opts.keep {
-            Some(keep) if !rep.findings.is_empty() => {
-                crate::report::write_files(&rec.dir, &rep)?;
-                keep_window(&rec.dir, keep, &target.keep_suffix, opts.keep_max_mb)?;
-            }
-            _ => std::fs::remove_dir_all(&rec.dir)?,
+        if escalated {
+            let cpu = ev.rec.manifest.pgbelow_cpu_s.unwrap_or(0.0);
+            flight.budget.charge(ended, cpu);
+            let id = flight.pending.as_ref().map_or("", |p| p.trigger.id);
+            lock(metrics).escalated(id, cpu);
         }
+        // A rule's figure past its bound: the window's findings are a
+        // trigger too (onset: the window's start, as far as it can say).
+        if !rep.findings.is_empty() {
+            tripped_here.insert("finding");
+            if !escalated && flight.armed("finding") {
+                let ids: Vec<&str> = rep.findings.iter().map(|f| f.id.as_str()).collect();
+                eprintln!("pgbelow: watch: {tag}trigger finding: {}", ids.join(", "));
+                flight.trip(
+                    trigger::Tripped {
+                        id: "finding",
+                        what: format!("the window raised {}", ids.join(", ")),
+                    },
+                    started,
+                );
+            }
+        }
+        let bytes = flight::dir_bytes(&rec.dir);
+        flight.push(flight::Window {
+            dir: rec.dir.clone(),
+            start: started,
+            end: ended,
+            escalated,
+            bytes,
+        });
+        if !escalated && flight.pending.is_none() {
+            flight.rearm(&tripped_here);
+        }
+        let decided = flight.pending.as_ref().map(|p| p.escalate);
+        match decided {
+            // Just tripped: escalate next, or (no budget) keep it now.
+            Some(false) if !escalated && flight.decide_escalation(ended) => {}
+            Some(false) if !escalated => {
+                eprintln!(
+                    "pgbelow: watch: {tag}not escalating: the hour's budget ({:.1} CPU-s) is spent",
+                    flight.budget.cap_s
+                );
+                keep_incident(opts, flight, metrics, target);
+            }
+            Some(_) => keep_incident(opts, flight, metrics, target),
+            None => {}
+        }
+        let (held_s, held_bytes) = {
+            flight.prune(std::time::Instant::now());
+            flight.held()
+        };
+        let left = flight.budget.left(std::time::Instant::now());
+        lock(metrics).flight(held_s, held_bytes, left);
     }
     Ok(())
+}
+
+/// The deep collectors escalation adds, less those the user already runs
+/// and those this process cannot start (said once).
+fn deep_collectors(opts: &WatchOptions) -> Vec<String> {
+    flight::DEEP_COLLECTORS
+        .iter()
+        .map(|c| c.to_string())
+        .filter(|c| !opts.collectors.contains(c))
+        .filter(|c| {
+            let ok = crate::collect::preflight(std::slice::from_ref(c), true).is_ok();
+            if !ok {
+                eprintln!(
+                    "pgbelow: watch: escalation will not add {c}: this process cannot run it"
+                );
+            }
+            ok
+        })
+        .collect()
+}
+
+/// Splice the pending incident into `--keep` (or say it was not kept);
+/// a failure is said on stderr and in /metrics, and watching goes on.
+fn keep_incident(
+    opts: &WatchOptions,
+    flight: &mut flight::Flight,
+    metrics: &Mutex<Metrics>,
+    target: &Target,
+) {
+    let tag = &target.tag;
+    let Some(inc) = flight.take_incident() else {
+        return;
+    };
+    let escalated = inc.escalated.iter().any(|e| *e);
+    lock(metrics).incident(inc.trigger.id);
+    let Some(keep) = &opts.keep else {
+        eprintln!(
+            "pgbelow: watch: {tag}incident ({}) not kept: pass --keep DIR to keep incidents",
+            inc.trigger.id
+        );
+        return;
+    };
+    let kept = (|| -> Result<PathBuf> {
+        let stamp = format!(
+            "{}{}",
+            chrono::Local::now().format("%Y%m%d-%H%M%S"),
+            target.keep_suffix
+        );
+        let mut dest = keep.join(format!("watch-{stamp}"));
+        let mut i = 1;
+        while dest.exists() {
+            i += 1;
+            dest = keep.join(format!("watch-{stamp}-{i}"));
+        }
+        let incident = crate::recording::splice::Incident {
+            trigger: inc.trigger.what.clone(),
+            trigger_id: inc.trigger.id.to_string(),
+            onset_t: crate::round3(inc.onset_s),
+            parts: Vec::new(),
+        };
+        crate::recording::splice::splice(
+            &inc.parts,
+            &inc.escalated,
+            Some(&inc.starts),
+            &dest,
+            incident,
+        )?;
+        let ev = Evidence::load(&dest)?;
+        let rep = crate::report::build(&ev);
+        crate::report::write_files(&dest, &rep)?;
+        prune(keep, opts.keep_max_mb.saturating_mul(1 << 20))?;
+        Ok(dest)
+    })();
+    match kept {
+        Ok(dest) => {
+            eprintln!(
+                "pgbelow: watch: {tag}kept {} ({}: {:.0} s before the onset{})",
+                dest.display(),
+                inc.trigger.id,
+                inc.onset_s,
+                if escalated { ", escalated" } else { "" }
+            );
+            lock(metrics).keep_error = None;
+        }
+        Err(e) => {
+            let msg = one_line(&format!("{e:#}"));
+            eprintln!(
+                "pgbelow: watch: {tag}incident not kept in {}: {msg}",
+                keep.display()
+            );
+            lock(metrics).keep_error = Some(msg);
+        }
+    }
 }
 
 /// One line per window for the journal: what was found, or that the
@@ -369,19 +596,31 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Move a window's recording into `keep` under a time-stamped name, then
-/// delete the oldest kept ones until they fit in `max_mb`.
-fn keep_window(dir: &Path, keep: &Path, suffix: &str, max_mb: u64) -> Result<()> {
-    let stamp = format!("{}{suffix}", chrono::Local::now().format("%Y%m%d-%H%M%S"));
-    let mut dest = keep.join(format!("watch-{stamp}"));
-    let mut i = 1;
-    while dest.exists() {
-        i += 1;
-        dest = keep.join(format!("watch-{stamp}-{i}"));
+/// Delete the scratch directories (`PREFIX<pid>-…`) in `dir` of watch
+/// processes that are gone (killed: no teardown ran).
+fn reclaim_scratch(dir: &Path, prefix: &str) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name
+            .strip_prefix(prefix)
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim() == "pgbelow");
+        if !alive && e.path().is_dir() {
+            let _ = std::fs::remove_dir_all(e.path());
+            eprintln!(
+                "pgbelow: watch: removed {} (left by a watch that was killed)",
+                e.path().display()
+            );
+        }
     }
-    std::fs::rename(dir, &dest)?;
-    eprintln!("pgbelow: watch: kept {}", dest.display());
-    prune(keep, max_mb.saturating_mul(1 << 20))
 }
 
 /// Kept recordings (`watch-*`), oldest first (their names sort by time).
@@ -395,7 +634,7 @@ fn prune(keep: &Path, max_bytes: u64) -> Result<()> {
                     .is_some_and(|n| n.to_string_lossy().starts_with("watch-"))
         })
         .map(|p| {
-            let size = dir_bytes(&p);
+            let size = flight::dir_bytes(&p);
             (p, size)
         })
         .collect();
@@ -409,20 +648,6 @@ fn prune(keep: &Path, max_bytes: u64) -> Result<()> {
         total -= size;
     }
     Ok(())
-}
-
-fn dir_bytes(p: &Path) -> u64 {
-    std::fs::read_dir(p)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 /// Resident bytes of this process (/proc/self/statm, pages).
@@ -482,6 +707,18 @@ mod tests {
         }
         std::fs::create_dir(d.path().join(".pgbelow-watch-x")).unwrap();
         prune(d.path(), 1 << 20).unwrap();
+        // A killed watch's scratch goes: no such pid, or a pid reused by a
+        // process that is not pgbelow (this test binary).
+        let dead = d
+            .path()
+            .join(format!(".pgbelow-watch-{}-abc", u32::MAX - 1));
+        let reused = d
+            .path()
+            .join(format!(".pgbelow-watch-{}-abc", std::process::id()));
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::create_dir(&reused).unwrap();
+        reclaim_scratch(d.path(), ".pgbelow-watch-");
+        assert!(!dead.exists() && !reused.exists());
         let mut left: Vec<String> = std::fs::read_dir(d.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().to_string())

@@ -665,3 +665,48 @@ pub fn promtool_check(body: &str) {
     // promtool prints lint problems (names, units, help) and still exits 0 for some.
     assert!(out.trim().is_empty(), "promtool lint: {out}");
 }
+
+/// Busy loops beside the server (the project's `pgbelow-spin`, 60 s at
+/// most), killed on drop.
+pub struct Spinners(Vec<std::process::Child>);
+
+impl Spinners {
+    pub fn start(n: usize) -> Spinners {
+        use std::io::Write;
+        use std::os::unix::process::CommandExt;
+        let mut v = Vec::new();
+        for _ in 0..n {
+            let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("pgbelow-spin"));
+            // Each in its own session, as other services are: with the
+            // scheduler's autogroups, loops in the test's session share one
+            // group's weight against the postmaster's session (pg_ctl's
+            // setsid) and hardly delay the backends (0.10 s per CPU s
+            // beside 4 loops on a quiet machine).
+            // SAFETY: setsid is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+            let mut c = cmd
+                .arg("60")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            c.stdin.take().unwrap().write_all(b"go\n").unwrap();
+            v.push(c);
+        }
+        Spinners(v)
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -148,6 +148,12 @@ pub struct ChartData {
     pub end: f64,
     pub panels: Vec<panels::Panel>,
     pub checkpoints: Vec<panels::Window>,
+    /// `watch`'s incident: the onset, marked on every panel, and the
+    /// escalated windows (deep collectors), shaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub onset: Option<f64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub escalated: Vec<panels::Window>,
 }
 
 /// The timeline section: each panel drawn, or "not recorded".
@@ -257,6 +263,31 @@ fn header(o: &mut String, r: &Report) {
             ),
         ),
     ];
+    if let Some(i) = &r.recording.incident {
+        let parts: Vec<String> = i
+            .parts
+            .iter()
+            .map(|p| {
+                format!(
+                    "{:.1}–{:.1} s: {}{}",
+                    p.t_start,
+                    p.t_end,
+                    p.collectors.join(","),
+                    if p.escalated { " (escalated)" } else { "" }
+                )
+            })
+            .collect();
+        facts.push((
+            "incident".into(),
+            format!(
+                "trigger {} at {:.1} s (red line on every panel; escalated windows shaded blue): {} · {}",
+                i.trigger_id,
+                i.onset_t,
+                i.trigger,
+                parts.join(" · ")
+            ),
+        ));
+    }
     if let Some(w) = &r.workload {
         facts.push((
             "workload".into(),
@@ -370,10 +401,26 @@ pub fn render(r: &Report, v: &View) -> String {
     timeline(o, &v.panels, &|name| {
         v.absent.get(name).cloned().unwrap_or_default()
     });
+    let incident = r.recording.incident.as_ref();
     page.scripts(&ChartData {
         end: v.end,
         checkpoints: v.checkpoints.clone(),
         panels: v.panels.clone(),
+        onset: incident.map(|i| i.onset_t),
+        escalated: incident
+            .map(|i| {
+                i.parts
+                    .iter()
+                    .filter(|p| p.escalated)
+                    .map(|p| panels::Window {
+                        start: p.t_start,
+                        end: p.t_end,
+                        label: "escalated".into(),
+                        open: false,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     });
     // Per role: on-CPU; and off-CPU, which is inside the combined graph
     // (µs, on and off) when both ran, so it is not drawn twice (a page of
