@@ -32,6 +32,9 @@ pub struct RecordOptions {
     /// With `pid` and no `dsn`: connect through the socket the server's
     /// postmaster.pid names (`watch --all` tries that itself, once).
     pub pid_file_connection: bool,
+    /// Read the server log back this many seconds before the start
+    /// (`--since`; None or 0: not at all).
+    pub log_since_s: Option<u32>,
 }
 
 /// Version of the binary a pid runs, from `<exe> --version` (read-only).
@@ -451,6 +454,7 @@ pub fn attach(opts: &RecordOptions, announce: bool) -> Result<(Session, u32)> {
     ctx.major = manifest.postgres.major;
     ctx.syscall_mechanism = opts.syscall_mechanism;
     ctx.sampling = opts.sampling;
+    ctx.log_history_s = opts.log_since_s.filter(|s| *s > 0);
     let session = Session::start(out, manifest, ctx, &opts.collectors, Vec::new())?;
     Ok((session, pid))
 }

@@ -113,6 +113,10 @@ pub struct WatchArgs {
     /// it a trigger keeps the incident without escalating.
     #[arg(long, value_name = "PCT", default_value_t = pgbelow::watch::flight::DEFAULT_BUDGET_PCT, value_parser = budget_pct)]
     pub budget: f64,
+    /// How far back to read the server log at the first window (1h; 0: not
+    /// at all); later windows read what it wrote since the last one.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = secs_0_86400)]
+    pub since: u32,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -459,6 +463,11 @@ pub struct RecordArgs {
     /// recording).
     #[arg(long, value_name = "DURATION", default_value = "30", value_parser = secs_1_86400)]
     pub duration: u32,
+    /// How far back to read the server log at the start (1h, 30m; 0: not at
+    /// all): crash restarts, checkpoints' timings and errors it wrote before
+    /// the recording, shown as read from the log, not observed.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = secs_0_86400)]
+    pub since: u32,
     #[command(flatten)]
     pub collection: Collection,
     #[command(flatten)]
@@ -642,6 +651,10 @@ fn parse_secs(s: &str, min: u32, max: u32) -> Result<u32, String> {
 
 fn secs_1_86400(s: &str) -> Result<u32, String> {
     parse_secs(s, 1, 86400)
+}
+
+fn secs_0_86400(s: &str) -> Result<u32, String> {
+    parse_secs(s, 0, 86400)
 }
 
 fn secs_2_600(s: &str) -> Result<u32, String> {

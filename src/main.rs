@@ -412,6 +412,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 out: a.collection.out,
                 show_progress: show,
                 pid_file_connection: true,
+                log_since_s: Some(a.since),
             };
             let res = pgbelow::app::record(&opts)?;
             print_rendered(
@@ -502,6 +503,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 history_max_mb: a.history_max_mb,
                 escalate_s: a.escalate_for,
                 budget_pct: a.budget,
+                since_s: a.since,
             })?;
             Ok(ExitCode::SUCCESS)
         }

@@ -1639,6 +1639,94 @@ fn oom_kill_restart_found_attached() {
     eprintln!("attached: {ev}");
 }
 
+/// A crash restart the server had before the recording (a backend killed
+/// with SIGKILL, as the OOM killer or an operator's `kill -9` does): a
+/// record started after it finds it in the server log read back
+/// (`--since`, 1 h by default), raises oom-kill-restart from the logged
+/// outage saying it was read, not observed, and lists it before the
+/// recording; with `--since 0` the recording alone has nothing.
+#[test]
+fn a_restart_before_the_recording_is_read_from_the_log() {
+    let c = UserCluster::start(&[], &[]);
+    let victim = c.psql_script("postgres", "select pg_sleep(60);\n");
+    let pid = {
+        let mut pid = String::new();
+        wait_until("the victim's backend", || {
+            pid = c.psql(
+                "postgres",
+                "select pid from pg_stat_activity where query like 'select pg_sleep%'",
+            );
+            !pid.trim().is_empty()
+        });
+        pid.trim().parse::<i32>().unwrap()
+    };
+    // SAFETY: kill(2) of the server's backend, which the test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = victim.wait_with_output();
+    // Ready again: the postmaster reset every session and recovered.
+    wait_until("the server ready again", || {
+        common::userdb::without_pg_env(&mut Command::new("psql"))
+            .args(["-X", "-qAt", "-d", &c.dsn("postgres"), "-c", "select 1"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let d = tempfile::tempdir().unwrap();
+    let record = |name: &str, since: &str| -> Value {
+        let _one = common::exclusive();
+        let o = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+            .args(["record", "--dsn", &c.dsn("postgres"), "--duration", "2"])
+            .args([
+                "--since",
+                since,
+                "--collectors",
+                "procfs,pgstat",
+                "--format",
+                "json",
+            ])
+            .arg("--out")
+            .arg(d.path().join(name))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let r = record("since", "1h");
+    let f = common::finding(&r, "oom-kill-restart")
+        .unwrap_or_else(|| panic!("not raised from the log: {}", r["log_history"]));
+    let ev = &f["evidence"];
+    eprintln!("from the log: {ev}");
+    assert_eq!(ev["from_log"], true, "{ev}");
+    assert_eq!(f["severity"], "critical", "{ev}");
+    assert!(f["impact"].is_null(), "not the recording's time: {f}");
+    let outage = ev["outage_s"].as_f64().unwrap();
+    assert!((0.05..60.0).contains(&outage), "{ev}");
+    assert_eq!(ev["victims"][0]["pid"], pid, "{ev}");
+    assert!(ev["kill_t"].as_f64().unwrap() < 0.0, "{ev}");
+    assert!(f["summary"]
+        .as_str()
+        .unwrap()
+        .contains("Read from the log, not observed"));
+    let lines = r["log_history"]["lines"].to_string();
+    assert!(
+        lines.contains(&format!("(PID {pid}) terminated by signal 9")),
+        "{lines}"
+    );
+    let text = std::fs::read_to_string(d.path().join("since/report.txt")).unwrap();
+    assert!(
+        text.contains("Before the recording (read from the server log, not observed"),
+        "{text}"
+    );
+    // Without the log's past: the recording saw nothing.
+    let r0 = record("none", "0");
+    assert!(
+        common::finding(&r0, "oom-kill-restart").is_none(),
+        "{}",
+        r0["findings"]
+    );
+    assert!(r0.get("log_history").is_none(), "{}", r0["log_history"]);
+}
+
 /// `aio-workers-saturated` attached: PostgreSQL 18 (npm) with
 /// io_method=worker and one I/O worker, every data file read going to the
 /// disk (debug_io_direct=data); four sessions fetch 200 random rows each by

@@ -1076,6 +1076,28 @@ fn a_cpu_burst_is_an_incident_with_the_seconds_before_it() {
     assert_eq!(r["recording"]["incident"]["onset_t"], inc["onset_t"]);
     let text = std::fs::read_to_string(dir.join("report.txt")).unwrap();
     assert!(text.contains("incident: trigger"), "{text}");
+    // The stretch before the onset, kept inside it, against the incident:
+    // the finding is new in the incident.
+    let before = dir.join("before");
+    assert!(
+        before.join("report.json").exists(),
+        "no {}",
+        before.display()
+    );
+    let o = Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
+        .args(["compare", &before.to_string_lossy(), &dir.to_string_lossy()])
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cmp: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        cmp["findings"]["new"]
+            .to_string()
+            .contains("cpu-saturation"),
+        "{}",
+        cmp["findings"]
+    );
     let html = logs.path().join("incident.html");
     Command::new(assert_cmd::cargo::cargo_bin("pgbelow"))
         .args(["report", &dir.to_string_lossy(), "--format", "html", "-o"])

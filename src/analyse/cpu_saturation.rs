@@ -48,8 +48,9 @@ const BUSY_SHARE: f64 = 0.1;
 /// (they wait for each other and the client: 1.0 s per CPU s), 0.83–0.88
 /// beside 2–4 busy loops, 0.69–0.83 beside another job's pgbench or build.
 pub const MIN_OUTSIDE_SHARE: f64 = 0.5;
-/// Share of the machine's CPU time busy (steal included) from which its
-/// CPUs are saturated: below it a runnable backend finds an idle CPU soon,
+/// Share of the machine's CPU time busy (steal included) while the backends
+/// waited ([`busy_while_waiting`]) from which its CPUs are saturated: below
+/// it a runnable backend finds an idle CPU soon,
 /// and its run-queue delay is wake-up and migration latency, not a wait
 /// for a CPU others hold. Measured on 2 CPUs: 1.00 beside 4 busy loops,
 /// 0.99 beside a cargo build; 0.10 under 4 pgbench clients at 2000 tps
@@ -106,6 +107,41 @@ pub fn backend_wait(rec: &Evidence) -> Option<BackendWait> {
             .count(),
         backends: b.pids,
     })
+}
+
+/// How busy the machine's CPUs were while the backends waited: each
+/// second's busy share (/proc/stat, the system collector) weighted by the
+/// backends' run-queue seconds in it (schedstat), so that a recording
+/// whose waits came in a burst (watch's incident: a quiet history, then the
+/// neighbour) is judged by the seconds of the burst. None without both.
+fn busy_while_waiting(rec: &Evidence) -> Option<f64> {
+    let (mut sum, mut weight) = (0.0, 0.0);
+    for p in &rec.procfs {
+        let runq: f64 = p
+            .procs
+            .iter()
+            .filter(|(pid, _)| rec.role_of(**pid) == Role::Backend)
+            .map(|(_, d)| d.runq_s)
+            .sum();
+        if runq <= 0.0 {
+            continue;
+        }
+        let near = rec
+            .system
+            .iter()
+            .filter(|s| (s.t - p.t).abs() <= 0.6)
+            .find_map(|s| {
+                let (u, sy, i) = (s.cpu_user_s?, s.cpu_system_s?, s.cpu_idle_s?);
+                let st = s.cpu_steal_s.unwrap_or(0.0);
+                let total = u + sy + i + st;
+                (total > 0.0).then(|| (total - i) / total)
+            });
+        if let Some(b) = near {
+            sum += b * runq;
+            weight += runq;
+        }
+    }
+    (weight > 0.0).then(|| sum / weight)
 }
 
 /// The rule's key figure: the backends' run-queue seconds per second on a
@@ -239,11 +275,14 @@ fn gate(rec: &Evidence) -> Option<Result<Gate, Held>> {
             MIN_OUTSIDE_SHARE * 100.0
         ))));
     }
-    let machine_busy = machine.as_ref().and_then(|m| m.busy_share()).unwrap_or(0.0);
+    let machine_busy = busy_while_waiting(rec)
+        .or_else(|| machine.as_ref().and_then(|m| m.busy_share()))
+        .unwrap_or(0.0);
     if machine_busy < MIN_MACHINE_BUSY {
         return Some(Err(Held::Not(format!(
-            "the machine's CPUs were busy {:.0} % of the time, saturated from {:.0} %: a runnable \
-             backend found an idle CPU soon (its wait is wake-up latency, not a CPU others held)",
+            "the machine's CPUs were busy {:.0} % of the time the backends waited, saturated from \
+             {:.0} %: a runnable backend found an idle CPU soon (its wait is wake-up latency, not \
+             a CPU others held)",
             machine_busy * 100.0,
             MIN_MACHINE_BUSY * 100.0
         ))));
@@ -626,6 +665,31 @@ mod tests {
             "{}",
             c.line()
         );
+        // A quiet stretch before the loops (watch's incident: its history)
+        // lowers the machine's busy share over the whole recording, not
+        // while the backends waited: still raised.
+        let mut rec = fixture("pg15-noisy-neighbour-hogs-4");
+        let half = rec.procfs[rec.procfs.len() / 2].t;
+        for s in &mut rec.system {
+            if s.t < half {
+                if let (Some(u), Some(sy)) = (s.cpu_user_s, s.cpu_system_s) {
+                    s.cpu_idle_s = Some(9.0 * (u + sy));
+                }
+            }
+        }
+        for p in &mut rec.procfs {
+            if p.t < half {
+                for d in p.procs.values_mut() {
+                    d.runq_s *= 0.01;
+                }
+            }
+        }
+        let whole = crate::evidence::system::machine_cpu(&rec.system)
+            .and_then(|m| m.busy_share())
+            .unwrap();
+        assert!(whole < MIN_MACHINE_BUSY, "{whole}");
+        assert!(busy_while_waiting(&rec).unwrap() > 0.9);
+        assert!(CpuSaturation.evaluate(&rec).is_some());
         // Older recordings without the machine's CPU split, and watch's
         // cheap windows without the system collector, cannot tell whose the
         // CPUs were: the wait is measured, the verdict not measurable —

@@ -38,6 +38,22 @@ pub const ID: &str = "oom-kill-restart";
 /// bound only keeps the log's millisecond stamps from counting as one.
 pub const MIN_OUTAGE_S: f64 = 0.05;
 
+const REMEDY: &str = "Keep the server's memory under what the kernel allows, so no process is \
+                     killed: in a container or cgroup, raise its memory limit (v2 memory.max, v1 \
+                     memory.limit_in_bytes, Kubernetes limits.memory) above shared_buffers + \
+                     max_connections × work_mem-sized private memory (× hash_mem_multiplier for \
+                     hashes; maintenance_work_mem for VACUUM/CREATE INDEX) + the page cache the \
+                     queries need, or lower those settings; find the statement that grew (the \
+                     victim's query in the log's DETAIL line, log_temp_files, EXPLAIN ANALYZE). \
+                     On a dedicated host the PostgreSQL docs (\"Linux Memory Overcommit\") advise \
+                     vm.overcommit_memory=2 with vm.overcommit_ratio sized to RAM and swap, so an \
+                     allocation fails with \"out of memory\" in one session instead of a SIGKILL \
+                     that restarts all of them, and the postmaster's oom_score_adj=-1000 (systemd \
+                     OOMScoreAdjust, with PG_OOM_ADJUST_FILE=/proc/self/oom_score_adj and \
+                     PG_OOM_ADJUST_VALUE=0 for the children) so the killer never takes the \
+                     postmaster. restart_after_crash=on (the default) is what brings the server \
+                     back; every PostgreSQL version resets all sessions after any child's SIGKILL.";
+
 /// One kill and what followed it in the log.
 #[derive(Debug)]
 struct Restart<'a> {
@@ -47,15 +63,21 @@ struct Restart<'a> {
     recovery: bool,
 }
 
-fn crash_events(ev: &Evidence) -> Vec<&LogEvent> {
-    let mut e: Vec<&LogEvent> = ev.log_events.iter().filter(|e| e.kind == "crash").collect();
+fn crash_events(log: &[LogEvent]) -> Vec<&LogEvent> {
+    let mut e: Vec<&LogEvent> = log.iter().filter(|e| e.kind == "crash").collect();
     e.sort_by(|a, b| a.t.total_cmp(&b.t));
     e
 }
 
-/// Each SIGKILL of a server process in the log with what followed it.
+/// Each SIGKILL of a server process in the log the recording followed,
+/// with what followed it.
 fn restarts(ev: &Evidence) -> Vec<Restart<'_>> {
-    let events = crash_events(ev);
+    restarts_in(&ev.log_events)
+}
+
+/// The same in `log`'s events.
+fn restarts_in(log: &[LogEvent]) -> Vec<Restart<'_>> {
+    let events = crash_events(log);
     let kills: Vec<&LogEvent> = events
         .iter()
         .copied()
@@ -156,6 +178,98 @@ fn outage(ev: &Evidence, r: &[Restart]) -> (f64, bool) {
     (round3(s), open)
 }
 
+/// The server log's restarts from before the recording (`--since`): each
+/// kill's seconds to ready, summed, when every one of them came back
+/// ready in what was read.
+fn past_outage(ev: &Evidence) -> Option<(Vec<Restart<'_>>, f64)> {
+    let r = restarts_in(&ev.log_history);
+    if r.is_empty() || r.iter().any(|x| x.ready.is_none()) {
+        return None;
+    }
+    let s = r
+        .iter()
+        .filter_map(|x| Some((x.ready?.t - x.kill.t).max(0.0)))
+        .sum::<f64>();
+    Some((r, round3(s)))
+}
+
+/// When the recording's second `t` was, as a wall-clock time.
+fn wall_time(ev: &Evidence, t: f64) -> String {
+    chrono::DateTime::parse_from_rfc3339(&ev.manifest.started_at)
+        .map(|s| {
+            (s + chrono::Duration::milliseconds((t * 1000.0) as i64))
+                .format("%Y-%m-%d %H:%M:%S%:z")
+                .to_string()
+        })
+        .unwrap_or_else(|_| format!("t={t:.1} s"))
+}
+
+/// A crash restart the server log shows before the recording: raised from
+/// its logged outage (kill to ready), saying it was read, not observed.
+fn past_finding(ev: &Evidence) -> Option<Finding> {
+    let (r, outage_s) = past_outage(ev)?;
+    let first = r[0].kill;
+    let severity = if outage_s >= MIN_OUTAGE_S {
+        Severity::Critical
+    } else {
+        Severity::Info
+    };
+    let victims: Vec<serde_json::Value> = r
+        .iter()
+        .map(|x| {
+            json!({
+                "t": x.kill.t,
+                "at": wall_time(ev, x.kill.t),
+                "pid": x.kill.victim_pid,
+                "process": x.kill.process,
+                "ready_t": x.ready.map(|e| e.t),
+                "crash_recovery": x.recovery,
+            })
+        })
+        .collect();
+    Some(Finding {
+        id: ID.into(),
+        severity,
+        // Not within the recording: no share of its time.
+        impact: None,
+        title: "A server process was killed before the recording: the postmaster ended every \
+                session and ran crash recovery (read from the server log)"
+            .into(),
+        summary: format!(
+            "The server log read back at the start shows {proc} (PID {pid}) terminated by signal \
+             9 at {at}, {ago:.0} s before the recording began; the postmaster ended every other \
+             session, reinitialised shared memory{rec} and accepted connections again {outage_s:.2} \
+             s after the kill. {n} kill(s) in the log's last {since}. Read from the log, not \
+             observed: the kernel's report of the kill (the OOM killer's, or another sender's) \
+             and the sessions and work lost were not recorded.",
+            proc = first.process.as_deref().unwrap_or("a server process"),
+            pid = first.victim_pid.map_or("?".into(), |p| p.to_string()),
+            at = wall_time(ev, first.t),
+            ago = -first.t,
+            rec = if r.iter().any(|x| x.recovery) {
+                ", ran crash recovery"
+            } else {
+                ""
+            },
+            n = r.len(),
+            since = ev
+                .manifest
+                .facts
+                .get(crate::recording::schema::pgstat::FACT)
+                .and_then(|f| f["log_history"]["since_s"].as_u64())
+                .map_or("hour".into(), |s| format!("{s} s")),
+        ),
+        evidence: json!({
+            "from_log": true,
+            "kills": r.len(),
+            "kill_t": first.t,
+            "victims": victims,
+            "outage_s": outage_s,
+        }),
+        remedy: REMEDY.into(),
+    })
+}
+
 /// The headline: seconds without service after the kills (0 with none).
 fn outage_s(ev: &Evidence) -> Option<f64> {
     log_followed(ev).then(|| outage(ev, &restarts(ev)).0)
@@ -248,6 +362,14 @@ impl Rule for OomKillRestart {
                  or killed no server process): record for longer to time the restart"
             ));
         }
+        if let (true, Some((_, past))) = (r.is_empty(), past_outage(ev)) {
+            return Measure::Figure(Figure::above(
+                "seconds from a SIGKILL to ready again (before the recording, from the server log)",
+                past,
+                "s",
+                MIN_OUTAGE_S,
+            ));
+        }
         let (s, _) = outage(ev, &r);
         Measure::Figure(Figure::above(
             "seconds from a SIGKILL to ready again",
@@ -266,9 +388,14 @@ impl Rule for OomKillRestart {
             // the log the recording read: no outage to measure, so info
             // saying what to enable.
             let reports = kernel_kills(ev, &r);
-            let k = oom
+            let Some(k) = oom
                 .filter(|k| *k > 0)
-                .or_else(|| (!reports.is_empty()).then_some(reports.len() as u64))?;
+                .or_else(|| (!reports.is_empty()).then_some(reports.len() as u64))
+            else {
+                // Nothing killed within the recording: one the server log
+                // shows before it is still the news.
+                return past_finding(ev);
+            };
             let followed = log_followed(ev);
             return Some(Finding {
                 id: ID.into(),
@@ -401,22 +528,7 @@ impl Rule for OomKillRestart {
                     crate::recording::schema::system::POSTMASTER_OOM_SCORE_ADJ
                 ),
             }),
-            remedy: "Keep the server's memory under what the kernel allows, so no process is \
-                     killed: in a container or cgroup, raise its memory limit (v2 memory.max, v1 \
-                     memory.limit_in_bytes, Kubernetes limits.memory) above shared_buffers + \
-                     max_connections × work_mem-sized private memory (× hash_mem_multiplier for \
-                     hashes; maintenance_work_mem for VACUUM/CREATE INDEX) + the page cache the \
-                     queries need, or lower those settings; find the statement that grew (the \
-                     victim's query in the log's DETAIL line, log_temp_files, EXPLAIN ANALYZE). \
-                     On a dedicated host the PostgreSQL docs (\"Linux Memory Overcommit\") advise \
-                     vm.overcommit_memory=2 with vm.overcommit_ratio sized to RAM and swap, so an \
-                     allocation fails with \"out of memory\" in one session instead of a SIGKILL \
-                     that restarts all of them, and the postmaster's oom_score_adj=-1000 (systemd \
-                     OOMScoreAdjust, with PG_OOM_ADJUST_FILE=/proc/self/oom_score_adj and \
-                     PG_OOM_ADJUST_VALUE=0 for the children) so the killer never takes the \
-                     postmaster. restart_after_crash=on (the default) is what brings the server \
-                     back; every PostgreSQL version resets all sessions after any child's SIGKILL."
-                .into(),
+            remedy: REMEDY.into(),
         })
     }
 }

@@ -40,6 +40,10 @@ pub struct Context {
     pub major: Option<u32>,
     pub syscall_mechanism: Option<Mechanism>,
     pub sampling: Sampling,
+    /// Read the server log's events back this many seconds before the
+    /// start (`--since`): crash restarts, checkpoints, errors the server
+    /// wrote down before the recording. None: only from the start.
+    pub log_history_s: Option<u32>,
 }
 
 /// How often and how finely the sampling collectors look: `--procfs-hz`,
@@ -96,6 +100,7 @@ impl Context {
             major: None,
             syscall_mechanism: None,
             sampling: Sampling::default(),
+            log_history_s: None,
         }
     }
 

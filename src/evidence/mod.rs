@@ -74,6 +74,10 @@ pub struct Evidence {
     pub server: Vec<ServerSample>,
     /// Checkpoint and crash-restart lines of the server log, as recorded.
     pub log_events: Vec<LogEvent>,
+    /// The server log's events from before the recording (`--since`; in
+    /// watch's incidents also the gaps between windows), read back at the
+    /// start: what the server wrote down, not what was observed.
+    pub log_history: Vec<LogEvent>,
     /// When each recorded process was first seen (recording time, s): the
     /// `t` of its line in processes.jsonl.
     pub first_seen: std::collections::BTreeMap<u32, f64>,
@@ -181,6 +185,12 @@ impl Evidence {
             &mut cut,
             &mut notes,
         );
+        let log_history: Vec<LogEvent> = read_stream(
+            &dir,
+            crate::recording::schema::pgstat::LOG_HISTORY,
+            &mut cut,
+            &mut notes,
+        );
         let first_seen = {
             #[derive(serde::Deserialize)]
             struct Seen {
@@ -232,6 +242,7 @@ impl Evidence {
             waits,
             server,
             log_events,
+            log_history,
             first_seen,
             checkpoints,
             profile,

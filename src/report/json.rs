@@ -51,6 +51,10 @@ pub struct Report {
     pub fsync: Option<sections::fsync::FsyncSection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgstat: Option<sections::pgstat::PgstatSection>,
+    /// What the server log says happened before the recording (`--since`),
+    /// read back at its start: not observed (additive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_history: Option<sections::log_history::LogHistorySection>,
     /// Per query (pgstat's 10 Hz timeline joined with the profile, offcpu
     /// and syscalls collectors): on-/off-CPU seconds, system calls, stacks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -358,6 +362,7 @@ pub fn build(rec: &Evidence) -> Report {
         offcpu: sections::offcpu::build(rec),
         fsync: sections::fsync::build(rec),
         pgstat: sections::pgstat::build(rec),
+        log_history: sections::log_history::build(rec),
         queries: queries
             .as_ref()
             .map_or_else(Vec::new, |q| q.queries.clone()),

@@ -106,6 +106,10 @@ pub fn render(r: &Report) -> String {
     }
 
     verdict(r, &mut o);
+    if let Some(h) = &r.log_history {
+        let _ = writeln!(o);
+        o.push_str(&crate::report::sections::log_history::render(h));
+    }
 
     if let Some(w) = &r.workload {
         let _ = writeln!(

@@ -93,12 +93,22 @@ pub struct Pending {
 pub struct Incident {
     pub parts: Vec<PathBuf>,
     pub escalated: Vec<bool>,
-    /// Each part's start, seconds after the first's (monotonic clock).
+    /// Each part's start and end, seconds after the first's start
+    /// (monotonic clock).
     pub starts: Vec<f64>,
+    pub ends: Vec<f64>,
     pub trigger: Tripped,
     /// Seconds from the first part's start to the onset: the history
     /// before it.
     pub onset_s: f64,
+}
+
+impl Incident {
+    /// How many of the first parts ended before the onset: the stretch
+    /// before the incident, to compare it with.
+    pub fn before_onset(&self) -> usize {
+        self.ends.iter().take_while(|e| **e <= self.onset_s).count()
+    }
 }
 
 #[derive(Debug)]
@@ -183,6 +193,10 @@ impl Flight {
             starts: parts
                 .iter()
                 .map(|w| w.start.saturating_duration_since(first.start).as_secs_f64())
+                .collect(),
+            ends: parts
+                .iter()
+                .map(|w| w.end.saturating_duration_since(first.start).as_secs_f64())
                 .collect(),
             trigger: p.trigger,
         })
@@ -296,6 +310,8 @@ mod tests {
         assert_eq!(names, ["w1", "w2", "w3", "e"]);
         assert_eq!(inc.escalated, [false, false, false, true]);
         assert_eq!(inc.onset_s, 70.0);
+        // w1 (30–60 s) ended before the onset at 100 s; w2 (60–90) too.
+        assert_eq!(inc.before_onset(), 2);
         // The trigger stays disarmed until a window passes without it.
         assert!(!f.armed("runq-jump") && !f.armed("finding") && f.armed("d-jump"));
         f.rearm(&BTreeSet::from(["runq-jump"]));

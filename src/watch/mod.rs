@@ -34,6 +34,9 @@ use metrics::Metrics;
 /// the CPUs: without it cpu-saturation cannot decide in a cheap window.
 pub const DEFAULT_COLLECTORS: &[&str] = &["syscalls", "procfs", "pgstat", "system"];
 
+/// The stretch before an incident's onset, kept inside it.
+pub const BEFORE: &str = "before";
+
 /// Wait before trying to attach again after the server could not be reached.
 const RETRY: Duration = Duration::from_secs(5);
 
@@ -60,6 +63,8 @@ pub struct WatchOptions {
     pub escalate_s: u32,
     /// Share of one CPU escalations may use over an hour, percent (`--budget`).
     pub budget_pct: f64,
+    /// How far back the server log is read at the first window (`--since`).
+    pub since_s: u32,
 }
 
 /// Serve `/metrics` until stopped; the stop is the ordinary way out (Ok).
@@ -229,6 +234,8 @@ fn windows_in(
     // The postmaster the last window observed: another one is a restart.
     let mut last_pm: Option<u32> = None;
     let deep = deep_collectors(opts);
+    // When the last window that observed the server ended.
+    let mut observed_until: Option<std::time::Instant> = None;
     while !target.stopped() {
         n += 1;
         if let Some(pid_dsn) = &target.pid_dsn {
@@ -298,6 +305,13 @@ fn windows_in(
             show_progress: false,
             // --all tried postmaster.pid's connection itself, above.
             pid_file_connection: !opts.all,
+            // The server log since the last window observed: what it wrote
+            // while watch was attaching, or while the server was away (a
+            // crash restart's lines); `--since` before the first.
+            log_since_s: Some(match observed_until {
+                None => opts.since_s,
+                Some(t) => t.elapsed().as_secs() as u32 + 1,
+            }),
         };
         let announce = n == 1 && !opts.all;
         let mut started = std::time::Instant::now();
@@ -320,13 +334,15 @@ fn windows_in(
             if last_pm.is_some_and(|old| old != pm) {
                 triggers.reset();
                 if flight.armed("restart") {
+                    let what = format!(
+                        "the postmaster restarted (pid {} is now {pm})",
+                        last_pm.unwrap_or(0)
+                    );
+                    eprintln!("pgbelow: watch: {tag}trigger restart: {what}");
                     flight.trip(
                         trigger::Tripped {
                             id: "restart",
-                            what: format!(
-                                "the postmaster restarted (pid {} is now {pm})",
-                                last_pm.unwrap_or(0)
-                            ),
+                            what,
                         },
                         started,
                     );
@@ -345,14 +361,14 @@ fn windows_in(
                 };
                 tripped_here.insert(t.id);
                 if escalated || !flight.armed(t.id) {
-                    return false;
+                    return end_now;
                 }
                 eprintln!("pgbelow: watch: {tag}trigger {}: {}", t.id, t.what);
-                // The onset: where the trigger's recent span began.
+                // The onset: where the trigger's recent span began (in the
+                // window before, when this one began less than that ago).
                 let onset = std::time::Instant::now()
                     .checked_sub(std::time::Duration::from_secs(trigger::RECENT_S as u64))
-                    .unwrap_or(started)
-                    .max(started);
+                    .unwrap_or(started);
                 flight.trip(t, onset);
                 true
             })
@@ -384,6 +400,7 @@ fn windows_in(
                 continue;
             }
         };
+        observed_until = Some(ended);
         let ev = Evidence::load(&rec.dir)?;
         let rep = crate::report::build(&ev);
         let server_up = rec.follow_up.is_ok();
@@ -533,6 +550,26 @@ fn keep_incident(
         let ev = Evidence::load(&dest)?;
         let rep = crate::report::build(&ev);
         crate::report::write_files(&dest, &rep)?;
+        // The windows before the onset on their own: what `pgbelow compare
+        // DIR/before DIR` sets the incident against.
+        let n = inc.before_onset();
+        if n > 0 {
+            let before = dest.join(BEFORE);
+            crate::recording::splice::splice(
+                &inc.parts[..n],
+                &inc.escalated[..n],
+                Some(&inc.starts[..n]),
+                &before,
+                crate::recording::splice::Incident {
+                    trigger: format!("the {:.0} s before: {}", inc.onset_s, inc.trigger.what),
+                    trigger_id: inc.trigger.id.to_string(),
+                    onset_t: crate::round3(inc.ends[n - 1]),
+                    parts: Vec::new(),
+                },
+            )?;
+            let ev = Evidence::load(&before)?;
+            crate::report::write_files(&before, &crate::report::build(&ev))?;
+        }
         prune(keep, opts.keep_max_mb.saturating_mul(1 << 20))?;
         Ok(dest)
     })();

@@ -259,7 +259,7 @@ fn find_pid(prefix: &str) -> Option<u32> {
 
 /// The first `YYYY-MM-DD HH:MM:SS[.mmm] [ZONE]` in a prefix, else a `%n`
 /// epoch (`1732246801.123`).
-fn find_time(prefix: &str) -> Option<LogTime> {
+pub(super) fn find_time(prefix: &str) -> Option<LogTime> {
     let b = prefix.as_bytes();
     for i in 0..b.len().saturating_sub(18) {
         if let Some((naive_ms, len)) = parse_datetime(&b[i..]) {

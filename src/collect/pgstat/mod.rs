@@ -43,7 +43,7 @@ pub use tail::unfinished_start;
 
 pub use crate::recording::schema::pgstat::{
     Bgwriter, CheckpointStats, Checkpointer, LogEvent, RecoveryPrefetch, Replica, ServerSample,
-    Slru, WaitRow, WaitSample, Wal, CHECKPOINTS, FACT, SERVER, WAITS,
+    Slru, WaitRow, WaitSample, Wal, CHECKPOINTS, FACT, LOG_HISTORY, SERVER, WAITS,
 };
 
 /// How often `pg_stat_activity` is sampled for the wait profile.
@@ -51,6 +51,10 @@ pub const WAIT_HZ: f64 = 10.0;
 /// How much of an existing log is read back at start to find a checkpoint
 /// already in progress.
 const LOG_BACKLOG: u64 = 256 * 1024;
+/// …and at most this much when its history is asked for (`--since`): an
+/// hour of a busy server's log with log_checkpoints and connections
+/// logged is a few MB; the oldest events beyond are not read.
+const LOG_HISTORY_BYTES: u64 = 32 << 20;
 /// How long `finish` waits for the sampler's last query.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
@@ -87,6 +91,9 @@ pub struct PgstatCollector {
     log: Option<(LogTail, LogClock)>,
     /// Events found at start (a checkpoint under way), written at the first sample.
     backlog: Vec<LogEvent>,
+    /// The log's events from before the start (`--since`), written at the
+    /// first sample to [`LOG_HISTORY`].
+    history: Vec<LogEvent>,
     lost: bool,
 }
 
@@ -139,9 +146,23 @@ impl PgstatCollector {
             mechanism.push_str(", server log");
         }
         let mut backlog = Vec::new();
+        let mut history = Vec::new();
+        let mut history_fact = None;
         let log = log.map(|(tail, clock, lines)| {
             if let Some(open) = unfinished_start(&lines) {
                 backlog.push(clock.stamp(open, 0.0));
+            }
+            if let Some(since) = ctx.log_history_s {
+                let (events, undated) = past_events(&lines, &clock, since);
+                history_fact = Some(serde_json::json!({
+                    "since_s": since,
+                    "file": tail.path,
+                    "lines_read": lines.len(),
+                    "events": events.len(),
+                    "undated_events": undated,
+                    "oldest_line_t": oldest_line_t(&lines, &clock),
+                }));
+                history = events;
             }
             (tail, clock)
         });
@@ -175,7 +196,7 @@ impl PgstatCollector {
                 conn.backend_pid
             ));
         }
-        let fact = serde_json::json!({
+        let mut fact = serde_json::json!({
             "database": conn.database,
             "pid_namespace": pids.nested(),
             "pg_stat_statements": prepared.pgss.as_ref().map(|p| serde_json::json!({
@@ -184,6 +205,9 @@ impl PgstatCollector {
                 "own_queries": prepared.own_ids.len(),
             })),
         });
+        if let Some(h) = history_fact {
+            fact["log_history"] = h;
+        }
         let thread_shared = Arc::clone(&shared);
         let t0 = ctx.start;
         let thread = std::thread::Builder::new()
@@ -200,6 +224,7 @@ impl PgstatCollector {
             last_t: ctx.t(),
             log,
             backlog,
+            history,
             lost: false,
         })
     }
@@ -250,6 +275,9 @@ impl PgstatCollector {
         }
         for e in self.backlog.drain(..) {
             out.append(CHECKPOINTS, &e)?;
+        }
+        for e in self.history.drain(..) {
+            out.append(LOG_HISTORY, &e)?;
         }
         if let Some((tail, clock)) = &mut self.log {
             match tail.read_new() {
@@ -321,7 +349,13 @@ fn open_log(
             return None;
         }
     };
-    let (tail, lines) = match LogTail::open(&path, LOG_BACKLOG) {
+    // A few minutes of history (watch's gap between windows) fit in the
+    // usual backlog; an hour's may not.
+    let backlog = match ctx.log_history_s {
+        Some(s) if s > 300 => LOG_HISTORY_BYTES,
+        _ => LOG_BACKLOG,
+    };
+    let (tail, lines) = match LogTail::open(&path, backlog) {
         Ok(x) => x,
         Err(e) => {
             notes.push(format!(
@@ -364,6 +398,35 @@ fn open_log(
         tz_offset_s,
     };
     Some((tail, clock, lines))
+}
+
+/// The events of the log's `lines` from the last `since_s` seconds before
+/// the recording's start, on its clock (negative `t`), and how many
+/// recognised lines had no time to place them by (a log_line_prefix
+/// without %m/%t/%n: not kept).
+fn past_events(lines: &[String], clock: &LogClock, since_s: u32) -> (Vec<LogEvent>, usize) {
+    let mut undated = 0;
+    let events = lines
+        .iter()
+        .filter_map(|l| parse_log_line(l))
+        .map(|p| clock.stamp(p, 0.0))
+        .filter(|e| {
+            let dated = e.t_from == "log";
+            undated += usize::from(!dated);
+            dated && e.t < 0.0 && e.t >= -f64::from(since_s)
+        })
+        .collect();
+    (events, undated)
+}
+
+/// Recording time of the oldest line read back that carries a time: how
+/// far back the file (or what was read of it) went.
+fn oldest_line_t(lines: &[String], clock: &LogClock) -> Option<f64> {
+    // The prefix comes first: a time further in is a message's.
+    lines.iter().find_map(|l| {
+        let t = log::find_time(l.get(..48).unwrap_or(l))?;
+        clock.t_of(&t).map(crate::collect::session::round_ms)
+    })
 }
 
 /// Where the server log is, discovered read-only: the lab's path, else

@@ -11,6 +11,10 @@ pub const SERVER: &str = "pgstat_server.jsonl";
 /// Checkpoint and restartpoint events, and the postmaster's crash-restart
 /// lines, from the server log: [`LogEvent`].
 pub const CHECKPOINTS: &str = "checkpoints.jsonl";
+/// The server log's events from before the recording (`--since`), read
+/// back at its start: [`LogEvent`] rows with negative `t`. Read from the
+/// log, not observed.
+pub const LOG_HISTORY: &str = "log_history.jsonl";
 
 /// Manifest fact: `{"database", "pg_stat_statements": {"function",
 /// "time_column", "own_queries"} | null}` — the database pgbelow's own

@@ -398,6 +398,19 @@ pub fn render(r: &Report, v: &View) -> String {
     }
     let _ = writeln!(o, "</section>");
     checks(o, r);
+    if let Some(h) = &r.log_history {
+        let text = crate::report::sections::log_history::render(h);
+        let mut lines = text.lines();
+        let _ = writeln!(
+            o,
+            "<section id=\"log-history\"><h2>Before the recording</h2><p class=\"hint\">{}</p><ul>",
+            escape(lines.next().unwrap_or_default().trim_end_matches(':'))
+        );
+        for l in lines {
+            let _ = writeln!(o, "<li>{}</li>", escape(l.trim()));
+        }
+        let _ = writeln!(o, "</ul></section>");
+    }
     timeline(o, &v.panels, &|name| {
         v.absent.get(name).cloned().unwrap_or_default()
     });

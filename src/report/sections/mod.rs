@@ -5,6 +5,7 @@ pub mod clock;
 pub mod explain;
 pub mod fsync;
 pub mod lab;
+pub mod log_history;
 pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# What pgbelow costs as the server's connections grow: `watch` (default
+# window and collectors) for MINUTES, then a 60 s `record`, beside 10 active
+# connections (pgbench select-only at RATE tps) with IDLE more connections
+# held open (a second pgbench at 1 transaction a second across all of
+# them). Prints, for 10 and for 1,010 connections: watch's CPU as a share of
+# one CPU and its RSS, and record's own CPU (its manifest's pgbelow_cpu_s).
+# Usage (root): bench/watch-connections.sh [MINUTES] [PGBELOW_BINARY]
+set -euo pipefail
+minutes=${1:-3}
+bin=$(realpath "${2:-target/release/pgbelow}")
+pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+dir=$(mktemp -d /tmp/pgbelow-bench-conns-XXXXXX)
+chown postgres: "$dir"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+as_pg() { runuser -u postgres -- "$@"; }
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  as_pg "$pgbin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+ulimit -n 8192
+as_pg "$pgbin/initdb" -A trust -U postgres -D "$dir/data" >/dev/null
+as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" \
+  -o "-k $dir -p $port -c listen_addresses='' -c max_connections=1100" start >/dev/null
+pgbench -h "$dir" -p "$port" -U postgres -i -q -s 10 postgres >/dev/null 2>&1
+dsn="host=$dir port=$port user=postgres dbname=postgres"
+tick=$(getconf CLK_TCK)
+secs=$((minutes * 60))
+echo "connections watch_cpu_pct watch_rss_mib record_cpu_s record_cpu_pct"
+for idle in 0 1000; do
+  pids=()
+  pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 10 -j 2 -R "${RATE:-500}" -T $((secs + 120)) postgres >"$dir/active.out" 2>&1 &
+  pids+=($!)
+  if [ "$idle" -gt 0 ]; then
+    pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c "$idle" -j 10 -R 1 -T $((secs + 120)) postgres >"$dir/idle.out" 2>&1 &
+    pids+=($!)
+    # Every idle connection open before watch attaches.
+    for _ in $(seq 1 60); do
+      n=$(psql -h "$dir" -p "$port" -U postgres -Atc "select count(*) from pg_stat_activity where backend_type = 'client backend'" postgres 2>/dev/null || echo 0)
+      [ "$n" -ge "$idle" ] && break
+      sleep 1
+    done
+  fi
+  sleep 5
+  "$bin" watch --dsn "$dsn" --listen 127.0.0.1:0 --since 0 2>"$dir/watch.log" &
+  wpid=$!
+  sleep "$secs"
+  cpu=$(awk -v t="$tick" '{ s=$0; sub(/.*\) /, "", s); split(s, f, " "); printf "%.3f", (f[12]+f[13])/t }' "/proc/$wpid/stat")
+  rss=$(awk -v p="$(getconf PAGESIZE)" '{ printf "%.1f", $2*p/1048576 }' "/proc/$wpid/statm")
+  kill -TERM "$wpid"; wait "$wpid" 2>/dev/null || true
+  n=$(psql -h "$dir" -p "$port" -U postgres -Atc "select count(*) from pg_stat_activity where backend_type = 'client backend'" postgres)
+  "$bin" record --dsn "$dsn" --duration 60 --since 0 --format json --out "$dir/rec-$idle" >/dev/null 2>"$dir/record.log"
+  rcpu=$(python3 -c "import json; print(json.load(open('$dir/rec-$idle/manifest.json'))['pgbelow_cpu_s'])")
+  echo "$n $(python3 -c "print(round(100*$cpu/$secs, 2))") $rss $rcpu $(python3 -c "print(round(100*$rcpu/60, 2))")"
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  sleep 3
+done
