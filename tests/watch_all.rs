@@ -128,7 +128,8 @@ fn watch_all_follows_the_hosts_clusters() {
         let want = format!("pgbelow_postgres_up{{{}}} 1", labels(c, name));
         assert!(m.lines().any(|l| l == want), "no {want} in\n{m}");
         let up = series_of(&m, "pgbelow_collector_up", &data_dir(c));
-        assert_eq!(up.len(), 3, "{up:?}");
+        // The default collectors: syscalls, procfs, pgstat, system.
+        assert_eq!(up.len(), 4, "{up:?}");
         assert!(
             up.iter().all(|l| l.ends_with(" 1")),
             "{up:?}\n{}",
