@@ -256,6 +256,35 @@ impl Evidence {
         }
     }
 
+    /// For `watch`'s incident, the evidence from its onset on, loaded again:
+    /// what the rules judge, so that its history (context for the timeline,
+    /// often minutes of a healthy server) does not dilute the incident.
+    /// None for any other recording.
+    pub fn judged(&self) -> Option<Evidence> {
+        let from = self.manifest.incident.as_ref()?.onset_t;
+        Some(Evidence::load(&self.rec.dir).ok()?.since(from))
+    }
+
+    /// The time series from recording second `from` on (samples ending
+    /// then or later); summaries without a time are kept.
+    pub fn since(mut self, from: f64) -> Evidence {
+        let keep = |t: f64| t >= from;
+        self.procfs.retain(|s| keep(s.t));
+        self.system.retain(|s| keep(s.t));
+        self.cgroup.retain(|s| keep(s.t));
+        self.kernel_oom.retain(|s| keep(s.t));
+        self.waits.retain(|s| keep(s.t));
+        self.server.retain(|s| keep(s.t));
+        self.log_events.retain(|e| keep(e.t));
+        self.profile_ticks.retain(|s| keep(s.t));
+        self.rec.syscalls.retain(|s| keep(s.t));
+        self.rec.pgstat.retain(|s| keep(s.t));
+        self.rec.progress.retain(|s| keep(s.t));
+        self.checkpoints
+            .retain(|c| c.end_t.is_none_or(|e| e >= from));
+        self
+    }
+
     /// Was this collector recorded (on and not failed)?
     pub fn recorded(&self, collector: &str) -> bool {
         self.manifest

@@ -90,7 +90,7 @@ pub fn splice(
     escalated: &[bool],
     monotonic: Option<&[f64]>,
     out: &Path,
-    mut incident: Incident,
+    incident: Option<Incident>,
 ) -> Result<()> {
     anyhow::ensure!(!parts.is_empty(), "nothing to splice");
     let manifests: Vec<Manifest> = parts
@@ -98,6 +98,7 @@ pub fn splice(
         .map(|p| manifest_of(p))
         .collect::<Result<_>>()?;
     let t0 = started(&manifests[0])?;
+    let mut incident = incident;
     let mut offsets: Vec<f64> = manifests
         .iter()
         .map(|m| Ok((started(m)? - t0).num_milliseconds() as f64 / 1000.0))
@@ -168,8 +169,18 @@ pub fn splice(
             }
             w.flush()?;
         } else if name == OUTSIDE_FILE {
+            // An incident's: the walks of the windows from its onset on
+            // (what its rules judge), unless none reaches it.
+            let onset = incident.as_ref().map_or(f64::NEG_INFINITY, |i| i.onset_t);
+            let ends = |i: usize| offsets[i] + manifests[i].duration_s.unwrap_or(0.0);
+            let after: Vec<usize> = have.iter().copied().filter(|i| ends(*i) > onset).collect();
+            let have = if after.is_empty() {
+                have.clone()
+            } else {
+                after
+            };
             let mut all: Vec<(usize, OutsideCpu)> = Vec::new();
-            for &i in have {
+            for &i in &have {
                 let text = std::fs::read_to_string(parts[i].join(name))?;
                 if let Ok(o) = serde_json::from_str::<OutsideCpu>(&text) {
                     all.push((i, o));
@@ -195,12 +206,12 @@ pub fn splice(
     let mut m = manifests[0].clone();
     let mut collectors: Vec<super::CollectorInfo> = Vec::new();
     let mut end = 0.0f64;
-    incident.parts.clear();
+    let mut parts_info = Vec::new();
     for (i, pm) in manifests.iter().enumerate() {
         let t_start = offsets[i];
         let t_end = t_start + pm.duration_s.unwrap_or(0.0);
         end = end.max(t_end);
-        incident.parts.push(Part {
+        parts_info.push(Part {
             t_start: round3(t_start),
             t_end: round3(t_end),
             collectors: pm
@@ -242,7 +253,10 @@ pub fn splice(
         .last()
         .map(|l| l.postgres.clone())
         .unwrap_or_default();
-    m.incident = Some(incident);
+    m.incident = incident.take().map(|mut i| {
+        i.parts = parts_info;
+        i
+    });
     std::fs::write(
         tmp.path().join(super::files::MANIFEST),
         serde_json::to_vec_pretty(&m)?,
@@ -351,7 +365,7 @@ mod tests {
             &[false, true],
             None,
             &out,
-            incident,
+            Some(incident),
         )
         .unwrap();
         let (pa, pb, po) = (
@@ -373,21 +387,34 @@ mod tests {
         let inc = m.incident.unwrap();
         assert_eq!(inc.parts.len(), 2);
         assert_eq!((inc.parts[1].t_start, inc.parts[1].escalated), (16.5, true));
-        // The outside processes' CPU of both walks, the busy loops on top.
-        let o: OutsideCpu =
-            serde_json::from_slice(&std::fs::read(out.join(OUTSIDE_FILE)).unwrap()).unwrap();
-        let sum = |d: &Path| {
+        // The outside processes' CPU from the onset (16 s): the second
+        // window's walk, the busy loops on top.
+        let outside = |d: &Path| {
             serde_json::from_slice::<OutsideCpu>(&std::fs::read(d.join(OUTSIDE_FILE)).unwrap())
                 .unwrap()
-                .cpu_s
         };
-        assert!((o.cpu_s - (sum(&a) + sum(&b))).abs() < 0.01, "{o:?}");
+        let o = outside(&out);
+        assert!((o.cpu_s - outside(&b).cpu_s).abs() < 0.01, "{o:?}");
         assert!(
             o.top.iter().filter(|p| p.comm == "pgbelow-hog").count() == 4,
             "{o:?}"
         );
         let ev = crate::evidence::Evidence::load(&out).unwrap();
         assert_eq!(ev.procfs.len(), po.len());
+        // The rules judge it from the onset: the second window's samples.
+        let judged = ev.judged().unwrap();
+        assert_eq!(judged.procfs.len(), pb.len());
+        assert!(judged.system.iter().all(|s| s.t >= 16.0));
+        // Not an incident: both walks added up, judged as a whole.
+        let whole = tmp.path().join("whole");
+        splice(&[a.clone(), b.clone()], &[false, false], None, &whole, None).unwrap();
+        let o = outside(&whole);
+        assert!(
+            (o.cpu_s - (outside(&a).cpu_s + outside(&b).cpu_s)).abs() < 0.01,
+            "{o:?}"
+        );
+        let ev = crate::evidence::Evidence::load(&whole).unwrap();
+        assert!(ev.manifest.incident.is_none() && ev.judged().is_none());
         // Nothing of the work left beside it.
         let left: Vec<_> = std::fs::read_dir(tmp.path())
             .unwrap()
@@ -411,7 +438,7 @@ mod tests {
             &[false, false],
             Some(&[100.0, 116.5]),
             &out,
-            Incident::default(),
+            Some(Incident::default()),
         )
         .unwrap();
         assert_eq!(
@@ -429,7 +456,7 @@ mod tests {
             &[false, false],
             Some(&[100.0, 116.5]),
             &out2,
-            Incident::default(),
+            Some(Incident::default()),
         )
         .unwrap();
         assert_eq!(
@@ -458,7 +485,14 @@ mod tests {
         std::fs::write(a.join("profile.folded"), &real).unwrap();
         std::fs::write(b.join("profile.folded"), &real).unwrap();
         let out = tmp.path().join("o");
-        splice(&[a, b], &[false, false], None, &out, Incident::default()).unwrap();
+        splice(
+            &[a, b],
+            &[false, false],
+            None,
+            &out,
+            Some(Incident::default()),
+        )
+        .unwrap();
         let total = |s: &str| -> u64 {
             s.lines()
                 .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
@@ -479,7 +513,7 @@ mod tests {
             &[false],
             None,
             &out,
-            Incident::default()
+            Some(Incident::default())
         )
         .is_err());
         assert!(!out.exists());

@@ -245,7 +245,9 @@ fn by_node(
 /// Analyse a loaded recording and build its report.
 pub fn build(rec: &Evidence) -> Report {
     let m = &rec.manifest;
-    let (checks, findings) = analyse::diagnose(rec);
+    // An incident is judged from its onset; its history is the timeline's.
+    let judged = rec.judged();
+    let (checks, findings) = analyse::diagnose(judged.as_ref().unwrap_or(rec));
     let stmts = statements(rec);
     let span = rec.syscall_span();
     let queries = sections::queries::build(rec);

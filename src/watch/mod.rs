@@ -545,7 +545,7 @@ fn keep_incident(
             &inc.escalated,
             Some(&inc.starts),
             &dest,
-            incident,
+            Some(incident),
         )?;
         let ev = Evidence::load(&dest)?;
         let rep = crate::report::build(&ev);
@@ -560,12 +560,7 @@ fn keep_incident(
                 &inc.escalated[..n],
                 Some(&inc.starts[..n]),
                 &before,
-                crate::recording::splice::Incident {
-                    trigger: format!("the {:.0} s before: {}", inc.onset_s, inc.trigger.what),
-                    trigger_id: inc.trigger.id.to_string(),
-                    onset_t: crate::round3(inc.ends[n - 1]),
-                    parts: Vec::new(),
-                },
+                None,
             )?;
             let ev = Evidence::load(&before)?;
             crate::report::write_files(&before, &crate::report::build(&ev))?;
