@@ -431,38 +431,27 @@ mod tests {
     fn a_clock_jump_between_windows_is_not_an_hour_of_gap() {
         let tmp = tempfile::tempdir().unwrap();
         let (a, b) = quiet_then_hogs(tmp.path(), "2026-11-26T00:05:16.500Z");
-        let out = tmp.path().join("o");
-        let parts = [a.clone(), b.clone()];
-        splice(
-            &parts,
-            &[false, false],
-            Some(&[100.0, 116.5]),
-            &out,
-            Some(Incident::default()),
-        )
-        .unwrap();
-        assert_eq!(
-            manifest_of(&out).unwrap().incident.unwrap().parts[1].t_start,
-            16.5
-        );
+        // The second window's start in the joined recording, the monotonic
+        // starts 16.5 s apart.
+        let second_start = |parts: &[PathBuf], out: &Path| {
+            let mono = [100.0, 116.5];
+            splice(
+                parts,
+                &[false, false],
+                Some(&mono),
+                out,
+                Some(Incident::default()),
+            )
+            .unwrap();
+            manifest_of(out).unwrap().incident.unwrap().parts[1].t_start
+        };
+        assert_eq!(second_start(&[a.clone(), b], &tmp.path().join("o")), 16.5);
         let b2 = copy_at(
             "pg15-noisy-neighbour-hogs-4",
             &tmp.path().join("b2"),
             "2026-11-25T23:05:17.400Z",
         );
-        let out2 = tmp.path().join("o2");
-        splice(
-            &[a, b2],
-            &[false, false],
-            Some(&[100.0, 116.5]),
-            &out2,
-            Some(Incident::default()),
-        )
-        .unwrap();
-        assert_eq!(
-            manifest_of(&out2).unwrap().incident.unwrap().parts[1].t_start,
-            17.4
-        );
+        assert_eq!(second_start(&[a, b2], &tmp.path().join("o2")), 17.4);
     }
 
     // A folded file two windows wrote is one set of stacks, counts summed.
