@@ -1385,9 +1385,6 @@ fn disk_read_latency_found_attached() {
 /// 85,000 setitimer calls on the pgbench query; 19 s alone, 27-33 s beside
 /// the clock case.
 #[test]
-#[ignore = "on this machine the container's processes are not found under its postmaster \
-            (processes.jsonl lists the postmaster alone), so pgbelow's own session counts as a \
-            user backend; fails the same at f0fc24c: an open defect, run by hand"]
 fn timer_syscalls_found_in_a_container() {
     if common::skipped_unless_root("needs root (namespaces, a chroot, a cgroup)") {
         return;

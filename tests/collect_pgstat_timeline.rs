@@ -297,9 +297,6 @@ fn check(major: u32) {
 }
 
 #[test]
-#[ignore = "on this machine PostgreSQL 10's postgres database counts 110-140 more commits than \
-            pgbench made (pgbelow's own not all subtracted), failing the same at f0fc24c: an open \
-            defect, run by hand"]
 fn server_timeline_of_pg10_and_15_with_pg_stat_statements() {
     for major in [10, 15] {
         check(major);

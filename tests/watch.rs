@@ -561,6 +561,19 @@ fn watch_survives_a_server_restart() {
 /// in it, and the watching goes on.
 #[test]
 fn a_full_keep_is_said_and_watching_goes_on() {
+    unwritable_keep("size=64k", "No space left on device", false);
+}
+
+/// A read-only `--keep` (a tmpfs mounted ro): said when watch starts and
+/// again when an incident cannot be kept, in /metrics too; watching goes on.
+#[test]
+fn a_read_only_keep_is_said_and_watching_goes_on() {
+    unwritable_keep("ro,size=1m", "Read-only file system", true);
+}
+
+/// watch with `--keep` on a tmpfs mounted with `mount_opts`; a restart's
+/// incident cannot be kept there, for `why` (the errno's words).
+fn unwritable_keep(mount_opts: &str, why: &str, said_at_start: bool) {
     if common::skipped_unless_root("mounts a tmpfs") {
         return;
     }
@@ -574,7 +587,7 @@ fn a_full_keep_is_said_and_watching_goes_on() {
         }
     }
     assert!(Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64k", "pgbelow-test-full"])
+        .args(["-t", "tmpfs", "-o", mount_opts, "pgbelow-test-keep"])
         .arg(keep.path())
         .status()
         .unwrap()
@@ -591,16 +604,26 @@ fn a_full_keep_is_said_and_watching_goes_on() {
     w.wait_for(60, "a window", |m| {
         sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= 1.0
     });
+    let log = w.log();
+    assert_eq!(
+        log.lines()
+            .any(|l| l.contains("cannot be written") && l.contains(why)),
+        said_at_start,
+        "{log}"
+    );
     // A restart trips the restart trigger: an incident to keep.
     c.stop();
     c.restart_stopped(&[]);
-    let m = w.wait_for(90, "the keep error", |m| m.contains("pgbelow_keep_error{"));
+    w.wait_for(120, "the incident not kept", |_| {
+        w.log().contains("incident not kept in")
+    });
+    let m = w.wait_for(30, "the keep error", |m| m.contains("pgbelow_keep_error{"));
     let err = m
         .lines()
         .find(|l| l.starts_with("pgbelow_keep_error{"))
         .unwrap()
         .to_string();
-    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains(why), "{err}");
     let n = sample(&m, "pgbelow_windows_total").unwrap();
     w.wait_for(60, "windows after the error", |m| {
         sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= n + 2.0
@@ -608,7 +631,7 @@ fn a_full_keep_is_said_and_watching_goes_on() {
     let log = w.log();
     assert!(
         log.lines()
-            .any(|l| l.contains("incident not kept in") && l.contains("No space left")),
+            .any(|l| l.contains("incident not kept in") && l.contains(why)),
         "{log}"
     );
     w.stop();
@@ -1128,4 +1151,57 @@ fn w_log(dir: &Path) -> String {
         .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
         .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
         .collect()
+}
+
+/// The flight recorder runs all the time, so a `record` will often have a
+/// `watch` beside it on the same server: the watch's session (application
+/// "pgbelow") is an observer in the record, as the record's own is, not a
+/// user's backend — in the process table and in the wait profile.
+#[test]
+fn a_watch_beside_a_record_is_an_observer_there() {
+    // (Not exclusive: `record` takes that lock itself.)
+    let logs = tempfile::tempdir().unwrap();
+    let c = UserCluster::start(&[], &[]);
+    let w = Watch::start(&c, 60, logs.path(), &["--collectors", "pgstat"]);
+    let t0 = Instant::now();
+    let watch_pid: u32 = loop {
+        let pid = c.psql(
+            "postgres",
+            "select pid from pg_stat_activity where application_name = 'pgbelow'",
+        );
+        if let Ok(pid) = pid.trim().parse() {
+            break pid;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "watch's session never showed: {}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    common::record(&c, &out, 4, "procfs,pgstat");
+    w.stop();
+    let rows = |file: &str| -> Vec<Value> {
+        std::fs::read_to_string(out.join(file))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let processes = rows("processes.jsonl");
+    let last = processes
+        .iter()
+        .rfind(|p| p["pid"] == watch_pid)
+        .unwrap_or_else(|| panic!("watch's backend {watch_pid} not recorded: {processes:?}"));
+    assert_eq!(last["role"], "observer", "{processes:?}");
+    let waits = rows(pgbelow::recording::schema::pgstat::WAITS);
+    let theirs: Vec<&Value> = waits
+        .iter()
+        .flat_map(|w| w["rows"].as_array().into_iter().flatten())
+        .filter(|r| r["application_name"] == "pgbelow")
+        .collect();
+    assert!(!theirs.is_empty(), "watch's session not sampled: {waits:?}");
+    assert!(theirs.iter().all(|r| r["role"] == "observer"), "{theirs:?}");
 }

@@ -64,6 +64,11 @@ pub trait Collector {
     fn observer_pid(&self) -> Option<u32> {
         None
     }
+    /// Backends of other pgbelow processes observing the same server (a
+    /// `watch` beside a `record`), seen so far: observers too, not users.
+    fn other_observers(&self) -> Vec<u32> {
+        Vec::new()
+    }
     /// Stop measuring: called on every collector at the recording's end
     /// before any `finish`, so that one collector's slow end work (the
     /// profile's symbols) does not stretch another's last interval.

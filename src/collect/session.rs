@@ -100,14 +100,40 @@ impl Session {
     pub fn tick(&mut self) -> Result<()> {
         let t = self.t();
         let mut seen = Vec::new();
+        let mut others = Vec::new();
         for (c, cost) in &mut self.collectors {
             let c0 = thread_cpu_s();
             c.sample(t, &mut self.writer)?;
             seen.extend(c.pids_seen());
+            others.extend(c.other_observers());
             *cost += thread_cpu_s() - c0;
         }
         self.discover(&seen)?;
+        self.mark_other_observers(&others)?;
         self.writer.flush()
+    }
+
+    /// Give another pgbelow's backends (a watch beside this record) the
+    /// role "observer" from now on, and write their row again with it (the
+    /// last row of a pid in processes.jsonl is its role).
+    fn mark_other_observers(&mut self, others: &[u32]) -> Result<()> {
+        if others.is_empty() {
+            return Ok(());
+        }
+        let t = self.t();
+        let mut table = self
+            .ctx
+            .processes
+            .write()
+            .map_err(|_| anyhow::anyhow!("process table poisoned"))?;
+        for pid in others {
+            if let Some(p) = table.get_mut(pid).filter(|p| p.role == Role::Backend) {
+                p.role = Role::Observer;
+                self.writer
+                    .append(files::PROCESSES, &Stamped { t, p: &*p })?;
+            }
+        }
+        Ok(())
     }
 
     /// Record every live process of the cluster not yet known, and give

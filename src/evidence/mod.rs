@@ -199,10 +199,13 @@ impl Evidence {
             }
             // Lines already counted when the processes were loaded.
             let mut ignored = (0, Vec::new());
-            read_stream::<Seen>(&dir, files::PROCESSES, &mut ignored.0, &mut ignored.1)
-                .into_iter()
-                .map(|s| (s.pid, s.t))
-                .collect()
+            // A pid's later lines change its role (another pgbelow's
+            // session found out), not when it was first seen.
+            let mut first = std::collections::BTreeMap::new();
+            for s in read_stream::<Seen>(&dir, files::PROCESSES, &mut ignored.0, &mut ignored.1) {
+                first.entry(s.pid).or_insert(s.t);
+            }
+            first
         };
         let checkpoints = checkpoints::combine(
             pgstat::pair_checkpoints(&log_events),

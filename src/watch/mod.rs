@@ -91,6 +91,9 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
         server.server_addr(),
         opts.window_s
     );
+    // A --keep that exists but cannot be written (read-only, full) is said
+    // now and in /metrics; watching goes on, and each incident tries again.
+    let mut keep_error = None;
     if let Some(k) = &opts.keep {
         std::fs::create_dir_all(k).map_err(|e| {
             fixable(
@@ -98,6 +101,14 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
                 "pass --keep with a writable directory",
             )
         })?;
+        if let Err(e) = tempfile::tempfile_in(k) {
+            let msg = one_line(&format!("{e}"));
+            eprintln!(
+                "pgbelow: watch: --keep {} cannot be written ({msg}): incidents are not kept until it can be",
+                k.display()
+            );
+            keep_error = Some(msg);
+        }
     }
     // The scratch directory holds the windows and the history, apart from
     // --keep (a full --keep must not stop the watching); its name carries
@@ -114,6 +125,7 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
         })
     } else {
         let metrics = Arc::new(Mutex::new(Metrics::new(&opts.collectors)));
+        lock(&metrics).keep_error = keep_error;
         let m = Arc::clone(&metrics);
         let stop = AtomicBool::new(false);
         serving(
@@ -472,6 +484,9 @@ fn windows_in(
             Some(_) => keep_incident(opts, flight, metrics, target),
             None => {}
         }
+        if escalated {
+            release_freed_memory();
+        }
         let (held_s, held_bytes) = {
             flight.prune(std::time::Instant::now());
             flight.held()
@@ -480,6 +495,17 @@ fn windows_in(
         lock(metrics).flight(held_s, held_bytes, left);
     }
     Ok(())
+}
+
+/// Hand the heap an escalated window and its incident freed back to the
+/// system: the profile's symbols and the splice are tens of MB that glibc
+/// would otherwise keep mapped for the next escalation, hours away.
+fn release_freed_memory() {
+    // SAFETY: malloc_trim only returns free heap pages; no pointer is touched.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// The deep collectors escalation adds, less those the user already runs

@@ -261,13 +261,22 @@ impl ServerConn {
                 let visible: bool = r.get(6);
                 let state: Option<String> = r.get(2);
                 let pid: i32 = r.get(5);
+                let application_name: String = r.get(1);
+                // Another pgbelow's session (a watch beside this record):
+                // an observer, as this one's own.
+                let role =
+                    if application_name == OWN_APPLICATION && backend_type == "client backend" {
+                        crate::procinfo::Role::Observer
+                    } else {
+                        role_of_backend_type(&backend_type)
+                    };
                 ActivityRow {
                     pid: pid as u32,
                     query_id: r.get(7),
                     text: r.get::<_, Option<String>>(8).filter(|_| visible),
-                    role: role_of_backend_type(&backend_type),
+                    role,
                     backend_type,
-                    application_name: r.get(1),
+                    application_name,
                     state: if visible {
                         state
                     } else {
@@ -344,3 +353,5 @@ pub struct PgssSource {
 /// Marks pgbelow's own sampling statements so that pg_stat_statements'
 /// entries for them can be found (comments are kept in its query texts).
 pub const OWN_MARK: &str = "pgbelow-observer";
+/// The application_name every pgbelow connection sets.
+pub const OWN_APPLICATION: &str = "pgbelow";

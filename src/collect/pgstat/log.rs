@@ -23,7 +23,9 @@ pub struct LogLine {
 }
 
 /// Parse one server-log line; `None` unless it is a checkpoint/restartpoint
-/// line or one of the postmaster's crash-restart lines ([`parse_crash_line`]).
+/// line, one of the postmaster's crash-restart lines ([`parse_crash_line`]),
+/// a shared-memory or parallel-worker error, or a replication connection's
+/// start or end ([`parse_replication_line`]).
 /// The returned event's `t` is 0 and `t_from` empty: [`LogClock`] places it
 /// on the recording's clock.
 pub fn parse_log_line(line: &str) -> Option<LogLine> {
@@ -43,7 +45,8 @@ pub fn parse_log_line(line: &str) -> Option<LogLine> {
     .find_map(|(needle, kind, phase)| line.find(needle).map(|i| (i, *kind, *phase))) else {
         return parse_crash_line(line)
             .or_else(|| parse_dsm_line(line))
-            .or_else(|| parse_worker_exit(line));
+            .or_else(|| parse_worker_exit(line))
+            .or_else(|| parse_replication_line(line));
     };
     let prefix = &line[..at];
     // The severity ("LOG:  ") ends the prefix; a server in another language
@@ -170,6 +173,71 @@ fn parse_dsm_line(line: &str) -> Option<LogLine> {
             pid: find_pid(prefix),
             segment: Some(segment.to_string()),
             bytes,
+            ..LogEvent::default()
+        },
+    })
+}
+
+/// A replication connection starting or breaking (walreceiver.c,
+/// libpqwalreceiver.c, walsender.c; PostgreSQL 10–18, untranslated), as
+/// `kind` "replication" with its `phase`:
+/// - `streaming`: "started streaming WAL from primary at …" (standby);
+/// - `receiver-timeout`: "terminating walreceiver due to timeout" (the
+///   standby heard nothing for wal_receiver_timeout);
+/// - `sender-timeout`: "terminating walsender process due to replication
+///   timeout" (the primary heard nothing for wal_sender_timeout);
+/// - `lost`: "could not receive data from WAL stream" (standby) or
+///   "unexpected EOF on standby connection" (primary);
+/// - `ended`: "replication terminated by primary server" (the primary
+///   ended the stream: its shutdown, a promotion);
+/// - `connect-failed`: "could not connect to the primary server".
+///
+/// `process` says whose log line it is: `walreceiver` (the standby's) or
+/// `walsender` (the primary's).
+/// A walreceiver stopped by its own server's shutdown ("due to
+/// administrator command") is not a disconnect and is not returned.
+fn parse_replication_line(line: &str) -> Option<LogLine> {
+    const RECEIVER: &str = "walreceiver";
+    const SENDER: &str = "walsender";
+    let (at, phase, side) = [
+        (
+            "started streaming WAL from primary at ",
+            "streaming",
+            RECEIVER,
+        ),
+        (
+            "terminating walreceiver due to timeout",
+            "receiver-timeout",
+            RECEIVER,
+        ),
+        (
+            "terminating walsender process due to replication timeout",
+            "sender-timeout",
+            SENDER,
+        ),
+        ("could not receive data from WAL stream", "lost", RECEIVER),
+        ("unexpected EOF on standby connection", "lost", SENDER),
+        (
+            "replication terminated by primary server",
+            "ended",
+            RECEIVER,
+        ),
+        (
+            "could not connect to the primary server",
+            "connect-failed",
+            RECEIVER,
+        ),
+    ]
+    .iter()
+    .find_map(|(needle, phase, side)| line.find(needle).map(|i| (i, *phase, *side)))?;
+    let (_, prefix) = message_start(line, at);
+    Some(LogLine {
+        time: find_time(prefix),
+        event: LogEvent {
+            kind: "replication".into(),
+            phase: phase.into(),
+            pid: find_pid(prefix),
+            process: Some(side.into()),
             ..LogEvent::default()
         },
     })

@@ -36,7 +36,7 @@ use crate::recording::{files, CollectorInfo, Writer};
 use sql::{ActivityRow, Prepared, WaitAcc};
 use tail::LogTail;
 
-pub use conn::{PgssSource, ServerConn, OWN_MARK};
+pub use conn::{PgssSource, ServerConn, OWN_APPLICATION, OWN_MARK};
 pub use log::{parse_complete, parse_log_line, LogClock, LogLine, LogTime};
 pub use sql::{activity_sql, counters_sql, role_of_backend_type, server_sql};
 pub use tail::unfinished_start;
@@ -69,6 +69,8 @@ struct Pending {
     server: Vec<ServerSample>,
     pgstat: Vec<PgstatSample>,
     error: Option<String>,
+    /// Host pids of other pgbelow sessions seen ([`Collector::other_observers`]).
+    observers: std::collections::BTreeSet<u32>,
 }
 
 struct Shared {
@@ -535,6 +537,11 @@ fn sampler(
                         .map(ActivityRow::seen)
                         .collect();
                     if let Ok(mut g) = shared.pending.lock() {
+                        g.observers.extend(
+                            rows.iter()
+                                .filter(|r| r.role == crate::procinfo::Role::Observer)
+                                .map(|r| r.pid),
+                        );
                         g.timeline.add(seen);
                         g.waits.add(rows);
                     }
@@ -622,6 +629,14 @@ impl Collector for PgstatCollector {
             cpu_s: 0.0,
             bpf_run_s: None,
         }
+    }
+
+    fn other_observers(&self) -> Vec<u32> {
+        self.shared
+            .pending
+            .lock()
+            .map(|g| g.observers.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     fn observer_pid(&self) -> Option<u32> {

@@ -212,12 +212,15 @@ pub struct LogEvent {
     /// Recording time of the line (negative: before the recording began).
     pub t: f64,
     /// `checkpoint`, `restartpoint`, `too-frequent` (the "checkpoints are
-    /// occurring too frequently" warning), `crash`, `dsm`, or `worker`
-    /// (`exited`: a parallel worker that ended with an error).
+    /// occurring too frequently" warning), `crash`, `dsm`, `worker`
+    /// (`exited`: a parallel worker that ended with an error), or
+    /// `replication` (a replication connection starting or breaking).
     pub kind: String,
     /// `start`, `complete`, or `warning`; for `crash`: `killed` (a child
     /// ended by a signal), `terminating`, `reinitializing`, `recovery`,
-    /// `ready` (accepting connections again).
+    /// `ready` (accepting connections again); for `replication`:
+    /// `streaming`, `receiver-timeout`, `sender-timeout`, `lost`, `ended`,
+    /// `connect-failed`.
     pub phase: String,
     /// Where `t` came from: `log` (the line's timestamp) or `read` (when
     /// pgbelow read the line, ±1 s: the log_line_prefix has no time).

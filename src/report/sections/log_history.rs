@@ -1,7 +1,7 @@
 //! Before the recording: what the server log says happened in the `--since`
 //! before it (crash restarts, checkpoints and their timings, the
 //! "too frequently" warning, shared-memory errors, parallel workers that
-//! failed), read back at the start. Shown first: the recording's own
+//! failed, replication connections that broke), read back at the start. Shown first: the recording's own
 //! timeline follows it. Read from the log, not observed.
 use serde::{Deserialize, Serialize};
 
@@ -49,7 +49,7 @@ pub fn build(ev: &Evidence) -> Option<LogHistorySection> {
 }
 
 /// The events in words, one line per kill and per kind (events oldest first).
-fn build_lines(events: &[LogEvent]) -> Vec<String> {
+pub fn build_lines(events: &[LogEvent]) -> Vec<String> {
     let mut lines = Vec::new();
     // Crash restarts: each kill with its time to ready.
     let crash: Vec<&LogEvent> = events.iter().filter(|e| e.kind == "crash").collect();
@@ -125,6 +125,92 @@ fn build_lines(events: &[LogEvent]) -> Vec<String> {
     let workers = count("worker");
     if workers > 0 {
         lines.push(format!("{workers} parallel worker(s) exited with an error"));
+    }
+    lines.extend(replication_lines(events));
+    lines
+}
+
+/// Replication connections that broke: how, how often, and (on a
+/// standby) how long until it streamed again.
+fn replication_lines(events: &[LogEvent]) -> Vec<String> {
+    let rep: Vec<&LogEvent> = events.iter().filter(|e| e.kind == "replication").collect();
+    let n = |phase: &str, side: &str| {
+        rep.iter()
+            .filter(|e| e.phase == phase && e.process.as_deref() == Some(side))
+            .count()
+    };
+    let mut lines = Vec::new();
+    let how: Vec<String> = [
+        (
+            "receiver-timeout",
+            "walreceiver",
+            "timed out (wal_receiver_timeout)",
+        ),
+        ("lost", "walreceiver", "lost the connection"),
+        ("ended", "walreceiver", "ended by the primary"),
+    ]
+    .iter()
+    .filter_map(|(phase, side, what)| {
+        let k = n(phase, side);
+        (k > 0).then(|| format!("{k} {what}"))
+    })
+    .collect();
+    if !how.is_empty() {
+        // From the first disconnect of a run to the next "started
+        // streaming": how long the standby received nothing.
+        let (mut down_since, mut outages) = (None::<f64>, Vec::new());
+        for e in rep
+            .iter()
+            .filter(|e| e.process.as_deref() == Some("walreceiver"))
+        {
+            match e.phase.as_str() {
+                "streaming" => {
+                    if let Some(s) = down_since.take() {
+                        outages.push((e.t - s, s));
+                    }
+                }
+                "receiver-timeout" | "lost" | "ended" => {
+                    down_since.get_or_insert(e.t);
+                }
+                _ => {}
+            }
+        }
+        let longest = outages.iter().max_by(|a, b| a.0.total_cmp(&b.0));
+        lines.push(format!(
+            "the standby's replication connection broke: {}{}{}",
+            how.join(", "),
+            match n("connect-failed", "walreceiver") {
+                0 => String::new(),
+                k => format!("; {k} failed attempt(s) to connect again"),
+            },
+            match (longest, down_since) {
+                (_, Some(s)) => format!("; not streaming again in what was read ({})", fmt_t(s)),
+                (Some((d, s)), None) => format!(
+                    "; streaming again after at most {d:.1} s (the break {})",
+                    fmt_t(*s)
+                ),
+                (None, None) => String::new(),
+            }
+        ));
+    }
+    let sender = n("sender-timeout", "walsender");
+    let eof = n("lost", "walsender");
+    if sender + eof > 0 {
+        lines.push(format!(
+            "a standby's connection broke on this primary: {}",
+            [
+                (
+                    sender,
+                    "walsender timeout(s) (wal_sender_timeout: the standby silent)"
+                ),
+                (eof, "unexpected EOF(s) on the standby connection"),
+            ]
+            .iter()
+            .filter(|(k, _)| *k > 0)
+            .map(|(k, w)| format!("{k} {w}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+        ));
     }
     lines
 }
