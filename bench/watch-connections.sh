@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # What pgbelow costs as the server's connections grow: `watch` (default
 # window and collectors) for MINUTES, then a 60 s `record`, beside 10 active
-# connections (pgbench select-only at RATE tps) with IDLE more connections
-# held open (a second pgbench at 1 transaction a second across all of
-# them). Prints, for 10 and for 1,010 connections: watch's CPU as a share of
-# one CPU and its RSS, and record's own CPU (its manifest's pgbelow_cpu_s).
+# connections (pgbench select-only at RATE tps) with 1,000 more connections
+# held open (a second pgbench whose clients each select once every 30 s).
+# Prints, for 10 and for 1,010 connections: watch's CPU as a share of one
+# CPU and its RSS, and record's own CPU (its manifest's pgbelow_cpu_s).
 # Usage (root): bench/watch-connections.sh [MINUTES] [PGBELOW_BINARY]
 set -euo pipefail
 minutes=${1:-3}
@@ -35,7 +35,11 @@ for idle in 0 1000; do
   pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 10 -j 2 -R "${RATE:-500}" -T $((secs + 120)) postgres >"$dir/active.out" 2>&1 &
   pids+=($!)
   if [ "$idle" -gt 0 ]; then
-    pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c "$idle" -j 10 -R 1 -T $((secs + 120)) postgres >"$dir/idle.out" 2>&1 &
+    # Each idle connection sleeps 30 s between two selects (an
+    # application's pool): pgbench -R cannot hold them, a client whose
+    # next scheduled transaction falls after -T ends at once.
+    printf '\\sleep 30 s\nselect 1;\n' >"$dir/idle.sql"
+    pgbench -h "$dir" -p "$port" -U postgres -n -f "$dir/idle.sql" -c "$idle" -j 10 -T $((secs + 120)) postgres >"$dir/idle.out" 2>&1 &
     pids+=($!)
     # Every idle connection open before watch attaches.
     for _ in $(seq 1 60); do

@@ -183,9 +183,15 @@ impl Counters {
 
     /// Read the counters of `pid`; `None` if it has exited.
     pub fn read(pid: u32, ticks_per_s: u64) -> Option<Counters> {
+        let sched = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok();
+        Counters::read_with(pid, ticks_per_s, sched.as_deref())
+    }
+
+    /// [`Counters::read`] with `schedstat`'s text already read.
+    pub fn read_with(pid: u32, ticks_per_s: u64, schedstat: Option<&str>) -> Option<Counters> {
         let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).ok();
         let stat = parse::parse_stat(&read("stat")?)?;
-        let sched = read("schedstat").and_then(|s| parse::parse_schedstat(&s));
+        let sched = schedstat.and_then(parse::parse_schedstat);
         let io = read("io").and_then(|s| parse::parse_io(&s));
         let parse::Status { ctxt, mem } = read("status")
             .map(|s| parse::parse_status(&s))
