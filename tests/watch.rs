@@ -1159,10 +1159,12 @@ fn w_log(dir: &Path) -> String {
 /// user's backend — in the process table and in the wait profile.
 #[test]
 fn a_watch_beside_a_record_is_an_observer_there() {
-    // (Not exclusive: `record` takes that lock itself.)
+    // (Not exclusive: `record` takes that lock itself, and may wait for
+    // the other watch tests; one window for all of it keeps the watch's
+    // session, and its pid, the same.)
     let logs = tempfile::tempdir().unwrap();
     let c = UserCluster::start(&[], &[]);
-    let w = Watch::start(&c, 60, logs.path(), &["--collectors", "pgstat"]);
+    let w = Watch::start(&c, 3600, logs.path(), &["--collectors", "pgstat"]);
     let t0 = Instant::now();
     let watch_pid: u32 = loop {
         let pid = c.psql(

@@ -188,7 +188,7 @@ fn attempt(
     let mut cfg = postgres::Config::new();
     cfg.user(&spec.user);
     cfg.dbname(&spec.dbname);
-    cfg.application_name("pgbelow");
+    cfg.application_name(super::APPLICATION_NAME);
     let opts = match &spec.options {
         Some(o) => format!("{o} {options}"),
         None => options.to_string(),

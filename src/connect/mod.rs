@@ -25,6 +25,9 @@ pub use tls::Verify;
 
 /// Where libpq looks when no host is given: Debian's socket directory, then
 /// the upstream default.
+/// The application_name every pgbelow connection sets (also how one
+/// pgbelow tells another's session from a user's).
+pub const APPLICATION_NAME: &str = "pgbelow";
 pub const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 /// The socket directory libpq's password file lookup calls `localhost`
 /// (libpq compares with its compiled-in default, Debian's).

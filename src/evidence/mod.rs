@@ -56,7 +56,7 @@ pub struct Profile {
 }
 
 /// Everything a recording measured, read once.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Evidence {
     /// Manifest, processes, syscall counts, server counters, pgbench's
     /// progress and summary.
@@ -259,13 +259,13 @@ impl Evidence {
         }
     }
 
-    /// For `watch`'s incident, the evidence from its onset on, loaded again:
-    /// what the rules judge, so that its history (context for the timeline,
-    /// often minutes of a healthy server) does not dilute the incident.
-    /// None for any other recording.
+    /// For `watch`'s incident, the evidence from its onset on: what the
+    /// rules judge, so that its history (context for the timeline, often
+    /// minutes of a healthy server) does not dilute the incident. None for
+    /// any other recording.
     pub fn judged(&self) -> Option<Evidence> {
         let from = self.manifest.incident.as_ref()?.onset_t;
-        Some(Evidence::load(&self.rec.dir).ok()?.since(from))
+        Some(self.clone().since(from))
     }
 
     /// The time series from recording second `from` on (samples ending

@@ -139,7 +139,7 @@ pub struct DatabaseXacts {
     pub rollbacks: u64,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Loaded {
     pub dir: PathBuf,
     pub manifest: Manifest,

@@ -264,12 +264,13 @@ impl ServerConn {
                 let application_name: String = r.get(1);
                 // Another pgbelow's session (a watch beside this record):
                 // an observer, as this one's own.
-                let role =
-                    if application_name == OWN_APPLICATION && backend_type == "client backend" {
-                        crate::procinfo::Role::Observer
-                    } else {
-                        role_of_backend_type(&backend_type)
-                    };
+                let role = if application_name == crate::connect::APPLICATION_NAME
+                    && backend_type == "client backend"
+                {
+                    crate::procinfo::Role::Observer
+                } else {
+                    role_of_backend_type(&backend_type)
+                };
                 ActivityRow {
                     pid: pid as u32,
                     query_id: r.get(7),
@@ -353,5 +354,3 @@ pub struct PgssSource {
 /// Marks pgbelow's own sampling statements so that pg_stat_statements'
 /// entries for them can be found (comments are kept in its query texts).
 pub const OWN_MARK: &str = "pgbelow-observer";
-/// The application_name every pgbelow connection sets.
-pub const OWN_APPLICATION: &str = "pgbelow";

@@ -36,7 +36,7 @@ use crate::recording::{files, CollectorInfo, Writer};
 use sql::{ActivityRow, Prepared, WaitAcc};
 use tail::LogTail;
 
-pub use conn::{PgssSource, ServerConn, OWN_APPLICATION, OWN_MARK};
+pub use conn::{PgssSource, ServerConn, OWN_MARK};
 pub use log::{parse_complete, parse_log_line, LogClock, LogLine, LogTime};
 pub use sql::{activity_sql, counters_sql, role_of_backend_type, server_sql};
 pub use tail::unfinished_start;

@@ -241,18 +241,21 @@ impl Sampler {
     }
 
     fn observe_at(&mut self, pid: u32, now: Instant) -> Option<Observation> {
-        let schedstat = match self.read(pid, Which::Schedstat) {
-            Ok(n) => self.buf[..n].to_vec(),
+        let sched_len = match self.read(pid, Which::Schedstat) {
+            Ok(n) => n,
             Err(e) if gone(&e) => return None,
             // Not this kernel's (no CONFIG_SCHED_INFO): every file, always.
-            Err(_) => Vec::new(),
+            Err(_) => 0,
         };
         let role = self.procs.get(&pid)?.role;
-        if let Some(c) = self.procs.get(&pid)?.cache.as_ref().filter(|c| {
-            !schedstat.is_empty()
-                && c.schedstat == schedstat
-                && !matches!(c.state, 'R' | 'Z' | 'X' | 'x')
-        }) {
+        // (Only sleeping states are cached: R and Z return before it.)
+        if let Some(c) = self
+            .procs
+            .get(&pid)?
+            .cache
+            .as_ref()
+            .filter(|c| sched_len > 0 && c.schedstat == self.buf[..sched_len])
+        {
             return Some(Observation {
                 pid,
                 role,
@@ -262,6 +265,7 @@ impl Sampler {
                 stack: c.stack.clone(),
             });
         }
+        let schedstat = self.buf[..sched_len].to_vec();
         let n = self.read(pid, Which::Stat).ok()?;
         let state = parse_stat_state(text(&self.buf, n))?;
         let mut o = Observation {
