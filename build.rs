@@ -13,7 +13,7 @@ fn main() {
         "aarch64" => ("arm64", "aarch64-linux-gnu"),
         _ => ("x86", "x86_64-linux-gnu"),
     };
-    for name in ["syscount", "offcpu", "fsynclat"] {
+    for name in ["syscount", "offcpu", "fsynclat", "ran"] {
         build(&out, name, bpf_arch, multiarch);
     }
     println!("cargo:rerun-if-changed=src/bpf/tracked.h");

@@ -196,13 +196,69 @@ pub fn have_children_files() -> bool {
 /// The child processes (tgids) of process `pid`, from the children files of
 /// each of its threads.
 pub fn children(pid: u32) -> Vec<u32> {
+    children_of(pid).unwrap_or_default()
+}
+
+/// [`children`], or None when the process is gone.
+fn children_of(pid: u32) -> Option<Vec<u32>> {
+    let tids = threads(pid);
+    if tids.is_empty() {
+        return None;
+    }
     let mut out = Vec::new();
-    for tid in threads(pid) {
+    for tid in tids {
         if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
             out.extend(parse_children(&text));
         }
     }
-    out
+    Some(out)
+}
+
+/// Grow `live` (pid → parent: `roots` and descendants found so far) by
+/// the processes forked since the last call, reading the children of only
+/// the processes `may_have_forked` names (a process that has not forked
+/// has no new child) and of those found now; processes found gone are
+/// dropped. Returns the pids added. Needs children files
+/// ([`have_children_files`]); [`subtree`] walks everything.
+pub fn grow_subtree(
+    roots: &[u32],
+    live: &mut BTreeMap<u32, u32>,
+    mut may_have_forked: impl FnMut(u32) -> bool,
+) -> Vec<u32> {
+    let mut queue: Vec<u32> = Vec::new();
+    let mut added = Vec::new();
+    for &r in roots {
+        if let std::collections::btree_map::Entry::Vacant(e) = live.entry(r) {
+            e.insert(read_ppid(r).unwrap_or(0));
+            queue.push(r);
+            added.push(r);
+        }
+    }
+    queue.extend(
+        live.keys()
+            .copied()
+            .filter(|p| !queue.contains(p))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter(|&p| may_have_forked(p)),
+    );
+    while let Some(pid) = queue.pop() {
+        match children_of(pid) {
+            None => {
+                live.remove(&pid);
+            }
+            Some(kids) => {
+                for child in kids {
+                    if live.insert(child, pid).is_none() {
+                        added.push(child);
+                        queue.push(child);
+                    }
+                }
+            }
+        }
+    }
+    added.sort_unstable();
+    added
 }
 
 pub fn parse_children(text: &str) -> impl Iterator<Item = u32> + '_ {

@@ -508,3 +508,99 @@ fn render_a_recording() {
     }
     println!("{text}");
 }
+
+/// `bash` blocked reading its stdin, which on a line runs `then`.
+fn waiting_bash(then: &str) -> Kid {
+    Kid(Command::new("bash")
+        .args(["-c", &format!("read x; {then}")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn bash"))
+}
+
+fn go(kid: &mut Kid) {
+    use std::io::Write;
+    let stdin = kid.0.stdin.as_mut().expect("piped stdin");
+    stdin.write_all(b"go\n").expect("write to the child");
+    stdin.flush().expect("flush");
+}
+
+/// The kernel's word (eBPF on sched_switch and fork) on which processes ran
+/// or forked: a sleeping process costs the sampler no read, one that starts
+/// to run is seen running within a round or two, and the walk for new
+/// processes finds a child forked by a process it was told forked.
+#[test]
+fn the_kernel_says_which_processes_ran_and_forked() {
+    if !is_root() {
+        eprintln!("skipped: eBPF needs root");
+        return;
+    }
+    use pgbelow::collect::ran::{Ran, Reader};
+    let mut spinner = waiting_bash("while :; do :; done");
+    let mut forker = waiting_bash("sleep 30 & wait");
+    wait_blocked(spinner.pid(), "");
+    wait_blocked(forker.pid(), "");
+    let ran =
+        std::sync::Arc::new(Ran::start(&[spinner.pid(), forker.pid()]).expect("load ran.bpf.c"));
+    let mut s = Sampler::new(false);
+    s.set_ran(Some(ran.clone()));
+    s.set_pids(&[(spinner.pid(), Role::Backend)]);
+    let mut obs = Vec::new();
+    s.round(&mut obs);
+    assert_eq!(obs[0].state, 'S', "{obs:?}");
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(20));
+        obs.clear();
+        s.round(&mut obs);
+        assert_eq!(obs[0].state, 'S', "{obs:?}");
+    }
+    // Blocked in read the whole time: at most one look read its files
+    // (bash may still have been settling into the read at the first).
+    assert!(s.unread >= 4, "unread {} of 5 rounds", s.unread);
+    go(&mut spinner);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut looks = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        obs.clear();
+        s.round(&mut obs);
+        looks += 1;
+        if obs[0].state == 'R' {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never seen running: {obs:?} after {looks} looks"
+        );
+    }
+    assert!(looks <= 3, "seen running only after {looks} rounds");
+    // Still running at every round after (on a CPU or runnable since).
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(ran.ran(Reader::Counters, spinner.pid()));
+    }
+
+    // The walk: after one full look, nothing new until the forker forks.
+    let mut live = BTreeMap::new();
+    let first = pgbelow::procinfo::grow_subtree(&[forker.pid()], &mut live, |p| ran.forked(p));
+    assert_eq!(first, vec![forker.pid()], "{live:?}");
+    let none = pgbelow::procinfo::grow_subtree(&[forker.pid()], &mut live, |p| ran.forked(p));
+    assert!(none.is_empty(), "{none:?}");
+    go(&mut forker);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let child = loop {
+        let added = pgbelow::procinfo::grow_subtree(&[forker.pid()], &mut live, |p| ran.forked(p));
+        if let Some(&c) = added.first() {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the forked child was never found"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(live.get(&child), Some(&forker.pid()), "{live:?}");
+    let cmd = std::fs::read_to_string(format!("/proc/{child}/cmdline")).unwrap_or_default();
+    assert!(cmd.starts_with("sleep"), "child {child}: {cmd:?}");
+}

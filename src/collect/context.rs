@@ -44,6 +44,10 @@ pub struct Context {
     /// start (`--since`): crash restarts, checkpoints, errors the server
     /// wrote down before the recording. None: only from the start.
     pub log_history_s: Option<u32>,
+    /// Which processes ran or forked since a reader last looked, from the
+    /// kernel; None without BPF (each reader then checks schedstat).
+    /// Started by the session, shared by the /proc readers.
+    pub ran: Option<std::sync::Arc<super::ran::Ran>>,
 }
 
 /// How often and how finely the sampling collectors look: `--procfs-hz`,
@@ -101,6 +105,7 @@ impl Context {
             syscall_mechanism: None,
             sampling: Sampling::default(),
             log_history_s: None,
+            ran: None,
         }
     }
 

@@ -24,17 +24,7 @@ use crate::recording::{CollectorInfo, Writer};
 
 pub use crate::recording::schema::fsync::{Calls, Summary, BUCKETS, FILE};
 
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    dead_code,
-    unused_imports,
-    non_camel_case_types,
-    unsafe_op_in_unsafe_fn
-)]
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/fsynclat.skel.rs"));
-}
+crate::collect::bpf_skel!("fsynclat.skel.rs");
 use skel::{types, FsynclatSkel, FsynclatSkelBuilder};
 
 pub const NAME: &str = "fsync";

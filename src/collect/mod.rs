@@ -1,6 +1,25 @@
 //! Collectors: one module per source of evidence, behind [`Collector`].
 //! A [`session::Session`] drives them on one clock and writes the recording.
 
+/// `mod skel`: the libbpf-rs skeleton build.rs generated into OUT_DIR, with
+/// the lints its generated code trips allowed.
+macro_rules! bpf_skel {
+    ($file:literal) => {
+        #[allow(
+            clippy::all,
+            clippy::pedantic,
+            dead_code,
+            unused_imports,
+            non_camel_case_types,
+            unsafe_op_in_unsafe_fn
+        )]
+        mod skel {
+            include!(concat!(env!("OUT_DIR"), "/", $file));
+        }
+    };
+}
+pub(crate) use bpf_skel;
+
 pub mod cgroup;
 
 /// A file under tests/fixtures/proc, recorded on a real machine.
@@ -25,6 +44,7 @@ pub mod procfs;
 pub mod profile;
 pub mod queries;
 pub mod querytext;
+pub mod ran;
 pub mod session;
 pub mod sockdiag;
 pub mod syscalls;
@@ -140,14 +160,18 @@ pub fn preflight(names: &[String], attached: bool) -> Result<()> {
 /// Start the collector called `name`. Each collector module adds its arm.
 pub fn start(name: &str, ctx: &Context) -> Result<Box<dyn Collector>> {
     match name {
-        "syscalls" => Ok(Box::new(syscalls::SyscallCollector::start(
-            &ctx.roots(),
-            ctx.syscall_mechanism,
-            ctx.sampling
-                .syscalls_budget_pct
-                .unwrap_or(syscalls::duty::DEFAULT_BUDGET_PCT)
-                / 100.0,
-        )?)),
+        "syscalls" => {
+            let mut c = syscalls::SyscallCollector::start(
+                &ctx.roots(),
+                ctx.syscall_mechanism,
+                ctx.sampling
+                    .syscalls_budget_pct
+                    .unwrap_or(syscalls::duty::DEFAULT_BUDGET_PCT)
+                    / 100.0,
+            )?;
+            c.set_ran(ctx.ran.clone());
+            Ok(Box::new(c))
+        }
         "procfs" => Ok(Box::new(procfs::ProcfsCollector::start(ctx)?)),
         "system" => Ok(Box::new(system::SystemCollector::start(ctx)?)),
         "profile" => Ok(Box::new(profile::ProfileCollector::start(ctx)?)),

@@ -1,6 +1,7 @@
 //! A recording session: starts the selected collectors on one postmaster,
 //! samples them on one clock, names every process it sees, and closes the
 //! recording with each collector's cost and pgbelow's own CPU time.
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -18,6 +19,9 @@ pub struct Session {
     collectors: Vec<(Box<dyn Collector>, f64)>,
     /// Collectors that could not start: recorded, and the run goes on.
     failed: Vec<CollectorInfo>,
+    /// Each postmaster's live tree as last walked (pid → parent), when the
+    /// kernel tells which processes forked ([`Context::ran`]).
+    live: BTreeMap<u32, BTreeMap<u32, u32>>,
 }
 
 impl Session {
@@ -27,11 +31,28 @@ impl Session {
     /// collector could start at all.
     pub fn start(
         dir: PathBuf,
-        manifest: Manifest,
-        ctx: Context,
+        mut manifest: Manifest,
+        mut ctx: Context,
         names: &[String],
         extra: Vec<Box<dyn Collector>>,
     ) -> Result<Session> {
+        // Before the collectors, which share it, and before the first walk,
+        // so that no fork after the walk goes unseen.
+        let change = if ctx.ran.is_some() {
+            serde_json::json!(super::ran::MECHANISM)
+        } else {
+            match super::ran::Ran::start(&ctx.roots()) {
+                Ok(r) => {
+                    ctx.ran = Some(std::sync::Arc::new(r));
+                    serde_json::json!(super::ran::MECHANISM)
+                }
+                Err(e) => serde_json::json!({
+                    "unavailable": format!("{e:#}"),
+                    "instead": "each /proc reader compares a process's schedstat with its last look",
+                }),
+            }
+        };
+        manifest.facts.insert(super::ran::FACT.to_string(), change);
         let mut collectors: Vec<(Box<dyn Collector>, f64)> = Vec::new();
         let mut failed = Vec::new();
         let mut first_error = None;
@@ -65,6 +86,7 @@ impl Session {
             cpu_start: process_cpu_s(),
             collectors,
             failed,
+            live: BTreeMap::new(),
         };
         for (c, _) in &s.collectors {
             s.writer.manifest.facts.extend(c.facts());
@@ -155,7 +177,20 @@ impl Session {
         let just_forked =
             |p: &ProcessInfo| p.role == Role::Other && postmaster_titles.contains(&p.title);
         for node in &nodes {
-            for &pid in procinfo::subtree(&[node.pid]).keys() {
+            let tree: Vec<u32> = match &self.ctx.ran {
+                Some(ran) if procinfo::have_children_files() => {
+                    let live = self.live.entry(node.pid).or_default();
+                    procinfo::grow_subtree(&[node.pid], live, |p| ran.forked(p));
+                    // Not only those added now: one not yet named (just
+                    // forked, below) is tried again.
+                    live.keys()
+                        .copied()
+                        .filter(|p| !known.contains(p))
+                        .collect()
+                }
+                _ => procinfo::subtree(&[node.pid]).into_keys().collect(),
+            };
+            for pid in tree {
                 if !known.contains(&pid) && !new.iter().any(|p| p.pid == pid) {
                     if let Some(mut p) = procinfo::describe(pid, node.pid) {
                         if just_forked(&p) {

@@ -12,17 +12,7 @@ use libbpf_rs::{MapCore, MapFlags, OpenObject};
 
 use crate::collect::tracked;
 
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    dead_code,
-    unused_imports,
-    non_camel_case_types,
-    unsafe_op_in_unsafe_fn
-)]
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/offcpu.skel.rs"));
-}
+crate::collect::bpf_skel!("offcpu.skel.rs");
 pub use skel::OffcpuSkel;
 use skel::{types, OffcpuSkelBuilder};
 

@@ -24,6 +24,7 @@ use anyhow::Result;
 pub use aggregate::{CounterDeltas, Counters, Interval, MemRow, ProcDelta, ProcfsSample, StateRow};
 pub use sampler::{Observation, Sampler, Stack, StackProblem};
 
+use super::ran::Reader;
 use super::{Collector, Context};
 use crate::error::fixable;
 use crate::procinfo::Role;
@@ -132,6 +133,7 @@ impl Drop for ProcfsCollector {
 fn run(ctx: Context, hz: f64, read_stacks: bool, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let period = Duration::from_secs_f64(1.0 / hz);
     let mut sampler = Sampler::new(read_stacks);
+    sampler.set_ran(ctx.ran.clone());
     let mut obs = Vec::new();
     let mut next = Instant::now();
     let mut table_read: Option<Instant> = None;
@@ -200,13 +202,23 @@ impl Collector for ProcfsCollector {
             self.stack_problem()
                 .map(|p| format!("{} (fix: {})", p.what, p.fix))
         };
+        // The kernel's run time of ran.bpf.c (it serves other readers too),
+        // when BPF statistics are on.
+        let run = self.ctx.ran.as_ref().map(|r| r.run_time());
         CollectorInfo {
             name: "procfs".into(),
-            mechanism: "procfs".into(),
+            mechanism: if self.ctx.ran.is_some() {
+                "procfs; processes that did not run skipped (eBPF sched_switch)"
+            } else {
+                "procfs"
+            }
+            .into(),
             status: if reason.is_some() { "degraded" } else { "ok" }.into(),
             reason,
             cpu_s: 0.0,
-            bpf_run_s: None,
+            bpf_run_s: run
+                .filter(|r| r.1 > 0)
+                .map(|r| (r.0 as f64 / 1e9 * 1e6).round() / 1e6),
         }
     }
 
@@ -218,13 +230,24 @@ impl Collector for ProcfsCollector {
         // A process that has not run since the last interval (schedstat
         // unchanged: its run time and timeslices) has the same counters:
         // one read instead of four (an idle connection of 1,000).
+        // With the kernel's word that it did not run, not even that read.
         let mut now: BTreeMap<u32, Counters> = BTreeMap::new();
         let mut schedstats = BTreeMap::new();
+        let mut last = std::mem::take(&mut self.last_schedstat);
         for pid in self.ctx.pids() {
+            let not_run = self
+                .ctx
+                .ran
+                .as_ref()
+                .is_some_and(|r| !r.ran(Reader::Counters, pid));
+            if let Some(kept) = not_run.then(|| last.remove(&pid)).flatten() {
+                now.insert(pid, kept.1);
+                schedstats.insert(pid, kept);
+                continue;
+            }
             let sched = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok();
             let same = sched.as_ref().and_then(|s| {
-                self.last_schedstat
-                    .get(&pid)
+                last.get(&pid)
                     .filter(|(last, _)| last == s)
                     .map(|(_, c)| *c)
             });

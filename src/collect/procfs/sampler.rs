@@ -18,7 +18,9 @@
 //!   its last observation stands, for one read instead of two to four. An
 //!   idle connection costs one small read per round (a server with 1,000
 //!   of them: see docs/collectors/procfs.md). A process woken but not yet
-//!   run keeps its last (sleeping) state until it runs.
+//!   run keeps its last (sleeping) state until it runs;
+//! - when the kernel says which processes ran ([`Ran`], eBPF on
+//!   sched_switch), a process that has not run costs no read at all.
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, ErrorKind};
@@ -27,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::parse::{self, parse_stack, parse_stat_state, parse_syscall, parse_wchan};
+use crate::collect::ran::{Ran, Reader};
 use crate::collect::syscalls::syscall_name;
 use crate::procinfo::Role;
 
@@ -157,6 +160,11 @@ pub struct Sampler {
     pub stack_reads: u64,
     /// Set when reading a stack failed for lack of permission.
     pub stack_problem: Option<StackProblem>,
+    /// The kernel's word on which processes ran since the last round.
+    ran: Option<Arc<Ran>>,
+    /// Observations that stood without a file read (the kernel said the
+    /// process had not run), for the cost record and tests.
+    pub unread: u64,
 }
 
 impl Sampler {
@@ -170,7 +178,15 @@ impl Sampler {
             buf: vec![0; 16 * 1024],
             stack_reads: 0,
             stack_problem: None,
+            ran: None,
+            unread: 0,
         }
+    }
+
+    /// Skip, without reading a file, a process the kernel says has not run
+    /// since its last look (its cached observation stands).
+    pub fn set_ran(&mut self, ran: Option<Arc<Ran>>) {
+        self.ran = ran;
     }
 
     pub fn reads_stacks(&self) -> bool {
@@ -241,6 +257,26 @@ impl Sampler {
     }
 
     fn observe_at(&mut self, pid: u32, now: Instant) -> Option<Observation> {
+        // Asked (and its bit cleared) before any file is read: a run after
+        // this is seen next round.
+        let not_run = self
+            .ran
+            .as_ref()
+            .is_some_and(|r| !r.ran(Reader::Sampler, pid));
+        if not_run {
+            let p = self.procs.get(&pid)?;
+            if let Some(c) = &p.cache {
+                self.unread += 1;
+                return Some(Observation {
+                    pid,
+                    role: p.role,
+                    state: c.state,
+                    wchan: c.wchan.clone(),
+                    syscall: c.syscall.clone(),
+                    stack: c.stack.clone(),
+                });
+            }
+        }
         let sched_len = match self.read(pid, Which::Schedstat) {
             Ok(n) => n,
             Err(e) if gone(&e) => return None,

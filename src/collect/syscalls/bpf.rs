@@ -15,17 +15,7 @@ use super::CountSnapshot;
 use crate::collect::syscalls::duty::DutyCycle;
 use crate::collect::tracked;
 
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    dead_code,
-    unused_imports,
-    non_camel_case_types,
-    unsafe_op_in_unsafe_fn
-)]
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/syscount.skel.rs"));
-}
+crate::collect::bpf_skel!("syscount.skel.rs");
 use skel::{types, SyscountSkel, SyscountSkelBuilder};
 
 const PROC_EXITED: u32 = 1;
@@ -148,6 +138,12 @@ pub(super) struct Ebpf {
     buf: Vec<u8>,
     /// Holds the kernel's BPF run-time statistics on while it lives.
     stats: Option<std::os::fd::OwnedFd>,
+    /// The kernel's word on which processes ran since the last read: one
+    /// that did not made no system call, and its counts of the last read
+    /// stand (no lookup of its 4 KiB of counts).
+    pub(super) ran: Option<std::sync::Arc<crate::collect::ran::Ran>>,
+    /// Each live process's (parent, counts) at the last read.
+    last_live: BTreeMap<u32, (u32, BTreeMap<u32, u64>)>,
 }
 
 impl Ebpf {
@@ -179,6 +175,8 @@ impl Ebpf {
             overflows_seen: 0,
             buf: vec![0; value_size],
             stats: crate::collect::offcpu::bpf::enable_stats_if_asked(),
+            ran: None,
+            last_live: BTreeMap::new(),
             duty: None,
             // SAFETY: sysconf has no preconditions.
             cpus: unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize,
@@ -282,6 +280,14 @@ impl Ebpf {
         let mut gone = Vec::new();
         let mut missing = Vec::new();
         for &tgid in &self.keys {
+            let not_run = self
+                .ran
+                .as_ref()
+                .is_some_and(|r| !r.ran(crate::collect::ran::Reader::Syscalls, tgid));
+            if let Some(kept) = not_run.then(|| self.last_live.remove(&tgid)).flatten() {
+                live.insert(tgid, kept);
+                continue;
+            }
             let found = self
                 .skel
                 .maps
@@ -332,10 +338,11 @@ impl Ebpf {
             snap.counts.insert(*tgid, counts.clone());
         }
         // A live process may reuse the pid of a retired one: counts add up.
-        for (tgid, (parent, counts)) in live {
-            snap.parents.insert(tgid, parent);
-            merge(snap.counts.entry(tgid).or_default(), &counts);
+        for (tgid, (parent, counts)) in &live {
+            snap.parents.insert(*tgid, *parent);
+            merge(snap.counts.entry(*tgid).or_default(), counts);
         }
+        self.last_live = live;
         snap.dropped = self.bss.dropped();
         snap.lost_children = self.bss.lost_children();
         Ok(snap)

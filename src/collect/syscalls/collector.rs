@@ -42,6 +42,11 @@ impl SyscallCollector {
         })
     }
 
+    /// See [`SyscallCounter::set_ran`].
+    pub fn set_ran(&mut self, ran: Option<std::sync::Arc<crate::collect::ran::Ran>>) {
+        self.counter.set_ran(ran);
+    }
+
     /// The counted share of this interval (None: all of it), and the duty
     /// for the next one from the busiest CPU's rate in this one.
     fn duty_step(&mut self, dt: f64) -> Option<f64> {

@@ -141,6 +141,14 @@ impl SyscallCounter {
     }
 
     /// Cheap: reads the maps. Called once a second.
+    /// Skip reading the counts of a process the kernel says has not run
+    /// since the last read (eBPF counting only).
+    pub fn set_ran(&mut self, ran: Option<std::sync::Arc<crate::collect::ran::Ran>>) {
+        if let Backend::Ebpf(b) = &mut self.backend {
+            b.ran = ran;
+        }
+    }
+
     pub fn read(&mut self) -> anyhow::Result<CountSnapshot> {
         match &mut self.backend {
             Backend::Ebpf(b) => b.read(),

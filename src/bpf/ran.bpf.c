@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: GPL-2.0
+// Which of a tracked set of processes (the roots userspace names and all
+// their descendants) ran, and which forked, since userspace last looked:
+// one bit per tgid, set here, tested and cleared by userspace through the
+// mmap'ed .bss. With it, pgbelow's /proc readers skip a process that has
+// not been on a CPU since their last look (its state, stack and counters
+// cannot have changed) without reading a file of it: a server with 1,000
+// idle connections costs them the few processes that ran, not 1,000 reads
+// per round (docs/collectors/procfs.md).
+//
+// Bits, each an array of one bit per tgid as tracked.h's:
+// - ran_bits[c]: set when a thread of the process is switched in or out,
+//   one array per reader `c` (each clears its own);
+// - oncpu_bits: set while a thread of the process is on a CPU (cleared when
+//   it is switched out), so that a process running since before a reader
+//   cleared its bit, and still running, counts as having run;
+// - forked_bits: set when a thread of the process forks a tracked child.
+// A process "ran since the last look" iff its ran bit was set or its oncpu
+// bit is set: on a CPU at the clear and switched out since sets ran; on a
+// CPU since sets oncpu; switched in since sets ran.
+//
+// Cost per context switch on the machine: two bit tests for untracked
+// tasks; for a tracked one, a few bit tests and an atomic OR only for a
+// bit not yet set (measured: docs/collectors/procfs.md).
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "tracked.h"
+
+struct task_struct {
+	int pid;
+	int tgid;
+} __attribute__((preserve_access_index));
+
+#define PGBELOW_FOLLOW_NO_PROGRAMS
+#include "follow.h"
+
+// Readers: the state sampler, the per-second counters, the syscall counts
+// (Reader in src/collect/ran.rs).
+#define READERS 3
+
+__u64 ran_bits[READERS][BITMAP_WORDS];
+__u64 oncpu_bits[BITMAP_WORDS];
+__u64 forked_bits[BITMAP_WORDS];
+
+static __always_inline void set_bit_once(__u64 *word, __u64 bit)
+{
+	// A plain read first: the word's cache line is written only when the
+	// bit changes, not at every switch of a busy process.
+	if (!(*word & bit))
+		__sync_fetch_and_or(word, bit);
+}
+
+static __always_inline void mark_ran(__u32 w, __u64 bit)
+{
+	set_bit_once(&ran_bits[0][w], bit);
+	set_bit_once(&ran_bits[1][w], bit);
+	set_bit_once(&ran_bits[2][w], bit);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	__u32 p = prev->tgid;
+	__u32 n = next->tgid;
+	if (is_tracked(p)) {
+		__u32 w = (p / 64) & (BITMAP_WORDS - 1);
+		__u64 bit = 1ULL << (p & 63);
+		mark_ran(w, bit);
+		// Another thread of the same process may be on another CPU; a
+		// process that is mostly single-threaded (PostgreSQL's) loses
+		// nothing by clearing it here, and the ran bit is set anyway.
+		if (oncpu_bits[w] & bit)
+			__sync_fetch_and_and(&oncpu_bits[w], ~bit);
+	}
+	if (is_tracked(n)) {
+		__u32 w = (n / 64) & (BITMAP_WORDS - 1);
+		__u64 bit = 1ULL << (n & 63);
+		mark_ran(w, bit);
+		set_bit_once(&oncpu_bits[w], bit);
+	}
+	return 0;
+}
+
+SEC("raw_tp/sched_process_fork")
+int on_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *parent = (struct task_struct *)ctx->args[0];
+	__u32 tgid = BPF_CORE_READ(parent, tgid);
+	if (!is_tracked(tgid))
+		return 0;
+	follow_fork(ctx);
+	set_bit_once(&forked_bits[(tgid / 64) & (BITMAP_WORDS - 1)], 1ULL << (tgid & 63));
+	return 0;
+}
+
+SEC("raw_tp/sched_process_exit")
+int on_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	follow_exit();
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

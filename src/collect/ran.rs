@@ -1,0 +1,200 @@
+//! Which of the cluster's processes ran, or forked, since a reader last
+//! looked, from the kernel (src/bpf/ran.bpf.c): one bit per process, set at
+//! each context switch and fork of a tracked process, tested and cleared
+//! here. The readers (the procfs state sampler and per-second counters, the
+//! eBPF syscall counts) use it to skip a process that has not been on a CPU
+//! since their last look without reading anything of it, and the session's
+//! walk for new processes reads the children of only those that forked:
+//! with 1,000 idle connections, a round reads the few processes that ran.
+//!
+//! Optional: without BPF (no privileges, no BTF) every reader falls back to
+//! its own check (schedstat unchanged), and says so in the recording.
+use std::os::fd::{AsFd, AsRawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::{Context as _, Result};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+
+use super::offcpu::bpf::prog_stats;
+use super::syscalls::counter::bpf::ObjectSlot;
+use super::tracked;
+
+crate::collect::bpf_skel!("ran.skel.rs");
+use skel::{types, RanSkel, RanSkelBuilder};
+
+/// Each reader has its own bits: one clearing them does not hide a run
+/// from another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reader {
+    /// The procfs state sampler (every round).
+    Sampler = 0,
+    /// The procfs per-second counters.
+    Counters = 1,
+    /// The eBPF syscall counts (a process that did not run made none).
+    Syscalls = 2,
+}
+
+/// Readers (rows of `ran_bits` in src/bpf/ran.bpf.c).
+const READERS: usize = 3;
+
+/// The manifest fact naming how /proc readers tell a process that did not
+/// run.
+pub const FACT: &str = "procfs.change_detection";
+
+pub const MECHANISM: &str =
+    "eBPF on tp_btf/sched_switch and the fork/exit raw tracepoints: one bit per process that ran or forked since the last look";
+
+/// Words of each bitmap (BITMAP_WORDS of src/bpf/tracked.h).
+const BITMAP_WORDS: usize = 65536;
+
+pub struct Ran {
+    /// Owns the object, maps and links: dropping it detaches everything.
+    skel: RanSkel<'static>,
+    bss: NonNull<types::bss>,
+    /// Must stay after `skel` (drop order), see [`ObjectSlot`].
+    _slot: ObjectSlot,
+}
+
+impl std::fmt::Debug for Ran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ran")
+    }
+}
+
+// SAFETY: the .bss mapping lives as long as the skeleton that owns it and is
+// only accessed with atomic operations; the skeleton itself is only used to
+// read program statistics (through descriptors, which are thread-safe).
+unsafe impl Send for Ran {}
+// SAFETY: as above: every access through `&Ran` is atomic or a syscall.
+unsafe impl Sync for Ran {}
+
+impl Ran {
+    /// Load and attach, tracking `roots` and their descendants.
+    pub fn start(roots: &[u32]) -> Result<Ran> {
+        // Checked first: libbpf would print its own lines on EPERM.
+        super::need_bpf("skipping processes that did not run")?;
+        let mut slot = ObjectSlot::new();
+        // SAFETY: called once; the skeleton is stored next to the slot and
+        // dropped first (or, on error, here before `slot`).
+        let storage = unsafe { slot.borrow_static() };
+        let open = RanSkelBuilder::default()
+            .open(storage)
+            .context("opening the ran-since BPF object")?;
+        let mut skel = open.load().context("loading the ran-since BPF programs")?;
+        let bss = skel
+            .maps
+            .bss_data
+            .as_deref_mut()
+            .map(NonNull::from)
+            .context("the BPF .bss section is not mmap'ed")?;
+        let mut me = Ran {
+            skel,
+            bss,
+            _slot: slot,
+        };
+        let bss = me.bss;
+        // SAFETY: a field address inside the live mmap'ed .bss, which lives
+        // as long as the skeleton; the kernel writes it too, so access is
+        // atomic only.
+        let words = unsafe { tracked::words(std::ptr::addr_of_mut!((*bss.as_ptr()).tracked_bits)) };
+        tracked::follow(words, roots, || {
+            me.skel
+                .attach()
+                .context("attaching the ran-since BPF programs")
+        })?;
+        Ok(me)
+    }
+
+    /// One bitmap of the .bss as atomic words.
+    fn words<const N: usize>(&self, field: fn(*mut types::bss) -> *mut [u64; N]) -> &[AtomicU64] {
+        // SAFETY: `field` computes a field address inside the live mmap'ed
+        // .bss (no reference to memory the kernel writes is made); the
+        // mapping lives as long as `self`; all access is atomic.
+        unsafe { tracked::words(field(self.bss.as_ptr())) }
+    }
+
+    fn tracked(&self, tgid: u32) -> bool {
+        test(
+            self.words(|b| unsafe { std::ptr::addr_of_mut!((*b).tracked_bits) }),
+            tgid,
+        )
+    }
+
+    /// Whether `tgid` may have run since `reader` last asked (and clears
+    /// its bit). True for a process the kernel does not track (it cannot
+    /// tell): only "false" lets a reader skip.
+    pub fn ran(&self, reader: Reader, tgid: u32) -> bool {
+        if !self.tracked(tgid) {
+            return true;
+        }
+        debug_assert!((reader as usize) < READERS);
+        // SAFETY: the row `reader` (< READERS) of the array inside the
+        // live mapping; only addresses are computed, access is atomic.
+        let mine = unsafe {
+            let rows = std::ptr::addr_of_mut!((*self.bss.as_ptr()).ran_bits);
+            tracked::words(rows.cast::<[u64; BITMAP_WORDS]>().add(reader as usize))
+        };
+        let was = take(mine, tgid);
+        was || test(
+            self.words(|b| unsafe { std::ptr::addr_of_mut!((*b).oncpu_bits) }),
+            tgid,
+        )
+    }
+
+    /// Whether `tgid` may have forked since the walk last asked (and clears
+    /// its bit). True for a process the kernel does not track.
+    pub fn forked(&self, tgid: u32) -> bool {
+        if !self.tracked(tgid) {
+            return true;
+        }
+        // SAFETY: a field address of the live mapping, no deref.
+        take(
+            self.words(|b| unsafe { std::ptr::addr_of_mut!((*b).forked_bits) }),
+            tgid,
+        )
+    }
+
+    /// Kernel run time of the programs (ns) and runs, when BPF statistics
+    /// are on.
+    pub fn run_time(&self) -> (u64, u64) {
+        let p = &self.skel.progs;
+        [&p.on_switch, &p.on_fork, &p.on_exit]
+            .iter()
+            .map(|prog| prog_stats(prog.as_fd().as_raw_fd()))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+}
+
+fn test(words: &[AtomicU64], tgid: u32) -> bool {
+    words
+        .get(tgid as usize / 64)
+        .is_some_and(|w| w.load(Ordering::SeqCst) & (1 << (tgid % 64)) != 0)
+}
+
+/// Test and clear; a plain load first, so that a bit not set costs no
+/// write to a line the kernel writes.
+fn take(words: &[AtomicU64], tgid: u32) -> bool {
+    let Some(w) = words.get(tgid as usize / 64) else {
+        return true;
+    };
+    let bit = 1u64 << (tgid % 64);
+    w.load(Ordering::SeqCst) & bit != 0 && w.fetch_and(!bit, Ordering::SeqCst) & bit != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_clears_only_its_bit() {
+        let words: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
+        tracked::set(&words, 70, true);
+        tracked::set(&words, 71, true);
+        assert!(take(&words, 70));
+        assert!(!take(&words, 70));
+        assert!(test(&words, 71));
+        // Beyond the bitmap: cannot tell, so "may have".
+        assert!(take(&words, 10_000));
+    }
+}
