@@ -303,6 +303,36 @@ fn the_collectors_write_a_recording_and_the_report_sections_read_it() {
     assert!(sys_sec.data_dir_mount.is_some());
     let near = sections::system::around_in(&rec.system, sys[1].t, 0.5);
     assert_eq!(near.len(), 1);
+    // The machine's PSI, where the kernel has it: stall seconds within
+    // each interval, shares of the time in the section and its text.
+    if std::path::Path::new("/proc/pressure/cpu").exists() {
+        for s in &sys {
+            let p = s.pressure.as_ref().expect("PSI in every sample");
+            for v in [p.cpu_some_s, p.memory_some_s, p.io_some_s] {
+                let v = v.expect("some line of cpu, memory, io");
+                assert!(
+                    (0.0..=s.dt + 0.01).contains(&v),
+                    "{v} s in {} s: {p:?}",
+                    s.dt
+                );
+            }
+        }
+        let p = sys_sec.pressure.as_ref().expect("pressure shares");
+        assert!(p.covered_s > 0.0 && p.io_some.is_some(), "{p:?}");
+        let mut text = String::new();
+        sections::system::render(&sys_sec, &mut text);
+        assert!(text.contains("pressure (PSI"), "{text}");
+        // And a timeline panel of the HTML report.
+        let report = pgbelow::report::json::build(&rec);
+        let view = pgbelow::report::view::View::build(&report, &rec);
+        let panel = view.panels.iter().find(|p| p.name == "pressure");
+        let panel = panel.unwrap_or_else(|| panic!("no pressure panel: {:?}", view.absent));
+        assert!(
+            panel.labels.iter().any(|l| l == "I/O some %"),
+            "{:?}",
+            panel.labels
+        );
+    }
     let j = serde_json::to_string(&(&sec, &sys_sec)).unwrap();
     assert!(j.contains("\"blocked\""));
 }

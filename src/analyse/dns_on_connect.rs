@@ -292,8 +292,14 @@ impl Rule for DnsOnConnect {
                 "New connections waited {ms:.1} ms each on name resolution ({n} connections, \
                  {cps:.1}/s × {ms:.0} ms = {lost:.2} client-seconds lost per second), mostly \
                  in {frame} — {lookup}; a resolver nearby answers in 0.2–2 ms. The wait comes \
-                 before the connection exists anywhere in PostgreSQL (log_hostname's lookup: \
-                 no pg_stat_activity row, no wait event, no timeout).{setting}",
+                 {when}.{setting}",
+                when = if lookup.starts_with("log_hostname") {
+                    "before the connection exists anywhere in PostgreSQL (no pg_stat_activity \
+                     row, no wait event, no timeout)"
+                } else {
+                    "during authentication, before the connection has a pg_stat_activity row \
+                     (no wait event; authentication_timeout bounds it)"
+                },
                 n = w.connections,
                 cps = w.connections_per_s(),
             )

@@ -137,7 +137,8 @@ fn sender(k: Option<&KernelOom>, memcg: Option<u64>) -> String {
     let mb = |kb: u64| kb as f64 / 1024.0;
     match (k, memcg) {
         (Some(k), _) => format!(
-            "the {} OOM killer ({}), which reported the victim holding {:.0} MB anonymous and              {:.0} MB shared memory ({:.0} MB mapped)",
+            "the {} OOM killer ({}), which reported the victim holding {:.0} MB anonymous and \
+             {:.0} MB shared memory in RAM, of {:.0} MB of address space (total-vm)",
             if k.memcg { "memory cgroup's" } else { "host's" },
             match (&k.oom_memcg, &k.constraint) {
                 (Some(m), _) if k.memcg => format!("limit hit in {m}"),

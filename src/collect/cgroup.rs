@@ -234,9 +234,13 @@ pub struct CgroupCpu {
 }
 
 /// `some`/`full` totals (µs) of cpu, memory and io pressure, by file.
-type Totals = [(Option<u64>, Option<u64>); 3];
+pub type Totals = [(Option<u64>, Option<u64>); 3];
 
+/// A cgroup v2's PSI files, in [`Totals`]' order.
 const PSI_FILES: [&str; 3] = ["cpu.pressure", "memory.pressure", "io.pressure"];
+/// The machine's, under /proc/pressure.
+pub const HOST_PSI_DIR: &str = "/proc/pressure";
+pub const HOST_PSI_FILES: [&str; 3] = ["cpu", "memory", "io"];
 
 /// The `total=` of the `some` and `full` lines of a `*.pressure` file.
 pub fn parse_pressure(r: impl std::io::BufRead) -> (Option<u64>, Option<u64>) {
@@ -256,15 +260,35 @@ pub fn parse_pressure(r: impl std::io::BufRead) -> (Option<u64>, Option<u64>) {
 }
 
 fn read_psi(dir: &Path) -> Option<Totals> {
+    read_psi_files(dir, PSI_FILES)
+}
+
+/// The totals of the three PSI files `files` (cpu, memory, io) in `dir`;
+/// None when none can be read (no PSI in this kernel, or psi=0).
+pub fn read_psi_files(dir: &Path, files: [&str; 3]) -> Option<Totals> {
     let mut t: Totals = Default::default();
     let mut any = false;
-    for (i, f) in PSI_FILES.iter().enumerate() {
+    for (i, f) in files.iter().enumerate() {
         if let Ok(file) = std::fs::File::open(dir.join(f)) {
             t[i] = parse_pressure(std::io::BufReader::new(file));
             any = true;
         }
     }
     any.then_some(t)
+}
+
+/// Seconds of stall between two readings of the totals (µs).
+pub fn psi_delta(before: &Totals, now: &Totals) -> Pressure {
+    let d =
+        |b: Option<u64>, n: Option<u64>| Some(crate::round3(n?.saturating_sub(b?) as f64 * 1e-6));
+    Pressure {
+        cpu_some_s: d(before[0].0, now[0].0),
+        cpu_full_s: d(before[0].1, now[0].1),
+        memory_some_s: d(before[1].0, now[1].0),
+        memory_full_s: d(before[1].1, now[1].1),
+        io_some_s: d(before[2].0, now[2].0),
+        io_full_s: d(before[2].1, now[2].1),
+    }
 }
 
 impl CgroupCpu {
@@ -341,16 +365,7 @@ impl CgroupCpu {
         let pressure = self.psi.and_then(|before| {
             let now = read_psi(&self.dirs[0].0)?;
             self.psi = Some(now);
-            let d = |b: Option<u64>, n: Option<u64>| {
-                Some(crate::round3(n?.saturating_sub(b?) as f64 * 1e-6))
-            };
-            Some(Pressure {
-                cpu_some_s: d(before[0].0, now[0].0),
-                memory_some_s: d(before[1].0, now[1].0),
-                memory_full_s: d(before[1].1, now[1].1),
-                io_some_s: d(before[2].0, now[2].0),
-                io_full_s: d(before[2].1, now[2].1),
-            })
+            Some(psi_delta(&before, &now))
         });
         let s = CgroupSample {
             t,
@@ -480,7 +495,28 @@ mod tests {
             (Some(106174684), Some(56110924))
         );
         assert_eq!(p(fixture!("pressure-cpu")), (Some(33433746682), Some(0)));
+        assert_eq!(
+            p(fixture!("pressure-io")),
+            (Some(1049821705), Some(619933238))
+        );
         assert_eq!(p(""), (None, None));
+    }
+
+    #[test]
+    fn stall_seconds_between_two_readings() {
+        let before: Totals = [(Some(1_000_000), Some(0)), (Some(0), None), (None, None)];
+        let now: Totals = [
+            (Some(3_500_000), Some(250_000)),
+            (Some(0), None),
+            (None, None),
+        ];
+        let p = psi_delta(&before, &now);
+        assert_eq!(p.cpu_some_s, Some(2.5));
+        assert_eq!(p.cpu_full_s, Some(0.25));
+        assert_eq!(p.memory_some_s, Some(0.0));
+        // Not said by the kernel: absent, not 0.
+        assert_eq!(p.memory_full_s, None);
+        assert_eq!(p.io_some_s, None);
     }
 
     #[test]

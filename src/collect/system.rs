@@ -418,6 +418,8 @@ pub struct SystemCollector {
     memcg: Option<super::memcg::Memcg>,
     /// /proc/stat's counters at the last sample.
     last_cpu: Option<CpuTimes>,
+    /// /proc/pressure's totals at the last sample.
+    last_psi: Option<super::cgroup::Totals>,
     /// The kernel's log from the recording's start: OOM kills.
     kmsg: Option<super::kmsg::KmsgTail>,
     ticks_per_s: f64,
@@ -547,6 +549,10 @@ impl SystemCollector {
             last_cpu: std::fs::read_to_string("/proc/stat")
                 .ok()
                 .and_then(|s| parse_stat(&s)),
+            last_psi: super::cgroup::read_psi_files(
+                Path::new(super::cgroup::HOST_PSI_DIR),
+                super::cgroup::HOST_PSI_FILES,
+            ),
             ticks_per_s: if ticks > 0 { ticks as f64 } else { 100.0 },
             first_walk,
             t_walk,
@@ -623,6 +629,14 @@ impl Collector for SystemCollector {
             s.dev_shm_size_kb = Some(size);
             s.dev_shm_free_kb = Some(free);
         }
+        let psi = super::cgroup::read_psi_files(
+            Path::new(super::cgroup::HOST_PSI_DIR),
+            super::cgroup::HOST_PSI_FILES,
+        );
+        if let (Some(before), Some(now)) = (&self.last_psi, &psi) {
+            s.pressure = Some(super::cgroup::psi_delta(before, now));
+        }
+        self.last_psi = psi.or(self.last_psi);
         self.last_cpu = cpu.or(self.last_cpu);
         self.last_vm = vm.or(self.last_vm);
         let dt = crate::round3(t - self.last_t);

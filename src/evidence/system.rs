@@ -53,6 +53,54 @@ pub struct SystemSection {
     /// What limits this section (a degraded collector, a damaged stream).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The machine's pressure stall (PSI) over the recording.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<PressureShares>,
+}
+
+/// The machine's PSI as shares of the time it covers: in what share of the
+/// time some task (`some`), or every non-idle task (`full`), waited for a
+/// CPU, for memory (reclaim, swap-in, refaults) or for I/O. None: the
+/// kernel did not say (no such line), never 0.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PressureShares {
+    /// Seconds covered (the samples that have PSI).
+    pub covered_s: f64,
+    pub cpu_some: Option<f64>,
+    pub cpu_full: Option<f64>,
+    pub memory_some: Option<f64>,
+    pub memory_full: Option<f64>,
+    pub io_some: Option<f64>,
+    pub io_full: Option<f64>,
+}
+
+/// [`PressureShares`] over the rows that have PSI; None when none has.
+pub fn pressure(rows: &[SystemSample]) -> Option<PressureShares> {
+    use crate::recording::schema::cgroup::Pressure;
+    let with: Vec<(&SystemSample, &Pressure)> = rows
+        .iter()
+        .filter_map(|r| Some((r, r.pressure.as_ref()?)))
+        .filter(|(r, _)| r.dt > 0.0)
+        .collect();
+    let covered: f64 = with.iter().map(|(r, _)| r.dt).sum();
+    if covered <= 0.0 {
+        return None;
+    }
+    let share = |f: fn(&Pressure) -> Option<f64>| {
+        let v: Vec<f64> = with.iter().filter_map(|(_, p)| f(p)).collect();
+        // A line the kernel has at some samples and not at others is not
+        // a share of the time covered.
+        (v.len() == with.len()).then(|| crate::round3((v.iter().sum::<f64>() / covered).min(1.0)))
+    };
+    Some(PressureShares {
+        covered_s: crate::round3(covered),
+        cpu_some: share(|p| p.cpu_some_s),
+        cpu_full: share(|p| p.cpu_full_s),
+        memory_some: share(|p| p.memory_some_s),
+        memory_full: share(|p| p.memory_full_s),
+        io_some: share(|p| p.io_some_s),
+        io_full: share(|p| p.io_full_s),
+    })
 }
 
 pub fn around_in(rows: &[SystemSample], t: f64, window_s: f64) -> Vec<SystemSample> {
@@ -91,6 +139,7 @@ pub fn build(rec: &Evidence) -> Option<SystemSection> {
         return None;
     }
     let mut s = summarize(rows);
+    s.pressure = pressure(rows);
     s.sysctls = sysctls;
     s.data_dir_mount = mount;
     s.note = note;

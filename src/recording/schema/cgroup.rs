@@ -44,13 +44,17 @@ pub struct CgroupSample {
 }
 
 /// PSI of a cgroup in `(t-dt, t]`, from `cpu.pressure`, `memory.pressure`
-/// and `io.pressure` (`total=` µs): seconds in which some (`some`) or every
+/// and `io.pressure` (`total=` µs), or of the machine from
+/// /proc/pressure/{cpu,memory,io}: seconds in which some (`some`) or every
 /// (`full`) runnable task of the cgroup waited for the resource. None: the
-/// file is absent (no PSI in the kernel, or the controller is off).
+/// file or line is absent (no PSI in the kernel, the controller is off; no
+/// `full` line for cpu before Linux 5.13).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Pressure {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_some_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_full_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_some_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -163,6 +163,11 @@ pub struct SystemSample {
     pub dev_shm_size_kb: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dev_shm_free_kb: Option<u64>,
+    /// The machine's pressure stall time in `(t-dt, t]` (/proc/pressure):
+    /// the kernel's own count of time lost waiting for CPU, memory and I/O.
+    /// Absent on the first line, without PSI, and in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<super::cgroup::Pressure>,
 }
 
 /// Manifest fact: the transparent huge page settings at the start:

@@ -46,6 +46,21 @@ pub fn render(s: &SystemSection, out: &mut String) {
             peak(&s.pgpgout_peak)
         );
     }
+    if let Some(p) = &s.pressure {
+        let pct = |v: Option<f64>| v.map_or("n/a".to_string(), |x| format!("{:.1} %", x * 100.0));
+        let _ = writeln!(
+            out,
+            "  pressure (PSI, share of {:.0} s in which tasks waited): CPU some {}, full {}; \
+             memory some {}, full {}; I/O some {}, full {}",
+            p.covered_s,
+            pct(p.cpu_some),
+            pct(p.cpu_full),
+            pct(p.memory_some),
+            pct(p.memory_full),
+            pct(p.io_some),
+            pct(p.io_full),
+        );
+    }
     if !s.sysctls.is_empty() {
         let list: Vec<String> = s.sysctls.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(out, "  {}", list.join(" "));

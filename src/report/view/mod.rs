@@ -77,12 +77,16 @@ fn absent_reason(ev: &Evidence, name: &str) -> String {
     let collector = match name {
         "throughput" | "latency" | "checkpoints" | "waits" | "replay-lag" => "pgstat",
         "states" => "procfs",
-        "writeback" => "system",
+        "writeback" | "pressure" => "system",
         "syscalls" => "syscalls",
         _ => "",
     };
     if name == "replay-lag" && ev.recorded("pgstat") {
         "not recorded: no standby in the recording".into()
+    } else if name == "pressure" && ev.recorded("system") {
+        "not recorded: no /proc/pressure in this recording (a kernel without PSI, booted \
+         psi=0, or a recording made before pgbelow read it)"
+            .into()
     } else if name == "latency" && ev.recorded("pgstat") {
         // The statements' mean time comes from pg_stat_statements; pgstat
         // itself ran.

@@ -18,6 +18,10 @@ pub const PANELS: &[(&str, &str)] = &[
     ("states", "Process states (seconds per second)"),
     ("waits", "Wait events by type (sessions waiting)"),
     ("writeback", "Dirty and Writeback (machine-wide)"),
+    (
+        "pressure",
+        "Pressure stall, machine-wide (% of each second)",
+    ),
     ("checkpoints", "Checkpoint phases"),
     ("syscalls", "Syscalls per second"),
     ("replay-lag", "Replay lag"),
@@ -244,6 +248,27 @@ fn writeback(ev: &Evidence) -> Option<Panel> {
     panel("writeback", "MB", "/proc/meminfo, /proc/vmstat", lines)
 }
 
+/// The machine's PSI: the share of each second in which some (or every
+/// non-idle) task waited for a CPU, memory or I/O.
+fn pressure(ev: &Evidence) -> Option<Panel> {
+    use crate::recording::schema::cgroup::Pressure;
+    let pts = |f: fn(&Pressure) -> Option<f64>| {
+        ev.system
+            .iter()
+            .filter(|s| s.dt > 0.0)
+            .filter_map(|s| Some((s.t, 100.0 * f(s.pressure.as_ref()?)? / s.dt)))
+            .collect::<Vec<_>>()
+    };
+    let lines = vec![
+        Line::plain("CPU some %", pts(|p| p.cpu_some_s)),
+        Line::plain("memory some %", pts(|p| p.memory_some_s)),
+        Line::plain("memory full %", pts(|p| p.memory_full_s)),
+        Line::plain("I/O some %", pts(|p| p.io_some_s)),
+        Line::plain("I/O full %", pts(|p| p.io_full_s)),
+    ];
+    panel("pressure", "%", "/proc/pressure (PSI)", lines)
+}
+
 /// A checkpoint's time window, where known: (start, end).
 pub fn checkpoint_windows(ev: &Evidence, end: f64) -> Vec<Window> {
     ev.checkpoints
@@ -424,6 +449,7 @@ pub fn build(r: &Report, ev: &Evidence, end: f64) -> Vec<Panel> {
         states(ev),
         waits(ev),
         writeback(ev),
+        pressure(ev),
         checkpoints(ev, end),
         syscalls(r, ev),
         replay_lag(ev),
