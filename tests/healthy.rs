@@ -2,8 +2,9 @@
 //! with initdb/pg_ctl (no lab) on the normal disk with default settings,
 //! across three majors, recorded attached with the default collectors.
 //! None may raise a warning or a critical: a DBA who sees one false alarm
-//! stops reading warnings. Every check must say `clear` (with its figure)
-//! or `not measurable` (with what was missing), and the WAL flush check
+//! stops reading warnings. Every check must say `clear` (with its figure),
+//! `not applicable` (with why: replay on a primary) or `not measurable`
+//! (with what was missing), and the WAL flush check
 //! must be measured and clear wherever commits flush.
 //!
 //! One test, the workloads one after another, so none competes with
@@ -149,6 +150,7 @@ fn table(rows: &[Row]) -> String {
             let c = common::check(rep, id);
             let cell = match c["status"].as_str().unwrap() {
                 "not_measurable" => "n/m".to_string(),
+                "not_applicable" => "n/a".to_string(),
                 s => format!(
                     "{s}: {}",
                     c["figure"].as_str().unwrap_or("").replace('|', "/")
@@ -370,6 +372,27 @@ fn healthy_servers_raise_no_warning() {
             if c["status"] == "not_measurable" && c["missing"].as_str().unwrap_or("").is_empty() {
                 bad.push(format!(
                     "{}: {} not measurable without a reason",
+                    r.workload, c["id"]
+                ));
+            }
+            // A primary has no replay to check: not applicable, and the
+            // standby's replay is never called that.
+            if c["id"] == "replay-without-prefetch" {
+                let standby = r.workload.contains("standby");
+                if (c["status"] == "not_applicable") == standby {
+                    bad.push(format!(
+                        "{}: replay-without-prefetch {} on a {}",
+                        r.workload,
+                        c["status"],
+                        if standby { "standby" } else { "primary" }
+                    ));
+                }
+            }
+            if c["status"] == "not_applicable"
+                && c["why_not_applicable"].as_str().unwrap_or("").is_empty()
+            {
+                bad.push(format!(
+                    "{}: {} not applicable without a reason",
                     r.workload, c["id"]
                 ));
             }

@@ -196,19 +196,23 @@ fn queue_seconds(ev: &Evidence) -> Option<f64> {
 
 /// Why there is no figure: the recording's settings say the case does not
 /// apply, or a collector is missing.
-fn unmeasured(ev: &Evidence, q: Option<&AioQueue>) -> String {
+fn unmeasured(ev: &Evidence, q: Option<&AioQueue>) -> Measure {
     let setting = |n: &str| ev.manifest.postgres.settings.get(n).map(String::as_str);
-    match (q, setting("io_method")) {
-        (None, Some(m)) if m != "worker" => format!(
-            "not applicable: io_method is {m} (recorded), no I/O workers execute the reads \
-             (io_method=worker only)"
-        ),
-        (None, None) if ev.manifest.postgres.major.is_some_and(|m| m < 18) => format!(
-            "not applicable: PostgreSQL {} has no asynchronous I/O workers (io_method=worker \
-             arrived in 18, {})",
-            super::server_version(ev),
-            WORKERS.commit
-        ),
+    Measure::Missing(match (q, setting("io_method")) {
+        (None, Some(m)) if m != "worker" => {
+            return Measure::NotApplicable(format!(
+                "io_method is {m} (recorded), no I/O workers execute the reads (io_method=worker \
+                 only)"
+            ))
+        }
+        (None, None) if ev.manifest.postgres.major.is_some_and(|m| m < 18) => {
+            return Measure::NotApplicable(format!(
+                "PostgreSQL {} has no asynchronous I/O workers (io_method=worker arrived in 18, \
+                 {})",
+                super::server_version(ev),
+                WORKERS.commit
+            ))
+        }
         (None, _) if ev.waits.is_empty() => "the server's wait events were not recorded: add \
              the pgstat collector (--collectors …,pgstat), which samples pg_stat_activity and \
              its I/O workers"
@@ -222,10 +226,11 @@ fn unmeasured(ev: &Evidence, q: Option<&AioQueue>) -> String {
             .into(),
         (Some(q), _) => format!(
             "the I/O workers executed {} reads, fewer than the {MIN_READS} a time per read \
-             needs: the reads were served from shared_buffers",
+             needs (the backends' reads were served from shared_buffers or done by the \
+             backends themselves)",
             q.reads.unwrap_or(0)
         ),
-    }
+    })
 }
 
 /// Why the workers do not count as saturated, None when they do.
@@ -281,7 +286,7 @@ impl Rule for AioWorkersSaturated {
                 "×",
                 WARN_RATIO,
             )),
-            None => Measure::Missing(unmeasured(ev, q.as_ref())),
+            None => unmeasured(ev, q.as_ref()),
         }
     }
 
@@ -462,7 +467,7 @@ mod tests {
             .settings
             .insert("io_method".into(), "sync".into());
         match AioWorkersSaturated.measure(&ev) {
-            Measure::Missing(why) => assert!(why.contains("io_method is sync"), "{why}"),
+            Measure::NotApplicable(why) => assert!(why.contains("io_method is sync"), "{why}"),
             m => panic!("{m:?}"),
         }
     }

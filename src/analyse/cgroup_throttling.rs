@@ -106,30 +106,42 @@ fn decided_level(rec: &Evidence) -> Option<Level> {
 }
 
 /// Why no level had enforcement periods, and how to get them.
-fn unmeasured(rec: &Evidence) -> String {
-    if !rec.recorded("system") {
-        return "the cluster's cgroup cpu.stat was not recorded: add the system collector \
-                (--collectors …,system)"
-            .into();
-    }
+fn unmeasured(rec: &Evidence) -> Measure {
+    Measure::Missing(if !rec.recorded("system") {
+        "the cluster's cgroup cpu.stat was not recorded: add the system collector \
+         (--collectors …,system)"
+            .into()
+    } else {
+        return unquoted(rec);
+    })
+}
+
+/// The system collector ran: the cgroup could not be read, or it has no
+/// quota (nothing to check).
+fn unquoted(rec: &Evidence) -> Measure {
     let unreadable = rec
         .manifest
         .facts
         .get(crate::recording::schema::system::CGROUP_CPU)
         .and_then(|f| f["unavailable"].as_str());
     if let Some(why) = unreadable {
-        return format!(
+        return Measure::Missing(format!(
             "the postmaster's cpu cgroup could not be read ({why}): run pgbelow where it can read \
              /proc/<postmaster>/cgroup and the cgroup's cpu.stat"
-        );
+        ));
     }
     if rec.cgroup.iter().all(|s| s.levels.is_empty()) {
-        return "the recording holds no cpu cgroup samples (cgroup.jsonl, written by the system \
-                collector): record again with --collectors …,system"
-            .into();
+        return Measure::Missing(
+            "the recording holds no cpu cgroup samples (cgroup.jsonl, written by the system \
+             collector): record again with --collectors …,system"
+                .into(),
+        );
     }
-    "the cluster is in no cpu cgroup with a quota (cpu.max / cpu.cfs_quota_us): nothing to throttle"
-        .into()
+    Measure::NotApplicable(
+        "the cluster is in no cpu cgroup with a quota (cpu.max / cpu.cfs_quota_us): nothing to \
+         throttle"
+            .into(),
+    )
 }
 
 pub struct CgroupThrottling;
@@ -158,7 +170,7 @@ impl Rule for CgroupThrottling {
                 "%",
                 WARN_SHARE * 100.0,
             )),
-            None => Measure::Missing(unmeasured(rec)),
+            None => unmeasured(rec),
         }
     }
 
@@ -366,7 +378,7 @@ mod tests {
         use crate::analyse::{Measure, Status};
         let figure = |rec: &Evidence| match CgroupThrottling.measure(rec) {
             Measure::Figure(f) => f,
-            Measure::Missing(why) => panic!("{why}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
         };
         let f = figure(&fixture("pg15-cgroup-cpu-quota-0.25"));
         assert!(f.past(), "{f:?}");
@@ -386,7 +398,9 @@ mod tests {
         let f = figure(&rec);
         assert!(!f.past() && f.value == 0.0, "{f:?}");
         match CgroupThrottling.measure(&fixture("pg15-cgroup-cpu-no-quota")) {
-            Measure::Missing(why) => assert!(why.contains("no cpu cgroup with a quota"), "{why}"),
+            Measure::NotApplicable(why) => {
+                assert!(why.contains("no cpu cgroup with a quota"), "{why}")
+            }
             m => panic!("{m:?}"),
         }
         // Without the system collector the counters are unknown.

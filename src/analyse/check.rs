@@ -1,8 +1,10 @@
 //! Every rule's status in every report: `raised` (its finding), `clear`
-//! (its key figure and the bound it stayed on the right side of) or
-//! `not_measurable` (what was missing and how to get it). A DBA learns to
-//! trust the warnings from the checks that say what was looked at and
-//! found healthy.
+//! (its key figure and the bound it stayed on the right side of),
+//! `not_applicable` (nothing to check on this server: no quota, no standby,
+//! a version without the mechanism — good news, with why) or
+//! `not_measurable` (it applies, but the recording could not measure it:
+//! what was missing and how to get it). A DBA learns to trust the warnings
+//! from the checks that say what was looked at and found healthy.
 use serde::{Deserialize, Serialize};
 
 use super::{Finding, Severity};
@@ -98,6 +100,8 @@ pub enum Measure {
     Figure(Figure),
     /// What was missing, and how to get it.
     Missing(String),
+    /// Why there is nothing to check on this server.
+    NotApplicable(String),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +109,9 @@ pub enum Measure {
 pub enum Status {
     Raised,
     Clear,
+    /// Added after the first three: a reader that knows only those should
+    /// take any other status as "neither raised nor clear" (docs/contract.md).
+    NotApplicable,
     NotMeasurable,
 }
 
@@ -113,6 +120,7 @@ impl Status {
         match self {
             Status::Raised => "raised",
             Status::Clear => "clear",
+            Status::NotApplicable => "not applicable",
             Status::NotMeasurable => "not measurable",
         }
     }
@@ -134,6 +142,9 @@ pub struct Check {
     pub measured: Option<Figure>,
     /// Why it could not be measured and what to enable.
     pub missing: Option<String>,
+    /// Why it does not apply to this server (status `not_applicable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why_not_applicable: Option<String>,
     /// Why a figure past its bound raised nothing: the rule's other
     /// condition that was not met (absent when the rule does not say).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -142,14 +153,16 @@ pub struct Check {
 
 impl Check {
     pub fn new(id: &str, finding: Option<&Finding>, m: Measure) -> Check {
-        let (measured, missing) = match m {
-            Measure::Figure(f) => (Some(f), None),
-            Measure::Missing(why) => (None, Some(why)),
+        let (measured, missing, inapplicable) = match m {
+            Measure::Figure(f) => (Some(f), None, None),
+            Measure::Missing(why) => (None, Some(why), None),
+            Measure::NotApplicable(why) => (None, None, Some(why)),
         };
-        let status = match (finding, &measured) {
-            (Some(_), _) => Status::Raised,
-            (None, Some(_)) => Status::Clear,
-            (None, None) => Status::NotMeasurable,
+        let status = match (finding, &measured, &inapplicable) {
+            (Some(_), _, _) => Status::Raised,
+            (None, Some(_), _) => Status::Clear,
+            (None, None, Some(_)) => Status::NotApplicable,
+            (None, None, None) => Status::NotMeasurable,
         };
         Check {
             id: id.to_string(),
@@ -160,6 +173,11 @@ impl Check {
             measured,
             // A raised finding measured its cost in its own terms.
             missing: if finding.is_some() { None } else { missing },
+            why_not_applicable: if finding.is_some() {
+                None
+            } else {
+                inapplicable
+            },
             held_back: None,
         }
     }
@@ -205,7 +223,7 @@ impl Check {
                 }
             }
             (_, _, Some(m)) => m.clone(),
-            _ => String::new(),
+            _ => self.why_not_applicable.clone().unwrap_or_default(),
         };
         let status = match self.severity {
             Some(s) => s.as_str(),
@@ -238,6 +256,15 @@ mod tests {
         assert_eq!(json["status"], "not_measurable");
         assert!(json["figure"].is_null());
         assert!(json.get("held_back").is_none(), "{json}");
+        assert!(json.get("why_not_applicable").is_none(), "{json}");
+        let c = Check::new("x", None, Measure::NotApplicable("no standby".into()));
+        assert_eq!(c.status, Status::NotApplicable);
+        assert!(c.missing.is_none());
+        assert!(c.line().starts_with("not applicable"), "{}", c.line());
+        assert!(c.line().contains("no standby"), "{}", c.line());
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["status"], "not_applicable");
+        assert_eq!(json["why_not_applicable"], "no standby");
     }
 
     #[test]

@@ -638,7 +638,7 @@ mod tests {
         use crate::analyse::{Measure, Status};
         let figure = |rec: &Evidence| match CheckpointStall.measure(rec) {
             Measure::Figure(f) => f,
-            Measure::Missing(why) => panic!("{why}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
         };
         let f = figure(&fixture("pg15-checkpoint-stall"));
         assert!(f.past(), "{f:?}");

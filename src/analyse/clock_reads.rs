@@ -598,7 +598,7 @@ mod tests {
         use crate::analyse::{Measure, Status};
         let figure = |rec: &Evidence| match ClockReads.measure(rec) {
             Measure::Figure(f) => f,
-            Measure::Missing(why) => panic!("{why}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
         };
         let f = figure(&fixture("pg15-explain-timing-forced"));
         assert!(f.past(), "{f:?}");

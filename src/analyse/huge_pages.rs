@@ -562,7 +562,7 @@ mod tests {
         use crate::analyse::{Measure, Status};
         let figure = |rec: &Evidence| match NoHugePages.measure(rec) {
             Measure::Figure(f) => f,
-            Measure::Missing(why) => panic!("{why}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
         };
         let rec = fixture("pg15-no-huge-pages-off");
         let f = figure(&rec);

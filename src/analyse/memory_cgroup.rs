@@ -265,7 +265,7 @@ impl Rule for MemoryCgroupReclaim {
             });
         }
         if m.iter().all(|(_, _, s)| s.usage_share().is_none()) {
-            return Measure::Missing(
+            return Measure::NotApplicable(
                 "the cluster's memory cgroup has no limit (memory.max / memory.limit_in_bytes) up \
                  the tree: nothing to reclaim against"
                     .into(),
@@ -575,7 +575,7 @@ mod tests {
         use crate::analyse::{Measure, Status};
         let figure = |rec: &Evidence| match MemoryCgroupReclaim.measure(rec) {
             Measure::Figure(f) => f,
-            Measure::Missing(why) => panic!("{why}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
         };
         let rec = fixture("pg15-memcg-limit-160");
         let f = figure(&rec);
@@ -598,7 +598,7 @@ mod tests {
         let f = figure(&rec);
         assert!(!f.past(), "{f:?}");
         match MemoryCgroupReclaim.measure(&fixture("pg15-memcg-no-limit")) {
-            Measure::Missing(why) => assert!(why.contains("no limit"), "{why}"),
+            Measure::NotApplicable(why) => assert!(why.contains("no limit"), "{why}"),
             m => panic!("{m:?}"),
         }
     }

@@ -121,6 +121,23 @@ pub fn gauges() -> Vec<Gauge> {
 }
 
 /// The server's version as recorded, for a finding's text.
+/// Why a check of a standby's replay does not apply: the server was a
+/// primary throughout (pg_is_in_recovery() false at every sample, and no
+/// startup process seen). None when it was a standby, or not known.
+pub(crate) fn not_a_standby(ev: &Evidence) -> Option<String> {
+    let startup = ev
+        .processes
+        .values()
+        .any(|p| p.role == crate::procinfo::Role::Startup);
+    (!ev.server.is_empty() && !startup && ev.server.iter().all(|s| !s.in_recovery)).then(|| {
+        format!(
+            "not a standby: pg_is_in_recovery() was false at all {} samples and no startup \
+             process ran, so there is no replay to check",
+            ev.server.len()
+        )
+    })
+}
+
 pub(crate) fn server_version(ev: &Evidence) -> String {
     ev.manifest
         .postgres

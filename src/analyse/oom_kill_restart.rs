@@ -577,7 +577,7 @@ mod tests {
                 assert!(m.past(), "{m:?}");
                 assert_eq!(m.value, 0.438);
             }
-            Measure::Missing(why) => panic!("{why}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
         }
     }
 

@@ -312,7 +312,7 @@ mod tests {
         use crate::analyse::{Measure, Status};
         let figure = |ev: &Evidence| match RelationExtension.measure(ev) {
             Measure::Figure(f) => f,
-            Measure::Missing(why) => panic!("{why}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
         };
         let f = figure(&fixture("pg15-relation-extension"));
         assert!(f.past(), "{f:?}");

@@ -205,6 +205,9 @@ impl Rule for ReplayDropCost {
     }
 
     fn measure(&self, rec: &Evidence) -> Measure {
+        if let Some(why) = super::not_a_standby(rec) {
+            return Measure::NotApplicable(why);
+        }
         let p = per_drop(rec);
         match p.cpu_ms_per_drop {
             Some(c) => Measure::Figure(Figure::above(

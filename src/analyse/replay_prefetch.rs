@@ -204,6 +204,9 @@ impl Rule for ReplayWithoutPrefetch {
     }
 
     fn measure(&self, ev: &Evidence) -> Measure {
+        if let Some(why) = super::not_a_standby(ev) {
+            return Measure::NotApplicable(why);
+        }
         let Some(r) = startup_reads(ev) else {
             return Measure::Missing(
                 "no startup process's system calls were recorded (not a standby, or without the \
@@ -372,6 +375,25 @@ mod tests {
         assert!(f.evidence["startup_pread64"].as_u64().unwrap() >= MIN_READS);
         assert!(f.summary.contains("up to 14"), "{}", f.summary);
         assert!(f.remedy.contains("recovery_prefetch"));
+    }
+
+    /// A primary has no replay: not applicable, said with why; a standby's
+    /// recording is measured.
+    #[test]
+    fn not_applicable_on_a_primary() {
+        let ev = fixture("pg15-attach-wal-tmpfs");
+        match ReplayWithoutPrefetch.measure(&ev) {
+            Measure::NotApplicable(why) => assert!(why.contains("not a standby"), "{why}"),
+            m => panic!("{m:?}"),
+        }
+        let c = ReplayWithoutPrefetch.check(&ev).0;
+        assert_eq!(c.status, crate::analyse::Status::NotApplicable);
+        let ev = fixture("pg14-replay-without-prefetch");
+        assert!(super::super::not_a_standby(&ev).is_none());
+        assert!(matches!(
+            ReplayWithoutPrefetch.measure(&ev),
+            Measure::Figure(_)
+        ));
     }
 
     #[test]

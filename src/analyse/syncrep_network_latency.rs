@@ -57,6 +57,8 @@ pub struct Rtt {
 
 /// Synchronous standbys seen, and their round trip if any socket was read;
 /// Err: why not.
+const NO_SYNC_STANDBY: &str = "no synchronous standby in pg_stat_replication";
+
 pub fn rtt(ev: &Evidence) -> Result<Rtt, String> {
     if !ev.recorded("pgstat") && ev.server.is_empty() {
         return Err(
@@ -85,11 +87,10 @@ pub fn rtt(ev: &Evidence) -> Result<Rtt, String> {
         }
     }
     if by.is_empty() {
-        return Err(
-            "no synchronous standby in pg_stat_replication: commits wait for none \
-                    (synchronous_standby_names is empty, or its standbys are not connected)"
-                .into(),
-        );
+        return Err(format!(
+            "{NO_SYNC_STANDBY}: commits wait for none (synchronous_standby_names is empty, or \
+             its standbys are not connected)"
+        ));
     }
     let mut best: Option<Rtt> = None;
     let mut why = Vec::new();
@@ -193,6 +194,10 @@ impl Rule for SyncrepNetworkLatency {
                 "ms",
                 WARN_RTT_MS,
             )),
+            // pg_stat_replication was read and named no synchronous standby.
+            Err(why) if !ev.server.is_empty() && why.starts_with(NO_SYNC_STANDBY) => {
+                Measure::NotApplicable(why)
+            }
             Err(why) => Measure::Missing(why),
         }
     }
@@ -364,7 +369,7 @@ mod tests {
             }
         }
         match SyncrepNetworkLatency.measure(&ev) {
-            Measure::Missing(why) => assert!(why.contains("no synchronous standby"), "{why}"),
+            Measure::NotApplicable(why) => assert!(why.contains("no synchronous standby"), "{why}"),
             m => panic!("{m:?}"),
         }
         let mut ev = fixture("pg15-syncrep-network-latency-20ms");

@@ -328,6 +328,10 @@ fn verdict(r: &Report, o: &mut String) {
     let count = |st: Status| r.checks.iter().filter(|c| c.status == st).count();
     if !r.checks.is_empty() {
         parts.push(format!("{} checks clear", count(Status::Clear)));
+        let na = count(Status::NotApplicable);
+        if na > 0 {
+            parts.push(format!("{na} not applicable"));
+        }
         let nm = count(Status::NotMeasurable);
         if nm > 0 {
             parts.push(format!("{nm} not measurable"));

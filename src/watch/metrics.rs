@@ -367,10 +367,15 @@ impl Metrics {
         e.family(
             "pgbelow_check_status",
             Kind::Gauge,
-            "1 for the check's status over the last window (raised, clear, not_measurable), else 0.",
+            "1 for the check's status over the last window (raised, clear, not_applicable, not_measurable), else 0.",
             self.checks.iter().flat_map(|(id, c)| {
                 use crate::analyse::Status;
-                [Status::Raised, Status::Clear, Status::NotMeasurable]
+                [
+                    Status::Raised,
+                    Status::Clear,
+                    Status::NotApplicable,
+                    Status::NotMeasurable,
+                ]
                     .into_iter()
                     .map(move |s| {
                         let name = serde_json::to_value(s)

@@ -622,8 +622,9 @@ fn window_line(n: u64, rep: &crate::report::Report) -> String {
     use crate::analyse::Status;
     let count = |s: Status| rep.checks.iter().filter(|c| c.status == s).count();
     let checks = format!(
-        "checks: {} clear, {} not measurable",
+        "checks: {} clear, {} not applicable, {} not measurable",
         count(Status::Clear),
+        count(Status::NotApplicable),
         count(Status::NotMeasurable)
     );
     if rep.findings.is_empty() {

@@ -373,7 +373,10 @@ fn checks(o: &mut String, r: &Report) {
                 None => (escape(f), escape(b)),
             },
             (_, _, Some(m)) => (escape(m), String::new()),
-            _ => (String::new(), String::new()),
+            _ => (
+                escape(c.why_not_applicable.as_deref().unwrap_or("")),
+                String::new(),
+            ),
         };
         let _ = writeln!(
             o,
