@@ -234,14 +234,12 @@ pub fn grow_subtree(
             added.push(r);
         }
     }
-    queue.extend(
-        live.keys()
-            .copied()
-            .filter(|p| !queue.contains(p))
-            .collect::<Vec<_>>()
-            .into_iter()
-            .filter(|&p| may_have_forked(p)),
-    );
+    let forked: Vec<u32> = live
+        .keys()
+        .copied()
+        .filter(|p| !queue.contains(p) && may_have_forked(*p))
+        .collect();
+    queue.extend(forked);
     while let Some(pid) = queue.pop() {
         match children_of(pid) {
             None => {

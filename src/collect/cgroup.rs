@@ -239,8 +239,13 @@ pub type Totals = [(Option<u64>, Option<u64>); 3];
 /// A cgroup v2's PSI files, in [`Totals`]' order.
 const PSI_FILES: [&str; 3] = ["cpu.pressure", "memory.pressure", "io.pressure"];
 /// The machine's, under /proc/pressure.
-pub const HOST_PSI_DIR: &str = "/proc/pressure";
-pub const HOST_PSI_FILES: [&str; 3] = ["cpu", "memory", "io"];
+const HOST_PSI_DIR: &str = "/proc/pressure";
+const HOST_PSI_FILES: [&str; 3] = ["cpu", "memory", "io"];
+
+/// The machine's PSI totals (/proc/pressure); None without PSI.
+pub fn read_host_psi() -> Option<Totals> {
+    read_psi_files(Path::new(HOST_PSI_DIR), HOST_PSI_FILES)
+}
 
 /// The `total=` of the `some` and `full` lines of a `*.pressure` file.
 pub fn parse_pressure(r: impl std::io::BufRead) -> (Option<u64>, Option<u64>) {
@@ -265,7 +270,7 @@ fn read_psi(dir: &Path) -> Option<Totals> {
 
 /// The totals of the three PSI files `files` (cpu, memory, io) in `dir`;
 /// None when none can be read (no PSI in this kernel, or psi=0).
-pub fn read_psi_files(dir: &Path, files: [&str; 3]) -> Option<Totals> {
+fn read_psi_files(dir: &Path, files: [&str; 3]) -> Option<Totals> {
     let mut t: Totals = Default::default();
     let mut any = false;
     for (i, f) in files.iter().enumerate() {

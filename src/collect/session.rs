@@ -38,19 +38,15 @@ impl Session {
     ) -> Result<Session> {
         // Before the collectors, which share it, and before the first walk,
         // so that no fork after the walk goes unseen.
-        let change = if ctx.ran.is_some() {
-            serde_json::json!(super::ran::MECHANISM)
-        } else {
-            match super::ran::Ran::start(&ctx.roots()) {
-                Ok(r) => {
-                    ctx.ran = Some(std::sync::Arc::new(r));
-                    serde_json::json!(super::ran::MECHANISM)
-                }
-                Err(e) => serde_json::json!({
-                    "unavailable": format!("{e:#}"),
-                    "instead": "each /proc reader compares a process's schedstat with its last look",
-                }),
+        let change = match super::ran::Ran::start(&ctx.roots()) {
+            Ok(r) => {
+                ctx.ran = Some(std::sync::Arc::new(r));
+                serde_json::json!(super::ran::MECHANISM)
             }
+            Err(e) => serde_json::json!({
+                "unavailable": format!("{e:#}"),
+                "instead": "each /proc reader compares a process's schedstat with its last look",
+            }),
         };
         manifest.facts.insert(super::ran::FACT.to_string(), change);
         let mut collectors: Vec<(Box<dyn Collector>, f64)> = Vec::new();

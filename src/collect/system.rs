@@ -549,10 +549,7 @@ impl SystemCollector {
             last_cpu: std::fs::read_to_string("/proc/stat")
                 .ok()
                 .and_then(|s| parse_stat(&s)),
-            last_psi: super::cgroup::read_psi_files(
-                Path::new(super::cgroup::HOST_PSI_DIR),
-                super::cgroup::HOST_PSI_FILES,
-            ),
+            last_psi: super::cgroup::read_host_psi(),
             ticks_per_s: if ticks > 0 { ticks as f64 } else { 100.0 },
             first_walk,
             t_walk,
@@ -629,10 +626,7 @@ impl Collector for SystemCollector {
             s.dev_shm_size_kb = Some(size);
             s.dev_shm_free_kb = Some(free);
         }
-        let psi = super::cgroup::read_psi_files(
-            Path::new(super::cgroup::HOST_PSI_DIR),
-            super::cgroup::HOST_PSI_FILES,
-        );
+        let psi = super::cgroup::read_host_psi();
         if let (Some(before), Some(now)) = (&self.last_psi, &psi) {
             s.pressure = Some(super::cgroup::psi_delta(before, now));
         }

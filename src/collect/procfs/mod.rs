@@ -218,7 +218,7 @@ impl Collector for ProcfsCollector {
             cpu_s: 0.0,
             bpf_run_s: run
                 .filter(|r| r.1 > 0)
-                .map(|r| (r.0 as f64 / 1e9 * 1e6).round() / 1e6),
+                .map(|r| aggregate::round_us(r.0 as f64 / 1e9)),
         }
     }
 
