@@ -443,12 +443,20 @@ fn windows_in(
             let id = flight.pending.as_ref().map_or("", |p| p.trigger.id);
             lock(metrics).escalated(id, cpu);
         }
-        // A rule's figure past its bound: the window's findings are a
-        // trigger too (onset: the window's start, as far as it can say).
-        if !rep.findings.is_empty() {
+        // A rule's measured cost past its bound: the window's warnings and
+        // criticals are a trigger too (onset: the window's start, as far as
+        // it can say). An info costs nothing stated, so it keeps nothing: a
+        // normal disk's wal-fsync-latency info would spend the budget.
+        let costly: Vec<&str> = rep
+            .findings
+            .iter()
+            .filter(|f| f.severity >= crate::analyse::Severity::Warning)
+            .map(|f| f.id.as_str())
+            .collect();
+        if !costly.is_empty() {
             tripped_here.insert("finding");
             if !escalated && flight.armed("finding") {
-                let ids: Vec<&str> = rep.findings.iter().map(|f| f.id.as_str()).collect();
+                let ids = costly;
                 eprintln!("pgbelow: watch: {tag}trigger finding: {}", ids.join(", "));
                 flight.trip(
                     trigger::Tripped {
