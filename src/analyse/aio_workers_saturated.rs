@@ -261,6 +261,11 @@ impl Rule for AioWorkersSaturated {
         ID
     }
 
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[Claim::Event("IO:AioIoCompletion")]
+    }
+
     fn headline(&self) -> Option<Headline> {
         Some(Headline {
             figure: "backends' queueing ms per read behind I/O workers",

@@ -151,6 +151,11 @@ impl Rule for CgroupThrottling {
         ID
     }
 
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[Claim::Slice("runq")]
+    }
+
     // No change: the kernel's CFS bandwidth control decides, not the version.
     fn headline(&self) -> Option<Headline> {
         Some(Headline {

@@ -186,6 +186,11 @@ impl Rule for CheckpointStall {
         ID
     }
 
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[Claim::Slice("D:writeback"), Claim::Slice("D:file write")]
+    }
+
     fn headline(&self) -> Option<Headline> {
         Some(Headline {
             figure: "tps of the worst tenth of checkpoint seconds / tps outside checkpoints",

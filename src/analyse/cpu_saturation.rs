@@ -304,6 +304,11 @@ impl Rule for CpuSaturation {
         ID
     }
 
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[Claim::Slice("runq")]
+    }
+
     // No change: the scheduler decides, not the version.
     fn headline(&self) -> Option<Headline> {
         Some(Headline {

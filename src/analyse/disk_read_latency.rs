@@ -128,6 +128,11 @@ impl Rule for DiskReadLatency {
         ID
     }
 
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[Claim::Slice("D:data-file read")]
+    }
+
     // The storage's, not PostgreSQL's: no major changes it (18's
     // asynchronous reads move the wait to its I/O workers).
     fn headline(&self) -> Option<Headline> {

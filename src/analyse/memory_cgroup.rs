@@ -44,24 +44,12 @@ const MIN_RECLAIM_S_PER_S: f64 = 0.02;
 const MIN_REFAULTS_PER_S: f64 = 50.0;
 const MIN_MAJFAULTS_PER_S: f64 = 50.0;
 
-/// Kernel functions of memory cgroup (and direct) reclaim.
-pub const RECLAIM_FRAMES: &[&str] = &[
-    "try_to_free_mem_cgroup_pages",
-    "mem_cgroup_handle_over_high",
-    "reclaim_high",
-    "do_try_to_free_pages",
-    "shrink_node",
-    "shrink_lruvec",
-    "shrink_folio_list",
-    "shrink_page_list",
-    "reclaim_throttle",
-];
+pub use crate::evidence::kstack::RECLAIM_FRAMES;
 
 /// A reclaim frame (`_[k]` suffix of profile frames ignored). Shared with
 /// `swap-activity`, which leaves stacks with one to this rule.
 pub fn is_reclaim(frame: &str) -> bool {
-    let f = frame.strip_suffix("_[k]").unwrap_or(frame);
-    RECLAIM_FRAMES.contains(&f)
+    RECLAIM_FRAMES.contains(&crate::evidence::kstack::function(frame))
 }
 
 fn server_role(role: &str) -> bool {
@@ -230,6 +218,11 @@ pub struct MemoryCgroupReclaim;
 impl Rule for MemoryCgroupReclaim {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[Claim::Slice("D:reclaim")]
     }
 
     // No change: the kernel's accounting decides, not PostgreSQL's version.

@@ -11,6 +11,7 @@ pub mod clock_reads;
 pub mod cpu_saturation;
 pub mod disk_read_latency;
 pub mod dns_on_connect;
+pub mod explained;
 pub mod facts;
 pub mod finding;
 pub mod huge_pages;
@@ -48,6 +49,11 @@ pub trait Rule {
     /// `watch` exports for it, stated once here.
     fn headline(&self) -> Option<Headline> {
         None
+    }
+    /// The slices of the backends' account its cause fills: what a raised
+    /// finding explains ([`explained`]). None: its cost is its impact.
+    fn claims(&self) -> &'static [explained::Claim] {
+        &[]
     }
     /// The PostgreSQL commits that changed the case, oldest major first:
     /// what the rule's texts cite and the matrix's "changed by" shows.

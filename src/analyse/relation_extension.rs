@@ -92,6 +92,11 @@ impl Rule for RelationExtension {
         ID
     }
 
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[Claim::Event("Lock:extend")]
+    }
+
     fn headline(&self) -> Option<Headline> {
         Some(Headline {
             figure: "Lock:extend share of backend busy samples",

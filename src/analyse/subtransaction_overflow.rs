@@ -144,6 +144,16 @@ impl Rule for SubtransactionOverflow {
         ID
     }
 
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[
+            Claim::Event("LWLock:SubtransSLRU"),
+            Claim::Event("LWLock:SubtransBuffer"),
+            Claim::Event("LWLock:SubtransControlLock"),
+            Claim::Event("LWLock:subtrans"),
+        ]
+    }
+
     fn headline(&self) -> Option<Headline> {
         Some(Headline {
             figure: "pg_subtrans wait share of standby backend busy samples",

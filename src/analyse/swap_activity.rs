@@ -31,23 +31,7 @@ use crate::round3;
 
 pub const ID: &str = "swap-activity";
 
-/// Kernel functions of a swap-in: shared memory (`shmem_swapin_folio`,
-/// 6.x; `shmem_swapin_page`/`shmem_swapin` before), anonymous memory
-/// (`do_swap_page`), the read itself and its readahead.
-pub const SWAPIN_FRAMES: &[&str] = &[
-    "shmem_swapin_folio",
-    "shmem_swapin_page",
-    "shmem_swapin",
-    "shmem_swapin_cluster",
-    "do_swap_page",
-    "swap_read_folio",
-    "swap_readpage",
-    "swapin_readahead",
-    "swap_cluster_readahead",
-    "swap_vma_readahead",
-    "read_swap_cache_async",
-    "__read_swap_cache_async",
-];
+pub use crate::evidence::kstack::SWAPIN_FRAMES;
 
 /// The backends' time in swap-ins, as a share of their busy time, from
 /// which it is a warning. Measured here (PostgreSQL 15, shared_buffers
@@ -66,15 +50,11 @@ const MIN_MAJFLT: u64 = 100;
 /// Server memory swapped out from which an `info` is said even without cost.
 const INFO_SWAPPED_KB: u64 = 1024;
 
-fn is_swapin(frame: &str) -> bool {
-    let f = frame.strip_suffix("_[k]").unwrap_or(frame);
-    let f = f.split('.').next().unwrap_or(f);
-    SWAPIN_FRAMES.contains(&f)
-}
-
-/// A swap-in stack that is not reclaim's (see the module's note).
-fn swapin_stack<'a>(mut frames: impl Iterator<Item = &'a str> + Clone) -> bool {
-    frames.clone().any(is_swapin) && !frames.any(super::memory_cgroup::is_reclaim)
+/// A swap-in stack: its class is the swap-in, not a reclaim, a compaction
+/// or a page migration (a migration entry is waited for inside
+/// `do_swap_page` although nothing was swapped).
+fn swapin_stack<'a>(frames: impl Iterator<Item = &'a str> + Clone) -> bool {
+    crate::evidence::kstack::class_of(frames) == "swap-in"
 }
 
 /// The backends' swap-ins and what they cost over the recording.
@@ -278,6 +258,11 @@ pub struct SwapActivity;
 impl Rule for SwapActivity {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[Claim::Slice("D:swap-in")]
     }
 
     // The kernel's: no PostgreSQL version changes how shared memory swaps.
@@ -563,5 +548,9 @@ mod tests {
         ));
         assert!(swapin_stack(["do_swap_page_[k]"].into_iter()));
         assert!(!swapin_stack("do_epoll_wait;ep_poll".split(';')));
+        // A page under migration on a machine without swap (issue 37).
+        assert!(!swapin_stack(
+            "asm_exc_page_fault;handle_mm_fault;do_swap_page;migration_entry_wait".split(';')
+        ));
     }
 }

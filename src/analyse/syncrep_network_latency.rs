@@ -177,6 +177,11 @@ impl Rule for SyncrepNetworkLatency {
         ID
     }
 
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[Claim::Event("IPC:SyncRep")]
+    }
+
     fn headline(&self) -> Option<super::Headline> {
         Some(super::Headline {
             figure: "round trip to the synchronous standby, ms",

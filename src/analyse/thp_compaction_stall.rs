@@ -33,15 +33,7 @@ use crate::round3;
 
 pub const ID: &str = "thp-compaction-stall";
 
-/// Kernel functions of direct compaction (6.18 names `__compact_zone`;
-/// older kernels `compact_zone`, `compact_zone_order`).
-pub const COMPACTION_FRAMES: &[&str] = &[
-    "__alloc_pages_direct_compact",
-    "try_to_compact_pages",
-    "compact_zone_order",
-    "__compact_zone",
-    "compact_zone",
-];
+pub use crate::evidence::kstack::COMPACTION_FRAMES;
 
 /// Kernel functions of an anonymous huge page fault (`alloc_anon_folio`:
 /// multi-size THP).
@@ -180,6 +172,14 @@ pub struct ThpCompactionStall;
 impl Rule for ThpCompactionStall {
     fn id(&self) -> &'static str {
         ID
+    }
+
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[
+            Claim::Slice("D:compaction"),
+            Claim::Slice("D:page migration"),
+        ]
     }
 
     // The kernel's: no PostgreSQL commit changed how its memory is faulted.

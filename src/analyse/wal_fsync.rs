@@ -156,6 +156,15 @@ impl Rule for WalFsync {
         ID
     }
 
+    fn claims(&self) -> &'static [super::explained::Claim] {
+        use super::explained::Claim;
+        &[
+            Claim::Slice("D:fsync"),
+            Claim::Event("LWLock:WALWrite"),
+            Claim::Event("LWLock:WALWriteLock"),
+        ]
+    }
+
     // No change: the device's flush latency decides; every major flushes
     // WAL at commit (pg_stat_wal, 14+, only measures it).
     fn headline(&self) -> Option<Headline> {

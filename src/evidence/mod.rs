@@ -9,10 +9,12 @@
 //! counters and log, profiles) is the evidence; the lab scenarios' summaries
 //! ([`LabSummaries`]) only sharpen a finding, never gate it.
 
+pub mod account;
 pub mod checkpoints;
 pub mod clock;
 pub mod explain;
 pub mod fsync;
+pub mod kstack;
 pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;

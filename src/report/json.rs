@@ -87,6 +87,13 @@ pub struct Report {
     #[serde(default)]
     pub checks: Vec<analyse::Check>,
     pub findings: Vec<Finding>,
+    /// Where each role's time went (procfs and pg_stat_activity), over the
+    /// stretch the findings were judged on. Additive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<crate::evidence::account::Account>,
+    /// How much of the backends' busy time the findings explain. Additive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explained: Option<analyse::explained::Explained>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -248,6 +255,11 @@ pub fn build(rec: &Evidence) -> Report {
     // An incident is judged from its onset; its history is the timeline's.
     let judged = rec.judged();
     let (checks, findings) = analyse::diagnose(judged.as_ref().unwrap_or(rec));
+    let account = crate::evidence::account::build(judged.as_ref().unwrap_or(rec));
+    let explained = account
+        .as_ref()
+        .and_then(|a| a.role(Role::Backend))
+        .and_then(|b| analyse::explained::explain(b, &findings, &analyse::rules()));
     let stmts = statements(rec);
     let span = rec.syscall_span();
     let queries = sections::queries::build(rec);
@@ -380,6 +392,8 @@ pub fn build(rec: &Evidence) -> Report {
         drop_sweep: rec.lab.drop_sweep.clone(),
         worst_second: worst_second(rec),
         checks,
+        account,
+        explained,
         findings,
     }
 }

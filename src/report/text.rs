@@ -343,12 +343,17 @@ fn verdict(r: &Report, o: &mut String) {
         None => "Verdict: healthy, as far as the checks could measure",
     };
     let _ = writeln!(o, "\n{head} — {}", parts.join(" · "));
-    if r.checks.is_empty() {
-        return;
+    if let Some(e) = &r.explained {
+        let _ = writeln!(o, "{}", e.line());
     }
-    let _ = writeln!(o, "Checks");
-    for c in &r.checks {
-        let _ = writeln!(o, "  {}", c.line());
+    if !r.checks.is_empty() {
+        let _ = writeln!(o, "Checks");
+        for c in &r.checks {
+            let _ = writeln!(o, "  {}", c.line());
+        }
+    }
+    if let Some(a) = &r.account {
+        super::sections::account::render(a, o);
     }
 }
 

@@ -6,6 +6,7 @@
 //! Content-Security-Policy allows only the page's own code (by hash).
 //! Every string a server gave (names, query text, settings, frames) is
 //! escaped, in HTML and in the page's JSON.
+mod account;
 pub mod flame;
 pub mod tables;
 
@@ -401,6 +402,9 @@ pub fn render(r: &Report, v: &View) -> String {
     }
     let _ = writeln!(o, "</section>");
     checks(o, r);
+    if let Some(a) = &r.account {
+        account::section(o, a, r.explained.as_ref());
+    }
     if let Some(h) = &r.log_history {
         let text = crate::report::sections::log_history::render(h);
         let mut lines = text.lines();

@@ -1,6 +1,7 @@
 //! Report sections: one module per kind of evidence, each reading its own
 //! files from a recording (`build`) and rendering itself as text (`render`).
 
+pub mod account;
 pub mod clock;
 pub mod explain;
 pub mod fsync;

@@ -1,0 +1,105 @@
+//! The account of time as text: the backends' slices as a table (with
+//! what measured each and its largest stacks or waits), the other roles a
+//! line each.
+use std::fmt::Write;
+
+use crate::evidence::account::{Account, RoleAccount, Slice};
+use crate::procinfo::Role;
+
+/// A slice's name for a reader.
+pub fn label(key: &str) -> String {
+    match key {
+        "cpu" => "on CPU".into(),
+        "runq" => "run queue (runnable, no CPU)".into(),
+        "S" => "sleeping (S)".into(),
+        "S:idle" => "idle".into(),
+        "other" => "stopped, zombie".into(),
+        k => match k.split_once(':') {
+            Some(("D", c)) => format!("blocked (D): {c}"),
+            Some(("S", t)) => format!("waiting (S): {t}"),
+            _ => k.into(),
+        },
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0} %", x * 100.0)
+}
+
+fn row(s: &Slice, busy: Option<f64>, o: &mut String) {
+    let of_busy = match busy {
+        Some(b) if b > 0.0 && s.key != "S:idle" => pct(s.s / b),
+        _ => "—".into(),
+    };
+    let top = s
+        .top
+        .first()
+        .map_or(String::new(), |t| format!("  {}", t.what));
+    let _ = writeln!(
+        o,
+        "  {:<34} {:>9.1} s {:>5} {:>6}{top}",
+        label(&s.key),
+        s.s,
+        pct(s.share),
+        of_busy
+    );
+}
+
+fn others_line(r: &RoleAccount, o: &mut String) {
+    let mut v: Vec<&Slice> = r.slices.iter().filter(|s| s.share >= 0.01).collect();
+    v.sort_by(|a, b| b.s.total_cmp(&a.s));
+    let parts: Vec<String> = v
+        .iter()
+        .take(4)
+        .map(|s| format!("{} {}", label(&s.key), pct(s.share)))
+        .collect();
+    let _ = writeln!(
+        o,
+        "  {} ({}, {:.1} s): {}",
+        r.role.as_str(),
+        r.processes,
+        r.total_s,
+        parts.join(", ")
+    );
+}
+
+pub fn render(a: &Account, o: &mut String) {
+    let Some(b) = a.role(Role::Backend) else {
+        return;
+    };
+    let busy = b
+        .busy_s
+        .map_or("busy time not told apart from idle".into(), |s| {
+            format!("{s:.1} s busy")
+        });
+    let _ = writeln!(
+        o,
+        "\nWhere the backends' time went ({} process{}, {:.1} process-seconds, {busy}; \
+         states at {:.0} Hz, on CPU and run queue counted exactly{})",
+        b.processes,
+        if b.processes == 1 { "" } else { "es" },
+        b.total_s,
+        a.hz,
+        a.waits_hz.map_or(String::new(), |h| format!(
+            ", sleep split by pg_stat_activity at {h:.1} looks/s"
+        ))
+    );
+    let _ = writeln!(
+        o,
+        "  {:<34} {:>11} {:>5} {:>6}  largest stack or wait",
+        "", "", "all", "busy"
+    );
+    let mut slices: Vec<&Slice> = b.slices.iter().collect();
+    slices.sort_by(|x, y| y.s.total_cmp(&x.s).then_with(|| x.key.cmp(&y.key)));
+    for s in slices {
+        row(s, b.busy_s, o);
+    }
+    let others: Vec<&RoleAccount> = a.roles.iter().filter(|r| r.role != Role::Backend).collect();
+    if !others.is_empty() {
+        let _ = writeln!(o, "  other roles:");
+        for r in others {
+            let _ = write!(o, "  ");
+            others_line(r, o);
+        }
+    }
+}
