@@ -7,6 +7,11 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+/// The title of a child of the postmaster that exited before /proc could
+/// be read: filed as a backend (a connection per transaction).
+pub const SHORT_LIVED_BACKEND: &str =
+    "(exited before /proc was read: a child of the postmaster, filed as a backend)";
+
 /// The part a process plays in a cluster, from its title (`ps` shows the same).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

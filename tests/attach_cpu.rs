@@ -73,3 +73,58 @@ fn cpu_saturation_found_attached_beside_busy_loops() {
     }
     eprintln!("figures: {figures:?}");
 }
+
+/// A connection per transaction (`pgbench -C`): the backends live a few
+/// milliseconds, shorter than a round of /proc's readers. The kernel's
+/// counts and the profile see them: they are backends (forked by the
+/// postmaster), not "short-lived" strangers, and the CPU checks say why
+/// /proc could not measure them instead of "no backend used a CPU".
+#[test]
+fn backends_of_a_connection_per_transaction_are_backends() {
+    let c = UserCluster::start(&[], &[]);
+    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("rec");
+    let r = record_while(&c, &out, 8, "syscalls,procfs,pgstat,profile", || {
+        let o = c.pgbench(
+            "postgres",
+            &["-S", "-C", "-c", "2", "-j", "1", "-R", "100", "-T", "5"],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    });
+    let backends = &r["syscalls"]["by_role"]["backend"];
+    let short = &r["syscalls"]["by_role"]["short-lived"];
+    eprintln!(
+        "backend processes {}, short-lived {}",
+        backends["processes"], short["processes"]
+    );
+    // ~500 connections in 5 s; the few that /proc did read are backends too.
+    assert!(
+        backends["processes"].as_u64().unwrap_or(0) >= 100,
+        "{backends}\nshort-lived: {short}"
+    );
+    assert!(
+        short["processes"].as_u64().unwrap_or(0) * 10 <= backends["processes"].as_u64().unwrap(),
+        "{short}"
+    );
+    let prof = &r["profile"]["roles"];
+    eprintln!("profile roles: {prof}");
+    let samples = |role: &str| {
+        prof.as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["role"] == role)
+            .and_then(|x| x["samples"].as_u64())
+            .unwrap_or(0)
+    };
+    assert!(
+        samples("backend") > samples("short-lived"),
+        "profile: {prof}"
+    );
+    let check = common::check(&r, "cpu-saturation");
+    let why = check["missing"].as_str().unwrap_or("");
+    if check["status"] == "not_measurable" {
+        assert!(why.contains("lived shorter than a round"), "{check}");
+    }
+    assert!(!why.contains("no backend used a CPU"), "{check}");
+}

@@ -99,10 +99,16 @@ fn a_backend_named_while_a_zombie_keeps_its_syscalls_under_a_client_role() {
     let named = rec.processes.get(&backend);
     eprintln!("backend {backend} named {named:?}");
     let role = rec.role_of(backend);
+    // The postmaster forked it: a backend, however short its life.
     assert_eq!(
         role,
-        Role::ShortLived,
-        "a backend whose title could not be read is short-lived, not {role}: {named:?}"
+        Role::Backend,
+        "a child of the postmaster whose title could not be read is a backend, not {role}: {named:?}"
+    );
+    assert_eq!(
+        named.map(|p| p.title.as_str()),
+        Some(pgbelow::collect::session::SHORT_LIVED_BACKEND),
+        "{named:?}"
     );
     // Its counts are complete: they run to its exit.
     let calls = rec

@@ -157,6 +157,9 @@ fn unmeasured(rec: &Evidence) -> String {
                 (--collectors …,procfs; it reads /proc/PID/schedstat)"
             .into();
     }
+    if let Some(why) = rec.backends_too_short_for_proc() {
+        return why;
+    }
     "no backend used a CPU during the recording: nothing waited for one (run it while the \
      workload runs)"
         .into()

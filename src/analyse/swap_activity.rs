@@ -296,9 +296,9 @@ impl Rule for SwapActivity {
                 "%",
                 WARN_SHARE * 100.0,
             )),
-            None => Measure::Missing(
-                "no backend ran or waited during the recording: nothing to stall".into(),
-            ),
+            None => Measure::Missing(ev.backends_too_short_for_proc().unwrap_or_else(|| {
+                "no backend ran or waited during the recording: nothing to stall".into()
+            })),
         }
     }
 

@@ -11,6 +11,8 @@ use super::{Collector, Context};
 use crate::procinfo::{self, ProcessInfo, Role};
 use crate::recording::{files, CollectorInfo, Manifest, Status, Writer};
 
+pub use crate::procinfo::SHORT_LIVED_BACKEND;
+
 pub struct Session {
     writer: Writer,
     ctx: Context,
@@ -154,8 +156,10 @@ impl Session {
         Ok(())
     }
 
-    /// Record every live process of the cluster not yet known, and give
-    /// processes the kernel saw but /proc no longer has a "short-lived" role.
+    /// Record every live process of the cluster not yet known. A process
+    /// the kernel saw but /proc no longer has is a backend when the
+    /// postmaster forked it (titled [`SHORT_LIVED_BACKEND`]), else
+    /// "short-lived".
     fn discover(&mut self, seen: &[(u32, u32)]) -> Result<()> {
         let t = self.t();
         let nodes = self.ctx.postmasters.clone();
@@ -217,12 +221,28 @@ impl Session {
                     .iter()
                     .find(|n| Some(&n.name) == node.as_ref())
                     .map_or(self.ctx.postmaster, |n| n.pid);
-                let mut p = procinfo::describe(*pid, root).unwrap_or(ProcessInfo {
-                    pid: *pid,
-                    ppid: *ppid,
-                    role: Role::ShortLived,
-                    title: String::new(),
-                    node: None,
+                // Gone before /proc could name it. A child of a postmaster
+                // that lived less than a round is a client's backend (a
+                // connection per transaction, `pgbench -C`): auxiliary
+                // processes live as long as the server, and a backend is a
+                // backend however short its life.
+                let mut p = procinfo::describe(*pid, root).unwrap_or_else(|| {
+                    let of_postmaster = nodes.iter().any(|n| n.pid == *ppid);
+                    ProcessInfo {
+                        pid: *pid,
+                        ppid: *ppid,
+                        role: if of_postmaster {
+                            Role::Backend
+                        } else {
+                            Role::ShortLived
+                        },
+                        title: if of_postmaster {
+                            SHORT_LIVED_BACKEND.to_string()
+                        } else {
+                            String::new()
+                        },
+                        node: None,
+                    }
                 });
                 if just_forked(&p) {
                     continue;

@@ -50,6 +50,10 @@ pub struct Account {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waits_hz: Option<f64>,
     pub roles: Vec<RoleAccount>,
+    /// Why the backends are missing or incomplete: they lived shorter than
+    /// a round of /proc's readers (their time is not in the account).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backends_unread: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -201,6 +205,7 @@ pub fn build(ev: &Evidence) -> Option<Account> {
         hz: ev.procfs.first().map_or(0.0, |s| s.hz),
         waits_hz: (span > 0.0).then(|| crate::round3(f64::from(ticks) / span)),
         roles,
+        backends_unread: ev.backends_too_short_for_proc(),
     })
 }
 

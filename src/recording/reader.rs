@@ -227,6 +227,31 @@ impl Loaded {
         })
     }
 
+    /// Backends that exited before /proc could be read (a connection per
+    /// transaction): the kernel's counts and the profile see them, /proc's
+    /// readers do not.
+    pub fn unread_backends(&self) -> usize {
+        self.processes
+            .values()
+            .filter(|p| p.role == Role::Backend && p.title == crate::procinfo::SHORT_LIVED_BACKEND)
+            .count()
+    }
+
+    /// Why /proc saw no backend at work though backends ran: they lived
+    /// shorter than a round of its readers. None when that is not so.
+    pub fn backends_too_short_for_proc(&self) -> Option<String> {
+        let n = self.unread_backends();
+        (n > 0).then(|| {
+            format!(
+                "{n} backends lived shorter than a round of /proc's readers (a connection per \
+                 transaction, as pgbench -C): their CPU, run-queue wait and blocked time are not \
+                 in /proc when it looks, so this is not measured (the syscalls and the profile \
+                 still count them; a connection pooler keeps backends long enough to measure, \
+                 and saves the fork per connection)"
+            )
+        })
+    }
+
     pub fn role_of(&self, pid: u32) -> Role {
         if Some(pid) == self.manifest.postgres.observer_backend_pid {
             return Role::Observer;

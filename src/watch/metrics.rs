@@ -43,6 +43,9 @@ pub struct Metrics {
     checks: BTreeMap<String, crate::analyse::Check>,
     /// The last window's findings' impact: (what it is a share of, share).
     impacts: BTreeMap<String, (String, f64)>,
+    /// The last window's account of the backends' busy time: explained,
+    /// waiting unexplained, on a CPU unclaimed (shares); None without one.
+    explained: Option<[f64; 3]>,
     collector_up: BTreeMap<String, bool>,
     /// The watched server as of the last window: version, and the container
     /// it runs in (id, pod) where it does.
@@ -225,6 +228,13 @@ impl Metrics {
             .iter()
             .map(|c| (c.id.clone(), c.clone()))
             .collect();
+        self.explained = rep.explained.as_ref().map(|e| {
+            [
+                e.explained_share,
+                e.unexplained_waiting_share,
+                e.on_cpu_unclaimed_share,
+            ]
+        });
     }
 
     /// The exposition; `openmetrics` picks OpenMetrics 1.0 over text 0.0.4.
@@ -356,6 +366,18 @@ impl Metrics {
                 )
             }),
         );
+        if let Some([explained, waiting, cpu]) = self.explained {
+            e.family(
+                "pgbelow_backend_busy_explained_ratio",
+                Kind::Gauge,
+                "The share of the backends' busy time over the last window that is accounted for (by what), from the account of time (procfs and pgstat); absent without it.",
+                [
+                    (lab(&[("by", "findings")]), explained),
+                    (lab(&[("by", "none_waiting")]), waiting),
+                    (lab(&[("by", "none_on_cpu")]), cpu),
+                ],
+            );
+        }
         if !self.server_info.is_empty() {
             e.family(
                 "pgbelow_postgres_info",
@@ -755,6 +777,21 @@ mod tests {
                 "pgbelow_finding_impact_ratio{id=\"timer-syscalls-per-statement\",of=\"the backends' CPU\"} 0.022"
             ),
             "{text}"
+        );
+        // The account: the timer finding claims its share of the CPU; the
+        // rest of the backends' busy time is on a CPU or waiting unclaimed.
+        let e = rep.explained.as_ref().unwrap();
+        for (by, v) in [
+            ("findings", e.explained_share),
+            ("none_waiting", e.unexplained_waiting_share),
+            ("none_on_cpu", e.on_cpu_unclaimed_share),
+        ] {
+            let line = format!("pgbelow_backend_busy_explained_ratio{{by=\"{by}\"}} {v}");
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(
+            e.explained_share > 0.0 && e.on_cpu_unclaimed_share > 0.5,
+            "{e:#?}"
         );
         assert!(text.contains("pgbelow_build_info{version=\""), "{text}");
         assert!(

@@ -65,6 +65,9 @@ fn others_line(r: &RoleAccount, o: &mut String) {
 
 pub fn render(a: &Account, o: &mut String) {
     let Some(b) = a.role(Role::Backend) else {
+        if let Some(why) = &a.backends_unread {
+            let _ = writeln!(o, "\nWhere the backends' time went: not measured — {why}");
+        }
         return;
     };
     let busy = b
@@ -84,6 +87,9 @@ pub fn render(a: &Account, o: &mut String) {
             ", sleep split by pg_stat_activity at {h:.1} looks/s"
         ))
     );
+    if let Some(why) = &a.backends_unread {
+        let _ = writeln!(o, "  incomplete: {why}");
+    }
     let _ = writeln!(
         o,
         "  {:<34} {:>11} {:>5} {:>6}  largest stack or wait",
