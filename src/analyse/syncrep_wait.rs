@@ -340,9 +340,7 @@ impl Rule for SyncrepWait {
                 "",
                 MIN_CREATE_PER_COMMIT,
             )),
-            None => Measure::Missing(
-                "the backends' system calls were not counted: add the syscalls collector".into(),
-            ),
+            None => Measure::Missing(rec.no_backend_syscalls()),
         }
     }
 

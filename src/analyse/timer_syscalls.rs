@@ -115,9 +115,7 @@ impl Rule for TimerSyscalls {
                 "",
                 WARN_PER_STATEMENT,
             )),
-            None => Measure::Missing(
-                "the backends' system calls were not counted: add the syscalls collector".into(),
-            ),
+            None => Measure::Missing(rec.no_backend_syscalls()),
         }
     }
 
@@ -284,6 +282,29 @@ mod tests {
         let f = TimerSyscalls.evaluate(&ev).expect("same evidence, raised");
         assert!(!f.remedy.contains("Upgrade to"), "{}", f.remedy);
         assert!(f.remedy.contains("ALTER ROLE"), "{}", f.remedy);
+    }
+
+    /// Statements counted, the syscalls collector on, no client backend
+    /// (as on a logical replication subscriber, whose apply worker
+    /// commits): the reason names who made the calls, not a collector to add.
+    #[test]
+    fn without_client_backends_the_reason_is_not_a_missing_collector() {
+        let mut ev = fixture("pg13-select-only-timeout");
+        for p in ev.processes.values_mut() {
+            if p.role == Role::Backend {
+                p.role = Role::BackgroundWorker;
+            }
+        }
+        let Measure::Missing(why) = TimerSyscalls.measure(&ev) else {
+            panic!("measured without backends");
+        };
+        assert!(!why.contains("add the syscalls"), "{why}");
+        assert!(why.contains("background-worker"), "{why}");
+        ev.manifest.collectors.retain(|c| c.name != "syscalls");
+        let Measure::Missing(why) = TimerSyscalls.measure(&ev) else {
+            panic!("measured without the collector");
+        };
+        assert!(why.contains("add the syscalls collector"), "{why}");
     }
 
     // Both fixtures are real lab runs: `pgbelow lab run --scenario select-only

@@ -298,6 +298,35 @@ impl Evidence {
             .any(|c| c.name == collector && c.status != "failed" && c.status != "off")
     }
 
+    /// Why a check per client statement has no backend system calls: the
+    /// collector did not run, or it ran and no client backend made one
+    /// (the transactions counted were another process's: a logical
+    /// replication subscriber's apply worker, a background worker).
+    pub fn no_backend_syscalls(&self) -> String {
+        if !self.recorded("syscalls") {
+            return "the backends' system calls were not counted: add the syscalls collector"
+                .into();
+        }
+        let mut by: Vec<(crate::procinfo::Role, u64)> = self
+            .syscalls_by_role(None)
+            .into_iter()
+            .filter(|(r, c)| *r != crate::procinfo::Role::Observer && c.total() > 0)
+            .map(|(r, c)| (r, c.total()))
+            .collect();
+        by.sort_by(|a, b| b.1.cmp(&a.1));
+        let who: Vec<&str> = by.iter().take(3).map(|(r, _)| r.as_str()).collect();
+        format!(
+            "no client backend made a system call while the syscalls collector counted them: \
+             the transactions counted were other processes' ({}), as on a logical replication \
+             subscriber; this check judges client backends",
+            if who.is_empty() {
+                "none made a call".to_string()
+            } else {
+                format!("most calls: {}", who.join(", "))
+            }
+        )
+    }
+
     /// Process states summarised over the procfs samples whose interval
     /// overlaps `(start, until]` (all of them with `None`).
     pub fn procfs_in(&self, window: Option<(f64, f64)>) -> procfs::ProcfsSection {
