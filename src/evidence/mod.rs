@@ -313,7 +313,7 @@ impl Evidence {
             .filter(|(r, c)| *r != crate::procinfo::Role::Observer && c.total() > 0)
             .map(|(r, c)| (r, c.total()))
             .collect();
-        by.sort_by(|a, b| b.1.cmp(&a.1));
+        by.sort_by_key(|x| std::cmp::Reverse(x.1));
         let who: Vec<&str> = by.iter().take(3).map(|(r, _)| r.as_str()).collect();
         format!(
             "no client backend made a system call while the syscalls collector counted them: \

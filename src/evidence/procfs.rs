@@ -52,7 +52,14 @@ pub struct RoleProcfs {
     /// Seconds runnable but waiting for a CPU.
     pub runq_s: f64,
     pub read_bytes: u64,
+    /// /proc/PID/io write_bytes: a folio's whole size each time it turns
+    /// dirty, not bytes written (kept for old readers; the text leaves it
+    /// out).
     pub write_bytes: u64,
+    /// Bytes passed to write calls (files, sockets, pipes); None in
+    /// recordings that did not read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_bytes: Option<u64>,
     pub vcsw: u64,
     pub nvcsw: u64,
     /// Minor page faults (first touches of mapped pages).
@@ -332,6 +339,9 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
             r.runq_s += d.runq_s;
             r.read_bytes += d.read_bytes;
             r.write_bytes += d.write_bytes;
+            if smp.wchar {
+                *r.written_bytes.get_or_insert(0) += d.written_bytes;
+            }
             r.vcsw += d.vcsw;
             r.nvcsw += d.nvcsw;
             r.minflt += d.minflt;
@@ -362,7 +372,11 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
         .take(TOP_BLOCKED)
         .cloned()
         .collect();
+    let wchar = samples.iter().any(|s| s.wchar);
     for (role, r) in out.roles.iter_mut() {
+        if wchar {
+            r.written_bytes.get_or_insert(0);
+        }
         r.pids = role_pids.get(role).map_or(0, BTreeSet::len);
         r.cpu_s = round_us(r.cpu_s);
         r.runq_s = round_us(r.runq_s);

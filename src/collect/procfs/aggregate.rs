@@ -133,6 +133,7 @@ impl Interval {
             hz,
             ticks: self.ticks,
             stack_reads: self.stack_reads,
+            wchar: true,
             rows: self.rows(dt),
             procs,
             mem,
@@ -249,6 +250,7 @@ impl CounterDeltas {
                     .write_bytes
                     .saturating_sub(c.io.cancelled_write_bytes)
                     .saturating_sub(b.io.write_bytes.saturating_sub(b.io.cancelled_write_bytes)),
+                written_bytes: c.io.wchar.saturating_sub(b.io.wchar),
                 vcsw: c.ctxt.voluntary.saturating_sub(b.ctxt.voluntary),
                 nvcsw: c.ctxt.nonvoluntary.saturating_sub(b.ctxt.nonvoluntary),
                 minflt: c.minflt.saturating_sub(b.minflt),

@@ -187,6 +187,9 @@ pub struct Io {
     pub write_bytes: u64,
     /// Bytes of those writes truncated away before writeback.
     pub cancelled_write_bytes: u64,
+    /// Bytes passed to write calls (files, sockets, pipes): what the
+    /// process wrote, counted once.
+    pub wchar: u64,
 }
 
 pub fn parse_io(s: &str) -> Option<Io> {
@@ -200,6 +203,7 @@ pub fn parse_io(s: &str) -> Option<Io> {
             "read_bytes" => &mut io.read_bytes,
             "write_bytes" => &mut io.write_bytes,
             "cancelled_write_bytes" => &mut io.cancelled_write_bytes,
+            "wchar" => &mut io.wchar,
             _ => continue,
         };
         *slot = v.trim().parse().ok()?;

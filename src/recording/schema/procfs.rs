@@ -24,6 +24,10 @@ pub struct ProcfsSample {
     /// Kernel stacks read in the interval (the costly file).
     #[serde(default)]
     pub stack_reads: u64,
+    /// The deltas carry `written_bytes` (absent in older recordings, whose
+    /// written bytes were not read: not 0).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wchar: bool,
     /// Per role × state × top kernel frame, sorted by those keys.
     pub rows: Vec<StateRow>,
     /// Per pid: counter deltas over the interval (all-zero rows left out).
@@ -97,8 +101,15 @@ pub struct ProcDelta {
     pub runq_s: f64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub read_bytes: u64,
+    /// /proc/PID/io write_bytes: accounted when a page cache folio turns
+    /// dirty, its whole size (an 8 kB write into a cached 2 MB folio counts
+    /// 2 MB): not bytes written. Kept for old readers.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub write_bytes: u64,
+    /// Bytes passed to write calls (/proc/PID/io wchar: files, sockets,
+    /// pipes), when the sample says `wchar`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub written_bytes: u64,
     /// Voluntary context switches (it waited).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub vcsw: u64,
