@@ -45,3 +45,50 @@ fn text_report_pg13_all_collectors() {
     }
     insta::assert_snapshot!(report::text::render(&r));
 }
+
+/// Every finding's words, from every real recording that raises one: the
+/// title, summary, impact and remedy a DBA reads, so that a change to any
+/// of them (a run of spaces, a sentence that contradicts its figure) shows
+/// in review. One snapshot, fixtures in name order.
+#[test]
+fn every_finding_text_of_the_recorded_cases() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recordings");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let mut out = String::new();
+    let mut n = 0;
+    for name in names {
+        let r = build(&name);
+        for f in &r.findings {
+            n += 1;
+            // Text a reader sees: no run of spaces, no unfilled placeholder.
+            for (what, text) in [("summary", &f.summary), ("remedy", &f.remedy)] {
+                assert!(!text.contains("  "), "{name} {} {what}: {text}", f.id);
+                assert!(
+                    !text.contains("{}") && !text.contains("NaN"),
+                    "{name} {}: {text}",
+                    f.id
+                );
+            }
+            out.push_str(&format!(
+                "## {name}: [{}] {} — {}\n{}\nimpact: {}\nremedy: {}\n\n",
+                f.severity.as_str(),
+                f.id,
+                f.title,
+                f.summary,
+                f.impact
+                    .as_ref()
+                    .map_or("not measured".to_string(), |i| format!(
+                        "{:.3} of {} ({})",
+                        i.share, i.of, i.basis
+                    )),
+                f.remedy
+            ));
+        }
+    }
+    assert!(n >= 30, "only {n} findings in the fixtures");
+    insta::assert_snapshot!(out);
+}

@@ -185,8 +185,29 @@ pub fn diagnose(ev: &Evidence) -> (Vec<Check>, Vec<Finding>) {
         checks.push(c);
         out.extend(f);
     }
+    for f in &mut out {
+        f.summary = sentence(&f.summary);
+        f.remedy = sentence(&f.remedy);
+    }
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then_with(|| a.id.cmp(&b.id)));
     (checks, out)
+}
+
+/// A text as a sentence: its first word capitalised when it is a plain
+/// lowercase word ("backends made …"), never an identifier
+/// (`pg_stat_wal`, `track_io_timing`) or a quoted name.
+fn sentence(text: &str) -> String {
+    let word = text
+        .split(|c: char| !c.is_alphanumeric() && c != '_')
+        .next()
+        .unwrap_or("");
+    if word.is_empty() || !word.chars().all(|c| c.is_ascii_lowercase()) {
+        return text.to_string();
+    }
+    let mut c = text.chars();
+    c.next()
+        .map(|first| first.to_ascii_uppercase().to_string() + c.as_str())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -195,6 +216,20 @@ pub(crate) use crate::evidence::fixture;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_summary_starts_as_a_sentence_unless_it_names_an_identifier() {
+        assert_eq!(sentence("backends made 2 calls"), "Backends made 2 calls");
+        assert_eq!(
+            sentence("server process (PID 1) was"),
+            "Server process (PID 1) was"
+        );
+        assert_eq!(sentence("pg_stat_wal: 5 syncs"), "pg_stat_wal: 5 syncs");
+        assert_eq!(sentence("fsync took"), "Fsync took");
+        assert_eq!(sentence("24.9% of"), "24.9% of");
+        assert_eq!(sentence("Already"), "Already");
+        assert_eq!(sentence(""), "");
+    }
 
     /// The contract: every warning or critical finding says what it costs,
     /// from the recording, as a share between 0 and 1 with its basis. Real
