@@ -46,6 +46,8 @@ pub struct Metrics {
     /// The last window's account of the backends' busy time: explained,
     /// waiting unexplained, on a CPU unclaimed (shares); None without one.
     explained: Option<[f64; 3]>,
+    /// The machine's pressure stall (PSI) over the last window.
+    pressure: Option<crate::evidence::system::PressureShares>,
     collector_up: BTreeMap<String, bool>,
     /// The watched server as of the last window: version, and the container
     /// it runs in (id, pod) where it does.
@@ -228,6 +230,7 @@ impl Metrics {
             .iter()
             .map(|c| (c.id.clone(), c.clone()))
             .collect();
+        self.pressure = rep.system.as_ref().and_then(|s| s.pressure.clone());
         self.explained = rep.explained.as_ref().map(|e| {
             [
                 e.explained_share,
@@ -366,6 +369,24 @@ impl Metrics {
                 )
             }),
         );
+        if let Some(p) = &self.pressure {
+            let rows = [
+                ("cpu", "some", p.cpu_some),
+                ("cpu", "full", p.cpu_full),
+                ("memory", "some", p.memory_some),
+                ("memory", "full", p.memory_full),
+                ("io", "some", p.io_some),
+                ("io", "full", p.io_full),
+            ];
+            e.family(
+                "pgbelow_pressure_stall_ratio",
+                Kind::Gauge,
+                "The share of the last window's time in which some (or all, full) runnable tasks of the machine stalled on the resource (/proc/pressure, PSI); a kind the kernel does not report is absent.",
+                rows.iter().filter_map(|(r, k, v)| {
+                    Some((lab(&[("resource", r), ("kind", k)]), (*v)?))
+                }),
+            );
+        }
         if let Some([explained, waiting, cpu]) = self.explained {
             e.family(
                 "pgbelow_backend_busy_explained_ratio",
@@ -746,6 +767,41 @@ mod tests {
             )),
             "{text}"
         );
+    }
+
+    /// PSI as the window's report has it: each kind the kernel reported,
+    /// none it did not (this fixture predates PSI in recordings: the
+    /// shares are set on its report).
+    #[test]
+    fn pressure_is_exported_as_the_kernel_reported_it() {
+        let ev = crate::evidence::fixture("pg13-select-only-timeout-all");
+        let mut rep = crate::report::build(&ev);
+        let mut m = Metrics::new(&["system".into()]);
+        m.add_window(&ev, &rep, true);
+        let own = Own {
+            cpu_s: 0.0,
+            rss: 0,
+            fds: 0,
+        };
+        assert!(!m
+            .render(false, &own)
+            .contains("pgbelow_pressure_stall_ratio"));
+        rep.system.as_mut().unwrap().pressure = Some(crate::evidence::system::PressureShares {
+            covered_s: 10.0,
+            cpu_some: Some(0.25),
+            io_some: Some(0.5),
+            io_full: Some(0.125),
+            ..Default::default()
+        });
+        m.add_window(&ev, &rep, true);
+        let text = m.render(false, &own);
+        for l in [
+            "pgbelow_pressure_stall_ratio{resource=\"cpu\",kind=\"some\"} 0.25",
+            "pgbelow_pressure_stall_ratio{resource=\"io\",kind=\"full\"} 0.125",
+        ] {
+            assert!(text.lines().any(|t| t == l), "no {l:?} in\n{text}");
+        }
+        assert!(!text.contains("resource=\"memory\""), "{text}");
     }
 
     #[test]
