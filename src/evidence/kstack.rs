@@ -165,6 +165,28 @@ pub fn class_of_folded(folded: &str) -> &'static str {
     class_of(folded.split(';'))
 }
 
+/// Classes of a process blocked writing: throttled by writeback, flushing,
+/// or queued behind another writer's file lock.
+pub const WRITE_CLASSES: &[&str] = &["writeback", "fsync", "file write"];
+
+/// The class of a blocked process known by its first kernel frame and the
+/// system calls it was blocked in (most samples first): the frame when it
+/// says, else the call.
+pub fn class_of_blocked(frame: &str, syscalls: &[String]) -> &'static str {
+    let c = class_of([frame]);
+    if c != OTHER {
+        return c;
+    }
+    match syscalls.first().map(String::as_str) {
+        Some("fsync" | "fdatasync" | "sync_file_range" | "syncfs") => "fsync",
+        Some("write" | "pwrite64" | "pwritev" | "pwritev2" | "writev" | "fallocate") => {
+            "file write"
+        }
+        Some("read" | "pread64" | "preadv" | "preadv2" | "readv") => "data-file read",
+        _ => OTHER,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +228,28 @@ mod tests {
         ] {
             assert_eq!(class_of_folded(folded), class, "{folded}");
         }
+    }
+
+    #[test]
+    fn a_blocked_row_is_classed_by_its_frame_then_its_call() {
+        let calls = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            class_of_blocked("balance_dirty_pages", &calls(&["pwrite64"])),
+            "writeback"
+        );
+        assert_eq!(
+            class_of_blocked("filemap_get_pages", &calls(&["pread64"])),
+            "data-file read"
+        );
+        assert_eq!(
+            class_of_blocked("jbd2_log_wait_commit", &calls(&["fdatasync"])),
+            "fsync"
+        );
+        assert_eq!(
+            class_of_blocked("rwsem_down_write_slowpath", &calls(&["pwrite64"])),
+            "file write"
+        );
+        assert_eq!(class_of_blocked("io_schedule", &calls(&[])), OTHER);
     }
 
     #[test]
