@@ -240,6 +240,21 @@ impl Metrics {
         });
     }
 
+    /// An incident's findings, judged over its history and escalation:
+    /// active now at the worse of their severity and the last window's,
+    /// until the next window is evaluated.
+    pub fn incident_findings(&mut self, rep: &crate::report::Report) {
+        for f in &rep.findings {
+            let e = self.findings.entry(f.id.clone()).or_insert(None);
+            *e = (*e).max(Some(f.severity));
+            if let Some(i) = &f.impact {
+                self.impacts
+                    .entry(f.id.clone())
+                    .or_insert_with(|| (i.of.clone(), i.share));
+            }
+        }
+    }
+
     /// The exposition; `openmetrics` picks OpenMetrics 1.0 over text 0.0.4.
     /// `own` is the process's own figures, read at scrape time.
     pub fn render(&self, openmetrics: bool, own: &Own) -> String {
@@ -767,6 +782,35 @@ mod tests {
             )),
             "{text}"
         );
+    }
+
+    /// An incident's findings are active at once, until the next window
+    /// says otherwise (real lab runs: slow reads, and the same cold start
+    /// without the limit).
+    #[test]
+    fn an_incident_raises_its_findings_until_the_next_window() {
+        let healthy = crate::evidence::fixture("pg15-disk-read-latency-unlimited");
+        let slow = crate::evidence::fixture("pg15-disk-read-latency-150");
+        let (hr, sr) = (crate::report::build(&healthy), crate::report::build(&slow));
+        let own = Own {
+            cpu_s: 0.0,
+            rss: 0,
+            fds: 0,
+        };
+        let line = "pgbelow_finding_active{id=\"disk-read-latency\",severity=\"critical\"}";
+        let value = |m: &Metrics| {
+            m.render(false, &own)
+                .lines()
+                .find(|l| l.starts_with(line))
+                .map(|l| l[line.len()..].trim().to_string())
+        };
+        let mut m = Metrics::new(&["pgstat".into()]);
+        m.add_window(&healthy, &hr, true);
+        assert_eq!(value(&m).as_deref(), Some("0"));
+        m.incident_findings(&sr);
+        assert_eq!(value(&m).as_deref(), Some("1"));
+        m.add_window(&healthy, &hr, true);
+        assert_eq!(value(&m).as_deref(), Some("0"));
     }
 
     /// PSI as the window's report has it: each kind the kernel reported,

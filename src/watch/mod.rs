@@ -487,9 +487,9 @@ fn windows_in(
                     "pgbelow: watch: {tag}not escalating: the hour's budget ({:.1} CPU-s) is spent",
                     flight.budget.cap_s
                 );
-                keep_incident(opts, flight, metrics, target);
+                keep_incident(opts, work, flight, metrics, target);
             }
-            Some(_) => keep_incident(opts, flight, metrics, target),
+            Some(_) => keep_incident(opts, work, flight, metrics, target),
             None => {}
         }
         if escalated {
@@ -537,8 +537,14 @@ fn deep_collectors(opts: &WatchOptions) -> Vec<String> {
 
 /// Splice the pending incident into `--keep` (or say it was not kept);
 /// a failure is said on stderr and in /metrics, and watching goes on.
+/// The incident judged as one recording (history, the window the trigger
+/// ended, the escalated one; rules from the onset with the history as
+/// their baseline), its findings raised in the metrics at once — a window
+/// alone may lack the baseline (a stall filling a whole escalated window
+/// has no seconds outside it) — and kept under `--keep` when given.
 fn keep_incident(
     opts: &WatchOptions,
+    work: &Path,
     flight: &mut flight::Flight,
     metrics: &Mutex<Metrics>,
     target: &Target,
@@ -549,25 +555,25 @@ fn keep_incident(
     };
     let escalated = inc.escalated.iter().any(|e| *e);
     lock(metrics).incident(inc.trigger.id);
-    let Some(keep) = &opts.keep else {
-        eprintln!(
-            "pgbelow: watch: {tag}incident ({}) not kept: pass --keep DIR to keep incidents",
-            inc.trigger.id
-        );
-        return;
-    };
-    let kept = (|| -> Result<PathBuf> {
-        let stamp = format!(
-            "{}{}",
-            chrono::Local::now().format("%Y%m%d-%H%M%S"),
-            target.keep_suffix
-        );
-        let mut dest = keep.join(format!("watch-{stamp}"));
-        let mut i = 1;
-        while dest.exists() {
-            i += 1;
-            dest = keep.join(format!("watch-{stamp}-{i}"));
+    let stamp = format!(
+        "{}{}",
+        chrono::Local::now().format("%Y%m%d-%H%M%S"),
+        target.keep_suffix
+    );
+    let dest = match &opts.keep {
+        Some(keep) => {
+            let mut dest = keep.join(format!("watch-{stamp}"));
+            let mut i = 1;
+            while dest.exists() {
+                i += 1;
+                dest = keep.join(format!("watch-{stamp}-{i}"));
+            }
+            dest
         }
+        // Judged in the scratch directory, then removed.
+        None => work.join("incident"),
+    };
+    let judged = (|| -> Result<crate::report::Report> {
         let incident = crate::recording::splice::Incident {
             trigger: inc.trigger.what.clone(),
             trigger_id: inc.trigger.id.to_string(),
@@ -582,7 +588,38 @@ fn keep_incident(
             Some(incident),
         )?;
         let ev = Evidence::load(&dest)?;
-        let rep = crate::report::build(&ev);
+        Ok(crate::report::build(&ev))
+    })();
+    let rep = match judged {
+        Ok(rep) => rep,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dest);
+            let msg = one_line(&format!("{e:#}"));
+            eprintln!(
+                "pgbelow: watch: {tag}incident ({}) not judged: {msg}",
+                inc.trigger.id
+            );
+            if opts.keep.is_some() {
+                lock(metrics).keep_error = Some(msg);
+            }
+            return;
+        }
+    };
+    eprintln!(
+        "pgbelow: watch: {tag}incident ({}): {}",
+        inc.trigger.id,
+        window_line(0, &rep).trim_start_matches("window 0: ")
+    );
+    lock(metrics).incident_findings(&rep);
+    let Some(keep) = &opts.keep else {
+        let _ = std::fs::remove_dir_all(&dest);
+        eprintln!(
+            "pgbelow: watch: {tag}incident ({}) not kept: pass --keep DIR to keep incidents",
+            inc.trigger.id
+        );
+        return;
+    };
+    let kept = (|| -> Result<()> {
         crate::report::write_files(&dest, &rep)?;
         // The windows before the onset on their own: what `pgbelow compare
         // DIR/before DIR` sets the incident against.
@@ -600,10 +637,10 @@ fn keep_incident(
             crate::report::write_files(&before, &crate::report::build(&ev))?;
         }
         prune(keep, opts.keep_max_mb.saturating_mul(1 << 20))?;
-        Ok(dest)
+        Ok(())
     })();
     match kept {
-        Ok(dest) => {
+        Ok(()) => {
             eprintln!(
                 "pgbelow: watch: {tag}kept {} ({}: {:.0} s before the onset{})",
                 dest.display(),
@@ -614,6 +651,7 @@ fn keep_incident(
             lock(metrics).keep_error = None;
         }
         Err(e) => {
+            let _ = std::fs::remove_dir_all(&dest);
             let msg = one_line(&format!("{e:#}"));
             eprintln!(
                 "pgbelow: watch: {tag}incident not kept in {}: {msg}",
