@@ -443,14 +443,22 @@ fn windows_in(
             let id = flight.pending.as_ref().map_or("", |p| p.trigger.id);
             lock(metrics).escalated(id, cpu);
         }
-        // A rule's measured cost past its bound: the window's warnings and
-        // criticals are a trigger too (onset: the window's start, as far as
-        // it can say). An info costs nothing stated, so it keeps nothing: a
-        // normal disk's wal-fsync-latency info would spend the budget.
+        // A rule's key figure past its bound: the window's warnings and
+        // criticals, and an info whose check's figure is past its bound
+        // (a cost not measured), are a trigger too (onset: the window's
+        // start, as far as it can say). An info raised otherwise (a share of
+        // waits whose latency was not measured: a normal disk's
+        // wal-fsync-latency) would keep healthy minutes and spend the budget.
         let costly: Vec<&str> = rep
             .findings
             .iter()
-            .filter(|f| f.severity >= crate::analyse::Severity::Warning)
+            .filter(|f| {
+                f.severity >= crate::analyse::Severity::Warning
+                    || rep
+                        .checks
+                        .iter()
+                        .any(|c| c.id == f.id && c.measured.as_ref().is_some_and(|m| m.past()))
+            })
             .map(|f| f.id.as_str())
             .collect();
         if !costly.is_empty() {
@@ -560,48 +568,38 @@ fn keep_incident(
         chrono::Local::now().format("%Y%m%d-%H%M%S"),
         target.keep_suffix
     );
-    let dest = match &opts.keep {
-        Some(keep) => {
-            let mut dest = keep.join(format!("watch-{stamp}"));
-            let mut i = 1;
-            while dest.exists() {
-                i += 1;
-                dest = keep.join(format!("watch-{stamp}-{i}"));
-            }
-            dest
-        }
-        // Judged in the scratch directory, then removed.
-        None => work.join("incident"),
+    let incident = crate::recording::splice::Incident {
+        trigger: inc.trigger.what.clone(),
+        trigger_id: inc.trigger.id.to_string(),
+        onset_t: crate::round3(inc.onset_s),
+        parts: Vec::new(),
     };
-    let judged = (|| -> Result<crate::report::Report> {
-        let incident = crate::recording::splice::Incident {
-            trigger: inc.trigger.what.clone(),
-            trigger_id: inc.trigger.id.to_string(),
-            onset_t: crate::round3(inc.onset_s),
-            parts: Vec::new(),
-        };
+    let splice_into = |dest: &Path| {
         crate::recording::splice::splice(
             &inc.parts,
             &inc.escalated,
             Some(&inc.starts),
-            &dest,
-            Some(incident),
-        )?;
-        let ev = Evidence::load(&dest)?;
+            dest,
+            Some(incident.clone()),
+        )
+    };
+    // Judged in the scratch directory (a keep directory may be full or
+    // read-only: the alert must not depend on it), then removed.
+    let scratch = work.join("incident");
+    let judged = (|| -> Result<crate::report::Report> {
+        splice_into(&scratch)?;
+        let ev = Evidence::load(&scratch)?;
         Ok(crate::report::build(&ev))
     })();
+    let _ = std::fs::remove_dir_all(&scratch);
     let rep = match judged {
         Ok(rep) => rep,
         Err(e) => {
-            let _ = std::fs::remove_dir_all(&dest);
             let msg = one_line(&format!("{e:#}"));
             eprintln!(
                 "pgbelow: watch: {tag}incident ({}) not judged: {msg}",
                 inc.trigger.id
             );
-            if opts.keep.is_some() {
-                lock(metrics).keep_error = Some(msg);
-            }
             return;
         }
     };
@@ -612,14 +610,20 @@ fn keep_incident(
     );
     lock(metrics).incident_findings(&rep);
     let Some(keep) = &opts.keep else {
-        let _ = std::fs::remove_dir_all(&dest);
         eprintln!(
             "pgbelow: watch: {tag}incident ({}) not kept: pass --keep DIR to keep incidents",
             inc.trigger.id
         );
         return;
     };
+    let mut dest = keep.join(format!("watch-{stamp}"));
+    let mut i = 1;
+    while dest.exists() {
+        i += 1;
+        dest = keep.join(format!("watch-{stamp}-{i}"));
+    }
     let kept = (|| -> Result<()> {
+        splice_into(&dest)?;
         crate::report::write_files(&dest, &rep)?;
         // The windows before the onset on their own: what `pgbelow compare
         // DIR/before DIR` sets the incident against.
