@@ -130,7 +130,14 @@ impl Rule for DiskReadLatency {
 
     fn claims(&self) -> &'static [super::explained::Claim] {
         use super::explained::Claim;
-        &[Claim::Slice("D:data-file read")]
+        // And the backends waiting for another backend's read of the same
+        // block (IPC:BufferIO from 14, LWLock:BufferIO before).
+        &[
+            Claim::Slice("D:data-file read"),
+            Claim::Event("IPC:BufferIO"),
+            Claim::Event("LWLock:BufferIO"),
+            Claim::Event("LWLock:buffer_io"),
+        ]
     }
 
     // The storage's, not PostgreSQL's: no major changes it (18's

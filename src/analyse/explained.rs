@@ -37,6 +37,10 @@ pub struct Explained {
     pub largest: Vec<Unexplained>,
     /// Busy time on a CPU that no finding claims: the statements' work.
     pub on_cpu_unclaimed_share: f64,
+    /// Busy time waiting for the client inside a transaction (Client
+    /// waits: the application's or the network's time, not the server's).
+    #[serde(default)]
+    pub client_share: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,10 +61,14 @@ pub struct Unexplained {
     pub top: Vec<Top>,
 }
 
-/// Slices that are waiting rather than working.
+/// Slices that are the server waiting rather than working (the client's
+/// turn, `S:Client`, is neither).
 fn waiting(key: &str) -> bool {
-    key != "cpu" && key != "S:idle"
+    !matches!(key, "cpu" | "S:idle" | CLIENT)
 }
+
+/// The backends waiting for their client inside a transaction.
+const CLIENT: &str = "S:Client";
 
 /// The findings against the backends' account; None without a busy time
 /// (no pg_stat_activity samples to tell idle apart) or with none.
@@ -166,6 +174,7 @@ pub fn explain(
         unexplained_waiting_share: crate::round3(waiting_s / busy),
         largest,
         on_cpu_unclaimed_share: crate::round3(cpu_left / busy),
+        client_share: crate::round3(backends.s(CLIENT) / busy),
     })
 }
 
@@ -193,6 +202,12 @@ impl Explained {
             "; {} on a CPU, the statements' own work as far as the checks tell",
             pct(self.on_cpu_unclaimed_share)
         ));
+        if self.client_share >= 0.005 {
+            s.push_str(&format!(
+                "; {} waiting for the client inside transactions",
+                pct(self.client_share)
+            ));
+        }
         s
     }
 }
