@@ -1438,8 +1438,11 @@ fn timer_syscalls_found_in_a_container() {
         // As the margin's bound: the counts of system calls run 0-18 %
         // under pgbench's own transaction count here.
         assert!((0.75..=2.2).contains(&per), "setitimer per statement {per}");
-        // pgbench's one backend: pgbelow's own session is not counted.
-        assert_eq!(f["evidence"]["backends"], 1, "{}", f["evidence"]);
+        // pgbench's client backend, and its setup connection's when that
+        // one exited before /proc could read it (a child of the postmaster:
+        // a backend too); pgbelow's own session is not counted.
+        let backends = f["evidence"]["backends"].as_u64().unwrap_or(0);
+        assert!((1..=2).contains(&backends), "{}", f["evidence"]);
         let pgstat = r["collectors"]
             .as_array()
             .and_then(|c| c.iter().find(|c| c["name"] == "pgstat"))
