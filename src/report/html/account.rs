@@ -4,8 +4,7 @@
 use std::fmt::Write;
 
 use super::escape;
-use crate::evidence::account::{Account, Slice};
-use crate::report::sections::account::label;
+use crate::report::sections::account::{label, Account, Slice};
 
 /// Bar width in SVG units.
 const WIDTH: f64 = 600.0;
