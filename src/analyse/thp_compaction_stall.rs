@@ -60,12 +60,7 @@ const CRITICAL_SHARE: f64 = 0.20;
 const MIN_STALL_S: f64 = 0.5;
 const MIN_COMPACT_STALLS: u64 = 50;
 
-/// Function name without the `_[k]` suffix and compiler suffixes
-/// (`.constprop.0`, `.isra.0`).
-fn bare(frame: &str) -> &str {
-    let f = frame.strip_suffix("_[k]").unwrap_or(frame);
-    f.split('.').next().unwrap_or(f)
-}
+use crate::evidence::kstack::function as bare;
 
 /// A stack this rule owns: a compaction frame, or direct reclaim inside a
 /// huge page fault.
