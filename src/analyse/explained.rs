@@ -19,6 +19,9 @@ pub enum Claim {
     Slice(&'static str),
     /// One wait event of an S slice (`Lock:extend`).
     Event(&'static str),
+    /// A part of the on-CPU slice, as the profile split it
+    /// (`kernel:reclaim`): a cost paid on a CPU.
+    CpuPart(&'static str),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -80,6 +83,7 @@ pub fn explain(
     let busy = backends.busy_s.filter(|b| *b > 0.0)?;
     let mut taken_slices: Vec<&str> = Vec::new();
     let mut taken_events: Vec<&str> = Vec::new();
+    let mut taken_parts: Vec<&str> = Vec::new();
     let mut cpu_claimed = 0.0;
     let mut by_finding = Vec::new();
     for f in findings {
@@ -109,6 +113,20 @@ pub fn explain(
                         taken_events.push(e);
                         s += v;
                         what.push(e.to_string());
+                    }
+                }
+                Claim::CpuPart(p) if !taken_parts.contains(&p) => {
+                    let part = backends
+                        .slice("cpu")
+                        .and_then(|c| c.parts.get(p))
+                        .copied()
+                        .unwrap_or(0.0);
+                    let v = part.min(backends.s("cpu") - cpu_claimed);
+                    if v > 0.0 {
+                        taken_parts.push(p);
+                        cpu_claimed += v;
+                        s += v;
+                        what.push(format!("cpu {p}"));
                     }
                 }
                 _ => {}
@@ -251,6 +269,22 @@ mod tests {
         // 4 clients and pgbench on 2 CPUs: the backends wait for a CPU.
         assert_eq!(e.largest[0].key, "runq", "{e:#?}");
         assert!(e.line().contains("largest: runq"), "{}", e.line());
+    }
+
+    // `lab run --scenario memory-cgroup-reclaim --pg 15 --collectors
+    // procfs,system,pgstat,syscalls,profile` (160 MB): the reclaim the
+    // backends did on a CPU is the finding's; the lab's cost is mostly the
+    // refaults' reads, so the claim is small.
+    #[test]
+    fn a_cost_paid_on_a_cpu_is_claimed_from_the_profiles_split() {
+        let (e, findings) = explained("pg15-memcg-limit-160-profile");
+        let c = e
+            .by_finding
+            .iter()
+            .find(|c| c.id == "memory-cgroup-reclaim")
+            .unwrap_or_else(|| panic!("{e:#?} {findings:#?}"));
+        assert!(c.slices.iter().any(|s| s == "cpu kernel:reclaim"), "{c:#?}");
+        assert!(c.s > 0.0 && c.share < 0.1, "{c:#?}");
     }
 
     #[test]

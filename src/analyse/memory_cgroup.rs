@@ -222,7 +222,7 @@ impl Rule for MemoryCgroupReclaim {
 
     fn claims(&self) -> &'static [super::explained::Claim] {
         use super::explained::Claim;
-        &[Claim::Slice("D:reclaim")]
+        &[Claim::Slice("D:reclaim"), Claim::CpuPart("kernel:reclaim")]
     }
 
     // No change: the kernel's accounting decides, not PostgreSQL's version.

@@ -262,7 +262,7 @@ impl Rule for SwapActivity {
 
     fn claims(&self) -> &'static [super::explained::Claim] {
         use super::explained::Claim;
-        &[Claim::Slice("D:swap-in")]
+        &[Claim::Slice("D:swap-in"), Claim::CpuPart("kernel:swap-in")]
     }
 
     // The kernel's: no PostgreSQL version changes how shared memory swaps.

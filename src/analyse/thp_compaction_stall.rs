@@ -174,6 +174,8 @@ impl Rule for ThpCompactionStall {
         &[
             Claim::Slice("D:compaction"),
             Claim::Slice("D:page migration"),
+            Claim::CpuPart("kernel:compaction"),
+            Claim::CpuPart("kernel:page migration"),
         ]
     }
 

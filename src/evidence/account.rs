@@ -8,8 +8,10 @@
 //!   process's state, at the sampler's rate) times the interval per round,
 //!   or in an interval where the counters say more (a process counted
 //!   from its start, sampled from when it was first seen) the counted time;
-//! - on CPU and the run queue are the kernel's own counters (utime+stime,
-//!   schedstat's run delay) over the same intervals, exact;
+//! - on CPU and the run queue are the kernel's own counters (schedstat's
+//!   run time and run delay) over the same intervals, exact; with a
+//!   profile, on CPU is split in proportion to its samples: user space,
+//!   the kernel, and the kernel's classes (reclaim, compaction, …);
 //! - D is the sampled time in state D, split by the class of the kernel
 //!   stacks read in it ([`super::kstack`]; a row without stacks by its
 //!   frame alone);
@@ -88,6 +90,11 @@ pub struct Slice {
     /// findings that claim one event of a type.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub events: BTreeMap<String, f64>,
+    /// The on-CPU slice, when the profile sampled these processes: its
+    /// process-seconds split by where the samples were: `user`, `kernel`,
+    /// or a kernel class ([`super::kstack`]: `kernel:reclaim`, …).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parts: BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -243,13 +250,38 @@ fn role_account(
 ) -> RoleAccount {
     let hz = ev.procfs.first().map_or(0.0, |s| s.hz);
     let sampled = format!("procfs: process states at {hz:.0} Hz");
-    let mut slices = vec![
-        Slice {
+    let cpu_source = "procfs: /proc/PID/schedstat run time (exact)";
+    let on_cpu = match cpu_split(ev, role) {
+        Some(split) => Slice {
             key: "cpu".into(),
             s: a.cpu,
-            source: "procfs: /proc/PID/stat utime+stime (exact)".into(),
+            source: format!(
+                "{cpu_source}; split by the profile's {} samples of these processes",
+                split.samples
+            ),
+            top: top_of(
+                split
+                    .top
+                    .into_iter()
+                    .map(|(k, n)| (k, a.cpu * n as f64 / split.samples as f64))
+                    .collect(),
+            ),
+            parts: split
+                .parts
+                .into_iter()
+                .map(|(k, n)| (k, a.cpu * n as f64 / split.samples as f64))
+                .collect(),
             ..Slice::default()
         },
+        None => Slice {
+            key: "cpu".into(),
+            s: a.cpu,
+            source: cpu_source.into(),
+            ..Slice::default()
+        },
+    };
+    let mut slices = vec![
+        on_cpu,
         Slice {
             key: "runq".into(),
             s: a.runq,
@@ -312,7 +344,7 @@ fn role_account(
                         top_of(events.clone())
                     },
                     events: if is_idle { BTreeMap::new() } else { events },
-                    share: 0.0,
+                    ..Slice::default()
                 });
             }
         }
@@ -329,7 +361,7 @@ fn role_account(
     for s in &mut slices {
         s.share = crate::round3(s.s / a.total);
         s.s = crate::round3(s.s);
-        for e in s.events.values_mut() {
+        for e in s.events.values_mut().chain(s.parts.values_mut()) {
             *e = crate::round3(*e);
         }
     }
@@ -341,6 +373,62 @@ fn role_account(
         busy_s: busy.map(crate::round3),
         slices,
     }
+}
+
+/// Fewest profile samples of a role to split its on-CPU time by.
+const MIN_SPLIT_SAMPLES: u64 = 20;
+
+struct CpuSplit {
+    samples: u64,
+    /// `user`, `kernel`, `kernel:<class>`: samples.
+    parts: BTreeMap<String, u64>,
+    /// Innermost frames: samples.
+    top: BTreeMap<String, u64>,
+}
+
+/// A role's on-CPU profile samples by where they were: in user space, or
+/// in the kernel by the class of its kernel frames (`_[k]`). None without
+/// a profile of the role, or with too few samples to split by.
+fn cpu_split(ev: &Evidence, role: Role) -> Option<CpuSplit> {
+    let mut split = CpuSplit {
+        samples: 0,
+        parts: BTreeMap::new(),
+        top: BTreeMap::new(),
+    };
+    for st in ev.stacks().iter().filter(|s| s.role == role.as_str()) {
+        let kernel: Vec<&str> = st
+            .frames
+            .iter()
+            .map(String::as_str)
+            .filter(|f| f.ends_with("_[k]"))
+            .collect();
+        let in_kernel = st.frames.last().is_some_and(|f| f.ends_with("_[k]"));
+        let part = if !in_kernel {
+            "user".to_string()
+        } else {
+            match kstack::class_of(kernel.iter().copied()) {
+                kstack::OTHER => "kernel".to_string(),
+                class => format!("kernel:{class}"),
+            }
+        };
+        split.samples += st.samples;
+        *split.parts.entry(part).or_default() += st.samples;
+        // Named by its innermost user-space frames: where in PostgreSQL the
+        // time went (the kernel's part is in `parts`; a cpu-clock sample's
+        // kernel leaf is often only where interrupts came back on).
+        let label: Vec<&str> = st
+            .frames
+            .iter()
+            .rev()
+            .filter(|f| !f.ends_with("_[k]"))
+            .take(3)
+            .map(String::as_str)
+            .collect();
+        if !label.is_empty() {
+            *split.top.entry(label.join(" ← ")).or_default() += st.samples;
+        }
+    }
+    (split.samples >= MIN_SPLIT_SAMPLES).then_some(split)
 }
 
 fn top_of(m: BTreeMap<String, f64>) -> Vec<Top> {
@@ -451,6 +539,38 @@ mod tests {
             .map(|s| s.s)
             .sum();
         assert!(d < r.s("cpu"), "D {d} s ≥ on CPU: {:#?}", r.slices);
+    }
+
+    // `lab run --scenario memory-cgroup-reclaim --pg 15` at 160 MB, with the
+    // profile: the backends' on-CPU time split by the profile's samples.
+    #[test]
+    fn with_a_profile_on_cpu_is_split_by_where_its_samples_were() {
+        let ev = fixture("pg15-memcg-limit-160");
+        let r = backends(&ev);
+        adds_up(&r);
+        let cpu = r.slice("cpu").unwrap();
+        let sum: f64 = cpu.parts.values().sum();
+        assert!(
+            (sum - cpu.s).abs() <= 0.01 * cpu.s + 0.01,
+            "parts {sum} of {}: {cpu:#?}",
+            cpu.s
+        );
+        for part in ["user", "kernel", "kernel:reclaim"] {
+            assert!(
+                cpu.parts.get(part).is_some_and(|s| *s > 0.0),
+                "no {part}: {cpu:#?}"
+            );
+        }
+        // The backends' 11 of 682 samples in reclaim.
+        let reclaim = cpu.parts["kernel:reclaim"] / cpu.s;
+        assert!((0.005..0.05).contains(&reclaim), "{reclaim}: {cpu:#?}");
+        assert!(cpu.source.contains("682 samples"), "{}", cpu.source);
+        assert!(!cpu.top.is_empty(), "{cpu:#?}");
+        // Without the profile: one slice, not split.
+        let mut bare = ev.clone();
+        bare.profile = None;
+        let cpu = backends(&bare).slice("cpu").unwrap().clone();
+        assert!(cpu.parts.is_empty() && cpu.top.is_empty(), "{cpu:#?}");
     }
 
     #[test]

@@ -87,22 +87,33 @@ pub fn section(
     if let Some(b) = a.role(crate::procinfo::Role::Backend) {
         let mut slices = b.slices.clone();
         slices.sort_by(|x, y| y.s.total_cmp(&x.s).then_with(|| x.key.cmp(&y.key)));
-        let rows: Vec<Vec<String>> = slices
-            .iter()
-            .map(|s| {
-                vec![
-                    label(&s.key),
-                    format!("{:.1}", s.s),
-                    format!("{:.0} %", s.share * 100.0),
-                    s.top
-                        .iter()
-                        .map(|t| format!("{} ({:.1} s)", t.what, t.s))
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                    s.source.clone(),
-                ]
-            })
-            .collect();
+        let mut rows: Vec<Vec<String>> = Vec::new();
+        for s in &slices {
+            rows.push(vec![
+                label(&s.key),
+                format!("{:.1}", s.s),
+                format!("{:.0} %", s.share * 100.0),
+                s.top
+                    .iter()
+                    .map(|t| format!("{} ({:.1} s)", t.what, t.s))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                s.source.clone(),
+            ]);
+            // On CPU as the profile split it, largest first.
+            let mut parts: Vec<(&String, &f64)> = s.parts.iter().collect();
+            parts.sort_by(|x, y| y.1.total_cmp(x.1).then_with(|| x.0.cmp(y.0)));
+            for (k, v) in parts {
+                let share = if s.s > 0.0 { s.share * v / s.s } else { 0.0 };
+                rows.push(vec![
+                    format!("· {}", k.replace(':', ": ")),
+                    format!("{v:.1}"),
+                    format!("{:.0} %", share * 100.0),
+                    String::new(),
+                    "the profile's samples".into(),
+                ]);
+            }
+        }
         super::tables::table(
             o,
             "the backends' slices",

@@ -43,6 +43,24 @@ fn row(s: &Slice, busy: Option<f64>, o: &mut String) {
         pct(s.share),
         of_busy
     );
+    // The on-CPU slice as the profile split it, largest first.
+    let mut parts: Vec<(&String, &f64)> = s.parts.iter().collect();
+    parts.sort_by(|x, y| y.1.total_cmp(x.1).then_with(|| x.0.cmp(y.0)));
+    for (k, v) in parts {
+        let of_busy = match busy {
+            Some(b) if b > 0.0 => pct(v / b),
+            _ => "—".into(),
+        };
+        let share = if s.s > 0.0 { s.share * v / s.s } else { 0.0 };
+        let _ = writeln!(
+            o,
+            "    {:<32} {:>9.1} s {:>5} {:>6}",
+            k.replace(':', ": "),
+            v,
+            pct(share),
+            of_busy
+        );
+    }
 }
 
 fn others_line(r: &RoleAccount, o: &mut String) {
