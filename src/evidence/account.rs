@@ -69,6 +69,29 @@ pub struct RoleAccount {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy_s: Option<f64>,
     pub slices: Vec<Slice>,
+    /// The same split per interval of the procfs sampler, for the page's
+    /// area over time (not in the JSON: a point a second would be most of
+    /// a long recording's report).
+    #[serde(skip)]
+    pub over_time: Vec<Point>,
+}
+
+/// One interval of a role's time, in process-seconds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Point {
+    /// The interval's end (recording seconds) and length.
+    pub t: f64,
+    pub dt: f64,
+    pub cpu: f64,
+    pub runq: f64,
+    /// D, every class.
+    pub blocked: f64,
+    /// S on a wait that is not idle (all of S when pg_stat_activity did
+    /// not say which was idle).
+    pub waiting: f64,
+    pub idle: f64,
+    /// Stopped, zombie.
+    pub other: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -141,6 +164,7 @@ struct Acc {
     runq: f64,
     other: f64,
     d: BTreeMap<&'static str, (f64, BTreeMap<String, f64>)>,
+    over_time: Vec<Point>,
 }
 
 /// The account; None without procfs samples.
@@ -149,13 +173,30 @@ pub fn build(ev: &Evidence) -> Option<Account> {
         return None;
     }
     let mut acc: BTreeMap<Role, Acc> = BTreeMap::new();
+    let waits = waits_by_role(ev);
+    // A role's idle share over the whole recording: an interval whose own
+    // samples had no sleeping session splits by it, as the whole does.
+    let idle_overall: BTreeMap<Role, f64> = waits
+        .iter()
+        .filter_map(|(role, w)| {
+            let all: f64 = w.values().sum();
+            (all > 0.0).then(|| (*role, w.get("idle").copied().unwrap_or(0.0) / all))
+        })
+        .collect();
     for smp in &ev.procfs {
         // This interval's sampled seconds and counted ones, per role.
         let mut here: BTreeMap<Role, (f64, f64)> = BTreeMap::new();
+        let mut points: BTreeMap<Role, Point> = BTreeMap::new();
         for row in &smp.rows {
             let a = acc.entry(row.role).or_default();
             a.pids.extend(&row.pids);
             here.entry(row.role).or_default().0 += row.s;
+            let pt = points.entry(row.role).or_default();
+            match row.state.as_str() {
+                "R" | "S" => {}
+                "D" => pt.blocked += row.s,
+                _ => pt.other += row.s,
+            }
             match row.state.as_str() {
                 "R" | "S" => {}
                 "D" => {
@@ -190,15 +231,29 @@ pub fn build(ev: &Evidence) -> Option<Account> {
             a.cpu += d.cpu_s;
             a.runq += d.runq_s;
             here.entry(role).or_default().1 += d.cpu_s + d.runq_s;
+            let pt = points.entry(role).or_default();
+            pt.cpu += d.cpu_s;
+            pt.runq += d.runq_s;
         }
         // A process's counters run from its start, its states from when
         // the sampler first saw it (up to a second later): the counted
         // time is then the larger, and the whole.
         for (role, (sampled, counted)) in here {
-            acc.entry(role).or_default().total += sampled.max(counted);
+            let whole = sampled.max(counted);
+            let a = acc.entry(role).or_default();
+            a.total += whole;
+            let mut pt = points.remove(&role).unwrap_or_default();
+            let asleep = (whole - pt.cpu - pt.runq - pt.blocked - pt.other).max(0.0);
+            let idle = idle_share(ev, role, smp.t)
+                .or_else(|| idle_overall.get(&role).copied())
+                .map_or(0.0, |f| f * asleep);
+            pt.idle = idle;
+            pt.waiting = asleep - idle;
+            pt.t = smp.t;
+            pt.dt = smp.dt;
+            a.over_time.push(pt);
         }
     }
-    let waits = waits_by_role(ev);
     let roles = ROLES
         .iter()
         .filter_map(|role| {
@@ -214,6 +269,32 @@ pub fn build(ev: &Evidence) -> Option<Account> {
         roles,
         backends_unread: ev.backends_too_short_for_proc(),
     })
+}
+
+/// Of a role's sleeping sessions in the pg_stat_activity interval ending
+/// nearest `t` (within a second), the share idle; None without one.
+fn idle_share(ev: &Evidence, role: Role, t: f64) -> Option<f64> {
+    let w = ev
+        .waits
+        .iter()
+        .filter(|w| (w.t - t).abs() <= 1.0)
+        .min_by(|a, b| (a.t - t).abs().total_cmp(&(b.t - t).abs()))?;
+    let (mut idle, mut all) = (0u64, 0u64);
+    for r in w.rows.iter().filter(|r| r.role == role) {
+        if r.state.as_deref() == Some("hidden") {
+            continue;
+        }
+        if r.is_idle() {
+            idle += r.samples;
+        } else {
+            match (&r.wait_event_type, &r.wait_event) {
+                (Some(t), e) if sleeps(t, e.as_deref().unwrap_or("")) => {}
+                _ => continue,
+            }
+        }
+        all += r.samples;
+    }
+    (all > 0).then(|| idle as f64 / all as f64)
 }
 
 /// Per role: seconds of pg_stat_activity samples per `Type:Event` (idle
@@ -372,6 +453,7 @@ fn role_account(
         total_s: crate::round3(a.total),
         busy_s: busy.map(crate::round3),
         slices,
+        over_time: a.over_time,
     }
 }
 
@@ -571,6 +653,56 @@ mod tests {
         bare.profile = None;
         let cpu = backends(&bare).slice("cpu").unwrap().clone();
         assert!(cpu.parts.is_empty() && cpu.top.is_empty(), "{cpu:#?}");
+    }
+
+    /// Over time, the intervals add up to the same whole and the same
+    /// blocked time; idle is split per interval, so it agrees with the
+    /// whole run's split within the intervals' differences.
+    #[test]
+    fn the_intervals_add_up_to_the_whole() {
+        let r = backends(&fixture("pg15-disk-read-latency-150"));
+        let pts = &r.over_time;
+        assert!(pts.len() >= 10, "{} points", pts.len());
+        let sum = |f: fn(&Point) -> f64| pts.iter().map(f).sum::<f64>();
+        let whole = sum(|p| p.cpu + p.runq + p.blocked + p.waiting + p.idle + p.other);
+        assert!(
+            (whole - r.total_s).abs() <= 0.01 * r.total_s,
+            "{whole} vs {}",
+            r.total_s
+        );
+        let d: f64 = r
+            .slices
+            .iter()
+            .filter(|s| s.key.starts_with("D:"))
+            .map(|s| s.s)
+            .sum();
+        assert!(
+            (sum(|p| p.blocked) - d).abs() <= 0.01 * d + 0.01,
+            "{} vs {d}",
+            sum(|p| p.blocked)
+        );
+        assert!(
+            (sum(|p| p.cpu) - r.s("cpu")).abs() <= 0.01,
+            "{}",
+            sum(|p| p.cpu)
+        );
+        let idle = r.s("S:idle");
+        assert!(
+            (sum(|p| p.idle) - idle).abs() <= 0.2 * idle + 0.5,
+            "{} vs {idle}",
+            sum(|p| p.idle)
+        );
+        assert!(
+            pts.iter()
+                .all(|p| [p.cpu, p.runq, p.blocked, p.waiting, p.idle, p.other]
+                    .iter()
+                    .all(|v| *v >= 0.0)
+                    && p.dt > 0.0),
+            "{pts:#?}"
+        );
+        // Reads were slow all along: blocked in most intervals.
+        let blocked = pts.iter().filter(|p| p.blocked > 0.0).count();
+        assert!(blocked * 2 > pts.len(), "{blocked} of {}", pts.len());
     }
 
     #[test]

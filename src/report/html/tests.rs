@@ -193,3 +193,22 @@ fn a_check_held_back_says_why() {
     assert!(page.contains("(not raised: "), "no reason in the page");
     assert!(page.contains(&escape(why)), "{why}");
 }
+
+// The real slow-reads run: each role's bar and its time over the
+// recording, the backends' blocked layer named with its mean.
+#[test]
+fn the_account_shows_each_roles_time_over_the_recording() {
+    let (r, page) = page_of("pg15-disk-read-latency-150");
+    let a = r.account.as_ref().expect("an account");
+    let areas = page.matches("<svg class=\"account-area\"").count();
+    let with_points = a.roles.iter().filter(|r| r.over_time.len() >= 2).count();
+    assert!(with_points >= 2, "{with_points} roles with points");
+    assert_eq!(areas, with_points, "one area per role with points");
+    let start = page.find("<svg class=\"account-area\"").unwrap();
+    let backends = &page[start..start + page[start..].find("</svg>").unwrap()];
+    assert!(
+        backends.contains("<title>blocked (D): ") && backends.contains("processes on average"),
+        "{backends}"
+    );
+    assert!(backends.matches("<polygon").count() >= 2, "{backends}");
+}

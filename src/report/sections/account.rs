@@ -3,7 +3,7 @@
 //! line each.
 use std::fmt::Write;
 
-pub use crate::evidence::account::{Account, RoleAccount, Slice, Top};
+pub use crate::evidence::account::{Account, Point, RoleAccount, Slice, Top};
 use crate::procinfo::Role;
 
 /// A slice's name for a reader.
