@@ -541,6 +541,15 @@ mod tests {
         build(ev).unwrap().role(Role::Backend).unwrap().clone()
     }
 
+    /// Seconds in D, every class.
+    fn blocked_s(r: &RoleAccount) -> f64 {
+        r.slices
+            .iter()
+            .filter(|s| s.key.starts_with("D:"))
+            .map(|s| s.s)
+            .sum()
+    }
+
     /// The slices add up to the whole, within the counters' disagreement
     /// with the samples.
     fn adds_up(r: &RoleAccount) {
@@ -614,12 +623,7 @@ mod tests {
         let ev = fixture("pg15-disk-read-latency-unlimited");
         let r = backends(&ev);
         adds_up(&r);
-        let d: f64 = r
-            .slices
-            .iter()
-            .filter(|s| s.key.starts_with("D:"))
-            .map(|s| s.s)
-            .sum();
+        let d = blocked_s(&r);
         assert!(d < r.s("cpu"), "D {d} s ≥ on CPU: {:#?}", r.slices);
     }
 
@@ -670,12 +674,7 @@ mod tests {
             "{whole} vs {}",
             r.total_s
         );
-        let d: f64 = r
-            .slices
-            .iter()
-            .filter(|s| s.key.starts_with("D:"))
-            .map(|s| s.s)
-            .sum();
+        let d = blocked_s(&r);
         assert!(
             (sum(|p| p.blocked) - d).abs() <= 0.01 * d + 0.01,
             "{} vs {d}",
