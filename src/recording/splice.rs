@@ -134,7 +134,19 @@ pub fn splice(
         let dest = tmp.path().join(name);
         if name.ends_with(".jsonl") {
             let mut w = std::io::BufWriter::new(std::fs::File::create(&dest)?);
+            let from_log = [
+                super::schema::pgstat::LOG_HISTORY,
+                super::schema::pgstat::CHECKPOINTS,
+            ]
+            .contains(&name.as_str());
             for &i in have {
+                // A window reads the server log back to a second before the
+                // last one ended, and names a checkpoint still running at its
+                // start: a line from before then, the earlier windows saw as
+                // it was written (or read themselves).
+                let seen_until = (0..i)
+                    .map(|j| offsets[j] + manifests[j].duration_s.unwrap_or(0.0))
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let f = std::fs::File::open(parts[i].join(name))?;
                 for line in std::io::BufReader::new(f).lines() {
                     let line = line?;
@@ -142,6 +154,9 @@ pub fn splice(
                     match serde_json::from_str::<serde_json::Value>(&line) {
                         Ok(mut v) => {
                             shift(&mut v, offsets[i]);
+                            if from_log && seen_before(&v, offsets[i], seen_until) {
+                                continue;
+                            }
                             serde_json::to_writer(&mut w, &v)?;
                         }
                         Err(_) => w.write_all(line.as_bytes())?,
@@ -266,6 +281,17 @@ pub fn splice(
         let _ = std::fs::remove_dir_all(&tmp);
     })?;
     Ok(())
+}
+
+/// Whether a server-log event of a later window (shifted) is from before
+/// that window began and within what an earlier one covered; a time
+/// stamped when read (no time in log_line_prefix) is a second or so late.
+fn seen_before(v: &serde_json::Value, start: f64, seen_until: f64) -> bool {
+    let Some(t) = v["t"].as_f64() else {
+        return false;
+    };
+    let slack = if v["t_from"] == "read" { 2.0 } else { 0.0 };
+    t <= start + 0.001 && t < seen_until + slack
 }
 
 fn round3(x: f64) -> f64 {
@@ -422,6 +448,50 @@ mod tests {
             .filter(|n| n.starts_with(".pgbelow-splice"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    // A checkpoint the first window saw start (the real stall run's) is
+    // still running when the second begins 46 s later: the second names it
+    // again, from the log (as the collector does for an unfinished one, and
+    // in its history back to before the first ended). It is one start in
+    // the joined recording; a line logged in the gap between the windows,
+    // which only the second read, stays.
+    #[test]
+    fn a_log_line_two_windows_read_is_one_event() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (ta, tb) = (tmp.path().join("a"), tmp.path().join("b"));
+        let a = copy_at("pg15-checkpoint-stall", &ta, "2026-11-22T05:03:19.000Z");
+        let b = copy_at("pg15-checkpoint-stall", &tb, "2026-11-22T05:04:05.000Z");
+        let start = lines(&a.join("checkpoints.jsonl"))
+            .into_iter()
+            .find(|v| v["phase"] == "start")
+            .unwrap();
+        let at = |t: f64| {
+            let mut v = start.clone();
+            v["t"] = serde_json::json!(t);
+            serde_json::to_string(&v).unwrap()
+        };
+        let t0 = start["t"].as_f64().unwrap();
+        std::fs::write(b.join("checkpoints.jsonl"), at(t0 - 46.0) + "\n").unwrap();
+        let gap = -0.4; // 45.6 s into the first: after it ended (45.319 s)
+        std::fs::write(
+            b.join("log_history.jsonl"),
+            format!("{}\n{}\n", at(t0 - 46.0), at(gap)),
+        )
+        .unwrap();
+        let whole = tmp.path().join("whole");
+        splice(&[a, b], &[false, false], None, &whole, None).unwrap();
+        let starts: Vec<f64> = lines(&whole.join("checkpoints.jsonl"))
+            .iter()
+            .filter(|v| v["phase"] == "start")
+            .map(|v| v["t"].as_f64().unwrap())
+            .collect();
+        assert_eq!(starts, [t0], "{starts:?}");
+        let history: Vec<f64> = lines(&whole.join("log_history.jsonl"))
+            .iter()
+            .map(|v| v["t"].as_f64().unwrap())
+            .collect();
+        assert_eq!(history, [round3(46.0 + gap)], "{history:?}");
     }
 
     // The wall clock jumped an hour between two windows 16.5 s apart on
