@@ -1,10 +1,10 @@
 //! Connecting: each target in turn, with libpq's sslmode fallbacks and a deadline.
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
 
 use super::explain::{explain, is_tls, one_line, sqlstate};
+use super::failure::{no_socket, AttemptError, Encryption, Failure};
 use super::spec::{ConnSpec, Host, Password, SslMode, Target};
 use super::tls::{self, Verify};
 use crate::error::fixable;
@@ -13,22 +13,6 @@ use crate::error::fixable;
 pub struct Connected {
     pub client: postgres::Client,
     pub target: Target,
-}
-
-/// Why one attempt failed: the cause and its fix, one line each.
-#[derive(Debug)]
-pub(super) struct Failure {
-    pub(super) what: String,
-    pub(super) fix: String,
-}
-
-/// How one attempt negotiates encryption.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Encryption {
-    Plain,
-    /// TLS if the server offers it (sslmode=prefer).
-    Prefer(Verify),
-    Require(Verify),
 }
 
 /// Connect to the first target that accepts, with `options` appended to
@@ -147,16 +131,6 @@ fn enc_name(e: Encryption) -> &'static str {
     }
 }
 
-pub(super) fn no_socket(sock: &Path) -> Failure {
-    Failure {
-        what: format!(
-            "no server socket at {} (is the server running locally and accepting connections on that socket?)",
-            sock.display()
-        ),
-        fix: "pass host= the server's socket directory (SHOW unix_socket_directories) and port= the server's port, or host=localhost for TCP".into(),
-    }
-}
-
 impl ConnSpec {
     /// Certificate checks for the TLS attempts: none, unless sslmode asks or
     /// a root certificate is there (libpq then checks it for require too).
@@ -168,14 +142,6 @@ impl ConnSpec {
             _ => Verify::None,
         }
     }
-}
-
-pub(super) enum AttemptError {
-    Pg(postgres::Error),
-    /// The TLS configuration (a certificate file) could not be loaded.
-    Setup(String),
-    /// No answer within the connect timeout.
-    Deadline(Duration),
 }
 
 fn attempt(

@@ -1,5 +1,5 @@
 //! Telling a failed attempt as psql would: the cause on one line, and its fix.
-use super::attempt::{no_socket, AttemptError, Encryption, Failure};
+use super::failure::{no_socket, AttemptError, Encryption, Failure};
 use super::spec::{ConnSpec, Host, Password, PasswordSource, SslMode, Target};
 use super::tls;
 

@@ -13,6 +13,7 @@
 mod attempt;
 pub mod conninfo;
 mod explain;
+mod failure;
 pub mod pgpass;
 mod spec;
 mod tls;
