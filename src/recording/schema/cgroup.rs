@@ -5,13 +5,7 @@ use serde::{Deserialize, Serialize};
 /// The stream the samples go to.
 pub const STREAM: &str = "cgroup.jsonl";
 
-/// Which cgroup version a directory belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Version {
-    V1,
-    V2,
-}
+pub use super::cgroup_version::Version;
 
 /// One cgroup level in a sample.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 //! collect::memcg, read by evidence and the memory cgroup rule.
 use serde::{Deserialize, Serialize};
 
-use super::cgroup::Version;
+use super::cgroup_version::Version;
 
 /// One second of the memory cgroup.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

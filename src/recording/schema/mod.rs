@@ -4,6 +4,7 @@
 //! Format: docs/recording.md and docs/collectors/.
 
 pub mod cgroup;
+pub mod cgroup_version;
 pub mod clock;
 pub mod fsync;
 pub mod memcg;
