@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{kstack, Evidence};
 use crate::procinfo::Role;
+use crate::recording::schema::pgstat::WaitRow;
 
 /// The roles accounted, in this order: the backends first.
 pub const ROLES: &[Role] = &[
@@ -183,6 +184,7 @@ pub fn build(ev: &Evidence) -> Option<Account> {
             (all > 0.0).then(|| (*role, w.get("idle").copied().unwrap_or(0.0) / all))
         })
         .collect();
+    let shares = idle_shares(ev);
     for smp in &ev.procfs {
         // This interval's sampled seconds and counted ones, per role.
         let mut here: BTreeMap<Role, (f64, f64)> = BTreeMap::new();
@@ -194,12 +196,8 @@ pub fn build(ev: &Evidence) -> Option<Account> {
             let pt = points.entry(row.role).or_default();
             match row.state.as_str() {
                 "R" | "S" => {}
-                "D" => pt.blocked += row.s,
-                _ => pt.other += row.s,
-            }
-            match row.state.as_str() {
-                "R" | "S" => {}
                 "D" => {
+                    pt.blocked += row.s;
                     here.entry(row.role).or_default().1 += row.s;
                     let n: u64 = row.stacks.values().sum();
                     if n == 0 {
@@ -219,6 +217,7 @@ pub fn build(ev: &Evidence) -> Option<Account> {
                     }
                 }
                 _ => {
+                    pt.other += row.s;
                     here.entry(row.role).or_default().1 += row.s;
                     a.other += row.s;
                 }
@@ -244,7 +243,7 @@ pub fn build(ev: &Evidence) -> Option<Account> {
             a.total += whole;
             let mut pt = points.remove(&role).unwrap_or_default();
             let asleep = (whole - pt.cpu - pt.runq - pt.blocked - pt.other).max(0.0);
-            let idle = idle_share(ev, role, smp.t)
+            let idle = idle_share_at(&shares, role, smp.t)
                 .or_else(|| idle_overall.get(&role).copied())
                 .map_or(0.0, |f| f * asleep);
             pt.idle = idle;
@@ -271,30 +270,57 @@ pub fn build(ev: &Evidence) -> Option<Account> {
     })
 }
 
-/// Of a role's sleeping sessions in the pg_stat_activity interval ending
-/// nearest `t` (within a second), the share idle; None without one.
-fn idle_share(ev: &Evidence, role: Role, t: f64) -> Option<f64> {
-    let w = ev
-        .waits
-        .iter()
-        .filter(|w| (w.t - t).abs() <= 1.0)
-        .min_by(|a, b| (a.t - t).abs().total_cmp(&(b.t - t).abs()))?;
-    let (mut idle, mut all) = (0u64, 0u64);
-    for r in w.rows.iter().filter(|r| r.role == role) {
-        if r.state.as_deref() == Some("hidden") {
-            continue;
-        }
-        if r.is_idle() {
-            idle += r.samples;
-        } else {
-            match (&r.wait_event_type, &r.wait_event) {
-                (Some(t), e) if sleeps(t, e.as_deref().unwrap_or("")) => {}
-                _ => continue,
-            }
-        }
-        all += r.samples;
+/// What a pg_stat_activity row says the session slept on: `idle` (an
+/// idle session, a main-loop `Activity` wait), its `Type:Event`, or None
+/// (hidden, working, or an I/O wait the kernel shows elsewhere).
+fn sleep_key(r: &WaitRow) -> Option<String> {
+    if r.state.as_deref() == Some("hidden") {
+        return None;
     }
-    (all > 0).then(|| idle as f64 / all as f64)
+    if r.is_idle() {
+        return Some("idle".into());
+    }
+    match (&r.wait_event_type, &r.wait_event) {
+        (Some(t), e) if sleeps(t, e.as_deref().unwrap_or("")) => Some(r.wait()),
+        _ => None,
+    }
+}
+
+/// Per pg_stat_activity interval (its end, in the recording's order), per
+/// role: the share of its sleeping sessions' samples that were idle.
+fn idle_shares(ev: &Evidence) -> Vec<(f64, BTreeMap<Role, f64>)> {
+    ev.waits
+        .iter()
+        .map(|w| {
+            let mut n: BTreeMap<Role, (u64, u64)> = BTreeMap::new();
+            for r in &w.rows {
+                if let Some(key) = sleep_key(r) {
+                    let e = n.entry(r.role).or_default();
+                    e.0 += u64::from(key == "idle") * r.samples;
+                    e.1 += r.samples;
+                }
+            }
+            let shares = n
+                .into_iter()
+                .filter(|(_, (_, all))| *all > 0)
+                .map(|(role, (idle, all))| (role, idle as f64 / all as f64))
+                .collect();
+            (w.t, shares)
+        })
+        .collect()
+}
+
+/// Of `role`'s sleeping sessions in the pg_stat_activity interval ending
+/// nearest `t` (within a second), the share idle; None without one.
+fn idle_share_at(shares: &[(f64, BTreeMap<Role, f64>)], role: Role, t: f64) -> Option<f64> {
+    let i = shares.partition_point(|(wt, _)| *wt < t);
+    let near = [i.checked_sub(1), Some(i)]
+        .into_iter()
+        .flatten()
+        .filter_map(|k| shares.get(k))
+        .filter(|(wt, _)| (wt - t).abs() <= 1.0)
+        .min_by(|a, b| (a.0 - t).abs().total_cmp(&(b.0 - t).abs()))?;
+    near.1.get(&role).copied()
 }
 
 /// Per role: seconds of pg_stat_activity samples per `Type:Event` (idle
@@ -304,20 +330,9 @@ fn waits_by_role(ev: &Evidence) -> BTreeMap<Role, BTreeMap<String, f64>> {
     for w in &ev.waits {
         let per = w.dt / f64::from(w.ticks.max(1));
         for r in &w.rows {
-            if r.state.as_deref() == Some("hidden") {
-                continue;
+            if let Some(key) = sleep_key(r) {
+                *out.entry(r.role).or_default().entry(key).or_default() += r.samples as f64 * per;
             }
-            let m = out.entry(r.role).or_default();
-            let key = if r.is_idle() {
-                "idle".to_string()
-            } else {
-                match (&r.wait_event_type, &r.wait_event) {
-                    (Some(t), e) if sleeps(t, e.as_deref().unwrap_or("")) => r.wait(),
-                    // Working, or an I/O wait the kernel shows elsewhere.
-                    _ => continue,
-                }
-            };
-            *m.entry(key).or_default() += r.samples as f64 * per;
         }
     }
     out
@@ -331,36 +346,25 @@ fn role_account(
 ) -> RoleAccount {
     let hz = ev.procfs.first().map_or(0.0, |s| s.hz);
     let sampled = format!("procfs: process states at {hz:.0} Hz");
-    let cpu_source = "procfs: /proc/PID/schedstat run time (exact)";
-    let on_cpu = match cpu_split(ev, role) {
-        Some(split) => Slice {
-            key: "cpu".into(),
-            s: a.cpu,
-            source: format!(
-                "{cpu_source}; split by the profile's {} samples of these processes",
-                split.samples
-            ),
-            top: top_of(
-                split
-                    .top
-                    .into_iter()
-                    .map(|(k, n)| (k, a.cpu * n as f64 / split.samples as f64))
-                    .collect(),
-            ),
-            parts: split
-                .parts
-                .into_iter()
-                .map(|(k, n)| (k, a.cpu * n as f64 / split.samples as f64))
-                .collect(),
-            ..Slice::default()
-        },
-        None => Slice {
-            key: "cpu".into(),
-            s: a.cpu,
-            source: cpu_source.into(),
-            ..Slice::default()
-        },
+    let mut on_cpu = Slice {
+        key: "cpu".into(),
+        s: a.cpu,
+        source: "procfs: /proc/PID/schedstat run time (exact)".into(),
+        ..Slice::default()
     };
+    if let Some(split) = cpu_split(ev, role) {
+        let secs = |m: BTreeMap<String, u64>| -> BTreeMap<String, f64> {
+            m.into_iter()
+                .map(|(k, n)| (k, a.cpu * n as f64 / split.samples as f64))
+                .collect()
+        };
+        on_cpu.source += &format!(
+            "; split by the profile's {} samples of these processes",
+            split.samples
+        );
+        on_cpu.top = top_of(secs(split.top));
+        on_cpu.parts = secs(split.parts);
+    }
     let mut slices = vec![
         on_cpu,
         Slice {
@@ -478,20 +482,16 @@ fn cpu_split(ev: &Evidence, role: Role) -> Option<CpuSplit> {
         top: BTreeMap::new(),
     };
     for st in ev.stacks().iter().filter(|s| s.role == role.as_str()) {
-        let kernel: Vec<&str> = st
+        let kernel = st
             .frames
             .iter()
             .map(String::as_str)
-            .filter(|f| f.ends_with("_[k]"))
-            .collect();
+            .filter(|f| f.ends_with("_[k]"));
         let in_kernel = st.frames.last().is_some_and(|f| f.ends_with("_[k]"));
-        let part = if !in_kernel {
-            "user".to_string()
-        } else {
-            match kstack::class_of(kernel.iter().copied()) {
-                kstack::OTHER => "kernel".to_string(),
-                class => format!("kernel:{class}"),
-            }
+        let part = match in_kernel.then(|| kstack::class_of(kernel)) {
+            None => "user".to_string(),
+            Some(kstack::OTHER) => "kernel".to_string(),
+            Some(class) => format!("kernel:{class}"),
         };
         split.samples += st.samples;
         *split.parts.entry(part).or_default() += st.samples;

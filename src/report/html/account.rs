@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::escape;
-use crate::report::sections::account::{label, Account, Point, Slice};
+use crate::report::sections::account::{label, parts, Account, Point, Slice};
 
 /// Bar width in SVG units.
 const WIDTH: f64 = 600.0;
@@ -181,12 +181,9 @@ pub fn section(
                 s.source.clone(),
             ]);
             // On CPU as the profile split it, largest first.
-            let mut parts: Vec<(&String, &f64)> = s.parts.iter().collect();
-            parts.sort_by(|x, y| y.1.total_cmp(x.1).then_with(|| x.0.cmp(y.0)));
-            for (k, v) in parts {
-                let share = if s.s > 0.0 { s.share * v / s.s } else { 0.0 };
+            for (name, v, share) in parts(s) {
                 rows.push(vec![
-                    format!("· {}", k.replace(':', ": ")),
+                    format!("· {name}"),
                     format!("{v:.1}"),
                     format!("{:.0} %", share * 100.0),
                     String::new(),

@@ -22,6 +22,21 @@ pub fn label(key: &str) -> String {
     }
 }
 
+/// A slice's parts (the on-CPU slice as the profile split it), largest
+/// first: name, seconds, share of the role's whole.
+pub fn parts(s: &Slice) -> Vec<(String, f64, f64)> {
+    let mut v: Vec<(String, f64, f64)> = s
+        .parts
+        .iter()
+        .map(|(k, x)| {
+            let share = if s.s > 0.0 { s.share * x / s.s } else { 0.0 };
+            (k.replace(':', ": "), *x, share)
+        })
+        .collect();
+    v.sort_by(|x, y| y.1.total_cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+    v
+}
+
 fn pct(x: f64) -> String {
     format!("{:.0} %", x * 100.0)
 }
@@ -43,19 +58,15 @@ fn row(s: &Slice, busy: Option<f64>, o: &mut String) {
         pct(s.share),
         of_busy
     );
-    // The on-CPU slice as the profile split it, largest first.
-    let mut parts: Vec<(&String, &f64)> = s.parts.iter().collect();
-    parts.sort_by(|x, y| y.1.total_cmp(x.1).then_with(|| x.0.cmp(y.0)));
-    for (k, v) in parts {
+    for (name, v, share) in parts(s) {
         let of_busy = match busy {
             Some(b) if b > 0.0 => pct(v / b),
             _ => "—".into(),
         };
-        let share = if s.s > 0.0 { s.share * v / s.s } else { 0.0 };
         let _ = writeln!(
             o,
             "    {:<32} {:>9.1} s {:>5} {:>6}",
-            k.replace(':', ": "),
+            name,
             v,
             pct(share),
             of_busy
