@@ -1,6 +1,5 @@
 // Compiles the BPF programs under src/bpf with clang and generates their
-// libbpf-rs skeletons into OUT_DIR; generates the pprof protobuf types
-// from the vendored proto/profile.proto (protox: no system protoc needed).
+// libbpf-rs skeletons into OUT_DIR.
 use std::env;
 use std::path::PathBuf;
 
@@ -18,7 +17,6 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=src/bpf/tracked.h");
     println!("cargo:rerun-if-changed=src/bpf/follow.h");
-    pprof_types(&out);
 }
 
 fn build(out: &std::path::Path, name: &str, bpf_arch: &str, multiarch: &str) {
@@ -39,15 +37,4 @@ fn build(out: &std::path::Path, name: &str, bpf_arch: &str, multiarch: &str) {
         );
     }
     println!("cargo:rerun-if-changed={src}");
-}
-
-fn pprof_types(out: &std::path::Path) {
-    let proto = "proto/profile.proto";
-    let fds = protox::compile([proto], ["proto"])
-        .unwrap_or_else(|e| panic!("compiling {proto} failed: {e}"));
-    prost_build::Config::new()
-        .out_dir(out)
-        .compile_fds(fds)
-        .unwrap_or_else(|e| panic!("generating Rust from {proto} failed: {e}"));
-    println!("cargo:rerun-if-changed={proto}");
 }

@@ -1,9 +1,26 @@
-//! The pipeline's arrows point one way: rules read the evidence model only.
-//! No module under src/analyse imports the report, the lab, its scenarios
-//! or the workload runner; the evidence layer imports none of those either.
-//! What interprets a recording (evidence, rules, reports) reads its schema
-//! from the recording, never from the collectors that wrote it.
-use std::path::Path;
+//! The pipeline's arrows point one way. The crate graph enforces the big
+//! ones: the recording crate knows no other, and the analysis crate
+//! (evidence, rules, reports) knows only the recording, so nothing that
+//! interprets a recording can reach a collector, the lab or the CLI. What
+//! the compiler cannot check is here: the order of the layers inside a
+//! crate, that no circle runs between a crate's modules, and that the
+//! analysis crate's dependencies need no clang, libbpf or PostgreSQL.
+use std::path::{Path, PathBuf};
+
+/// The source directories of the workspace's crates, top (the binary) first.
+const CRATE_SRC: [&str; 3] = ["src", "crates/analysis/src", "crates/recording/src"];
+
+/// Where the module `layer` (`report/html`, `collect`) lives.
+fn module_path(layer: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for src in CRATE_SRC {
+        let p = root.join(src).join(layer);
+        if p.is_dir() || p.with_extension("rs").is_file() {
+            return p;
+        }
+    }
+    panic!("no module {layer} in {CRATE_SRC:?}")
+}
 
 fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
@@ -87,9 +104,7 @@ fn imports(text: &str, forbidden: &[&str]) -> Vec<String> {
 }
 
 fn check(layer: &str, forbidden: &[&str]) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src")
-        .join(layer);
+    let root = module_path(layer);
     let mut files = Vec::new();
     if root.is_dir() {
         rust_files(&root, &mut files);
@@ -108,58 +123,24 @@ fn check(layer: &str, forbidden: &[&str]) {
     }
     assert!(
         bad.is_empty(),
-        "src/{layer} must not import {forbidden:?}:\n{}",
+        "{layer} must not import {forbidden:?}:\n{}",
         bad.join("\n")
     );
 }
 
 #[test]
 fn rules_read_the_evidence_model_only() {
-    check(
-        "analyse",
-        &[
-            "report",
-            "scenarios",
-            "lab",
-            "workload",
-            "doctor",
-            "attach",
-            "collect",
-        ],
-    );
+    check("analyse", &["report", "compare"]);
 }
 
 #[test]
-fn the_evidence_layer_knows_no_lab_and_no_report() {
-    check(
-        "evidence",
-        &[
-            "report",
-            "scenarios",
-            "lab",
-            "workload",
-            "doctor",
-            "attach",
-            "analyse",
-            "collect",
-        ],
-    );
+fn the_evidence_layer_knows_no_rule_and_no_report() {
+    check("evidence", &["report", "analyse", "compare"]);
 }
 
 #[test]
-fn reports_are_views_of_the_evidence() {
-    check(
-        "report",
-        &[
-            "scenarios",
-            "lab",
-            "workload",
-            "doctor",
-            "attach",
-            "app",
-            "collect",
-        ],
-    );
+fn reports_know_no_comparison() {
+    check("report", &["compare"]);
 }
 
 #[test]
@@ -178,17 +159,19 @@ fn views_read_only_the_report_and_its_view_model() {
 }
 
 #[test]
-fn recording_knows_neither_the_report_nor_the_rules() {
-    for layer in ["lab", "attach", "scenarios", "collect", "recording"] {
-        check(layer, &["report", "analyse", "evidence", "app"]);
+fn capture_knows_neither_the_report_nor_the_rules() {
+    // The binary's crate depends on the analysis crate (for `report`,
+    // `watch`, `doctor`); its capture and lab modules must not use it.
+    for layer in [
+        "lab",
+        "attach",
+        "scenarios",
+        "collect",
+        "workload",
+        "provision",
+    ] {
+        check(layer, &["report", "analyse", "evidence", "compare", "app"]);
     }
-}
-
-#[test]
-fn the_recording_owns_its_schema() {
-    // Collectors write the recording's streams; the recording does not
-    // depend on them (its schema is what evidence reads).
-    check("recording", &["collect"]);
 }
 
 #[test]
@@ -293,14 +276,13 @@ fn crate_refs(text: &str) -> std::collections::BTreeSet<String> {
     out
 }
 
-/// The crate's top-level modules import each other without a circle: each
-/// layer only imports layers below it.
-#[test]
-fn the_module_graph_has_no_circle() {
-    use std::collections::{BTreeMap, BTreeSet};
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for e in std::fs::read_dir(&src).unwrap() {
+/// The top-level modules of `src` and what each names (`crate::m`).
+fn module_edges(
+    src: &Path,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut edges: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for e in std::fs::read_dir(src).unwrap() {
         let p = e.unwrap().path();
         let Some(name) = p.file_stem().and_then(|n| n.to_str()).map(String::from) else {
             continue;
@@ -321,7 +303,14 @@ fn the_module_graph_has_no_circle() {
             refs.extend(crate_refs(code).into_iter().filter(|r| *r != name));
         }
     }
-    // Depth-first search for a back edge; the path is the circle.
+    edges
+}
+
+/// A circle in `edges`, depth first: the path of a back edge.
+fn circle(
+    edges: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Option<Vec<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
     fn visit(
         m: &str,
         edges: &BTreeMap<String, BTreeSet<String>>,
@@ -345,25 +334,121 @@ fn the_module_graph_has_no_circle() {
         None
     }
     let mut done = BTreeSet::new();
-    for m in edges.keys() {
-        if let Some(c) = visit(m, &edges, &mut done, &mut Vec::new()) {
+    edges
+        .keys()
+        .find_map(|m| visit(m, edges, &mut done, &mut Vec::new()))
+}
+
+/// Each crate's top-level modules import each other without a circle: each
+/// layer only imports layers below it.
+#[test]
+fn the_module_graph_has_no_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for src in CRATE_SRC {
+        let edges = module_edges(&root.join(src));
+        if let Some(c) = circle(&edges) {
             panic!(
-                "modules import each other in a circle: {}\n{edges:#?}",
+                "{src}: modules import each other in a circle: {}\n{edges:#?}",
                 c.join(" → ")
             );
         }
     }
     // The check can fail: a circle made up is found.
-    let mut bad = edges.clone();
-    bad.entry("recording".into())
+    let mut bad = module_edges(&root.join("crates/analysis/src"));
+    bad.entry("evidence".into())
         .or_default()
         .insert("report".into());
-    let mut done = BTreeSet::new();
-    let found = bad
-        .keys()
-        .find_map(|m| visit(m, &bad, &mut done, &mut Vec::new()));
     assert!(
-        found.is_some(),
-        "a made-up recording → report edge closes no circle"
+        circle(&bad).is_some(),
+        "a made-up evidence → report edge closes no circle"
     );
+}
+
+/// The analysis and recording crates build without clang, libbpf or
+/// PostgreSQL: none of the libraries that need them is among their
+/// dependencies (normal and build), as Cargo.lock resolves them.
+#[test]
+fn the_analysis_crate_needs_no_clang_libbpf_or_postgres() {
+    let needs_system = [
+        "libbpf-sys",
+        "libbpf-rs",
+        "libbpf-cargo",
+        "openssl-sys",
+        "postgres",
+        "postgres-openssl",
+        "tokio-postgres",
+        "nfq",
+        "procfs",
+        "blazesym",
+    ];
+    for krate in ["pgbelow-analysis", "pgbelow-recording"] {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args([
+                "tree",
+                "--offline",
+                "--locked",
+                "-e",
+                "normal,build",
+                "--prefix",
+                "none",
+                "-p",
+                krate,
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo tree runs");
+        assert!(
+            out.status.success(),
+            "cargo tree -p {krate}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tree = String::from_utf8_lossy(&out.stdout);
+        let names: std::collections::BTreeSet<&str> = tree
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(
+            names.contains(krate),
+            "{krate} is not in its own tree:\n{tree}"
+        );
+        let bad: Vec<_> = needs_system.iter().filter(|n| names.contains(*n)).collect();
+        assert!(bad.is_empty(), "{krate} depends on {bad:?}:\n{tree}");
+    }
+    // The check can fail: the binary's crate has them.
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "--locked",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "-p",
+            "pgbelow",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.starts_with("libbpf-sys ")));
+}
+
+/// Each rule is one file named after the finding id it raises, so the id a
+/// user reads in a report finds its code.
+#[test]
+fn each_rule_file_is_named_after_its_finding() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/analysis/src/analyse");
+    let missing: Vec<String> = pgbelow::analyse::rules()
+        .iter()
+        .map(|r| format!("{}.rs", r.id().replace('-', "_")))
+        .filter(|f| !dir.join(f).is_file())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no rule file named after its finding in {}: {missing:?}",
+        dir.display()
+    );
+    assert!(pgbelow::analyse::rules().len() >= 20);
 }

@@ -107,7 +107,7 @@ mod tests {
     use super::*;
 
     fn summary(name: &str) -> Option<Summary> {
-        let rec = crate::analyse::fixture(name);
+        let rec = crate::evidence::fixture(name);
         summarize(&rec, &crate::report::build(&rec))
     }
 

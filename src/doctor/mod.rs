@@ -232,7 +232,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
         opts.duration_s
     );
     let per_stmt = backend_per_statement(r, "setitimer");
-    let exposed = raised(r, crate::analyse::timer_syscalls::ID);
+    let exposed = raised(r, crate::analyse::timer_syscalls_per_statement::ID);
     // Per case (DESIGN's five): probed and exposed, probed and not, or why not.
     let mut cases: Vec<(&str, String)> = Vec::new();
     cases.push((
@@ -267,7 +267,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
     let v = match crate::app::lab(&syncrep) {
         Ok(sr) => {
             let per_commit = backend_per_statement(&sr.report, "epoll_create1");
-            let exposed = raised(&sr.report, crate::analyse::syncrep_wait::ID);
+            let exposed = raised(&sr.report, crate::analyse::syncrep_wait_syscalls::ID);
             let _ = writeln!(
                 text,
                 "\nProbe: synchronous commit (1 standby, FIRST 1, 4 clients)\n  {:.0} tps · epoll_create1 {per_commit:.3} per commit → {}\n  recording: {}",
@@ -310,7 +310,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
     );
     let v = match crate::app::lab(&ckpt) {
         Ok(cr) => {
-            let exposed = raised(&cr.report, crate::analyse::checkpoint_stall::ID);
+            let exposed = raised(&cr.report, crate::analyse::checkpoint_writeback_stall::ID);
             match checkpoint_probe::summarize(&cr.evidence, &cr.report) {
                 Some(s) => {
                     let _ = writeln!(text, "{}", checkpoint_probe::render(&s, exposed));
@@ -338,7 +338,7 @@ pub fn run(opts: &DoctorOptions) -> Result<DoctorResult> {
     cases.push((
         "seed 002  clock reads (EXPLAIN ANALYZE timing)",
         match &r.clock {
-            Some(_) => verdict(raised(r, crate::analyse::clock_reads::ID)).into(),
+            Some(_) => verdict(raised(r, crate::analyse::clock_reads_slow::ID)).into(),
             None => "not probed (clock collector off)".into(),
         },
     ));

@@ -10,15 +10,13 @@ use crate::procinfo::Role;
 pub use crate::recording::schema::procfs::{MemRow, ProcDelta, ProcfsSample, StateRow};
 
 // Collector side: one process's /proc/PID/status into its role's row.
-impl MemRow {
-    fn add(&mut self, m: &StatusMem) {
-        self.procs += 1;
-        self.pte_kb += m.pte_kb;
-        self.max_pte_kb = self.max_pte_kb.max(m.pte_kb);
-        self.rss_shmem_kb += m.rss_shmem_kb;
-        self.hugetlb_kb += m.hugetlb_kb;
-        self.swap_kb += m.swap_kb;
-    }
+fn add_mem(row: &mut MemRow, m: &StatusMem) {
+    row.procs += 1;
+    row.pte_kb += m.pte_kb;
+    row.max_pte_kb = row.max_pte_kb.max(m.pte_kb);
+    row.rss_shmem_kb += m.rss_shmem_kb;
+    row.hugetlb_kb += m.hugetlb_kb;
+    row.swap_kb += m.swap_kb;
 }
 
 /// Per role, the memory gauges of the processes in `now`.
@@ -29,7 +27,7 @@ pub fn mem_rows(
     let mut out: BTreeMap<Role, MemRow> = BTreeMap::new();
     for (pid, c) in now {
         if let Some(m) = &c.mem {
-            out.entry(role_of(*pid)).or_default().add(m);
+            add_mem(out.entry(role_of(*pid)).or_default(), m);
         }
     }
     out
