@@ -43,7 +43,7 @@ trap cleanup EXIT
 # the BPF run-time column).
 [ "${BPF_STATS:-0}" = 1 ] && echo 1 > /proc/sys/kernel/bpf_stats_enabled
 
-default=${DEFAULT:-$(sed -n 's/^pub const DEFAULT: &\[&str\] = &\[\(.*\)\];/\1/p' src/collect/mod.rs | tr -d '" ')}
+default=${DEFAULT:-$(sed -n 's/^pub const DEFAULT: &\[&str\] = &\[\(.*\)\];/\1/p' crates/capture/src/collect/mod.rs | tr -d '" ')}
 IFS=, read -r -a cols <<<"$default"
 if [ $# -gt 0 ]; then
   configs=("$@")

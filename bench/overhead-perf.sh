@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 cargo build --release -q
 bin=$PWD/target/release/pgbelow
 pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-default=$(sed -n '/^pub const DEFAULT: &\[&str\] = &\[/,/\];/p' src/collect/mod.rs | tr -d '\n" ' | sed 's/.*=&\[\(.*\)\];/\1/;s/,$//')
+default=$(sed -n '/^pub const DEFAULT: &\[&str\] = &\[/,/\];/p' crates/capture/src/collect/mod.rs | tr -d '\n" ' | sed 's/.*=&\[\(.*\)\];/\1/;s/,$//')
 [ $# -gt 0 ] && configs=("$@") || configs=(none "$default")
 work=$(mktemp -d /tmp/pgbelow-bench-XXXX)
 chown postgres "$work"

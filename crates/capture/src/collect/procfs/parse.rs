@@ -338,7 +338,10 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> String {
-        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/proc/");
+        let p = concat!(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../.."),
+            "/tests/fixtures/proc/"
+        );
         std::fs::read_to_string(format!("{p}{name}")).unwrap()
     }
 

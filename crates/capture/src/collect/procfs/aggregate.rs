@@ -278,7 +278,10 @@ mod tests {
     use crate::collect::procfs::sampler::Stack;
 
     fn fixture(name: &str) -> String {
-        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/proc/");
+        let p = concat!(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../.."),
+            "/tests/fixtures/proc/"
+        );
         std::fs::read_to_string(format!("{p}{name}")).unwrap()
     }
 

@@ -71,7 +71,7 @@ mod tests {
     use super::*;
 
     fn of(name: &str) -> Option<Container> {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        let p = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
             .join("tests/fixtures/proc/container")
             .join(name);
         container_of(&super::super::cgroup::parse_proc_cgroup(

@@ -161,7 +161,7 @@ mod tests {
 
     /// Recorded from /dev/kmsg on this machine after oom-kill-restart's lab
     /// run (PostgreSQL 15, a 512 MB memory cgroup, cgroup v1).
-    const FIXTURE: &str = include_str!("../../tests/fixtures/kmsg/memcg-oom-pg15.kmsg");
+    const FIXTURE: &str = include_str!("../../../../tests/fixtures/kmsg/memcg-oom-pg15.kmsg");
 
     #[test]
     fn a_memory_cgroup_kill_is_parsed_with_the_victims_memory() {

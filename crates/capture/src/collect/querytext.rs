@@ -463,7 +463,7 @@ mod tests {
     /// statement with other values, or as `$n`, is one normalized text.
     #[test]
     fn real_activity_texts_lose_every_value() {
-        let texts = include_str!("../../tests/fixtures/pgstat/activity-queries-pg15.txt");
+        let texts = include_str!("../../../../tests/fixtures/pgstat/activity-queries-pg15.txt");
         let mut shapes = std::collections::BTreeSet::new();
         for t in texts.lines().filter(|l| !l.trim().is_empty()) {
             let n = normalize(t);

@@ -324,7 +324,7 @@ mod tests {
     fn error_line_of_a_real_failed_connection() {
         let stderr = std::fs::read_to_string(format!(
             "{}/tests/fixtures/pgbench/baddb.stderr",
-            env!("CARGO_MANIFEST_DIR")
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../..")
         ))
         .unwrap();
         let l = last_error_line(&stderr);

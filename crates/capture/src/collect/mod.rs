@@ -26,7 +26,7 @@ pub mod cgroup;
 #[cfg(test)]
 macro_rules! proc_fixture {
     ($name:literal) => {
-        include_str!(concat!("../../tests/fixtures/proc/", $name))
+        include_str!(concat!("../../../../tests/fixtures/proc/", $name))
     };
 }
 #[cfg(test)]

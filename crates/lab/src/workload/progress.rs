@@ -98,7 +98,7 @@ mod tests {
     fn fixture(name: &str) -> std::io::BufReader<std::fs::File> {
         let p = format!(
             "{}/tests/fixtures/pgbench/{name}",
-            env!("CARGO_MANIFEST_DIR")
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../..")
         );
         std::io::BufReader::new(std::fs::File::open(p).expect("fixture"))
     }

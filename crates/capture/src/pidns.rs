@@ -127,7 +127,7 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> std::io::BufReader<std::fs::File> {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        let p = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
             .join("tests/fixtures/proc")
             .join(name);
         std::io::BufReader::new(std::fs::File::open(p).unwrap())

@@ -445,7 +445,7 @@ mod tests {
     /// cgroup and namespace, the server in a sibling cgroup.
     fn ns(name: &str) -> String {
         std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
                 .join("tests/fixtures/proc/cgroupns")
                 .join(name),
         )

@@ -88,7 +88,7 @@ impl ServerConn {
     }
 
     /// One text value from a read-only query, `None` if it fails or is NULL.
-    pub(crate) fn text(&mut self, sql: &str) -> Option<String> {
+    pub fn text(&mut self, sql: &str) -> Option<String> {
         self.own += 1;
         self.client
             .query_opt(sql, &[])
