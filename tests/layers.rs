@@ -3,7 +3,8 @@
 //! (evidence, rules, reports) knows only the recording, so nothing that
 //! interprets a recording can reach a collector, the lab or the CLI. What
 //! the compiler cannot check is here: the order of the layers inside a
-//! crate, that no circle runs between a crate's modules, and that the
+//! crate, that no circle runs between a crate's modules at any depth (a
+//! folder's files import each other one way, as the folders do), and that the
 //! analysis crate's dependencies need no clang, libbpf or PostgreSQL.
 use std::path::{Path, PathBuf};
 
@@ -230,58 +231,6 @@ fn the_checker_finds_an_import() {
     assert_eq!(grouped.len(), 1, "{grouped:?}");
 }
 
-/// The top-level modules a file's code names (`crate::m::…`, `crate::m;`,
-/// and the heads of grouped `crate::{m::…, n}` imports).
-fn crate_refs(text: &str) -> std::collections::BTreeSet<String> {
-    let code = code_only(text);
-    let mut out = std::collections::BTreeSet::new();
-    let mut rest = code.as_str();
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit())
-            .collect();
-        if !name.is_empty() {
-            out.insert(name);
-        }
-    }
-    for (_, heads) in grouped(&code) {
-        out.extend(heads.into_iter().filter(|h| !h.is_empty()));
-    }
-    out
-}
-
-/// The top-level modules of `src` and what each names (`crate::m`).
-fn module_edges(
-    src: &Path,
-) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
-    let mut edges: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
-        Default::default();
-    for e in std::fs::read_dir(src).unwrap() {
-        let p = e.unwrap().path();
-        let Some(name) = p.file_stem().and_then(|n| n.to_str()).map(String::from) else {
-            continue;
-        };
-        if ["bin", "bpf", "lib", "main"].contains(&name.as_str()) {
-            continue;
-        }
-        let mut files = Vec::new();
-        if p.is_dir() {
-            rust_files(&p, &mut files);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            files.push(p.clone());
-        }
-        let refs = edges.entry(name.clone()).or_default();
-        for f in files {
-            let text = std::fs::read_to_string(&f).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap_or("");
-            refs.extend(crate_refs(code).into_iter().filter(|r| *r != name));
-        }
-    }
-    edges
-}
-
 /// A circle in `edges`, depth first: the path of a back edge.
 fn circle(
     edges: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
@@ -313,31 +262,6 @@ fn circle(
     edges
         .keys()
         .find_map(|m| visit(m, edges, &mut done, &mut Vec::new()))
-}
-
-/// Each crate's top-level modules import each other without a circle: each
-/// layer only imports layers below it.
-#[test]
-fn the_module_graph_has_no_circle() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for src in CRATE_SRC {
-        let edges = module_edges(&root.join(src));
-        if let Some(c) = circle(&edges) {
-            panic!(
-                "{src}: modules import each other in a circle: {}\n{edges:#?}",
-                c.join(" → ")
-            );
-        }
-    }
-    // The check can fail: a circle made up is found.
-    let mut bad = module_edges(&root.join("crates/analysis/src"));
-    bad.entry("evidence".into())
-        .or_default()
-        .insert("report".into());
-    assert!(
-        circle(&bad).is_some(),
-        "a made-up evidence → report edge closes no circle"
-    );
 }
 
 /// The crates `krate` depends on (normal and build), as Cargo.lock resolves them.
@@ -434,4 +358,235 @@ fn each_rule_file_is_named_after_its_finding() {
         dir.display()
     );
     assert!(pgbelow::analyse::rules().len() >= 20);
+}
+
+/// The module path of each `.rs` file under `src` (`a/b/mod.rs` is `a::b`).
+fn module_files(src: &Path) -> Vec<(Vec<String>, PathBuf)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files
+        .into_iter()
+        .filter_map(|f| {
+            let rel = f.strip_prefix(src).ok()?.with_extension("");
+            let mut path: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if path
+                .last()
+                .is_some_and(|l| l == "mod" || l == "lib" || l == "main")
+            {
+                path.pop();
+            }
+            // src/bin/*.rs are crates of their own.
+            (path.first().map(String::as_str) != Some("bin")).then_some((path, f))
+        })
+        .collect()
+}
+
+/// The paths `code` names, made absolute from module `at` (`crate::a::b`,
+/// `super::c`, `self::d`, and each item of a grouped `use x::{a, b::c}`),
+/// each as far as its identifiers go.
+fn named_paths(code: &str, at: &[String], is_mod_rs: bool) -> Vec<Vec<String>> {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let bytes: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        // A path starts at `crate`, `super` or `self` not preceded by an identifier or `::`.
+        let starts = ["crate::", "super::", "self::"]
+            .iter()
+            .find(|p| code_at(&bytes, i, p))
+            .filter(|_| i == 0 || !(ident(bytes[i - 1]) || bytes[i - 1] == ':'));
+        let Some(_) = starts else {
+            i += 1;
+            continue;
+        };
+        // Read `seg::seg::…` and an optional `{…}` group.
+        let mut segs: Vec<String> = Vec::new();
+        let mut j = i;
+        let mut group = None;
+        loop {
+            let s: String = bytes[j..].iter().take_while(|c| ident(**c)).collect();
+            if s.is_empty() {
+                if bytes.get(j) == Some(&'{') {
+                    let mut depth = 0;
+                    let end = (j..bytes.len())
+                        .find(|&k| {
+                            depth += match bytes[k] {
+                                '{' => 1,
+                                '}' => -1,
+                                _ => 0,
+                            };
+                            depth == 0
+                        })
+                        .unwrap_or(bytes.len() - 1);
+                    group = Some(bytes[j + 1..end].iter().collect::<String>());
+                    j = end;
+                }
+                break;
+            }
+            j += s.len();
+            segs.push(s);
+            if code_at(&bytes, j, "::") {
+                j += 2;
+            } else {
+                break;
+            }
+        }
+        // Absolute: `crate` is the root, `super` the parent, `self` here
+        // (a file's module is itself; mod.rs's is its directory's).
+        let mut base: Vec<String> = Vec::new();
+        let mut rest = segs.as_slice();
+        match segs.first().map(String::as_str) {
+            Some("crate") => rest = &segs[1..],
+            Some("self") | Some("super") => {
+                base = at.to_vec();
+                let _ = is_mod_rs;
+                while let Some(first) = rest.first() {
+                    match first.as_str() {
+                        "self" => {}
+                        "super" => {
+                            base.pop();
+                        }
+                        _ => break,
+                    }
+                    rest = &rest[1..];
+                }
+            }
+            _ => {}
+        }
+        let head: Vec<String> = base.iter().cloned().chain(rest.iter().cloned()).collect();
+        match group {
+            Some(g) => {
+                let mut depth = 0;
+                let mut item = String::new();
+                for c in g.chars().chain([',']) {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            let item_path: String = item
+                                .trim()
+                                .chars()
+                                .take_while(|c| ident(*c) || *c == ':')
+                                .collect();
+                            let segs: Vec<String> = item_path
+                                .split("::")
+                                .filter(|s| !s.is_empty())
+                                .map(String::from)
+                                .collect();
+                            if !segs.is_empty() && segs[0] != "self" {
+                                out.push(head.iter().cloned().chain(segs).collect());
+                            } else {
+                                out.push(head.clone());
+                            }
+                            item.clear();
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    item.push(c);
+                }
+            }
+            None => out.push(head),
+        }
+        i = j.max(i + 1);
+    }
+    out
+}
+
+fn code_at(text: &[char], at: usize, s: &str) -> bool {
+    s.chars()
+        .enumerate()
+        .all(|(k, c)| text.get(at + k) == Some(&c))
+}
+
+/// Circles between sibling modules at any depth of the crate under `src`:
+/// a file in sibling A naming sibling B is an edge A → B at their parent.
+fn circles_at_every_level(src: &Path) -> Vec<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let files = module_files(src);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(p, _)| p.clone()).collect();
+    // parent module → (child → children it names)
+    let mut levels: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (at, f) in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let code = code_only(text.split("#[cfg(test)]").next().unwrap_or(""));
+        let is_mod_rs = f.file_name().is_some_and(|n| n == "mod.rs");
+        for to in named_paths(&code, at, is_mod_rs) {
+            // The deepest module the path names.
+            let Some(target) = (1..=to.len())
+                .rev()
+                .map(|n| to[..n].to_vec())
+                .find(|p| modules.contains(p))
+            else {
+                continue;
+            };
+            let common = at.iter().zip(&target).take_while(|(a, b)| a == b).count();
+            // A file naming its own ancestors or descendants is no sibling edge.
+            if common >= at.len() || common >= target.len() {
+                continue;
+            }
+            levels
+                .entry(at[..common].to_vec())
+                .or_default()
+                .entry(at[common].clone())
+                .or_default()
+                .insert(target[common].clone());
+        }
+    }
+    let mut found = Vec::new();
+    for (parent, edges) in levels {
+        if let Some(c) = circle(&edges) {
+            let at = if parent.is_empty() {
+                "crate".to_string()
+            } else {
+                parent.join("::")
+            };
+            found.push(format!("{}: {at}: {}", src.display(), c.join(" → ")));
+        }
+    }
+    found
+}
+
+/// No circle between the modules of any crate, at any depth: files inside
+/// a folder import each other one way, as the folders do.
+#[test]
+fn no_circle_at_any_level() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let found: Vec<String> = CRATE_SRC
+        .iter()
+        .flat_map(|src| circles_at_every_level(&root.join(src)))
+        .collect();
+    assert!(found.is_empty(), "circles:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_level_checker_finds_a_circle() {
+    let at = |p: &str| p.split("::").map(String::from).collect::<Vec<_>>();
+    // Grouped, relative and absolute paths all resolve.
+    let paths = named_paths(
+        "use super::{sql::Query, conn};\nlet x = crate::collect::pgstat::conn::open();\nuse self::inner::X;",
+        &at("collect::pgstat::sql"),
+        false,
+    );
+    let want = [
+        "collect::pgstat::sql::Query",
+        "collect::pgstat::conn",
+        "collect::pgstat::conn::open",
+        "collect::pgstat::sql::inner::X",
+    ];
+    let got: Vec<String> = paths.iter().map(|p| p.join("::")).collect();
+    assert_eq!(got, want);
+    // Two files naming each other are a circle.
+    let dir = std::env::temp_dir().join(format!("pgbelow-layers-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("m")).unwrap();
+    std::fs::write(dir.join("m/mod.rs"), "pub mod a;\npub mod b;\n").unwrap();
+    std::fs::write(dir.join("m/a.rs"), "use super::b::B;\n").unwrap();
+    std::fs::write(dir.join("m/b.rs"), "use crate::m::a::A;\n").unwrap();
+    let found = circles_at_every_level(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("m: "), "{found:?}");
 }

@@ -44,7 +44,7 @@ pub struct Manifest {
     pub error: Option<String>,
     /// `watch`'s incident: what tripped, when, and the windows it joins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub incident: Option<super::splice::Incident>,
+    pub incident: Option<Incident>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -224,4 +224,27 @@ pub fn new_manifest(mode: &str) -> Manifest {
         error: None,
         incident: None,
     }
+}
+
+/// What made a recording an incident (manifest `incident`, additive).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Incident {
+    /// The trigger that tripped, in words ("backends' run-queue …").
+    pub trigger: String,
+    /// Its id (`runq-jump`, `throughput-drop`, …).
+    pub trigger_id: String,
+    /// Seconds into the recording the trigger tripped at.
+    pub onset_t: f64,
+    /// The windows it is made of, in order, and which collectors ran in each.
+    pub parts: Vec<Part>,
+}
+
+/// One window of an incident.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Part {
+    pub t_start: f64,
+    pub t_end: f64,
+    pub collectors: Vec<String>,
+    /// The collectors the trigger added for this window.
+    pub escalated: bool,
 }

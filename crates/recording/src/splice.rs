@@ -14,33 +14,12 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use serde::{Deserialize, Serialize};
 
 use super::manifest::{Manifest, Status};
 use super::schema::system::{OutsideCpu, OUTSIDE_FILE, TOP_OUTSIDE};
 
-/// What made a recording an incident (manifest `incident`, additive).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Incident {
-    /// The trigger that tripped, in words ("backends' run-queue …").
-    pub trigger: String,
-    /// Its id (`runq-jump`, `throughput-drop`, …).
-    pub trigger_id: String,
-    /// Seconds into the recording the trigger tripped at.
-    pub onset_t: f64,
-    /// The windows it is made of, in order, and which collectors ran in each.
-    pub parts: Vec<Part>,
-}
-
-/// One window of an incident.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Part {
-    pub t_start: f64,
-    pub t_end: f64,
-    pub collectors: Vec<String>,
-    /// The collectors the trigger added for this window.
-    pub escalated: bool,
-}
+// The incident's types are the manifest's (`incident`); splicing fills them.
+pub use super::manifest::{Incident, Part};
 
 /// Fields holding a time relative to the recording's start.
 const TIME_FIELDS: [&str; 3] = ["t", "t_start", "t_end"];

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::system::Mount;
+use crate::recording::schema::system::Mount;
 
 pub use crate::recording::schema::cgroup::{CgroupLevel, CgroupSample, Pressure, Version, STREAM};
 
@@ -122,7 +122,7 @@ pub fn locate(pid: u32, controller: &str) -> Result<(PathBuf, PathBuf, Version),
         .map_err(|e| format!("cannot read {file}: {e}"))?;
     let mounts_of = |f: &str| {
         std::fs::read_to_string(f)
-            .map(|s| super::system::parse_mountinfo(&s))
+            .map(|s| super::mountinfo::parse_mountinfo(&s))
             .unwrap_or_default()
     };
     let ours = controller_dir(&members, &mounts_of("/proc/self/mountinfo"), controller);
@@ -425,7 +425,7 @@ mod tests {
         assert_eq!(m.len(), 10);
         assert_eq!(m[9].hierarchy, 0);
         assert!(m[9].controllers.is_empty());
-        let mounts = super::super::system::parse_mountinfo(fixture!("mountinfo"));
+        let mounts = super::super::mountinfo::parse_mountinfo(fixture!("mountinfo"));
         let (dir, root, v) = cpu_dir(&m, &mounts).expect("cpu hierarchy");
         assert_eq!(v, Version::V1);
         assert_eq!(root, Path::new("/sys/fs/cgroup/cpu"));
@@ -460,7 +460,7 @@ mod tests {
             .any(|m| m.path == "/../pgbelow-fixture-server"));
         // The host's mounts seen from inside the namespace: their root is
         // `/..`, so the server's `/../x` is `x` below the mount point.
-        let host = super::super::system::parse_mountinfo(&ns("mountinfo-agent-host-mounts"));
+        let host = super::super::mountinfo::parse_mountinfo(&ns("mountinfo-agent-host-mounts"));
         let (dir, root, v) = cpu_dir(&server, &host).expect("through the host's mount");
         assert_eq!(v, Version::V1);
         assert_eq!(root, Path::new("/sys/fs/cgroup/cpu"));
@@ -468,7 +468,7 @@ mod tests {
         // The agent's own cgroup mounted over the host's (as a container
         // runtime does): the host's mount is hidden, and the server is not
         // below the agent's: not found here, never `…/cpu/../x`.
-        let own = super::super::system::parse_mountinfo(&ns("mountinfo-agent-own-mounts"));
+        let own = super::super::mountinfo::parse_mountinfo(&ns("mountinfo-agent-own-mounts"));
         assert_eq!(
             own.iter()
                 .filter(|x| x.mount_point == "/sys/fs/cgroup/cpu")
@@ -481,7 +481,7 @@ mod tests {
             (Path::new("/sys/fs/cgroup/unified/"), Version::V2)
         );
         // ... but through the server's own mounts (at /proc/PID/root).
-        let theirs = super::super::system::parse_mountinfo(&ns("mountinfo-server-from-agent"));
+        let theirs = super::super::mountinfo::parse_mountinfo(&ns("mountinfo-server-from-agent"));
         let (dir, _, _) = cpu_dir(&server, &theirs).expect("through the server's mount");
         assert_eq!(dir, Path::new("/sys/fs/cgroup/cpu/pgbelow-fixture-server"));
         // The agent itself, at its namespace's root, is its own mount's root.

@@ -125,7 +125,7 @@ impl Context {
 
     /// Seconds since the recording began, to the millisecond.
     pub fn t(&self) -> f64 {
-        super::session::round_ms(self.start.elapsed().as_secs_f64())
+        crate::round3(self.start.elapsed().as_secs_f64())
     }
 
     /// Pids of the cluster's processes seen so far, sorted.

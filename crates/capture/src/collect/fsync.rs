@@ -17,8 +17,8 @@ use anyhow::{Context as _, Result};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::offcpu::bpf::{enable_stats_if_asked, prog_stats};
-use super::syscalls::counter::bpf::ObjectSlot;
+use super::bpf::ObjectSlot;
+use super::bpf::{enable_stats_if_asked, prog_stats};
 use super::{tracked, Collector, Context};
 use crate::recording::{CollectorInfo, Writer};
 
@@ -324,7 +324,7 @@ impl Collector for FsyncCollector {
         self.stats = None; // statistics off again
         let mut s = Summary {
             mechanism: self.hook.mechanism().into(),
-            duration_s: super::session::round_ms(self.started.elapsed().as_secs_f64()),
+            duration_s: crate::round3(self.started.elapsed().as_secs_f64()),
             bpf_stats: run.1 > 0,
             bpf_run_s: run.0 as f64 / 1e9,
             bpf_runs: run.1,

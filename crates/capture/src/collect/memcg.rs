@@ -251,7 +251,7 @@ mod tests {
     #[test]
     fn the_memory_dir_of_a_process() {
         let m = super::super::cgroup::parse_proc_cgroup(fixture!("cgroup-v1-in-cpu-cgroup"));
-        let mounts = super::super::system::parse_mountinfo(fixture!("mountinfo"));
+        let mounts = super::super::mountinfo::parse_mountinfo(fixture!("mountinfo"));
         let (dir, root, v) =
             super::super::cgroup::controller_dir(&m, &mounts, "memory").expect("memory hierarchy");
         assert_eq!(v, Version::V1);

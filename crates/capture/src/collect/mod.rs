@@ -20,6 +20,7 @@ macro_rules! bpf_skel {
 }
 pub(crate) use bpf_skel;
 
+pub mod bpf;
 pub mod cgroup;
 
 /// A file under tests/fixtures/proc, recorded on a real machine.
@@ -38,9 +39,11 @@ pub mod cpu;
 pub mod fsync;
 pub mod kmsg;
 pub mod memcg;
+pub mod mountinfo;
 pub mod offcpu;
 pub mod pgstat;
 pub mod procfs;
+pub mod procwalk;
 pub mod profile;
 pub mod queries;
 pub mod querytext;

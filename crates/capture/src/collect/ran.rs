@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{Context as _, Result};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 
-use super::offcpu::bpf::prog_stats;
-use super::syscalls::counter::bpf::ObjectSlot;
+use super::bpf::prog_stats;
+use super::bpf::ObjectSlot;
 use super::tracked;
 
 crate::collect::bpf_skel!("ran.skel.rs");

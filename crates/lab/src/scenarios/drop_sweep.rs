@@ -15,8 +15,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::drop_many::{self, Params};
+use super::drop_run::{self, Params};
 use super::LabOptions;
+use super::Params as Given;
 use crate::collect::procfs::aggregate::Counters;
 use crate::collect::procfs::clock_ticks_per_s;
 use crate::interrupt;
@@ -25,6 +26,35 @@ use crate::provision::{ClusterOptions, PgInstall, Topology, TopologyOptions};
 pub use crate::recording::summaries::{DropSweep, Fit, LinearFit, Point};
 use crate::recording::writer::write_json_atomic;
 use crate::round3;
+
+/// `--tables N --empty-tables --one-transaction
+/// --sweep-tables LIST --sweep-standby-shared-buffers LIST`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Options {
+    pub tables: Option<u32>,
+    pub empty: bool,
+    pub one_transaction: bool,
+    /// `--sweep`: table counts (default [`DEFAULT_TABLES`]).
+    pub sweep_tables: Option<Vec<u32>>,
+    /// `--sweep`: standby shared_buffers values (default
+    /// [`DEFAULT_SHARED_BUFFERS`]).
+    pub sweep_shared_buffers: Option<Vec<String>>,
+}
+
+impl Options {
+    /// From the `lab run` flags given.
+    pub fn from_params(p: &Given) -> Options {
+        let text = |f: &str| p.get::<String>(f);
+        Options {
+            tables: p.get("tables"),
+            empty: p.on("empty-tables"),
+            one_transaction: p.on("one-transaction"),
+            sweep_tables: text("sweep-tables").and_then(|s| parse_tables(&s).ok()),
+            sweep_shared_buffers: text("sweep-standby-shared-buffers")
+                .and_then(|s| parse_sizes(&s).ok()),
+        }
+    }
+}
 
 /// Per-point results and fits of `--sweep`.
 pub const SWEEP: &str = crate::recording::files::DROP_SWEEP;
@@ -314,7 +344,7 @@ fn startup_pid(postmaster: u32) -> Option<u32> {
 
 /// The sweep's table counts and sizes: the options', else the defaults.
 pub fn lists(opts: &LabOptions) -> (Vec<u32>, Vec<String>) {
-    let o = &super::drop_many::Options::from_params(&opts.params);
+    let o = &Options::from_params(&opts.params);
     (
         o.sweep_tables
             .clone()
@@ -337,7 +367,7 @@ pub fn sweep(
     status: &dyn Fn(&str),
 ) -> Result<DropSweep> {
     let (tables, sizes) = lists(opts);
-    let o = &super::drop_many::Options::from_params(&opts.params);
+    let o = &Options::from_params(&opts.params);
     let mut out = DropSweep {
         empty: o.empty,
         one_transaction: o.one_transaction,
@@ -390,7 +420,7 @@ fn sweep_on(
     tables: &[u32],
     sb: &str,
     bytes: u64,
-    o: &drop_many::Options,
+    o: &Options,
     out: &mut DropSweep,
     dir: &Path,
     status: &dyn Fn(&str),
@@ -406,13 +436,13 @@ fn sweep_on(
             break;
         }
         let p = Params::new(n, o.empty, o.one_transaction);
-        drop_many::prepare(&dsn, &p, &|_| {})?;
+        drop_run::prepare(&dsn, &p, &|_| {})?;
         topo.wait_caught_up()?;
         status(&format!("sweep: {n} tables, standby shared_buffers={sb}"));
         let cpu0 = cpu_ms(pid);
-        let ran = drop_many::run_blocking(&dsn, &p)?;
+        let ran = drop_run::run_blocking(&dsn, &p)?;
         let cpu1 = cpu_ms(pid);
-        let s = drop_many::summarise(&p, &ran.level, &ran.runs, 0.0, ran.elapsed_s);
+        let s = drop_run::summarise(&p, &ran.level, &ran.runs, 0.0, ran.elapsed_s);
         let all = (s.drops + s.baseline_drops).max(1) as f64;
         let cpu_per = match (cpu0, cpu1) {
             (Some(a), Some(b)) => (b - a).max(0.0) / all,
@@ -431,7 +461,7 @@ fn sweep_on(
             replay_ms_per_drop: round3(s.replay_ms_per_drop()),
             startup_cpu_ms_per_drop: round3(cpu_per),
             startup_cpu_ms_total: round3(cpu_per * f64::from(n)),
-            replay_lag: drop_many::summarise_lag(&ran.lag),
+            replay_lag: drop_run::summarise_lag(&ran.lag),
         });
         conclude(out);
         write_json_atomic(&dir.join(SWEEP), out)?;

@@ -10,6 +10,7 @@ pub mod checkpoint_stall;
 pub mod disk_read_latency;
 pub mod dns_on_connect;
 pub mod drop_many;
+pub mod drop_run;
 pub mod drop_sweep;
 pub mod explain_timing;
 pub mod fixture;

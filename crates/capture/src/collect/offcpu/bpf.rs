@@ -3,7 +3,7 @@
 //! kernel stacks, and the ring of blocks with a user stack copy.
 use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
@@ -74,55 +74,6 @@ pub fn parse_event(b: &[u8]) -> Option<Event<'_>> {
         regs: [u64_at(16)?, u64_at(24)?, u64_at(32)?],
         stack: b.get(EVENT_HEADER..EVENT_HEADER + size)?,
     })
-}
-
-/// [`enable_stats`] only when asked (`PGBELOW_BPF_STATS=1`, as the
-/// benchmarks set it): statistics are global while any holder keeps them on,
-/// and they add two clock reads to every run of every BPF program, so a
-/// default collector whose program runs at every system call must not turn
-/// them on just to report its own cost.
-pub fn enable_stats_if_asked() -> Option<OwnedFd> {
-    (std::env::var("PGBELOW_BPF_STATS").as_deref() == Ok("1"))
-        .then(enable_stats)
-        .flatten()
-}
-
-/// Whether the kernel counts BPF run time now (our descriptor, or
-/// kernel.bpf_stats_enabled set by someone else).
-pub fn stats_counting(own: bool) -> bool {
-    own || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
-        .is_ok_and(|s| s.trim() == "1")
-}
-
-/// Turns on the kernel's BPF run-time statistics for as long as the
-/// returned descriptor is open (BPF_ENABLE_STATS; the kernel undoes it when
-/// the descriptor closes, even if pgbelow is killed). None when refused.
-pub fn enable_stats() -> Option<OwnedFd> {
-    const BPF_ENABLE_STATS: libc::c_long = 32;
-    let attr = [0u64; 1]; // enable_stats.type = BPF_STATS_RUN_TIME (0)
-                          // SAFETY: a bpf(2) call with a valid, zeroed attribute of the size given.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_ENABLE_STATS,
-            attr.as_ptr(),
-            std::mem::size_of_val(&attr),
-        )
-    };
-    // SAFETY: on success the kernel returned a new descriptor that we own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// (run time ns, runs) of one program, from its fdinfo.
-pub(crate) fn prog_stats(fd: i32) -> (u64, u64) {
-    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    (field("run_time_ns:"), field("run_cnt:"))
 }
 
 /// Where the user stack of a long block is copied, in the thread's own
@@ -316,7 +267,7 @@ impl<'obj> Loaded<'obj> {
         ]
         .into_iter()
         .flatten()
-        .map(|prog| prog_stats(prog.as_fd().as_raw_fd()))
+        .map(|prog| crate::collect::bpf::prog_stats(prog.as_fd().as_raw_fd()))
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 }

@@ -260,7 +260,7 @@ impl OffcpuCollector {
             shared,
             thread: Some(thread),
             halted: None,
-            stats: bpf::enable_stats(),
+            stats: crate::collect::bpf::enable_stats(),
             started: Instant::now(),
             last: BTreeMap::new(),
             last_t: 0.0,
@@ -342,7 +342,7 @@ impl Collector for OffcpuCollector {
         };
         let mut tick = Tick {
             t,
-            dt: super::session::round_ms(t - self.last_t),
+            dt: crate::round3(t - self.last_t),
             by_pid: BTreeMap::new(),
         };
         for (&(pid, state), &ns) in &now {
@@ -385,7 +385,7 @@ impl Collector for OffcpuCollector {
         let mut s = write_outputs(out.dir(), &self.ctx, &o)?;
         s.mechanism = self.mechanism();
         s.min_block_us = self.min_block_us;
-        s.duration_s = super::session::round_ms(duration_s);
+        s.duration_s = crate::round3(duration_s);
         s.bpf_stats = self.stats.is_some();
         s.bpf_run_s = round6(o.run.0 as f64 / 1e9);
         s.bpf_runs = o.run.1;

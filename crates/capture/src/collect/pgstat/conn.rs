@@ -5,7 +5,8 @@ use anyhow::{Context as _, Result};
 use postgres::{Client, Statement};
 
 use super::sql::{
-    activity_sql, counters_sql, role_of_backend_type, server_sql, ActivityRow, Prepared, ServerRow,
+    activity_sql, counters_sql, role_of_backend_type, server_sql, ActivityRow, PgssSource,
+    Prepared, ServerRow, OWN_MARK,
 };
 use super::ServerSample;
 use crate::recording::reader::PgstatSample;
@@ -341,16 +342,3 @@ impl ServerConn {
         Ok((s, pg))
     }
 }
-
-/// pg_stat_statements as installed: its function, schema-qualified, and its
-/// execution time column (`total_exec_time` from 1.8, PostgreSQL 13; before,
-/// `total_time`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct PgssSource {
-    pub function: String,
-    pub time_column: &'static str,
-}
-
-/// Marks pgbelow's own sampling statements so that pg_stat_statements'
-/// entries for them can be found (comments are kept in its query texts).
-pub const OWN_MARK: &str = "pgbelow-observer";

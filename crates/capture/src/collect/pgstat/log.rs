@@ -420,7 +420,7 @@ impl LogClock {
         let mut e = line.event;
         match line.time.as_ref().and_then(|t| self.t_of(t)) {
             Some(t) => {
-                e.t = crate::collect::session::round_ms(t);
+                e.t = crate::round3(t);
                 e.t_from = "log".into();
             }
             None => {

@@ -36,9 +36,10 @@ use crate::recording::{files, CollectorInfo, Writer};
 use sql::{ActivityRow, Prepared, WaitAcc};
 use tail::LogTail;
 
-pub use conn::{PgssSource, ServerConn, OWN_MARK};
+pub use conn::ServerConn;
 pub use log::{parse_complete, parse_log_line, LogClock, LogLine, LogTime};
 pub use sql::{activity_sql, counters_sql, role_of_backend_type, server_sql};
+pub use sql::{PgssSource, OWN_MARK};
 pub use tail::unfinished_start;
 
 pub use crate::recording::schema::pgstat::{
@@ -238,7 +239,7 @@ impl PgstatCollector {
     }
 
     fn drain(&mut self, t: f64, out: &mut Writer) -> Result<()> {
-        let dt = super::session::round_ms(t - self.last_t);
+        let dt = crate::round3(t - self.last_t);
         let (mut p, activity) = {
             let mut g = self
                 .shared
@@ -433,7 +434,7 @@ fn oldest_line_t(lines: &[String], clock: &LogClock) -> Option<f64> {
     // The prefix comes first: a time further in is a message's.
     lines.iter().find_map(|l| {
         let t = log::find_time(l.get(..48).unwrap_or(l))?;
-        clock.t_of(&t).map(crate::collect::session::round_ms)
+        clock.t_of(&t).map(crate::round3)
     })
 }
 
@@ -521,7 +522,7 @@ fn sampler(
     shared: &Shared,
 ) {
     let mut period = Duration::from_secs_f64(1.0 / WAIT_HZ);
-    let t = || super::session::round_ms(t0.elapsed().as_secs_f64());
+    let t = || crate::round3(t0.elapsed().as_secs_f64());
     let mut next = Instant::now();
     let mut next_counters = Instant::now();
     let fail = |e: anyhow::Error| {

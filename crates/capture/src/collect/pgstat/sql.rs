@@ -4,8 +4,20 @@ use std::collections::BTreeMap;
 use postgres::Statement;
 use serde::Deserialize;
 
-use super::conn::{PgssSource, OWN_MARK};
 use super::{Bgwriter, Checkpointer, RecoveryPrefetch, Replica, Slru, WaitRow, WaitSample, Wal};
+
+/// pg_stat_statements as installed: its function, schema-qualified, and its
+/// execution time column (`total_exec_time` from 1.8, PostgreSQL 13; before,
+/// `total_time`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PgssSource {
+    pub function: String,
+    pub time_column: &'static str,
+}
+
+/// Marks pgbelow's own sampling statements so that pg_stat_statements'
+/// entries for them can be found (comments are kept in its query texts).
+pub const OWN_MARK: &str = "pgbelow-observer";
 use crate::procinfo::Role;
 
 pub(super) struct Prepared {

@@ -490,7 +490,7 @@ impl Collector for ProfileCollector {
         let now = self.totals(t);
         let tick = Tick {
             t,
-            dt: super::session::round_ms(t - self.last.t),
+            dt: crate::round3(t - self.last.t),
             samples: now.samples - self.last.samples,
             other: now.other - self.last.other,
             lost: now.lost - self.last.lost,
@@ -528,7 +528,7 @@ impl Collector for ProfileCollector {
         let mut summary = write_outputs(out.dir(), &self.ctx, tracker, self.opts)?;
         summary.mechanism = self.mechanism();
         summary.cpus = self.cpus;
-        summary.duration_s = super::session::round_ms(duration_s);
+        summary.duration_s = crate::round3(duration_s);
         summary.other_samples = totals.other;
         summary.unattributed = totals.unattributed;
         summary.lost = totals.lost;

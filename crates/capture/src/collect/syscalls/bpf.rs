@@ -2,16 +2,16 @@
 //! and `sched_process_exit` (no tracefs needed), counts in a hash map of
 //! per-process arrays (see src/bpf/syscount.bpf.c).
 use std::collections::{BTreeMap, BTreeSet};
-use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, OpenObject};
+use libbpf_rs::{MapCore, MapFlags};
 
-use super::procwalk;
 use super::CountSnapshot;
+use crate::collect::bpf::ObjectSlot;
+use crate::collect::procwalk;
 use crate::collect::syscalls::duty::DutyCycle;
 use crate::collect::tracked;
 
@@ -21,41 +21,6 @@ use skel::{types, SyscountSkel, SyscountSkelBuilder};
 const PROC_EXITED: u32 = 1;
 /// struct proc: u32 parent, u32 flags, then u64 counts[MAX_NR].
 const PROC_HEADER: usize = 8;
-
-/// The heap slot that libbpf-rs's skeleton borrows for its whole life.
-///
-/// The skeleton holds `&'obj mut MaybeUninit<OpenObject>`. We allocate the
-/// slot with `Box`, keep only a raw pointer (so moving the owner never
-/// re-asserts uniqueness of a `Box` while the skeleton borrows it), hand the
-/// skeleton a reference with a `'static` lifetime that never escapes this
-/// module, and free the slot only after the skeleton is dropped: `Ebpf`
-/// declares `skel` before `_slot`, and fields drop in declaration order.
-pub(crate) struct ObjectSlot(NonNull<MaybeUninit<OpenObject>>);
-
-impl ObjectSlot {
-    pub(crate) fn new() -> Self {
-        ObjectSlot(NonNull::from(Box::leak(Box::new(MaybeUninit::uninit()))))
-    }
-
-    /// # Safety
-    /// Call once; the returned reference must not outlive `self`.
-    pub(crate) unsafe fn borrow_static(&mut self) -> &'static mut MaybeUninit<OpenObject> {
-        // SAFETY: the pointer comes from Box::leak and stays valid until Drop;
-        // the caller guarantees there is no other reference.
-        unsafe { &mut *self.0.as_ptr() }
-    }
-}
-
-impl Drop for ObjectSlot {
-    fn drop(&mut self) {
-        // SAFETY: allocated by Box in `new`; whatever borrowed it (the
-        // skeleton, which also drops the object inside) is gone by now.
-        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
-    }
-}
-
-// SAFETY: the slot is an exclusively owned heap allocation.
-unsafe impl Send for ObjectSlot {}
 
 /// The skeleton's mmap'ed `.bss`. The kernel writes it concurrently, so it is
 /// only ever accessed through atomics, never through a Rust reference.
@@ -174,7 +139,7 @@ impl Ebpf {
             keys: BTreeSet::new(),
             overflows_seen: 0,
             buf: vec![0; value_size],
-            stats: crate::collect::offcpu::bpf::enable_stats_if_asked(),
+            stats: crate::collect::bpf::enable_stats_if_asked(),
             ran: None,
             last_live: BTreeMap::new(),
             duty: None,
@@ -218,13 +183,13 @@ impl Ebpf {
     /// counted them (BPF statistics on).
     pub(super) fn run_s(&self) -> Option<f64> {
         use std::os::fd::{AsFd, AsRawFd};
-        if !crate::collect::offcpu::bpf::stats_counting(self.stats.is_some()) {
+        if !crate::collect::bpf::stats_counting(self.stats.is_some()) {
             return None;
         }
         let p = &self.skel.progs;
         let ns: u64 = [&p.on_sys_enter, &p.on_fork, &p.on_proc_exit]
             .iter()
-            .map(|prog| crate::collect::offcpu::bpf::prog_stats(prog.as_fd().as_raw_fd()).0)
+            .map(|prog| crate::collect::bpf::prog_stats(prog.as_fd().as_raw_fd()).0)
             .sum();
         Some(ns as f64 / 1e9)
     }

@@ -27,8 +27,6 @@ use crate::privilege::{self, Cap, Caps};
 pub(crate) mod bpf;
 #[path = "perf.rs"]
 pub(crate) mod perf;
-#[path = "procwalk.rs"]
-pub mod procwalk;
 
 pub use perf::PERF_SYSCALLS;
 

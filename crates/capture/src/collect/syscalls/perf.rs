@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::procwalk;
 use super::CountSnapshot;
+use crate::collect::procwalk;
 use crate::collect::syscalls::names::syscall_nr;
 use crate::error::fixable;
 

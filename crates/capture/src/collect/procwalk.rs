@@ -2,11 +2,11 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 
-pub(super) use crate::procinfo::threads;
+pub use crate::procinfo::threads;
 use crate::procinfo::{children, have_children_files};
 
 /// Whether `/proc/<pid>` exists (a zombie not yet reaped by its parent still does).
-pub(super) fn exists(pid: u32) -> bool {
+pub fn exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
