@@ -20,11 +20,25 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+// How each kind of host state is undone, one file each.
+mod cgroup;
+mod cluster;
+mod files;
+mod iptables;
+mod loopdev;
+mod mount;
+mod swap;
+mod sysfs;
+
+pub use cgroup::{remove_cgroup, remove_cgroup_patiently};
+pub use iptables::remove_rule as remove_iptables_rule;
+pub use mount::mounted;
+pub use swap::{swap_active, swapoff};
+pub use sysfs::{COMPACTION_PROACTIVENESS, THP_DEFRAG, THP_ENABLED};
 
 /// Overrides the ledger directory (tests).
 pub const DIR_ENV: &str = "PGBELOW_LEDGER_DIR";
@@ -385,16 +399,8 @@ fn lock(d: &Path) -> std::io::Result<Lock> {
     Ok(Lock(f))
 }
 
-const QUIT_WAIT: Duration = Duration::from_secs(5);
-
 /// Does `o` name only what pgbelow makes? An entry is only ever written by
 /// pgbelow, but a damaged one must not make a reclaim remove `/`.
-/// The machine-wide THP and compaction settings thp-compaction-stall sets
-/// (sysfs and sysctl files, restored like a sysctl).
-pub const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
-pub const THP_DEFRAG: &str = "/sys/kernel/mm/transparent_hugepage/defrag";
-pub const COMPACTION_PROACTIVENESS: &str = "/proc/sys/vm/compaction_proactiveness";
-
 fn plausible(o: &Object) -> bool {
     let named = |p: &Path| {
         p.is_absolute()
@@ -437,37 +443,6 @@ fn plausible(o: &Object) -> bool {
     }
 }
 
-/// Remove an iptables rule pgbelow added (nothing to do when it is gone).
-pub fn remove_iptables_rule(
-    tool: &str,
-    chain: &str,
-    rule: &[String],
-) -> Result<Vec<String>, String> {
-    let run = |op: &str| {
-        Command::new(tool)
-            .args(["-w", "-t", "filter", op, chain])
-            .args(rule)
-            .output()
-    };
-    match run("-C") {
-        Ok(o) if !o.status.success() => return Ok(Vec::new()),
-        Err(e) => return Err(format!("running {tool} -C {chain}: {e}")),
-        Ok(_) => {}
-    }
-    match run("-D") {
-        Ok(o) if o.status.success() => Ok(vec![format!(
-            "removed the iptables rule {chain} {}",
-            rule.join(" ")
-        )]),
-        Ok(o) => Err(format!(
-            "{tool} -D {chain} {}: {}",
-            rule.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Err(e) => Err(format!("running {tool} -D {chain}: {e}")),
-    }
-}
-
 /// Undo one object: the lines to print (none if it was already gone), or
 /// why it could not be undone.
 fn undo(o: &Object) -> Result<Vec<String>, String> {
@@ -482,343 +457,27 @@ fn undo(o: &Object) -> Result<Vec<String>, String> {
             restore,
             backing,
             maj_min,
-        }
-        | Object::Bdi {
+        } => sysfs::lift_limit(path, restore, backing, maj_min),
+        Object::Bdi {
             path,
             restore,
             backing,
             maj_min,
-        } => {
-            if !path.exists() {
-                return Ok(Vec::new());
-            }
-            if !device_free_or_ours(maj_min, backing) {
-                return Err(format!(
-                    "left {} as it is: device {maj_min} now backs another file",
-                    path.display()
-                ));
-            }
-            if matches!(o, Object::Bdi { .. }) && read_trim(path).as_deref() == Some(restore) {
-                return Ok(Vec::new());
-            }
-            fs::write(path, restore)
-                .map(|_| {
-                    let what = if matches!(o, Object::Bdi { .. }) {
-                        "restored"
-                    } else {
-                        "lifted the write limit:"
-                    };
-                    vec![format!("{what} {} = {restore}", path.display())]
-                })
-                .map_err(|e| format!("writing {restore:?} to {}: {e}", path.display()))
-        }
-        Object::Sysctl { path, restore } => {
-            // A sysfs choice reads `always [madvise] never`: its selected word.
-            let now = read_trim(path);
-            let now = now.as_deref().map(|s| {
-                s.split_once('[')
-                    .and_then(|(_, r)| r.split_once(']'))
-                    .map_or(s, |(w, _)| w)
-            });
-            if now == Some(restore.as_str()) {
-                return Ok(Vec::new());
-            }
-            fs::write(path, restore)
-                .map(|_| vec![format!("restored {} = {restore}", path.display())])
-                .map_err(|e| format!("writing {restore:?} to {}: {e}", path.display()))
-        }
+        } => sysfs::restore_bdi(path, restore, backing, maj_min),
+        Object::Sysctl { path, restore } => sysfs::restore_setting(path, restore),
         Object::Cluster {
             dir,
             data_dir,
             postmaster_pid,
-        } => stop_server(dir, data_dir, *postmaster_pid),
-        Object::Mount { path } | Object::TracefsMount { path } => {
-            if !mounted(path) {
-                return Ok(Vec::new());
-            }
-            let ok = |args: &[&str]| {
-                Command::new("umount")
-                    .args(args)
-                    .arg(path)
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-            };
-            if ok(&[]) || ok(&["-l"]) {
-                Ok(vec![format!("unmounted {}", path.display())])
-            } else {
-                Err(format!("unmounting {} failed", path.display()))
-            }
-        }
-        Object::LoopDevice { device, backing } => {
-            let devs = loops_backed_by(backing);
-            let mut lines = Vec::new();
-            for dev in devs {
-                let out = Command::new("losetup").arg("-d").arg(&dev).output();
-                match out {
-                    Ok(o) if o.status.success() => {
-                        lines.push(format!("detached {dev} ({})", backing.display()))
-                    }
-                    Ok(o) => {
-                        return Err(format!(
-                            "detaching {dev}: {}",
-                            String::from_utf8_lossy(&o.stderr).trim()
-                        ))
-                    }
-                    Err(e) => return Err(format!("running losetup -d {dev}: {e}")),
-                }
-            }
-            let _ = device;
-            Ok(lines)
-        }
-        Object::Cgroup { path, parent } => {
-            if !path.exists() {
-                return Ok(Vec::new());
-            }
-            remove_cgroup(path, parent)
-                .map(|_| vec![format!("removed cgroup {}", path.display())])
-                .map_err(|e| format!("removing cgroup {}: {e}", path.display()))
-        }
-        Object::SwapFile { path } => {
-            let mut lines = Vec::new();
-            if swap_active(path) {
-                swapoff(path)?;
-                lines.push(format!("swapped off {}", path.display()));
-            }
-            match fs::remove_file(path) {
-                Ok(()) => lines.push(format!("removed {}", path.display())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("removing {}: {e}", path.display())),
-            }
-            Ok(lines)
-        }
-        Object::BackingFile { path } | Object::TempFile { path } => match fs::remove_file(path) {
-            Ok(()) => Ok(vec![format!("removed {}", path.display())]),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(format!("removing {}: {e}", path.display())),
-        },
-        Object::TempDir { path } => remove_dir(path),
-        Object::Iptables { tool, chain, rule } => remove_iptables_rule(tool, chain, rule),
+        } => cluster::stop_server(dir, data_dir, *postmaster_pid),
+        Object::Mount { path } | Object::TracefsMount { path } => mount::unmount(path),
+        Object::LoopDevice { backing, .. } => loopdev::detach_all(backing),
+        Object::Cgroup { path, parent } => cgroup::remove(path, parent),
+        Object::SwapFile { path } => swap::remove(path),
+        Object::BackingFile { path } | Object::TempFile { path } => files::remove_file(path),
+        Object::TempDir { path } => files::remove_dir(path),
+        Object::Iptables { tool, chain, rule } => iptables::remove_rule(tool, chain, rule),
     }
-}
-
-/// Is `path` an active swap area (/proc/swaps)?
-pub fn swap_active(path: &Path) -> bool {
-    fs::read_to_string("/proc/swaps").is_ok_and(|s| {
-        s.lines()
-            .skip(1)
-            .filter_map(|l| l.split_ascii_whitespace().next())
-            .any(|f| Path::new(f) == path)
-    })
-}
-
-/// swapoff(2) on `path`: its pages are read back into memory first.
-pub fn swapoff(path: &Path) -> Result<(), String> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| format!("{} has a NUL byte", path.display()))?;
-    // SAFETY: a valid C string; swapoff has no memory effects on us.
-    if unsafe { libc::swapoff(c.as_ptr()) } != 0 {
-        return Err(format!(
-            "swapoff {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
-}
-
-fn read_trim(p: &Path) -> Option<String> {
-    fs::read_to_string(p).ok().map(|s| s.trim().to_string())
-}
-
-fn remove_dir(path: &Path) -> Result<Vec<String>, String> {
-    if mounted_under(path) {
-        return Err(format!(
-            "left {}: something is still mounted under it",
-            path.display()
-        ));
-    }
-    match fs::remove_dir_all(path) {
-        Ok(()) => Ok(vec![format!("removed {}", path.display())]),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(format!("removing {}: {e}", path.display())),
-    }
-}
-
-/// Stop the temp cluster's server (immediate shutdown, then SIGKILL of
-/// its processes), then remove its directory.
-fn stop_server(
-    dir: &Path,
-    data_dir: &Path,
-    postmaster: Option<u32>,
-) -> Result<Vec<String>, String> {
-    let mut lines = Vec::new();
-    if let Some(pid) = postmaster.filter(|p| is_postmaster_of(*p, data_dir)) {
-        signal(pid, libc::SIGQUIT);
-        let end = Instant::now() + QUIT_WAIT;
-        while is_postmaster_of(pid, data_dir) && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        lines.push(format!(
-            "stopped postgres {pid} (immediate shutdown) of {}",
-            data_dir.display()
-        ));
-    }
-    // Every server process runs with the data directory as its cwd: the
-    // rest of them (or all, when the postmaster's pid was not known yet).
-    let left = postgres_with_cwd(data_dir);
-    if !left.is_empty() {
-        for &p in &left {
-            signal(p, libc::SIGKILL);
-        }
-        let end = Instant::now() + QUIT_WAIT;
-        while !postgres_with_cwd(data_dir).is_empty() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        lines.push(format!(
-            "killed {} postgres process(es) {left:?} of {}",
-            left.len(),
-            data_dir.display()
-        ));
-        let still = postgres_with_cwd(data_dir);
-        if !still.is_empty() {
-            return Err(format!(
-                "postgres processes {still:?} of {} survived SIGKILL",
-                data_dir.display()
-            ));
-        }
-    }
-    lines.extend(remove_dir(dir)?);
-    Ok(lines)
-}
-
-/// Is `pid` a live postgres started with `-D data_dir`?
-fn is_postmaster_of(pid: u32, data_dir: &Path) -> bool {
-    if zombie(pid) || !is_postgres_exe(pid) {
-        return false;
-    }
-    let Ok(raw) = fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
-    let want = data_dir.as_os_str().as_encoded_bytes();
-    args.windows(2).any(|w| w[0] == b"-D" && w[1] == want)
-}
-
-fn is_postgres_exe(pid: u32) -> bool {
-    fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
-        exe.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("postgres"))
-    })
-}
-
-/// Live postgres processes whose cwd is `dir`.
-fn postgres_with_cwd(dir: &Path) -> Vec<u32> {
-    let Ok(rd) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out: Vec<u32> = rd
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|c| c == dir)
-                && !zombie(*pid)
-                && is_postgres_exe(*pid)
-        })
-        .collect();
-    out.sort_unstable();
-    out
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    if let Ok(p) = libc::pid_t::try_from(pid) {
-        if p > 1 {
-            // SAFETY: kill(2) with a positive pid has no memory effects.
-            unsafe { libc::kill(p, sig) };
-        }
-    }
-}
-
-/// Is `path` a mount point (per /proc/self/mountinfo)?
-/// Move the processes left in cgroup `path` to `parent` and remove it (a
-/// cgroup with members cannot be removed).
-pub fn remove_cgroup(path: &Path, parent: &Path) -> std::io::Result<()> {
-    if let Ok(procs) = fs::read_to_string(path.join("cgroup.procs")) {
-        for p in procs.lines() {
-            let _ = fs::write(parent.join("cgroup.procs"), p);
-        }
-    }
-    fs::remove_dir(path)
-}
-
-/// [`remove_cgroup`], retried for a second while a process just leaving
-/// keeps it busy; a cgroup already gone is removed.
-pub fn remove_cgroup_patiently(path: &Path, parent: &Path) -> std::io::Result<()> {
-    let mut last = None;
-    for _ in 0..50 {
-        match remove_cgroup(path, parent) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => last = Some(e),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(last.unwrap_or_else(|| std::io::Error::other("busy")))
-}
-
-pub fn mounted(path: &Path) -> bool {
-    mount_points().iter().any(|m| m == path)
-}
-
-fn mounted_under(path: &Path) -> bool {
-    mount_points().iter().any(|m| m.starts_with(path))
-}
-
-fn mount_points() -> Vec<PathBuf> {
-    procfs::process::Process::myself()
-        .and_then(|p| p.mountinfo())
-        .map(|m| m.into_iter().map(|m| m.mount_point).collect())
-        .unwrap_or_default()
-}
-
-/// Loop devices (`/dev/loopN`) whose backing file is `backing`.
-fn loops_backed_by(backing: &Path) -> Vec<String> {
-    let Ok(rd) = fs::read_dir("/sys/block") else {
-        return Vec::new();
-    };
-    let mut out: Vec<String> = rd
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_str()?.to_string();
-            if !name.starts_with("loop") {
-                return None;
-            }
-            let b = read_trim(&e.path().join("loop/backing_file"))?;
-            // A deleted backing file reads "PATH (deleted)".
-            let b = b.strip_suffix(" (deleted)").unwrap_or(&b);
-            (Path::new(b) == backing).then(|| format!("/dev/{name}"))
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-/// The device `maj_min` is detached, or still backed by `backing`.
-fn device_free_or_ours(maj_min: &str, backing: &Path) -> bool {
-    let Ok(rd) = fs::read_dir("/sys/block") else {
-        return true;
-    };
-    for e in rd.flatten() {
-        if read_trim(&e.path().join("dev")).as_deref() != Some(maj_min) {
-            continue;
-        }
-        return match read_trim(&e.path().join("loop/backing_file")) {
-            None => true,
-            Some(b) => Path::new(b.strip_suffix(" (deleted)").unwrap_or(&b)) == backing,
-        };
-    }
-    true
 }
 
 /// Undo what this process still holds, on its way out: a tracefs mount
