@@ -758,7 +758,7 @@ fn drop_many_setup_stops_at_ctrl_c() {
 
 /// This binary's lab lock, a ledger of the test's own and the start time;
 /// None (the test skipped, saying why) unless root.
-fn as_root(what: &str) -> Option<(std::sync::MutexGuard<'static, ()>, TestLedger, Instant)> {
+fn as_root(what: &str) -> Option<(common::Exclusive, TestLedger, Instant)> {
     if common::skipped_unless_root(&format!("{what} needs root")) {
         return None;
     }

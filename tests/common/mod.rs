@@ -32,10 +32,42 @@ pub fn skipped_unless_root(why: &str) -> bool {
 /// each other's timings: the CI run that failed had a drop-many run's
 /// primary-only baseline slower than its synchronous drops because a sweep
 /// ran next to it.
-pub fn exclusive() -> MutexGuard<'static, ()> {
+pub fn exclusive() -> Exclusive {
     static LAB: Mutex<()> = Mutex::new(());
     // A failed test poisons the lock; the next one may still run alone.
-    LAB.lock().unwrap_or_else(|e| e.into_inner())
+    let guard = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    Exclusive {
+        _guard: guard,
+        since: std::time::Instant::now(),
+    }
+}
+
+/// [`exclusive`]'s hold. With `PGBELOW_TEST_LOCK_LOG=FILE` each hold's
+/// seconds are appended to FILE (`<seconds> <binary> <test>`): how much of a
+/// binary's time is measuring that may not overlap, and how much could.
+pub struct Exclusive {
+    _guard: MutexGuard<'static, ()>,
+    since: std::time::Instant,
+}
+
+impl Drop for Exclusive {
+    fn drop(&mut self) {
+        let Some(log) = std::env::var_os("PGBELOW_TEST_LOCK_LOG") else {
+            return;
+        };
+        // libtest names each test's thread after the test.
+        let bin = test_binary();
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let line = format!("{:.1} {bin} {test}\n", self.since.elapsed().as_secs_f64());
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
 }
 
 /// Run `pgbelow ARGS --out OUT` (ARGS ending in `--format json`), assert it
@@ -164,6 +196,34 @@ fn margin(c: &Value) -> Option<f64> {
     Some(if b > 0.0 { a / b } else { f64::INFINITY })
 }
 
+/// This test binary's name (`attach_cases`, without cargo's hash).
+fn test_binary() -> String {
+    let arg0 = std::env::args().next().unwrap_or_default();
+    let name = arg0.rsplit('/').next().unwrap_or_default();
+    name.rsplit_once('-').map_or(name, |(n, _)| n).to_string()
+}
+
+/// With `PGBELOW_TEST_MARGIN_LOG=FILE`, appends `<raised|silent> <check>
+/// <margin> <needed> <binary> <test>` to FILE: the margin audit's data
+/// (docs/margins.md), from the runs the tests make anyway.
+fn log_margin(how: &str, id: &str, m: Option<f64>, k: f64) {
+    let Some(log) = std::env::var_os("PGBELOW_TEST_MARGIN_LOG") else {
+        return;
+    };
+    let bin = test_binary();
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let m = m.map_or("-".to_string(), |m| format!("{m:.3}"));
+    let line = format!("{how} {id} {m} {k} {bin} {test}\n");
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
 /// Asserts finding `f` measured its cost (`evidence.cost`, a share) and
 /// has the severity that cost gives: critical from `critical`, a warning
 /// from `warn`, else info. Prints the cost either way.
@@ -188,6 +248,7 @@ pub fn assert_severity_of_cost(f: &Value, warn: f64, critical: f64) {
 pub fn raised_with_margin<'a>(r: &'a Value, id: &str, k: f64) -> &'a Value {
     let c = check(r, id);
     let m = margin(c);
+    log_margin("raised", id, m, k);
     eprintln!(
         "check {id}: {} — {} (bound {}), margin {}",
         c["status"],
@@ -219,6 +280,7 @@ pub fn raised_with_margin<'a>(r: &'a Value, id: &str, k: f64) -> &'a Value {
 /// its figure and margin.
 pub fn silent(r: &Value, id: &str) {
     let c = check(r, id);
+    log_margin("silent", id, margin(c), 1.0);
     eprintln!(
         "check {id}: {} — {} (bound {}), margin {}",
         c["status"],
