@@ -1121,7 +1121,7 @@ fn subtransaction_overflow_found_attached_to_the_standby() {
 /// standby's `recovery_prefetch = off` (15): its startup process reads each
 /// block with a synchronous pread and no fadvise, and the finding fires
 /// from the standby's own counters, telling that this server could
-/// prefetch. (14 against 15's prefetching is tests/lab_prefetch.rs.)
+/// prefetch. (14 against 15's prefetching is tests/lab_replay_without_prefetch.rs.)
 #[test]
 fn replay_without_prefetch_found_attached_to_the_standby() {
     const READ_IOPS: u32 = 500;
@@ -1946,7 +1946,7 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
 /// over TCP. With the answers 200 ms late every new backend waits in
 /// getnameinfo and the finding fires; the same cluster with the resolver
 /// answering at once (the healthy baseline, here rather than in
-/// tests/lab_dns.rs) stays silent. The host's files are never touched.
+/// tests/lab_dns_on_connect.rs) stays silent. The host's files are never touched.
 #[test]
 fn dns_on_connect_found_attached() {
     use pgbelow::scenarios::dns_on_connect::{private_etc, SlowResolver};

@@ -590,3 +590,22 @@ fn the_level_checker_finds_a_circle() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].contains("m: "), "{found:?}");
 }
+
+/// Each lab scenario that reproduces a finding has its lab test named after
+/// it (`tests/lab_<scenario>.rs`), so a case's tests are found by its name.
+#[test]
+fn each_case_has_a_lab_test_named_after_its_scenario() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let cases: Vec<&str> = pgbelow::scenarios::ALL
+        .iter()
+        .filter(|s| s.spec().finding.is_some())
+        .map(|s| s.spec().name)
+        .collect();
+    let missing: Vec<String> = cases
+        .iter()
+        .map(|n| format!("lab_{}.rs", n.replace('-', "_")))
+        .filter(|f| !tests.join(f).is_file())
+        .collect();
+    assert!(missing.is_empty(), "no lab test named after: {missing:?}");
+    assert!(cases.len() >= 20, "{cases:?}");
+}
