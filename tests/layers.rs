@@ -387,7 +387,7 @@ fn module_files(src: &Path) -> Vec<(Vec<String>, PathBuf)> {
 /// The paths `code` names, made absolute from module `at` (`crate::a::b`,
 /// `super::c`, `self::d`, and each item of a grouped `use x::{a, b::c}`),
 /// each as far as its identifiers go.
-fn named_paths(code: &str, at: &[String], is_mod_rs: bool) -> Vec<Vec<String>> {
+fn named_paths(code: &str, at: &[String]) -> Vec<Vec<String>> {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let bytes: Vec<char> = code.chars().collect();
     let mut out = Vec::new();
@@ -442,7 +442,6 @@ fn named_paths(code: &str, at: &[String], is_mod_rs: bool) -> Vec<Vec<String>> {
             Some("crate") => rest = &segs[1..],
             Some("self") | Some("super") => {
                 base = at.to_vec();
-                let _ = is_mod_rs;
                 while let Some(first) = rest.first() {
                     match first.as_str() {
                         "self" => {}
@@ -513,8 +512,7 @@ fn circles_at_every_level(src: &Path) -> Vec<String> {
     for (at, f) in &files {
         let text = std::fs::read_to_string(f).unwrap();
         let code = code_only(text.split("#[cfg(test)]").next().unwrap_or(""));
-        let is_mod_rs = f.file_name().is_some_and(|n| n == "mod.rs");
-        for to in named_paths(&code, at, is_mod_rs) {
+        for to in named_paths(&code, at) {
             // The deepest module the path names.
             let Some(target) = (1..=to.len())
                 .rev()
@@ -569,7 +567,6 @@ fn the_level_checker_finds_a_circle() {
     let paths = named_paths(
         "use super::{sql::Query, conn};\nlet x = crate::collect::pgstat::conn::open();\nuse self::inner::X;",
         &at("collect::pgstat::sql"),
-        false,
     );
     let want = [
         "collect::pgstat::sql::Query",

@@ -52,21 +52,8 @@ pub struct Exclusive {
 
 impl Drop for Exclusive {
     fn drop(&mut self) {
-        let Some(log) = std::env::var_os("PGBELOW_TEST_LOCK_LOG") else {
-            return;
-        };
-        // libtest names each test's thread after the test.
-        let bin = test_binary();
-        let test = std::thread::current().name().unwrap_or("?").to_string();
-        let line = format!("{:.1} {bin} {test}\n", self.since.elapsed().as_secs_f64());
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-        {
-            let _ = f.write_all(line.as_bytes());
-        }
+        let held = format!("{:.1}", self.since.elapsed().as_secs_f64());
+        log_line("PGBELOW_TEST_LOCK_LOG", &held);
     }
 }
 
@@ -196,32 +183,33 @@ fn margin(c: &Value) -> Option<f64> {
     Some(if b > 0.0 { a / b } else { f64::INFINITY })
 }
 
-/// This test binary's name (`attach_cases`, without cargo's hash).
-fn test_binary() -> String {
-    let arg0 = std::env::args().next().unwrap_or_default();
-    let name = arg0.rsplit('/').next().unwrap_or_default();
-    name.rsplit_once('-').map_or(name, |(n, _)| n).to_string()
-}
-
-/// With `PGBELOW_TEST_MARGIN_LOG=FILE`, appends `<raised|silent> <check>
-/// <margin> <needed> <binary> <test>` to FILE: the margin audit's data
-/// (docs/margins.md), from the runs the tests make anyway.
-fn log_margin(how: &str, id: &str, m: Option<f64>, k: f64) {
-    let Some(log) = std::env::var_os("PGBELOW_TEST_MARGIN_LOG") else {
+/// Appends `<fields> <binary> <test>` to the file named by environment
+/// variable `var`, when it is set: the binary without cargo's hash, the test
+/// from the thread's name (libtest names each test's thread after it).
+fn log_line(var: &str, fields: &str) {
+    let Some(log) = std::env::var_os(var) else {
         return;
     };
-    let bin = test_binary();
+    let arg0 = std::env::args().next().unwrap_or_default();
+    let name = arg0.rsplit('/').next().unwrap_or_default();
+    let bin = name.rsplit_once('-').map_or(name, |(n, _)| n);
     let test = std::thread::current().name().unwrap_or("?").to_string();
-    let m = m.map_or("-".to_string(), |m| format!("{m:.3}"));
-    let line = format!("{how} {id} {m} {k} {bin} {test}\n");
     use std::io::Write;
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
     {
-        let _ = f.write_all(line.as_bytes());
+        let _ = f.write_all(format!("{fields} {bin} {test}\n").as_bytes());
     }
+}
+
+/// With `PGBELOW_TEST_MARGIN_LOG=FILE`, appends `<raised|silent> <check>
+/// <margin> <needed> <binary> <test>` to FILE: the margin audit's data
+/// (docs/margins.md), from the runs the tests make anyway.
+fn log_margin(how: &str, id: &str, m: Option<f64>, k: f64) {
+    let m = m.map_or("-".to_string(), |m| format!("{m:.3}"));
+    log_line("PGBELOW_TEST_MARGIN_LOG", &format!("{how} {id} {m} {k}"));
 }
 
 /// Asserts finding `f` measured its cost (`evidence.cost`, a share) and
