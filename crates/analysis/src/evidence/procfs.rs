@@ -124,7 +124,7 @@ fn split_by_node(
                         n,
                         NodeProcfs {
                             pids: pids.len(),
-                            cpu_s: round_ms(cpu),
+                            cpu_s: crate::round3(cpu),
                         },
                     )
                 })
@@ -279,7 +279,7 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
     let mut out = ProcfsSection {
         hz: samples.first().map_or(0.0, |s| s.hz),
         window_s: [
-            samples.first().map_or(0.0, |s| round_ms(s.t - s.dt)),
+            samples.first().map_or(0.0, |s| crate::round3(s.t - s.dt)),
             samples.last().map_or(0.0, |s| s.t),
         ],
         ..ProcfsSection::default()
@@ -359,8 +359,8 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
                 frame,
                 pids: f.pids.len(),
                 max_pids: f.max_pids,
-                s: round_ms(f.s),
-                wall_s: round_ms(f.wall_s),
+                s: crate::round3(f.s),
+                wall_s: crate::round3(f.wall_s),
                 syscalls: sc.into_iter().map(|(n, _)| n).collect(),
             }
         })
@@ -381,7 +381,7 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
         r.cpu_s = round_us(r.cpu_s);
         r.runq_s = round_us(r.runq_s);
         for v in r.state_s.values_mut() {
-            *v = round_ms(*v);
+            *v = crate::round3(*v);
         }
         r.frames = all_rows
             .iter()
@@ -396,7 +396,7 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
             .map(|(folded, (samples, s))| StackRow {
                 frames: folded.rsplit(';').map(String::from).collect(),
                 samples,
-                s: round_ms(s),
+                s: crate::round3(s),
             })
             .collect();
         st.sort_by(|a, b| {
@@ -412,7 +412,7 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
             .into_iter()
             .map(|(wchan, s)| WchanRow {
                 wchan,
-                s: round_ms(s),
+                s: crate::round3(s),
             })
             .collect();
         w.sort_by(|a, b| b.s.total_cmp(&a.s));
@@ -420,10 +420,6 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
         r.wchans = w;
     }
     out
-}
-
-pub(crate) fn round_ms(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 pub(crate) fn round_us(x: f64) -> f64 {

@@ -326,10 +326,6 @@ struct Stamped<'a> {
     p: &'a ProcessInfo,
 }
 
-pub fn round_ms(x: f64) -> f64 {
-    crate::round3(x)
-}
-
 fn round_us(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::connect;
 use super::LabOptions;
-use crate::collect::session::{round_ms, Session};
+use crate::collect::session::Session;
 use crate::interrupt;
 use crate::provision::SyncMode;
 use crate::recording::files;
@@ -344,7 +344,7 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
         let finished = driver.handle.is_finished();
         while let Ok((at, phase, first, tables, ms)) = driver.rx.try_recv() {
             let r = DropRun {
-                t: round_ms(t_start + at.duration_since(anchor).as_secs_f64()),
+                t: crate::round3(t_start + at.duration_since(anchor).as_secs_f64()),
                 phase,
                 first,
                 tables,
@@ -386,7 +386,7 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
             .into(),
         failed: 0,
         tps: round3(commits as f64 / dur),
-        duration_s: round_ms(dur),
+        duration_s: crate::round3(dur),
         latency_avg_ms: (commits > 0)
             .then(|| round3(runs.iter().map(|r| r.ms).sum::<f64>() / commits as f64)),
         connection_avg_ms: None,
@@ -411,7 +411,7 @@ pub struct Ran {
 /// sweep), sampling the replication lag during the measured drops.
 pub fn run_blocking(dsn: &str, p: &Params) -> Result<Ran> {
     let anchor = Instant::now();
-    let secs = |at: Instant| round_ms(at.duration_since(anchor).as_secs_f64());
+    let secs = |at: Instant| crate::round3(at.duration_since(anchor).as_secs_f64());
     let mut lag = LagSampler::connect(dsn)?;
     let driver = start(dsn, p)?;
     let mut runs = Vec::new();

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::connect;
 use super::{Lab, LabOptions, Scenario, Spec};
-use crate::collect::session::{round_ms, Session};
+use crate::collect::session::Session;
 use crate::interrupt;
 use crate::recording::files;
 pub use crate::recording::summaries::{ExplainSummary, QuerySummary};
@@ -252,7 +252,7 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
                 None => (None, None, None),
             };
             let r = QueryRun {
-                t: round_ms(t_start + at.duration_since(anchor).as_secs_f64()),
+                t: crate::round3(t_start + at.duration_since(anchor).as_secs_f64()),
                 round,
                 query: query.into(),
                 mode,
@@ -287,7 +287,7 @@ pub fn drive(session: &mut Session, dsn: &str, p: &Params) -> Result<()> {
             "queries run by the explain-timing driver (plain, TIMING OFF and ANALYZE)".into(),
         failed: 0,
         tps: round3(n as f64 / dur),
-        duration_s: round_ms(dur),
+        duration_s: crate::round3(dur),
         latency_avg_ms: (n > 0)
             .then(|| round3(runs.iter().map(|r| r.client_ms).sum::<f64>() / n as f64)),
         connection_avg_ms: None,

@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::spec::Params;
 use super::Scenario;
-use crate::collect::session::{round_ms, Session};
+use crate::collect::session::Session;
 use crate::collect::syscalls::Mechanism;
 use crate::interrupt;
 use crate::provision::{Cluster, PgInstall, SyncMode, Topology};
@@ -215,7 +215,7 @@ pub fn drive_pgbench(lab: &Lab, session: &mut Session, periodic: Option<Periodic
             bar.set_position(p.t as u64);
             bar.set_message(format!("{:.0} tps, lat {:.3} ms", p.tps, p.lat_ms));
             let mut p = p;
-            p.t = round_ms(t_start + p.t);
+            p.t = crate::round3(t_start + p.t);
             session.writer().append(files::PROGRESS, &p)?;
             seen.push(p);
         }
@@ -236,7 +236,7 @@ pub fn drive_pgbench(lab: &Lab, session: &mut Session, periodic: Option<Periodic
         Err(e) => return Err(e),
     };
     for mut p in rest {
-        p.t = round_ms(t_start + p.t);
+        p.t = crate::round3(t_start + p.t);
         seen.push(p.clone());
         session.writer().append(files::PROGRESS, &p)?;
     }
@@ -334,7 +334,7 @@ fn summarise(
         statements_source: source,
         failed: summary.failed.unwrap_or(0),
         tps: summary.tps.unwrap_or(0.0),
-        duration_s: round_ms(t_end - t_start),
+        duration_s: crate::round3(t_end - t_start),
         latency_avg_ms: summary.latency_avg_ms,
         connection_avg_ms: summary.connection_avg_ms,
         t_start,

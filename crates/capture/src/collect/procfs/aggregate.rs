@@ -105,8 +105,8 @@ impl Interval {
                 state: state.to_string(),
                 frame: frame.to_string(),
                 samples: r.samples,
-                s: round_ms(r.samples as f64 * per_tick),
-                wall_s: round_ms(r.ticks_hit as f64 * per_tick),
+                s: crate::round3(r.samples as f64 * per_tick),
+                wall_s: crate::round3(r.ticks_hit as f64 * per_tick),
                 pids: r.pids.iter().copied().collect(),
                 max_pids: r.max_in_tick,
                 stacks: names(&r.stacks),
@@ -127,7 +127,7 @@ impl Interval {
     ) -> ProcfsSample {
         ProcfsSample {
             t,
-            dt: round_ms(dt),
+            dt: crate::round3(dt),
             hz,
             ticks: self.ticks,
             stack_reads: self.stack_reads,
@@ -261,10 +261,6 @@ impl CounterDeltas {
         self.prev = now;
         out
     }
-}
-
-pub fn round_ms(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 pub fn round_us(x: f64) -> f64 {
