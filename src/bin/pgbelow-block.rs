@@ -1,4 +1,4 @@
-//! A test workload for pgbelow's off-CPU collector (tests/collect_offcpu.rs);
+//! A test workload for pgbelow's off-CPU collector (tests/parts/offcpu.rs);
 //! not part of the tool. It blocks in known ways and prints how long it was
 //! inside the blocking calls, measured around each call with
 //! CLOCK_MONOTONIC. It prints `ready <pid>`, waits for one byte on stdin,

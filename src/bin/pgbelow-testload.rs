@@ -1,4 +1,4 @@
-//! A test workload for pgbelow's syscall counter (tests/syscalls.rs); not
+//! A test workload for pgbelow's syscall counter (tests/parts/syscalls.rs); not
 //! part of the tool. Every mode prints `ready <pid>`, waits for one byte on
 //! stdin ("go"), runs, and then waits for stdin to close before exiting, so
 //! that a test can attach before the workload and read counts after it.

@@ -37,7 +37,7 @@ const SCAN_FUNCTIONS: &[&str] = &["DropRelFileNodesAllBuffers", "DropRelationsAl
 const MIN_DROPS: u64 = 20;
 /// unlink/unlinkat calls the startup process makes per dropped relation
 /// while replaying its commit record. Measured attached to a standby
-/// (tests/attach_cases.rs): 300 one-row tables dropped → 300 unlinks, on
+/// (tests/attach/cases.rs): 300 one-row tables dropped → 300 unlinks, on
 /// 13 and on 15 alike (the forks that do not exist are not touched; a
 /// vacuumed table's fsm and vm add one each, so this over-counts those).
 const UNLINKS_PER_RELATION: u64 = 1;

@@ -3,7 +3,7 @@
 //! windows, why a panel is absent, the sessions table, folded stacks, the
 //! on-CPU profile as samples — built once from the evidence. The views
 //! (`html`, `pprof`, `otlp`, compare's page) read only the report and this;
-//! none reaches into the evidence or the collectors (tests/layers.rs).
+//! none reaches into the evidence or the collectors (tests/cli/layers.rs).
 pub mod profile;
 pub mod series;
 

@@ -26,7 +26,7 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 /// Never count less than this share of the time (scale factor ≤ 10).
 pub const MIN_DUTY: f64 = 0.1;
 /// What a tracked process's call adds to what [`calibrate`] measures on an
-/// untracked one: the hash lookup and the add (tests/syscalls.rs `measure`:
+/// untracked one: the hash lookup and the add (tests/parts/syscalls.rs `measure`:
 /// +55 ns tracked vs +25 ns untracked).
 const TRACKED_EXTRA_NS: f64 = 30.0;
 /// Floor of the measured cost, for a calibration the machine's noise hid.

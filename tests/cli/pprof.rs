@@ -1,0 +1,198 @@
+//! `report --format pprof` read back by the real `go tool pprof` (Debian's
+//! golang-go): a recorded profile's functions and sample count, its labels.
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command as Std;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn pgbelow() -> Command {
+    Command::cargo_bin("pgbelow").expect("binary built")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings")
+        .join(name)
+}
+
+/// `go`, or None (skipped with a message) when it is missing outside CI.
+fn go() -> Option<&'static str> {
+    let ok = Std::new("go")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some("go");
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "go is missing in CI: scripts/setup installs golang-go"
+    );
+    eprintln!("skipped: `go` not found (apt-get install golang-go, or run scripts/setup)");
+    None
+}
+
+fn go_pprof(args: &[&str], file: &Path) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = Std::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        // pprof keeps a cache under $HOME/pprof; go wants a writable cache too.
+        .env("HOME", tmp.path())
+        .env("GOCACHE", tmp.path().join("gocache"))
+        .env("PPROF_TMPDIR", tmp.path())
+        .output()
+        .expect("go tool pprof runs");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "go tool pprof {args:?} failed: {}\n{out}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+fn export(rec: &Path, out: &Path) {
+    pgbelow()
+        .args(["report"])
+        .arg(rec)
+        .args(["--format", "pprof", "--output"])
+        .arg(out)
+        .assert()
+        .success();
+}
+
+/// Y of `-top`'s header line "Showing nodes accounting for X, P% of Y total".
+fn total_of(top: &str) -> f64 {
+    let line = top
+        .lines()
+        .find(|l| l.contains(" total"))
+        .unwrap_or_else(|| panic!("no total in:\n{top}"));
+    let y = line
+        .split(" of ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no 'of Y total' in {line}"));
+    y.parse()
+        .unwrap_or_else(|_| panic!("total {y} in {line} is not a number"))
+}
+
+fn summary_samples(rec: &Path) -> u64 {
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(rec.join("profile.json")).unwrap()).unwrap();
+    v["samples"].as_u64().unwrap()
+}
+
+#[test]
+fn go_tool_pprof_reads_a_recorded_profile() {
+    let Some(_) = go() else { return };
+    let rec = fixture("pg13-select-only-timeout-all");
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("profile.pb.gz");
+    export(&rec, &file);
+    let bytes = std::fs::read(&file).unwrap();
+    assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzip magic");
+
+    let top = go_pprof(&["-top", "-sample_index=samples"], &file);
+    let want = summary_samples(&rec);
+    assert!(want > 100, "fixture has samples: {want}");
+    assert_eq!(total_of(&top) as u64, want, "sample count:\n{top}");
+    // PostgreSQL's own functions: the main loop (cumulative) and the
+    // B-tree search where a select-only backend spends its CPU (flat).
+    let cum = go_pprof(&["-top", "-cum", "-nodecount=200"], &file);
+    for f in ["PostgresMain", "_bt_compare", "hash_search_with_hash_value"] {
+        assert!(cum.contains(f), "{f} not in -top -cum:\n{cum}");
+    }
+    // cpu/nanoseconds = samples × 1e9 / 99 Hz; pprof prints it in seconds.
+    let cpu = go_pprof(&["-top", "-sample_index=cpu", "-unit=ms"], &file);
+    let ms = total_of(cpu.replace("ms", " ").as_str());
+    let expect_ms = want as f64 * 1000.0 / 99.0;
+    assert!(
+        (ms - expect_ms).abs() < expect_ms * 0.01 + 1.0,
+        "cpu total {ms} ms, want {expect_ms}:\n{cpu}"
+    );
+    let tags = go_pprof(&["-tags"], &file);
+    assert!(
+        tags.contains("role") && tags.contains("backend"),
+        "role label:\n{tags}"
+    );
+}
+
+#[test]
+fn binary_to_a_terminal_is_refused_and_no_profile_is_named() {
+    // No profile in this recording: one line naming it, exit 2.
+    let rec = fixture("pg15-checkpoint-stall");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("p.pb.gz");
+    let a = pgbelow()
+        .args(["report"])
+        .arg(&rec)
+        .args(["--format", "pprof", "--output"])
+        .arg(&out)
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).to_string();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no on-CPU profile"), "{err}");
+    assert!(!out.exists(), "nothing written");
+
+    // stdout a terminal: `script` gives the command a pty.
+    let has_script = Std::new("script").arg("--version").output().is_ok();
+    if !has_script {
+        eprintln!("skipped the terminal case: `script` (util-linux) not found");
+        return;
+    }
+    let bin = assert_cmd::cargo::cargo_bin("pgbelow");
+    let cmd = format!(
+        "{} report {} --format pprof; echo exit=$?",
+        bin.display(),
+        fixture("pg13-select-only-timeout-all").display()
+    );
+    let o = Std::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(text.contains("exit=2"), "{text}");
+    assert!(text.contains("not for a terminal"), "{text}");
+    assert!(
+        !text.contains('\u{fffd}'),
+        "no binary on the terminal: {text}"
+    );
+}
+
+/// A fresh lab recording carries `profile.stacks.jsonl`: pid and node labels,
+/// binaries as mappings.
+#[test]
+fn fresh_recording_has_pid_node_and_binary() {
+    let Some(_) = go() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let rec = tmp.path().join("rec");
+    let r = common::lab_scenario(
+        "select-only",
+        &["--duration", "4", "--collectors", "syscalls,profile"],
+        &rec,
+    );
+    assert!(r["findings"].is_array());
+    let file = tmp.path().join("p.pb.gz");
+    export(&rec, &file);
+    let top = go_pprof(&["-top", "-sample_index=samples"], &file);
+    assert_eq!(total_of(&top) as u64, summary_samples(&rec), "{top}");
+    let tags = go_pprof(&["-tags"], &file);
+    for want in ["role", "backend", "pid", "node", "primary"] {
+        assert!(tags.contains(want), "{want} not in -tags:\n{tags}");
+    }
+    // `-raw` lists the mappings: the postgres binary and the kernel.
+    let raw = go_pprof(&["-raw"], &file);
+    let mappings = &raw[raw.find("Mappings").expect("a Mappings section")..];
+    for want in ["/postgres ", "[kernel.kallsyms]"] {
+        assert!(
+            mappings.contains(want),
+            "{want} not among the mappings:\n{mappings}"
+        );
+    }
+}
