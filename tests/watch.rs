@@ -556,87 +556,100 @@ fn watch_survives_a_server_restart() {
     assert!(inc["onset_t"].as_f64().unwrap() >= 4.0, "{inc}");
 }
 
-/// A `--keep` with no room (a 64 kB tmpfs): the incident is not kept,
-/// which is said on stderr and in /metrics, nothing half-written is left
-/// in it, and the watching goes on.
+/// `--keep` on a directory it cannot write: a 64 kB tmpfs (no room) and a
+/// tmpfs mounted read-only, one watch on each, on one server. A restart
+/// trips both restart triggers; neither incident is kept, which is said on
+/// stderr and in /metrics (the read-only one also when watch starts),
+/// nothing half-written is left, and the watching goes on. One restart
+/// for both: the two cases cost one test's wall time.
 #[test]
-fn a_full_keep_is_said_and_watching_goes_on() {
-    unwritable_keep("size=64k", "No space left on device", false);
-}
-
-/// A read-only `--keep` (a tmpfs mounted ro): said when watch starts and
-/// again when an incident cannot be kept, in /metrics too; watching goes on.
-#[test]
-fn a_read_only_keep_is_said_and_watching_goes_on() {
-    unwritable_keep("ro,size=1m", "Read-only file system", true);
-}
-
-/// watch with `--keep` on a tmpfs mounted with `mount_opts`; a restart's
-/// incident cannot be kept there, for `why` (the errno's words).
-fn unwritable_keep(mount_opts: &str, why: &str, said_at_start: bool) {
+fn an_unwritable_keep_is_said_and_watching_goes_on() {
     if common::skipped_unless_root("mounts a tmpfs") {
         return;
     }
     let _alone = common::exclusive();
-    let logs = tempfile::tempdir().unwrap();
-    let keep = tempfile::tempdir().unwrap();
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
+    struct Unmount(tempfile::TempDir);
+    impl Drop for Unmount {
         fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0).status();
+            let _ = Command::new("umount").arg(self.0.path()).status();
         }
     }
-    assert!(Command::new("mount")
-        .args(["-t", "tmpfs", "-o", mount_opts, "pgbelow-test-keep"])
-        .arg(keep.path())
-        .status()
-        .unwrap()
-        .success());
-    let _unmount = Unmount(keep.path());
+    // (mount options, the errno's words, said when watch starts)
+    let cases = [
+        ("size=64k", "No space left on device", false),
+        ("ro,size=1m", "Read-only file system", true),
+    ];
+    let keeps: Vec<Unmount> = cases
+        .iter()
+        .map(|(opts, _, _)| {
+            let keep = tempfile::tempdir().unwrap();
+            assert!(Command::new("mount")
+                .args(["-t", "tmpfs", "-o", opts, "pgbelow-test-keep"])
+                .arg(keep.path())
+                .status()
+                .unwrap()
+                .success());
+            Unmount(keep)
+        })
+        .collect();
+    let logs = tempfile::tempdir().unwrap();
     let c = UserCluster::start(&[], &[]);
-    let keep_s = keep.path().to_string_lossy().to_string();
-    let w = Watch::start(
-        &c,
-        5,
-        logs.path(),
-        &["--keep", &keep_s, "--escalate-for", "5"],
-    );
-    w.wait_for(60, "a window", |m| {
-        sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= 1.0
-    });
-    let log = w.log();
-    assert_eq!(
-        log.lines()
-            .any(|l| l.contains("cannot be written") && l.contains(why)),
-        said_at_start,
-        "{log}"
-    );
+    let watches: Vec<Watch> = keeps
+        .iter()
+        .map(|k| {
+            let keep_s = k.0.path().to_string_lossy().to_string();
+            Watch::start(
+                &c,
+                5,
+                logs.path(),
+                &["--keep", &keep_s, "--escalate-for", "5"],
+            )
+        })
+        .collect();
+    for ((_, why, said_at_start), w) in cases.iter().zip(&watches) {
+        w.wait_for(60, "a window", |m| {
+            sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= 1.0
+        });
+        let log = w.log();
+        assert_eq!(
+            log.lines()
+                .any(|l| l.contains("cannot be written") && l.contains(why)),
+            *said_at_start,
+            "{why}: {log}"
+        );
+    }
     // A restart trips the restart trigger: an incident to keep.
     c.stop();
     c.restart_stopped(&[]);
-    w.wait_for(120, "the incident not kept", |_| {
-        w.log().contains("incident not kept in")
-    });
-    let m = w.wait_for(30, "the keep error", |m| m.contains("pgbelow_keep_error{"));
-    let err = m
-        .lines()
-        .find(|l| l.starts_with("pgbelow_keep_error{"))
-        .unwrap()
-        .to_string();
-    assert!(err.contains(why), "{err}");
-    let n = sample(&m, "pgbelow_windows_total").unwrap();
-    w.wait_for(60, "windows after the error", |m| {
-        sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= n + 2.0
-    });
-    let log = w.log();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("incident not kept in") && l.contains(why)),
-        "{log}"
-    );
-    w.stop();
-    let left: Vec<_> = std::fs::read_dir(keep.path()).unwrap().collect();
-    assert!(left.is_empty(), "half-written: {left:?}");
+    for ((_, why, _), w) in cases.iter().zip(&watches) {
+        w.wait_for(120, "the incident not kept", |_| {
+            w.log().contains("incident not kept in")
+        });
+        let m = w.wait_for(30, "the keep error", |m| m.contains("pgbelow_keep_error{"));
+        let err = m
+            .lines()
+            .find(|l| l.starts_with("pgbelow_keep_error{"))
+            .unwrap()
+            .to_string();
+        assert!(err.contains(why), "{err}");
+        let n = sample(&m, "pgbelow_windows_total").unwrap();
+        w.wait_for(60, "windows after the error", |m| {
+            sample(m, "pgbelow_windows_total").unwrap_or(0.0) >= n + 2.0
+        });
+        let log = w.log();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("incident not kept in") && l.contains(why)),
+            "{log}"
+        );
+    }
+    for w in watches {
+        w.stop();
+    }
+    for k in &keeps {
+        let left: Vec<_> = std::fs::read_dir(k.0.path()).unwrap().collect();
+        assert!(left.is_empty(), "half-written: {left:?}");
+    }
 }
 
 #[test]

@@ -9,6 +9,7 @@ use std::os::unix::process::CommandExt;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::userdb::UserCluster;
 use serde_json::Value;
@@ -404,12 +405,15 @@ fn id_of(flag: &str) -> u32 {
 
 /// One run of seed 001's workload attached: the hot table on an ext4 loop
 /// device, the cluster started by initdb/pg_ctl with the scenario's
-/// settings, recorded by `pgbelow record` for 50 s while pgbench upserts
-/// (a timed checkpoint comes 30 s after the calibration's CHECKPOINT and
-/// spreads its writes over 15 s, checkpoint_completion_target 0.5: 20 s of
-/// it are recorded). The load outlasts the recording: ending inside
-/// the checkpoint, as 40 s of it did, its last idle seconds were a dip to 0
-/// tps in the healthy run too, silenced only by the rule's other gates.
+/// settings, recorded by `pgbelow record` while pgbench upserts until 50 s
+/// after a CHECKPOINT: the timed checkpoint comes 30 s after it and
+/// spreads its writes over 15 s (checkpoint_completion_target 0.5), so 20 s
+/// of it are recorded. The idle server waits out the first 12 s of the
+/// 30 without the lock (another test measures meanwhile), so 18 s of load
+/// dirty the buffers before the checkpoint and the recording is 38 s, not
+/// 50. The load outlasts the recording: ending inside the checkpoint, as
+/// 40 s of it did, its last idle seconds were a dip to 0 tps in the healthy
+/// run too, silenced only by the rule's other gates.
 /// `limited`: the device limits calibrated to this machine, else none and
 /// the backing file in RAM.
 fn checkpoint_run(limited: bool) -> Value {
@@ -451,19 +455,35 @@ fn checkpoint_run(limited: bool) -> Value {
         let mut limits = cs::Options::default().limits(cal);
         limits.write_bps = (limits.write_bps / 2).max(256 << 10) >> 16 << 16;
         dev.limit(&limits, &|m| eprintln!("{m}")).unwrap();
-    } else {
-        c.psql("bench", "checkpoint");
     }
+    // The timed checkpoint comes 30 s after this one; the recording ends
+    // 50 s after it.
+    c.psql("bench", "checkpoint");
+    let mut since = Instant::now();
+    std::thread::sleep(Duration::from_secs(12));
+    let held = common::exclusive();
+    if since.elapsed() > Duration::from_secs(18) {
+        // The lock came late: too little load would dirty the buffers
+        // before the checkpoint. Start the 30 s again, measuring.
+        c.psql("bench", "checkpoint");
+        since = Instant::now();
+    }
+    let secs = (50.0 - since.elapsed().as_secs_f64()).ceil() as u32;
+    eprintln!("checkpoint run: recording {secs} s");
     let d = tempfile::tempdir().unwrap();
-    let r = record_while(
-        &c,
+    let pid = c.postmaster_pid().to_string();
+    let r = common::record_target_while_held(
+        &held,
+        Command::new(assert_cmd::cargo::cargo_bin("pgbelow")),
+        &["--pid", &pid, "--dsn", &c.dsn("postgres")],
         &d.path().join("rec"),
-        50,
+        secs,
         "syscalls,procfs,system,pgstat",
         || {
-            pgbench(52).unwrap();
+            pgbench(secs + 2).unwrap();
         },
     );
+    drop(held);
     // The limits go before the server stops (a throttled shutdown
     // checkpoint takes minutes), the device after it.
     dev.unlimit().unwrap();

@@ -308,7 +308,7 @@ fn random_damage_never_panics() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Many more cases, for a local soak: `cargo test --release --test damage -- --ignored`.
+/// Many more cases, for a local soak: `cargo test --release --test cli damage:: -- --ignored`.
 #[test]
 #[ignore]
 fn random_damage_never_panics_100k() {

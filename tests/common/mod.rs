@@ -612,6 +612,21 @@ pub fn record_while_as(
 /// `--pid`, `--dsn`, either or both) for `secs`, running `during` 1.5 s
 /// in; the JSON report.
 pub fn record_target_while(
+    cmd: std::process::Command,
+    target: &[&str],
+    out: &Path,
+    secs: u32,
+    collectors: &str,
+    during: impl FnOnce(),
+) -> Value {
+    let one = exclusive();
+    record_target_while_held(&one, cmd, target, out, secs, collectors, during)
+}
+
+/// [`record_target_while`] for a caller that already holds the lock (and
+/// chose `secs` once it had it).
+pub fn record_target_while_held(
+    _held: &Exclusive,
     mut cmd: std::process::Command,
     target: &[&str],
     out: &Path,
@@ -619,7 +634,6 @@ pub fn record_target_while(
     collectors: &str,
     during: impl FnOnce(),
 ) -> Value {
-    let _one = exclusive();
     let child = cmd
         .arg("record")
         .args(target)

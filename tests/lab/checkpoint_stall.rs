@@ -98,7 +98,7 @@ fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
     common::assert_stall_device_removed(&out);
 }
 
-/// By hand (`cargo test --test lab_checkpoint_stall -- --ignored`): the rule's
+/// By hand (`cargo test --test lab checkpoint_stall:: -- --ignored`): the rule's
 /// silence on the same workload and checkpoint with bandwidth to spare is
 /// CI's in tests/attach/cases.rs (`checkpoint_stall_found_attached`, its
 /// second run), and the lab's --write-limit/--dirty-cap path in tests/kill.rs;

@@ -123,7 +123,7 @@ fn ns_per_call(n: u32, mut f: impl FnMut()) -> f64 {
 /// The collector's cost to processes it does not track (this one), per
 /// getppid and per write to /dev/null, with and without it; and the BPF run
 /// time per flush of a tracked one. Prints; asserts nothing but that it ran.
-/// `cargo test --release --test collect_fsync -- --ignored --nocapture`
+/// `cargo test --release --test parts fsync:: -- --ignored --nocapture`
 #[test]
 #[ignore = "measurement; run with --ignored --nocapture"]
 fn measure_cost() {

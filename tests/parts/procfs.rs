@@ -442,7 +442,7 @@ fn nonroot_inner() {
 
 /// Cost of the sampler on ~10 processes at 10 and 100 Hz: thread CPU per
 /// second, session-side CPU per second, and bytes per minute written.
-/// `cargo test --test collect_procfs measure -- --ignored --nocapture`;
+/// `cargo test --test parts procfs::measure -- --ignored --nocapture`;
 /// PGBELOW_MEASURE_PIDS="1 2 3" samples those pids instead of children.
 #[test]
 #[ignore]
@@ -520,7 +520,7 @@ fn measure_cost() {
 }
 
 /// Print both sections of a recording (a development aid):
-/// `PGBELOW_RENDER_DIR=DIR cargo test --test collect_procfs render -- --ignored --nocapture`.
+/// `PGBELOW_RENDER_DIR=DIR cargo test --test parts procfs::render -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn render_a_recording() {

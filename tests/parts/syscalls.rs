@@ -4,7 +4,7 @@
 //! and, for perf, tracefs; these tests are skipped with a message otherwise.
 //!
 //! The workload is `pgbelow-testload` (src/bin/pgbelow-testload.rs).
-//! `cargo test --test syscalls -- --ignored --nocapture measure` prints the
+//! `cargo test --test parts syscalls::measure -- --ignored --nocapture` prints the
 //! overhead numbers.
 use crate::common;
 use std::collections::BTreeSet;
@@ -561,7 +561,7 @@ fn collector_counts_all_under_its_budget_and_scales_past_it() {
     }
 }
 
-// ---- measurements (cargo test --release --test syscalls -- --ignored --nocapture) ----
+// ---- measurements (cargo test --release --test parts syscalls:: -- --ignored --nocapture) ----
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
