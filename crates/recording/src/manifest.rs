@@ -171,6 +171,8 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "cluster_name",
     "io_method",
     "io_workers",
+    "io_min_workers",
+    "io_max_workers",
     "effective_io_concurrency",
     "io_combine_limit",
     "debug_io_direct",

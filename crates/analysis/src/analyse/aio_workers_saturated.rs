@@ -318,6 +318,12 @@ impl Rule for AioWorkersSaturated {
         };
         let settings = &ev.manifest.postgres.settings;
         let setting = |n: &str| settings.get(n).cloned();
+        // 19 sizes the pool between io_min_workers and io_max_workers (its
+        // io_workers is gone): the count seen is the measured one.
+        let pool = setting("io_max_workers").map(|max| {
+            let min = setting("io_min_workers").unwrap_or_else(|| "?".into());
+            format!(" (a pool of {min} to {max}: io_min_workers, io_max_workers)")
+        });
         let workers = setting("io_workers").unwrap_or_else(|| q.workers.to_string());
         let eic = setting("effective_io_concurrency")
             .map(|v| format!(" Each scan reads ahead: effective_io_concurrency {v}"))
@@ -334,11 +340,12 @@ impl Rule for AioWorkersSaturated {
         let reads = q.reads.unwrap_or(0);
         let worker_ms = q.worker_ms_per_read().unwrap_or(0.0);
         let summary = format!(
-            "{workers} I/O worker(s) were busy {busy_pct:.0}% of the time the backends waited \
+            "{workers} I/O worker(s){pool} were busy {busy_pct:.0}% of the time the backends waited \
              on them (pg_stat_activity: {wb} of {ws} samples not in {WORKER_IDLE}), executing \
              {reads} reads, {worker_ms:.2} ms each. The backends waited {wait:.1} session-seconds in {AIO_WAIT}, {excess:.1} s \
              more than the workers worked: {ms:.2} ms of queueing per read, {ratio:.1}× the read's \
              own time, {pct:.0}% of the backends' busy time.{eic}{icl}",
+            pool = pool.as_deref().unwrap_or(""),
             busy_pct = busy * 100.0,
             wb = q.worker_busy_samples,
             ws = q.worker_samples,
@@ -384,17 +391,34 @@ impl Rule for AioWorkersSaturated {
                 "queue_per_read_time": round3(ratio),
                 "bound_ratio": WARN_RATIO,
             }),
-            remedy: "Give the reads more I/O workers: raise io_workers (up to 32; changeable \
-                     with a reload in 18: ALTER SYSTEM SET io_workers = 8; SELECT \
-                     pg_reload_conf()), about as many as the reads the storage serves at \
-                     once; or on Linux with liburing set io_method = io_uring (a restart), \
-                     where each backend submits its own reads. A lower \
-                     effective_io_concurrency or io_combine_limit shrinks how far each scan \
-                     reads ahead but does not add workers. Prove it with `pgbelow compare` of \
-                     a recording before and after."
-                .into(),
+            remedy: remedy(pool.is_some()),
         })
     }
+}
+
+/// What to change: 18's fixed io_workers, or 19's pool that grows on demand
+/// up to io_max_workers (commit d1c01b79d, 19: io_min_workers,
+/// io_max_workers, io_worker_idle_timeout, io_worker_launch_interval; all
+/// reloadable, at most 32).
+fn remedy(pool: bool) -> String {
+    let more = if pool {
+        "Give the reads more I/O workers: the pool grows on demand up to io_max_workers \
+         (up to 32, with a reload: ALTER SYSTEM SET io_max_workers = 16; SELECT \
+         pg_reload_conf()); when bursts meet a pool shrunk back to its floor, raise \
+         io_min_workers too (io_worker_idle_timeout and io_worker_launch_interval pace \
+         how fast it shrinks and grows)"
+    } else {
+        "Give the reads more I/O workers: raise io_workers (up to 32; changeable \
+         with a reload in 18: ALTER SYSTEM SET io_workers = 8; SELECT \
+         pg_reload_conf())"
+    };
+    format!(
+        "{more}, about as many as the reads the storage serves at once; or on Linux with \
+         liburing set io_method = io_uring (a restart), where each backend submits its own \
+         reads. A lower effective_io_concurrency or io_combine_limit shrinks how far each \
+         scan reads ahead but does not add workers. Prove it with `pgbelow compare` of a \
+         recording before and after."
+    )
 }
 
 #[cfg(test)]
@@ -475,6 +499,41 @@ mod tests {
             Measure::NotApplicable(why) => assert!(why.contains("io_method is sync"), "{why}"),
             m => panic!("{m:?}"),
         }
+    }
+
+    /// 19 records io_min_workers and io_max_workers, not io_workers (no
+    /// registry here serves 19: the 18 run with 19's settings): the summary
+    /// gives the pool, the remedy raises its ceiling.
+    #[test]
+    fn on_19_the_remedy_raises_the_pool_ceiling() {
+        let mut ev = fixture("pg18-aio-workers-saturated-1");
+        let settings = &mut ev.rec.manifest.postgres.settings;
+        settings.remove("io_workers");
+        settings.insert("io_min_workers".into(), "1".into());
+        settings.insert("io_max_workers".into(), "1".into());
+        let f = AioWorkersSaturated.evaluate(&ev).expect("finding");
+        assert!(
+            f.summary
+                .contains("a pool of 1 to 1: io_min_workers, io_max_workers"),
+            "{}",
+            f.summary
+        );
+        assert!(
+            f.remedy.contains("ALTER SYSTEM SET io_max_workers"),
+            "{}",
+            f.remedy
+        );
+        assert!(!f.remedy.contains("SET io_workers"), "{}", f.remedy);
+        // 18's own: the fixed count.
+        let f18 = AioWorkersSaturated
+            .evaluate(&fixture("pg18-aio-workers-saturated-1"))
+            .expect("finding");
+        assert!(
+            f18.remedy.contains("ALTER SYSTEM SET io_workers = 8"),
+            "{}",
+            f18.remedy
+        );
+        assert!(!f18.summary.contains("pool"), "{}", f18.summary);
     }
 
     #[test]

@@ -84,7 +84,7 @@ impl Scenario for AioWorkersSaturated {
 
     /// The settings the server version has: direct reads from 16, the
     /// worker count from 18 (io_workers is unknown before and would stop
-    /// the server from starting).
+    /// the server from starting; 19 sizes a pool instead).
     fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
         let major = opts.pg.install(&|_| {})?.major;
         let workers = opts
@@ -96,7 +96,12 @@ impl Scenario for AioWorkersSaturated {
         if major >= 16 {
             settings.push(("debug_io_direct", "data"));
         }
-        if major >= 18 {
+        // 19 replaced the fixed count by a pool between io_min_workers and
+        // io_max_workers: both at the count, a pool that cannot grow.
+        if major >= 19 {
+            settings.push(("io_min_workers", &workers));
+            settings.push(("io_max_workers", &workers));
+        } else if major >= 18 {
             settings.push(("io_workers", &workers));
         }
         Ok(opts.with_settings(&settings))
