@@ -225,193 +225,210 @@ impl Rule for CheckpointStall {
     }
 
     fn evaluate(&self, rec: &Evidence) -> Option<Finding> {
-        let tput = rec.throughput()?;
-        let series = &tput.points;
-        let Baseline {
-            run_end,
-            med,
-            source: baseline_source,
-            ..
-        } = baseline(rec, &tput)?;
-        let checkpoints = &rec.checkpoints;
-        // Writers (backends, checkpointer) blocked in D during a window, with
-        // the frame they waited in. Only the window counts: WAL fsyncs
-        // elsewhere in a long run add up to seconds of D that say nothing
-        // about this checkpoint.
-        // Only writers blocked writing count: backends waiting on reads
-        // from a slow disk while a checkpoint happens to run are another
-        // cause (disk-read-latency), not this one.
-        let blocked_in = |start: f64, until: f64| -> Vec<procfs::FrameRow> {
-            rec.procfs_in(Some((start, until)))
-                .blocked
-                .into_iter()
-                .filter(|r| matches!(r.role, Role::Backend | Role::Checkpointer))
-                .filter(|r| {
-                    kstack::WRITE_CLASSES.contains(&kstack::class_of_blocked(&r.frame, &r.syscalls))
-                })
-                .collect()
-        };
-        // With the offcpu collector the writers' D time is exact (every
-        // interval of at least its minimum block time); procfs's 10 Hz
-        // samples are the fallback.
-        let exact_d = |start: f64, until: f64| -> Option<f64> {
-            let o = rec.offcpu.as_ref()?;
-            Some(
-                o.ticks
-                    .iter()
-                    .filter(|t| t.t > start && t.t - t.dt < until)
-                    .flat_map(|t| t.by_pid.iter())
-                    .filter(|(pid, _)| {
-                        matches!(rec.role_of(**pid), Role::Backend | Role::Checkpointer)
-                    })
-                    .filter_map(|(_, m)| m.get("D"))
-                    .sum(),
-            )
-        };
-        let blocked_source = if rec.offcpu.is_some() {
-            "offcpu"
-        } else {
-            "procfs"
-        };
-        // The checkpoint whose window (start .. end, or the run's end while it
-        // was still running, plus a second) holds the most blocked writer
-        // time, then the most dip seconds: a small checkpoint that happens to
-        // meet a warm-up dip must not hide the one that stalled the writers.
-        let mut best: Option<Candidate> = None;
-        for c in checkpoints.iter().cloned() {
-            let Some((start, until)) = window(&c, run_end) else {
-                continue;
-            };
-            let dips: Vec<(f64, f64)> = seconds_in(series, (start, until))
-                .into_iter()
-                .filter(|p| p.1 < DIP_SHARE * med)
-                .collect();
-            if dips.len() < MIN_DIP_SECONDS {
-                continue;
-            }
-            let blocked = blocked_in(start, until);
-            let writing_s: f64 = blocked.iter().map(|r| r.s).sum();
-            // offcpu's D time is exact but not by class: the writers' share
-            // of it is procfs's share of D in write classes.
-            let blocked_s: f64 = match exact_d(start, until) {
-                Some(d) => {
-                    let all_s: f64 = rec
-                        .procfs_in(Some((start, until)))
-                        .blocked
-                        .iter()
-                        .filter(|r| matches!(r.role, Role::Backend | Role::Checkpointer))
-                        .map(|r| r.s)
-                        .sum();
-                    if all_s > 0.0 {
-                        d * writing_s / all_s
-                    } else {
-                        d
-                    }
-                }
-                None => writing_s,
-            };
-            let better = best.as_ref().is_none_or(|(_, d, _, s)| {
-                blocked_s
-                    .total_cmp(s)
-                    .then(dips.len().cmp(&d.len()))
-                    .is_gt()
-            });
-            if better {
-                best = Some((c, dips, blocked, blocked_s));
-            }
-        }
-        let (ckpt, dips, blocked, blocked_s) = best?;
-        let start = ckpt.start_t.unwrap_or(0.0);
-        let end = ckpt.end_t.unwrap_or(run_end);
-        let until = end + 1.0;
-        let states_recorded = rec.recorded("procfs") || rec.offcpu.is_some();
-        if states_recorded && blocked_s < MIN_BLOCKED_S {
-            return None;
-        }
-        // Writers blocked writing must be what the backends waited on most:
-        // backends reading from a throttled disk while a checkpoint runs
-        // (and commits flush as usual) are disk-read-latency's dip.
-        let procfs_in = rec.procfs_in(Some((start, until)));
-        let class_s = |classes: &[&str]| -> f64 {
-            procfs_in
-                .blocked
-                .iter()
-                .filter(|r| r.role == Role::Backend)
-                .filter(|r| classes.contains(&kstack::class_of_blocked(&r.frame, &r.syscalls)))
-                .map(|r| r.s)
-                .sum()
-        };
-        let (writing_s, reading_s) = (class_s(kstack::WRITE_CLASSES), class_s(&["data-file read"]));
-        if reading_s > writing_s {
-            return None;
-        }
+        assess(rec).ok()
+    }
 
-        // The dirty backlog during the checkpoint.
-        let in_window: Vec<&crate::recording::schema::system::SystemSample> = rec
-            .system
-            .iter()
-            .filter(|s| s.t >= start && s.t <= until)
-            .collect();
-        let backlog = |s: &crate::recording::schema::system::SystemSample| {
-            (s.dirty_kb + s.writeback_kb) as f64 / 1024.0
-        };
-        let peak = in_window
-            .iter()
-            .map(|s| (s.t, backlog(s)))
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        let at_start = in_window.first().map(|s| backlog(s));
+    fn held_back(&self, rec: &Evidence) -> Option<String> {
+        assess(rec).err().flatten()
+    }
+}
 
-        let min_tps = dips.iter().map(|d| d.1).fold(f64::MAX, f64::min);
-        let stalled = dips.iter().filter(|d| d.1 < STALL_SHARE * med).count();
-        let severity = if stalled >= MIN_STALL_SECONDS || min_tps < STOP_SHARE * med {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        };
-        let top_blocked: Vec<serde_json::Value> = blocked
-            .iter()
-            .take(6)
-            .map(|r| {
-                json!({"role": r.role, "frame": r.frame, "process_s": r.s, "pids": r.pids,
-                       "max_at_once": r.max_pids, "syscalls": r.syscalls})
+/// The finding, or why not: `Err(Some(why))` when a checkpoint's dip is
+/// there but another condition holds the finding back (the check says
+/// which), `Err(None)` when there is no dip to judge.
+fn assess(rec: &Evidence) -> Result<Finding, Option<String>> {
+    let tput = rec.throughput().ok_or(None)?;
+    let series = &tput.points;
+    let Baseline {
+        run_end,
+        med,
+        source: baseline_source,
+        ..
+    } = baseline(rec, &tput).ok_or(None)?;
+    let checkpoints = &rec.checkpoints;
+    // Writers (backends, checkpointer) blocked in D during a window, with
+    // the frame they waited in. Only the window counts: WAL fsyncs
+    // elsewhere in a long run add up to seconds of D that say nothing
+    // about this checkpoint.
+    // Only writers blocked writing count: backends waiting on reads
+    // from a slow disk while a checkpoint happens to run are another
+    // cause (disk-read-latency), not this one.
+    let blocked_in = |start: f64, until: f64| -> Vec<procfs::FrameRow> {
+        rec.procfs_in(Some((start, until)))
+            .blocked
+            .into_iter()
+            .filter(|r| matches!(r.role, Role::Backend | Role::Checkpointer))
+            .filter(|r| {
+                kstack::WRITE_CLASSES.contains(&kstack::class_of_blocked(&r.frame, &r.syscalls))
             })
+            .collect()
+    };
+    // With the offcpu collector the writers' D time is exact (every
+    // interval of at least its minimum block time); procfs's 10 Hz
+    // samples are the fallback.
+    let exact_d = |start: f64, until: f64| -> Option<f64> {
+        let o = rec.offcpu.as_ref()?;
+        Some(
+            o.ticks
+                .iter()
+                .filter(|t| t.t > start && t.t - t.dt < until)
+                .flat_map(|t| t.by_pid.iter())
+                .filter(|(pid, _)| matches!(rec.role_of(**pid), Role::Backend | Role::Checkpointer))
+                .filter_map(|(_, m)| m.get("D"))
+                .sum(),
+        )
+    };
+    let blocked_source = if rec.offcpu.is_some() {
+        "offcpu"
+    } else {
+        "procfs"
+    };
+    // The checkpoint whose window (start .. end, or the run's end while it
+    // was still running, plus a second) holds the most blocked writer
+    // time, then the most dip seconds: a small checkpoint that happens to
+    // meet a warm-up dip must not hide the one that stalled the writers.
+    let mut best: Option<Candidate> = None;
+    for c in checkpoints.iter().cloned() {
+        let Some((start, until)) = window(&c, run_end) else {
+            continue;
+        };
+        let dips: Vec<(f64, f64)> = seconds_in(series, (start, until))
+            .into_iter()
+            .filter(|p| p.1 < DIP_SHARE * med)
             .collect();
-        let blocked_text: Vec<String> = blocked
+        if dips.len() < MIN_DIP_SECONDS {
+            continue;
+        }
+        let blocked = blocked_in(start, until);
+        let writing_s: f64 = blocked.iter().map(|r| r.s).sum();
+        // offcpu's D time is exact but not by class: the writers' share
+        // of it is procfs's share of D in write classes.
+        let blocked_s: f64 = match exact_d(start, until) {
+            Some(d) => {
+                let all_s: f64 = rec
+                    .procfs_in(Some((start, until)))
+                    .blocked
+                    .iter()
+                    .filter(|r| matches!(r.role, Role::Backend | Role::Checkpointer))
+                    .map(|r| r.s)
+                    .sum();
+                if all_s > 0.0 {
+                    d * writing_s / all_s
+                } else {
+                    d
+                }
+            }
+            None => writing_s,
+        };
+        let better = best.as_ref().is_none_or(|(_, d, _, s)| {
+            blocked_s
+                .total_cmp(s)
+                .then(dips.len().cmp(&d.len()))
+                .is_gt()
+        });
+        if better {
+            best = Some((c, dips, blocked, blocked_s));
+        }
+    }
+    let (ckpt, dips, blocked, blocked_s) = best.ok_or(None)?;
+    let start = ckpt.start_t.unwrap_or(0.0);
+    let end = ckpt.end_t.unwrap_or(run_end);
+    let until = end + 1.0;
+    let states_recorded = rec.recorded("procfs") || rec.offcpu.is_some();
+    if states_recorded && blocked_s < MIN_BLOCKED_S {
+        return Err(Some(format!(
+            "the backends and the checkpointer were blocked writing {blocked_s:.2} s \
+                 during the checkpoint ({blocked_source}), under the {MIN_BLOCKED_S} s that \
+                 makes the dip a writeback stall"
+        )));
+    }
+    // Writers blocked writing must be what the backends waited on most:
+    // backends reading from a throttled disk while a checkpoint runs
+    // (and commits flush as usual) are disk-read-latency's dip.
+    let procfs_in = rec.procfs_in(Some((start, until)));
+    let class_s = |classes: &[&str]| -> f64 {
+        procfs_in
+            .blocked
             .iter()
-            .take(3)
-            .map(|r| format!("{} {} in D for {:.1} s in {}", r.pids, r.role, r.s, r.frame))
-            .collect();
-        let settings: serde_json::Map<String, serde_json::Value> = [
-            "checkpoint_flush_after",
-            "bgwriter_flush_after",
-            "backend_flush_after",
-            "checkpoint_completion_target",
-            "checkpoint_timeout",
-            "shared_buffers",
-        ]
+            .filter(|r| r.role == Role::Backend)
+            .filter(|r| classes.contains(&kstack::class_of_blocked(&r.frame, &r.syscalls)))
+            .map(|r| r.s)
+            .sum()
+    };
+    let (writing_s, reading_s) = (class_s(kstack::WRITE_CLASSES), class_s(&["data-file read"]));
+    if reading_s > writing_s {
+        return Err(Some(format!(
+            "the backends waited {reading_s:.1} s reading data files and {writing_s:.1} s \
+                 writing during the checkpoint: a dip of slow reads (disk-read-latency), not \
+                 a writeback stall"
+        )));
+    }
+
+    // The dirty backlog during the checkpoint.
+    let in_window: Vec<&crate::recording::schema::system::SystemSample> = rec
+        .system
         .iter()
-        .filter_map(|k| {
-            Some((
-                k.to_string(),
-                json!(rec.manifest.postgres.settings.get(*k)?),
-            ))
+        .filter(|s| s.t >= start && s.t <= until)
+        .collect();
+    let backlog = |s: &crate::recording::schema::system::SystemSample| {
+        (s.dirty_kb + s.writeback_kb) as f64 / 1024.0
+    };
+    let peak = in_window
+        .iter()
+        .map(|s| (s.t, backlog(s)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let at_start = in_window.first().map(|s| backlog(s));
+
+    let min_tps = dips.iter().map(|d| d.1).fold(f64::MAX, f64::min);
+    let stalled = dips.iter().filter(|d| d.1 < STALL_SHARE * med).count();
+    let severity = if stalled >= MIN_STALL_SECONDS || min_tps < STOP_SHARE * med {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    };
+    let top_blocked: Vec<serde_json::Value> = blocked
+        .iter()
+        .take(6)
+        .map(|r| {
+            json!({"role": r.role, "frame": r.frame, "process_s": r.s, "pids": r.pids,
+                       "max_at_once": r.max_pids, "syscalls": r.syscalls})
         })
         .collect();
-        let has =
-            |role: Role, frame: &str| blocked.iter().any(|r| r.role == role && r.frame == frame);
-        // ext4 holds the inode lock across generic_perform_write, which is
-        // where balance_dirty_pages throttles: a checkpointer paused there
-        // keeps backends that write the same file out.
-        let mechanism = if has(Role::Checkpointer, "balance_dirty_pages")
-            && has(Role::Backend, "ext4_buffered_write_iter")
-        {
-            " Backends waited in ext4_buffered_write_iter for the inode lock of a file the checkpointer was \
+    let blocked_text: Vec<String> = blocked
+        .iter()
+        .take(3)
+        .map(|r| format!("{} {} in D for {:.1} s in {}", r.pids, r.role, r.s, r.frame))
+        .collect();
+    let settings: serde_json::Map<String, serde_json::Value> = [
+        "checkpoint_flush_after",
+        "bgwriter_flush_after",
+        "backend_flush_after",
+        "checkpoint_completion_target",
+        "checkpoint_timeout",
+        "shared_buffers",
+    ]
+    .iter()
+    .filter_map(|k| {
+        Some((
+            k.to_string(),
+            json!(rec.manifest.postgres.settings.get(*k)?),
+        ))
+    })
+    .collect();
+    let has = |role: Role, frame: &str| blocked.iter().any(|r| r.role == role && r.frame == frame);
+    // ext4 holds the inode lock across generic_perform_write, which is
+    // where balance_dirty_pages throttles: a checkpointer paused there
+    // keeps backends that write the same file out.
+    let mechanism = if has(Role::Checkpointer, "balance_dirty_pages")
+        && has(Role::Backend, "ext4_buffered_write_iter")
+    {
+        " Backends waited in ext4_buffered_write_iter for the inode lock of a file the checkpointer was \
              writing while the kernel paused it in balance_dirty_pages (ext4 holds that lock across the \
              throttled write)."
-        } else {
-            ""
-        };
-        let device = rec.manifest.facts.get("stall_device").and_then(|d| {
+    } else {
+        ""
+    };
+    let device = rec.manifest.facts.get("stall_device").and_then(|d| {
             let calibrated = d["calibration"]["dirtied_mb_per_s"]
                 .as_f64()
                 .map_or(String::new(), |r| {
@@ -424,11 +441,11 @@ impl Rule for CheckpointStall {
                 d["bdi_dirty_cap_mb"].as_u64()?
             ))
         });
-        let r1 = |x: f64| (x * 10.0).round() / 10.0;
-        let dip_secs: Vec<f64> = dips.iter().map(|d| r1(d.0)).collect();
-        let lost =
-            dips.iter().map(|d| (1.0 - d.1 / med).max(0.0)).sum::<f64>() / dips.len().max(1) as f64;
-        Some(Finding {
+    let r1 = |x: f64| (x * 10.0).round() / 10.0;
+    let dip_secs: Vec<f64> = dips.iter().map(|d| r1(d.0)).collect();
+    let lost =
+        dips.iter().map(|d| (1.0 - d.1 / med).max(0.0)).sum::<f64>() / dips.len().max(1) as f64;
+    Ok(Finding {
             id: ID.into(),
             severity,
             impact: Impact::new(
@@ -488,7 +505,6 @@ impl Rule for CheckpointStall {
                      checkpoint_flush_after=256kB` and `pgbelow compare`."
                 .into(),
         })
-    }
 }
 
 #[cfg(test)]

@@ -234,6 +234,42 @@ impl Rule for ReplayWithoutPrefetch {
         }
     }
 
+    /// Why the startup process's D share past its bound raised nothing:
+    /// the same conditions as `evaluate`'s, said.
+    fn held_back(&self, ev: &Evidence) -> Option<String> {
+        let r = startup_reads(ev)?;
+        if r.fadvise_per_read() > MAX_FADVISE_PER_READ {
+            return Some(format!(
+                "the startup process prefetched: {:.2} fadvise64 per pread64 (above {MAX_FADVISE_PER_READ}), \
+                 so its waits are not for want of prefetching",
+                r.fadvise_per_read()
+            ));
+        }
+        if r.disk_share() < MIN_DISK_SHARE {
+            return Some(format!(
+                "{:.0} % of the startup process's reads came from the disk (under {:.0} %): \
+                 the page cache served the rest",
+                r.disk_share() * 100.0,
+                MIN_DISK_SHARE * 100.0
+            ));
+        }
+        let Some((gap_max, ..)) = replay_gap(ev) else {
+            return Some(
+                "how far replay was behind was not recorded (pgstat on the standby)".into(),
+            );
+        };
+        let delay = replay_delay_s(ev);
+        let behind = gap_max >= MIN_GAP_BYTES || delay.is_some_and(|d| d >= MIN_DELAY_S);
+        (!behind).then(|| {
+            format!(
+                "replay kept up: at most {} kB behind the primary (from {} kB, or {MIN_DELAY_S} s, it \
+                 is behind)",
+                gap_max / 1024,
+                MIN_GAP_BYTES / 1024
+            )
+        })
+    }
+
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
         let r = startup_reads(ev)?;
         let (gap_max, gap_first, gap_last, gap_source) = replay_gap(ev)?;
