@@ -836,10 +836,11 @@ fn snapshot_scaling_found_attached() {
             .flat_map(|h| h.join().unwrap())
             .collect();
         let d = tempfile::tempdir().unwrap();
-        let r = record_while(&c, &d.path().join("rec"), 13, "profile,pgstat", || {
+        // The load outlasts the 8 s recording (it starts 1.5 s in).
+        let r = record_while(&c, &d.path().join("rec"), 8, "profile,pgstat", || {
             c.pgbench(
                 "postgres",
-                &["-S", "-M", "prepared", "-c", "2", "-j", "2", "-T", "10"],
+                &["-S", "-M", "prepared", "-c", "2", "-j", "2", "-T", "9"],
             );
         });
         drop(idle);

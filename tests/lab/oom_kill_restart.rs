@@ -34,9 +34,11 @@ fn a_limit_below_the_working_set_kills_and_restarts_and_an_ample_one_does_not() 
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("limit");
     let r = lab_run("8", &[], &out);
-    // Measured 0.25–3.6 s from the kill to ready against the 0.05 s bound
-    // (5–72×); a restart takes longer on a slower machine, not shorter.
-    let f = common::raised_with_margin(&r, ID, 3.0);
+    // Measured 0.14–3.6 s from the kill to ready against the 0.05 s bound
+    // (2.9–72×; 0.14 s on a quiet CI run, whose crash recovery had little
+    // to replay). The figure is the outage itself, not a noisy rate: 2×
+    // (0.1 s) still says the server was down for a restart's length.
+    let f = common::raised_with_margin(&r, ID, 2.0);
     assert_eq!(f["severity"], "critical", "{f}");
     let ev = &f["evidence"];
     assert_eq!(ev["memcg_oom_kills"], 1, "{ev}");

@@ -21,7 +21,7 @@ fn lab_run(pg: &str, clients: &str, out: &Path) -> Value {
             "--pg",
             pg,
             "--duration",
-            "10",
+            "7",
             "--clients",
             clients,
             "--collectors",

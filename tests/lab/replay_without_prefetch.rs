@@ -22,7 +22,7 @@ fn lab_run(pg: Option<&str>, out: &Path) -> Value {
     // of 75 at the default 10 Hz, too few to tell 8 % from the 5 % bound.
     args.extend([
         "--duration",
-        "10",
+        "7",
         "--collectors",
         "syscalls,procfs,pgstat",
         "--procfs-hz",

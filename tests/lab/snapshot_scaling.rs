@@ -24,7 +24,7 @@ fn lab_run(pg: &str, out: &Path) -> Value {
             "--idle-connections",
             IDLE,
             "--duration",
-            "12",
+            "8",
             "--scale",
             "1",
             "--collectors",

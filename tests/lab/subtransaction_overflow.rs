@@ -22,7 +22,7 @@ fn lab_run(savepoints: u32, out: &Path) -> Value {
             "--savepoints",
             &savepoints.to_string(),
             "--duration",
-            "10",
+            "7",
             "--collectors",
             "pgstat,profile",
         ],
