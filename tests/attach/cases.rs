@@ -471,11 +471,11 @@ fn checkpoint_run(limited: bool) -> Value {
     let secs = (50.0 - since.elapsed().as_secs_f64()).ceil() as u32;
     eprintln!("checkpoint run: recording {secs} s");
     let d = tempfile::tempdir().unwrap();
-    let pid = c.postmaster_pid().to_string();
+    let target = common::target_of(&c);
     let r = common::record_target_while_held(
         &held,
         Command::new(assert_cmd::cargo::cargo_bin("pgbelow")),
-        &["--pid", &pid, "--dsn", &c.dsn("postgres")],
+        &target.iter().map(String::as_str).collect::<Vec<_>>(),
         &d.path().join("rec"),
         secs,
         "syscalls,procfs,system,pgstat",

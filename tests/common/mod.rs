@@ -565,6 +565,28 @@ pub fn others_busy_per_s(out: &Path, r: &Value) -> f64 {
     beyond.max(named).max(0.0)
 }
 
+/// The harness's name of test `name` in the module at `module_path`
+/// (`module_path!()`, e.g. `parts::provision` → `provision::name`): what
+/// `--exact` takes when a test runs itself again.
+pub fn in_harness(module_path: &str, name: &str) -> String {
+    let module = module_path.split_once("::").map_or("", |(_, m)| m);
+    format!("{module}::{name}")
+}
+
+/// `record`'s target options for `c`: this host's pid of its postmaster
+/// (also for a server in a pid namespace of its own) and its DSN.
+pub fn target_of(c: &userdb::UserCluster) -> [String; 4] {
+    let pid = c
+        .host_postmaster_pid()
+        .unwrap_or_else(|| c.postmaster_pid());
+    [
+        "--pid".into(),
+        pid.to_string(),
+        "--dsn".into(),
+        c.dsn("postgres"),
+    ]
+}
+
 /// `pgbelow record` of `c` for `secs`; the JSON report.
 pub fn record(c: &userdb::UserCluster, out: &Path, secs: u32, collectors: &str) -> Value {
     record_while(c, out, secs, collectors, || {})
@@ -599,12 +621,8 @@ pub fn record_while_as(
     collectors: &str,
     during: impl FnOnce(),
 ) -> Value {
-    // This host's pid, also for a server in a pid namespace of its own.
-    let pid = c
-        .host_postmaster_pid()
-        .unwrap_or_else(|| c.postmaster_pid())
-        .to_string();
-    let target = ["--pid", &pid, "--dsn", &c.dsn("postgres")];
+    let target = target_of(c);
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
     record_target_while(cmd, &target, out, secs, collectors, during)
 }
 

@@ -384,10 +384,9 @@ fn without_root_the_collector_is_degraded_with_the_fix() {
         .arg(&exe)
         .args([
             "--exact",
-            // The harness names it by its module path.
-            &format!(
-                "{}::without_root_the_collector_is_degraded_with_the_fix",
-                module_path!().split_once("::").map_or("", |(_, m)| m)
+            &common::in_harness(
+                module_path!(),
+                "without_root_the_collector_is_degraded_with_the_fix",
             ),
             "--nocapture",
             "--test-threads=1",

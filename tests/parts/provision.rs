@@ -61,7 +61,7 @@ fn run_child(name: &str, envs: &[(&str, &std::ffi::OsStr)]) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         "--exact",
-        &in_harness(name),
+        &common::in_harness(module_path!(), name),
         "--nocapture",
         "--test-threads=1",
     ])
@@ -80,12 +80,6 @@ fn run_child(name: &str, envs: &[(&str, &std::ffi::OsStr)]) {
         text.contains("1 passed"),
         "child {name} ran nothing:\n{text}"
     );
-}
-
-/// The harness's name for this module's test `name` (`provision::name`).
-fn in_harness(name: &str) -> String {
-    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
-    format!("{module}::{name}")
 }
 
 /// True when this process is the child for test `name`.

@@ -104,6 +104,39 @@ pub fn startup_reads(ev: &Evidence) -> Option<StartupReads> {
     })
 }
 
+/// The conditions beyond the startup process's D share, one reason per
+/// unmet one (None: all met): it reads without prefetching, from the disk,
+/// and replay falls behind (`gap_max` bytes or `delay` seconds at most).
+fn held(r: &StartupReads, gap_max: Option<u64>, delay: Option<f64>) -> Option<String> {
+    if r.fadvise_per_read() > MAX_FADVISE_PER_READ {
+        return Some(format!(
+            "the startup process prefetched: {:.2} fadvise64 per pread64 (above \
+             {MAX_FADVISE_PER_READ}), so its waits are not for want of prefetching",
+            r.fadvise_per_read()
+        ));
+    }
+    if r.disk_share() < MIN_DISK_SHARE {
+        return Some(format!(
+            "{:.0} % of the startup process's reads came from the disk (under {:.0} %): \
+             the page cache served the rest",
+            r.disk_share() * 100.0,
+            MIN_DISK_SHARE * 100.0
+        ));
+    }
+    let Some(gap_max) = gap_max else {
+        return Some("how far replay was behind was not recorded (pgstat on the standby)".into());
+    };
+    let behind = gap_max >= MIN_GAP_BYTES || delay.is_some_and(|d| d >= MIN_DELAY_S);
+    (!behind).then(|| {
+        format!(
+            "replay kept up: at most {} kB behind the primary (from {} kB, or {MIN_DELAY_S} s, it \
+             is behind)",
+            gap_max / 1024,
+            MIN_GAP_BYTES / 1024
+        )
+    })
+}
+
 /// WAL received (or sent) but not yet replayed, bytes: (largest, first,
 /// last), from the standby's own samples, else from the primary's
 /// `pg_stat_replication`.
@@ -234,57 +267,22 @@ impl Rule for ReplayWithoutPrefetch {
         }
     }
 
-    /// Why the startup process's D share past its bound raised nothing:
-    /// the same conditions as `evaluate`'s, said.
+    /// Why the startup process's D share past its bound raised nothing.
     fn held_back(&self, ev: &Evidence) -> Option<String> {
         let r = startup_reads(ev)?;
-        if r.fadvise_per_read() > MAX_FADVISE_PER_READ {
-            return Some(format!(
-                "the startup process prefetched: {:.2} fadvise64 per pread64 (above {MAX_FADVISE_PER_READ}), \
-                 so its waits are not for want of prefetching",
-                r.fadvise_per_read()
-            ));
-        }
-        if r.disk_share() < MIN_DISK_SHARE {
-            return Some(format!(
-                "{:.0} % of the startup process's reads came from the disk (under {:.0} %): \
-                 the page cache served the rest",
-                r.disk_share() * 100.0,
-                MIN_DISK_SHARE * 100.0
-            ));
-        }
-        let Some((gap_max, ..)) = replay_gap(ev) else {
-            return Some(
-                "how far replay was behind was not recorded (pgstat on the standby)".into(),
-            );
-        };
-        let delay = replay_delay_s(ev);
-        let behind = gap_max >= MIN_GAP_BYTES || delay.is_some_and(|d| d >= MIN_DELAY_S);
-        (!behind).then(|| {
-            format!(
-                "replay kept up: at most {} kB behind the primary (from {} kB, or {MIN_DELAY_S} s, it \
-                 is behind)",
-                gap_max / 1024,
-                MIN_GAP_BYTES / 1024
-            )
-        })
+        held(&r, replay_gap(ev).map(|g| g.0), replay_delay_s(ev))
     }
 
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
         let r = startup_reads(ev)?;
-        let (gap_max, gap_first, gap_last, gap_source) = replay_gap(ev)?;
+        let gap = replay_gap(ev);
         let delay = replay_delay_s(ev);
-        let behind = gap_max >= MIN_GAP_BYTES || delay.is_some_and(|d| d >= MIN_DELAY_S);
         let d_share = r.d_share();
         let waits = d_share.is_some_and(|d| d >= MIN_D_SHARE);
-        if r.preads < MIN_READS
-            || r.fadvise_per_read() > MAX_FADVISE_PER_READ
-            || r.disk_share() < MIN_DISK_SHARE
-            || !waits
-            || !behind
-        {
+        if r.preads < MIN_READS || !waits || held(&r, gap.map(|g| g.0), delay).is_some() {
             return None;
         }
+        let (gap_max, gap_first, gap_last, gap_source) = gap?;
         let d = d_share.unwrap_or(0.0);
         let severity = if gap_max >= CRITICAL_GAP_BYTES || d >= CRITICAL_D_SHARE {
             super::Severity::Critical
