@@ -75,6 +75,12 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
             "pass --dsn 'host=/var/run/postgresql user=postgres dbname=postgres' (re-attaches after a server restart), --pid, or --all (every postmaster on this host)",
         ));
     }
+    // A connection string that cannot be read (a typo, an unknown option,
+    // a PGSERVICE beside a host) stays wrong however long watch retries:
+    // say it once and exit 2. A server that is down is retried.
+    if let Some(dsn) = &opts.dsn {
+        crate::connect::ConnSpec::resolve(Some(dsn))?;
+    }
     crate::collect::preflight(&opts.collectors, true)?;
     if opts.all {
         all::preflight()?;

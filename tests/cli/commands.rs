@@ -621,3 +621,27 @@ fn usage_errors_are_one_line_with_the_fix() {
         .code(0)
         .stdout(predicate::str::contains("--duration"));
 }
+
+/// A connection string watch cannot read is not a server that is down:
+/// retrying would never fix it, so it is one line and exit 2 before
+/// anything listens, as for `record`.
+#[test]
+fn watch_refuses_a_connection_string_it_cannot_read() {
+    for (dsn, want) in [
+        ("x", "missing \"=\" after"),
+        ("host=/tmp nosuchoption=1", "invalid connection option"),
+    ] {
+        let out = pgbelow()
+            .args(["watch", "--dsn", dsn, "--listen", "127.0.0.1:0"])
+            .timeout(std::time::Duration::from_secs(20))
+            .assert()
+            .code(2);
+        let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+        assert_eq!(err.lines().count(), 1, "--dsn {dsn:?}: {err}");
+        assert!(
+            err.contains(want) && err.contains("fix:"),
+            "--dsn {dsn:?}: {err}"
+        );
+        assert!(!err.contains("serving /metrics"), "--dsn {dsn:?}: {err}");
+    }
+}
