@@ -211,8 +211,8 @@ fn unmeasured(ev: &Evidence) -> String {
         }
         None => {
             "the offcpu collector did not run: it times each wait of the server's processes \
-                 with its stacks (record with --collectors …,offcpu; root or CAP_BPF, and \
-                 CAP_SYS_ADMIN for kernel stacks)"
+                 with its stacks (record with --collectors …,offcpu; root, or CAP_BPF and \
+                 CAP_PERFMON)"
         }
     };
     match log_hostname(ev) {

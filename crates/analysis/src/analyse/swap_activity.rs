@@ -107,7 +107,7 @@ pub fn swapins(ev: &Evidence) -> Option<Swapins> {
         .sum();
     Some(Swapins {
         // The offcpu collector records blocked processes' kernel stacks in
-        // BPF: what procfs cannot read without CAP_SYS_ADMIN.
+        // BPF too (procfs takes them from eBPF itself since it can).
         stacks: stacks_missing(ev).is_none() || ev.offcpu.is_some(),
         by_source: t.by_source,
         stall_s: t.stall_s,
@@ -285,7 +285,8 @@ impl Rule for SwapActivity {
         if !s.stacks {
             return Measure::Missing(format!(
                 "{}: the time backends wait for swap-ins is seen in their kernel stacks \
-                     (the offcpu collector records them without CAP_SYS_ADMIN)",
+                     (without CAP_SYS_ADMIN, procfs takes them from eBPF with CAP_BPF, \
+                     CAP_PERFMON and CAP_SYSLOG; the offcpu collector records them too)",
                 stacks_missing(ev).unwrap_or_default()
             ));
         }

@@ -31,8 +31,20 @@
 #include "tracked.h"
 
 struct task_struct {
+	unsigned int __state;
 	int pid;
 	int tgid;
+} __attribute__((preserve_access_index));
+
+struct seq_file;
+
+struct bpf_iter_meta {
+	struct seq_file *seq;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter__task {
+	struct bpf_iter_meta *meta;
+	struct task_struct *task;
 } __attribute__((preserve_access_index));
 
 #define PGBELOW_FOLLOW_NO_PROGRAMS
@@ -101,6 +113,51 @@ SEC("raw_tp/sched_process_exit")
 int on_exit(struct bpf_raw_tracepoint_args *ctx)
 {
 	follow_exit();
+	return 0;
+}
+
+// Kernel stacks of the tracked processes blocked in D, for the /proc
+// sampler when /proc/PID/stack is closed to it (it needs CAP_SYS_ADMIN;
+// this needs the CAP_BPF and CAP_PERFMON the other programs need). Run on
+// demand by userspace reading the iterator, in a sampling round that found
+// a process in D: one record per blocked main thread (a PostgreSQL process
+// has one thread) of a tracked process, { tgid, frames, ips[MAX_FRAMES] },
+// the stack as /proc/PID/stack would show it.
+#define MAX_FRAMES 64
+
+struct stack_record {
+	__u32 tgid;
+	__u32 frames;
+	__u64 ips[MAX_FRAMES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_record);
+} stack_scratch SEC(".maps");
+
+SEC("iter/task")
+int blocked_stacks(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	if (!task || task->pid != task->tgid || !is_tracked(task->tgid))
+		return 0;
+	// Blocked (D) only: what the sampler needs a stack for every round,
+	// and few at a time, where every idle connection sleeps in S.
+	if (!(task->__state & 0x2 /* TASK_UNINTERRUPTIBLE */))
+		return 0;
+	__u32 zero = 0;
+	struct stack_record *r = bpf_map_lookup_elem(&stack_scratch, &zero);
+	if (!r)
+		return 0;
+	long n = bpf_get_task_stack(task, r->ips, sizeof(r->ips), 0);
+	if (n <= 0)
+		return 0;
+	r->tgid = task->tgid;
+	r->frames = n / sizeof(__u64);
+	bpf_seq_write(ctx->meta->seq, r, sizeof(*r));
 	return 0;
 }
 

@@ -49,6 +49,8 @@ pub const MECHANISM: &str =
 const BITMAP_WORDS: usize = 65536;
 
 pub struct Ran {
+    /// The task iterator of blocked processes' kernel stacks, or why not.
+    stacks: std::result::Result<libbpf_rs::Link, String>,
     /// Owns the object, maps and links: dropping it detaches everything.
     skel: RanSkel<'static>,
     bss: NonNull<types::bss>,
@@ -78,9 +80,12 @@ impl Ran {
         // SAFETY: called once; the skeleton is stored next to the slot and
         // dropped first (or, on error, here before `slot`).
         let storage = unsafe { slot.borrow_static() };
-        let open = RanSkelBuilder::default()
+        let mut open = RanSkelBuilder::default()
             .open(storage)
             .context("opening the ran-since BPF object")?;
+        // Attached on its own below: a kernel without task iterators keeps
+        // the bits.
+        open.progs.blocked_stacks.set_autoattach(false);
         let mut skel = open.load().context("loading the ran-since BPF programs")?;
         let bss = skel
             .maps
@@ -89,6 +94,7 @@ impl Ran {
             .map(NonNull::from)
             .context("the BPF .bss section is not mmap'ed")?;
         let mut me = Ran {
+            stacks: Err(String::new()),
             skel,
             bss,
             _slot: slot,
@@ -103,7 +109,31 @@ impl Ran {
                 .attach()
                 .context("attaching the ran-since BPF programs")
         })?;
+        me.stacks = me
+            .skel
+            .progs
+            .blocked_stacks
+            .attach()
+            .map_err(|e| format!("attaching the blocked-stacks task iterator: {e}"));
         Ok(me)
+    }
+
+    /// Whether [`Ran::blocked_stacks`] can answer, or why not.
+    pub fn stacks_available(&self) -> std::result::Result<(), String> {
+        self.stacks.as_ref().map(drop).map_err(Clone::clone)
+    }
+
+    /// The kernel stacks (return addresses, innermost first) of the tracked
+    /// processes blocked in D now, by tgid: one run of the task iterator.
+    pub fn blocked_stacks(&self) -> Result<std::collections::HashMap<u32, Vec<u64>>> {
+        use std::io::Read;
+        let link = self.stacks.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut bytes = Vec::new();
+        libbpf_rs::Iter::new(link)
+            .context("creating the blocked-stacks iterator")?
+            .read_to_end(&mut bytes)
+            .context("reading the blocked-stacks iterator")?;
+        Ok(parse_stack_records(&bytes))
     }
 
     /// One bitmap of the .bss as atomic words.
@@ -166,6 +196,25 @@ impl Ran {
     }
 }
 
+/// Records of `blocked_stacks` in src/bpf/ran.bpf.c: { u32 tgid, u32
+/// frames, u64 ips[MAX_FRAMES] }, native-endian, back to back.
+fn parse_stack_records(bytes: &[u8]) -> std::collections::HashMap<u32, Vec<u64>> {
+    const MAX_FRAMES: usize = 64;
+    const RECORD: usize = 8 + 8 * MAX_FRAMES;
+    bytes
+        .chunks_exact(RECORD)
+        .map(|r| {
+            let word = |i: usize| u32::from_ne_bytes([r[i], r[i + 1], r[i + 2], r[i + 3]]);
+            let frames = (word(4) as usize).min(MAX_FRAMES);
+            let ips = r[8..8 + 8 * frames]
+                .chunks_exact(8)
+                .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+                .collect();
+            (word(0), ips)
+        })
+        .collect()
+}
+
 fn test(words: &[AtomicU64], tgid: u32) -> bool {
     words
         .get(tgid as usize / 64)
@@ -185,6 +234,27 @@ fn take(words: &[AtomicU64], tgid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stack_records_are_read_back_to_back() {
+        let mut bytes = Vec::new();
+        for (tgid, ips) in [
+            (42u32, vec![0xffff_ffff_8100_0010u64, 0xffff_ffff_8100_0020]),
+            (7, vec![]),
+        ] {
+            bytes.extend(tgid.to_ne_bytes());
+            bytes.extend((ips.len() as u32).to_ne_bytes());
+            let mut frames = ips.clone();
+            frames.resize(64, 0);
+            frames.iter().for_each(|ip| bytes.extend(ip.to_ne_bytes()));
+        }
+        // A torn record at the end is not read.
+        bytes.extend([1, 2, 3]);
+        let got = parse_stack_records(&bytes);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[&42], vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020]);
+        assert!(got[&7].is_empty());
+    }
 
     #[test]
     fn take_clears_only_its_bit() {

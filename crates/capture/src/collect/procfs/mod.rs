@@ -44,6 +44,8 @@ struct Shared {
 }
 
 pub struct ProcfsCollector {
+    /// Kernel stacks from the eBPF task iterator, not /proc/PID/stack.
+    from_bpf: bool,
     ctx: Context,
     hz: f64,
     shared: Arc<Shared>,
@@ -76,8 +78,20 @@ impl ProcfsCollector {
                 format!("pass --procfs-hz between 0.1 and {MAX_HZ} (10 is the default)"),
             ));
         }
-        let problem = sampler::probe_stacks(ctx.postmaster).err();
+        let mut problem = sampler::probe_stacks(ctx.postmaster).err();
         let read_stacks = problem.is_none();
+        // /proc/PID/stack needs CAP_SYS_ADMIN; the eBPF task iterator, the
+        // CAP_BPF and CAP_PERFMON the change detection already has, and
+        // names from /proc/kallsyms (CAP_SYSLOG where kptr_restrict hides them).
+        let from_bpf = problem.as_ref().is_some_and(|p| p.denied)
+            && crate::collect::profile::symbols::kallsyms_visible()
+            && ctx
+                .ran
+                .as_ref()
+                .is_some_and(|r| r.stacks_available().is_ok());
+        if from_bpf {
+            problem = None;
+        }
         let shared = Arc::new(Shared {
             interval: Mutex::new(Interval::default()),
             stack_problem: Mutex::new(problem),
@@ -91,9 +105,10 @@ impl ProcfsCollector {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("pgbelow-procfs".into())
-                .spawn(move || run(ctx, hz, read_stacks, shared, stop))?
+                .spawn(move || run(ctx, hz, read_stacks, from_bpf, shared, stop))?
         };
         Ok(ProcfsCollector {
+            from_bpf,
             ctx: ctx.clone(),
             hz,
             shared,
@@ -130,10 +145,20 @@ impl Drop for ProcfsCollector {
 /// It sleeps with `thread::sleep` (one clock_nanosleep per round, the
 /// cheapest wake-up measured) in slices of at most 100 ms, so a stop
 /// request is seen within 100 ms at any rate.
-fn run(ctx: Context, hz: f64, read_stacks: bool, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+fn run(
+    ctx: Context,
+    hz: f64,
+    read_stacks: bool,
+    from_bpf: bool,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+) {
     let period = Duration::from_secs_f64(1.0 / hz);
     let mut sampler = Sampler::new(read_stacks);
     sampler.set_ran(ctx.ran.clone());
+    if from_bpf {
+        sampler.stacks_from_bpf();
+    }
     let mut obs = Vec::new();
     let mut next = Instant::now();
     let mut table_read: Option<Instant> = None;
@@ -207,10 +232,10 @@ impl Collector for ProcfsCollector {
         let run = self.ctx.ran.as_ref().map(|r| r.run_time());
         CollectorInfo {
             name: "procfs".into(),
-            mechanism: if self.ctx.ran.is_some() {
-                "procfs; processes that did not run skipped (eBPF sched_switch)"
-            } else {
-                "procfs"
+            mechanism: match (self.ctx.ran.is_some(), self.from_bpf) {
+                (true, true) => "procfs; processes that did not run skipped (eBPF sched_switch); kernel stacks of blocked processes from an eBPF task iterator (/proc/PID/stack needs CAP_SYS_ADMIN)",
+                (true, false) => "procfs; processes that did not run skipped (eBPF sched_switch)",
+                _ => "procfs",
             }
             .into(),
             status: if reason.is_some() { "degraded" } else { "ok" }.into(),

@@ -147,6 +147,8 @@ impl Which {
 pub struct StackProblem {
     pub what: String,
     pub fix: String,
+    /// Closed for lack of privilege (CAP_SYS_ADMIN), not missing.
+    pub denied: bool,
 }
 
 pub struct Sampler {
@@ -165,6 +167,45 @@ pub struct Sampler {
     /// Observations that stood without a file read (the kernel said the
     /// process had not run), for the cost record and tests.
     pub unread: u64,
+    /// Kernel stacks from the eBPF task iterator instead of /proc/PID/stack.
+    bpf: Option<BpfStacks>,
+}
+
+/// Kernel stacks of blocked (D) processes from [`Ran::blocked_stacks`]
+/// (eBPF, CAP_BPF and CAP_PERFMON) where /proc/PID/stack needs
+/// CAP_SYS_ADMIN: the iterator runs at most once a round, in a round that
+/// found a process in D, and its addresses are named from /proc/kallsyms,
+/// read once. Processes asleep otherwise keep their wait channel and system
+/// call, as without stacks.
+struct BpfStacks {
+    ran: Arc<Ran>,
+    kallsyms: Option<super::super::profile::symbols::Kallsyms>,
+    /// This round's stacks, once asked for.
+    round: Option<std::collections::HashMap<u32, Vec<u64>>>,
+}
+
+impl BpfStacks {
+    /// The stack of `pid` as /proc/PID/stack would name it, with its
+    /// addresses (to tell a stack unchanged); None when it is not off a CPU.
+    fn of(&mut self, pid: u32, state: char) -> Option<(Vec<String>, Vec<u8>)> {
+        if state != 'D' {
+            return None;
+        }
+        let round = self
+            .round
+            .get_or_insert_with(|| self.ran.blocked_stacks().unwrap_or_default());
+        let ips = round.get(&pid)?;
+        let raw: Vec<u8> = ips.iter().flat_map(|ip| ip.to_ne_bytes()).collect();
+        let k = self
+            .kallsyms
+            .get_or_insert_with(super::super::profile::symbols::Kallsyms::read);
+        let frames = ips
+            .iter()
+            .filter_map(|ip| k.lookup(*ip))
+            .map(String::from)
+            .collect();
+        Some((frames, raw))
+    }
 }
 
 impl Sampler {
@@ -180,7 +221,23 @@ impl Sampler {
             stack_problem: None,
             ran: None,
             unread: 0,
+            bpf: None,
         }
+    }
+
+    /// Take kernel stacks from the eBPF task iterator (where /proc/PID/stack
+    /// is closed to this process): needs [`Sampler::set_ran`]'s object.
+    pub fn stacks_from_bpf(&mut self) -> bool {
+        let Some(ran) = self.ran.clone().filter(|r| r.stacks_available().is_ok()) else {
+            return false;
+        };
+        self.read_stacks = false;
+        self.bpf = Some(BpfStacks {
+            ran,
+            kallsyms: None,
+            round: None,
+        });
+        true
     }
 
     /// Skip, without reading a file, a process the kernel says has not run
@@ -230,6 +287,9 @@ impl Sampler {
     /// process table names them again).
     pub fn round(&mut self, out: &mut Vec<Observation>) {
         let now = Instant::now();
+        if let Some(b) = &mut self.bpf {
+            b.round = None;
+        }
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         for pid in pids {
             match self.observe_at(pid, now) {
@@ -388,6 +448,13 @@ impl Sampler {
                     }
                 }
             }
+        } else if let Some((frames, raw)) = self.bpf.as_mut().and_then(|b| b.of(pid, state)) {
+            self.stack_reads += 1;
+            stack = match &cached {
+                Some(c) if c.stack_raw == raw => c.stack.clone(),
+                _ => Stack::from_frames(frames).map(Arc::new),
+            };
+            stack_raw = raw;
         }
         o.syscall = syscall.clone();
         o.stack = stack.clone();
@@ -470,7 +537,8 @@ fn permission_problem(pid: u32) -> StackProblem {
         what: format!(
             "kernel stacks not recorded: /proc/{pid}/stack is readable only with CAP_SYS_ADMIN (root)"
         ),
-        fix: "add the offcpu collector (--collectors …,offcpu: eBPF at the context switch, CAP_BPF and CAP_PERFMON) to record where blocked processes wait without CAP_SYS_ADMIN, or run pgbelow as root; states and wait channels are recorded anyway".into(),
+        fix: "grant CAP_BPF, CAP_PERFMON and CAP_SYSLOG (the kernel stacks then come from eBPF, named from /proc/kallsyms), or run pgbelow as root; states and wait channels are recorded anyway".into(),
+        denied: true,
     }
 }
 
@@ -486,16 +554,19 @@ pub fn probe_stacks(pid: u32) -> Result<(), StackProblem> {
         Ok(text) if parse::stack_has_no_symbols(&text) => Err(StackProblem {
             what: format!("kernel stacks not recorded: {path} shows addresses without function names"),
             fix: "sysctl -w kernel.kptr_restrict=0 (and use a kernel with CONFIG_KALLSYMS)".into(),
+            denied: false,
         }),
         Ok(_) => Ok(()),
         Err(e) if matches!(e.kind(), ErrorKind::PermissionDenied) => Err(permission_problem(pid)),
         Err(e) if e.kind() == ErrorKind::NotFound => Err(StackProblem {
             what: format!("kernel stacks not recorded: {path} does not exist (kernel without CONFIG_STACKTRACE)"),
             fix: "use a kernel built with CONFIG_STACKTRACE; states and wait channels are recorded anyway".into(),
+            denied: false,
         }),
         Err(e) => Err(StackProblem {
             what: format!("kernel stacks not recorded: cannot read {path}: {e}"),
             fix: "run pgbelow as root (sudo)".into(),
+            denied: false,
         }),
     }
 }
