@@ -76,17 +76,19 @@ impl Ran {
     pub fn start(roots: &[u32]) -> Result<Ran> {
         // Checked first: libbpf would print its own lines on EPERM.
         super::need_bpf("skipping processes that did not run")?;
-        let mut slot = ObjectSlot::new();
-        // SAFETY: called once; the skeleton is stored next to the slot and
-        // dropped first (or, on error, here before `slot`).
-        let storage = unsafe { slot.borrow_static() };
-        let mut open = RanSkelBuilder::default()
-            .open(storage)
-            .context("opening the ran-since BPF object")?;
-        // Attached on its own below: a kernel without task iterators keeps
-        // the bits.
-        open.progs.blocked_stacks.set_autoattach(false);
-        let mut skel = open.load().context("loading the ran-since BPF programs")?;
+        // A kernel whose verifier refuses the task iterator (it came later
+        // than the bits) keeps the bits without it.
+        let (mut skel, slot, stacks) = match load(true) {
+            Ok((skel, slot)) => (skel, slot, Ok(())),
+            Err(e) => {
+                let (skel, slot) = load(false)?;
+                (
+                    skel,
+                    slot,
+                    Err(format!("loading the blocked-stacks task iterator: {e:#}")),
+                )
+            }
+        };
         let bss = skel
             .maps
             .bss_data
@@ -94,7 +96,7 @@ impl Ran {
             .map(NonNull::from)
             .context("the BPF .bss section is not mmap'ed")?;
         let mut me = Ran {
-            stacks: Err(String::new()),
+            stacks: Err("not attached".into()),
             skel,
             bss,
             _slot: slot,
@@ -109,12 +111,13 @@ impl Ran {
                 .attach()
                 .context("attaching the ran-since BPF programs")
         })?;
-        me.stacks = me
-            .skel
-            .progs
-            .blocked_stacks
-            .attach()
-            .map_err(|e| format!("attaching the blocked-stacks task iterator: {e}"));
+        me.stacks = stacks.and_then(|()| {
+            me.skel
+                .progs
+                .blocked_stacks
+                .attach()
+                .map_err(|e| format!("attaching the blocked-stacks task iterator: {e}"))
+        });
         Ok(me)
     }
 
@@ -213,6 +216,24 @@ fn parse_stack_records(bytes: &[u8]) -> std::collections::HashMap<u32, Vec<u64>>
             (word(0), ips)
         })
         .collect()
+}
+
+/// Open and load ran.bpf.c, with or without its task iterator; the slot
+/// must outlive the skeleton (see [`ObjectSlot`]).
+fn load(with_stacks: bool) -> Result<(RanSkel<'static>, ObjectSlot)> {
+    let mut slot = ObjectSlot::new();
+    // SAFETY: called once per slot; the skeleton is returned next to the
+    // slot and the caller drops it first (on error it is dropped here,
+    // before `slot`).
+    let storage = unsafe { slot.borrow_static() };
+    let mut open = RanSkelBuilder::default()
+        .open(storage)
+        .context("opening the ran-since BPF object")?;
+    // Attached on its own: a kernel without task iterators keeps the bits.
+    open.progs.blocked_stacks.set_autoattach(false);
+    open.progs.blocked_stacks.set_autoload(with_stacks);
+    let skel = open.load().context("loading the ran-since BPF programs")?;
+    Ok((skel, slot))
 }
 
 fn test(words: &[AtomicU64], tgid: u32) -> bool {
