@@ -120,14 +120,17 @@ int on_exit(struct bpf_raw_tracepoint_args *ctx)
 // sampler when /proc/PID/stack is closed to it (it needs CAP_SYS_ADMIN;
 // this needs the CAP_BPF and CAP_PERFMON the other programs need). Run on
 // demand by userspace reading the iterator, in a sampling round that found
-// a process in D: one record per blocked main thread (a PostgreSQL process
-// has one thread) of a tracked process, { tgid, frames, ips[MAX_FRAMES] },
-// the stack as /proc/PID/stack would show it.
+// a process in D: one record per main thread (a PostgreSQL process has one
+// thread) of a tracked process in D or running, { tgid, frames, running,
+// pad, ips[MAX_FRAMES] }, the stack as /proc/PID/stack would show it.
 #define MAX_FRAMES 64
 
 struct stack_record {
 	__u32 tgid;
 	__u32 frames;
+	// 1: running or runnable (the stack it last switched out with).
+	__u32 running;
+	__u32 pad;
 	__u64 ips[MAX_FRAMES];
 };
 
@@ -144,9 +147,14 @@ int blocked_stacks(struct bpf_iter__task *ctx)
 	struct task_struct *task = ctx->task;
 	if (!task || task->pid != task->tgid || !is_tracked(task->tgid))
 		return 0;
-	// Blocked (D) only: what the sampler needs a stack for every round,
-	// and few at a time, where every idle connection sleeps in S.
-	if (!(task->__state & 0x2 /* TASK_UNINTERRUPTIBLE */))
+	// Blocked (D), what the sampler needs a stack for, few at a time where
+	// every idle connection sleeps in S; and running or runnable, whose
+	// saved stack is still the one it last switched out with: a process
+	// the sampler saw in D whose block ended a moment ago (a WAL fdatasync
+	// is often shorter than a millisecond) still shows where it waited, as
+	// /proc/PID/stack would. One now asleep in S shows the new wait: left out.
+	unsigned int state = task->__state;
+	if (state != 0 /* TASK_RUNNING */ && !(state & 0x2 /* TASK_UNINTERRUPTIBLE */))
 		return 0;
 	__u32 zero = 0;
 	struct stack_record *r = bpf_map_lookup_elem(&stack_scratch, &zero);
@@ -157,6 +165,8 @@ int blocked_stacks(struct bpf_iter__task *ctx)
 		return 0;
 	r->tgid = task->tgid;
 	r->frames = n / sizeof(__u64);
+	r->running = state == 0;
+	r->pad = 0;
 	bpf_seq_write(ctx->meta->seq, r, sizeof(*r));
 	return 0;
 }

@@ -126,9 +126,10 @@ impl Ran {
         self.stacks.as_ref().map(drop).map_err(Clone::clone)
     }
 
-    /// The kernel stacks (return addresses, innermost first) of the tracked
-    /// processes blocked in D now, by tgid: one run of the task iterator.
-    pub fn blocked_stacks(&self) -> Result<std::collections::HashMap<u32, Vec<u64>>> {
+    /// The kernel stacks of the tracked processes blocked in D, or running
+    /// (the stack they last switched out with), by tgid: one run of the
+    /// task iterator.
+    pub fn blocked_stacks(&self) -> Result<std::collections::HashMap<u32, TaskStack>> {
         use std::io::Read;
         let link = self.stacks.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut bytes = Vec::new();
@@ -199,21 +200,37 @@ impl Ran {
     }
 }
 
+/// A process's kernel stack from the task iterator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskStack {
+    /// Return addresses, innermost first.
+    pub ips: Vec<u64>,
+    /// Running or runnable when read: the stack it last switched out with.
+    pub running: bool,
+}
+
 /// Records of `blocked_stacks` in src/bpf/ran.bpf.c: { u32 tgid, u32
-/// frames, u64 ips[MAX_FRAMES] }, native-endian, back to back.
-fn parse_stack_records(bytes: &[u8]) -> std::collections::HashMap<u32, Vec<u64>> {
+/// frames, u32 running, u32 pad, u64 ips[MAX_FRAMES] }, native-endian,
+/// back to back.
+fn parse_stack_records(bytes: &[u8]) -> std::collections::HashMap<u32, TaskStack> {
     const MAX_FRAMES: usize = 64;
-    const RECORD: usize = 8 + 8 * MAX_FRAMES;
+    const RECORD: usize = 16 + 8 * MAX_FRAMES;
     bytes
         .chunks_exact(RECORD)
         .map(|r| {
             let word = |i: usize| u32::from_ne_bytes([r[i], r[i + 1], r[i + 2], r[i + 3]]);
             let frames = (word(4) as usize).min(MAX_FRAMES);
-            let ips = r[8..8 + 8 * frames]
+            let ips = r[16..16 + 8 * frames]
                 .chunks_exact(8)
                 .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
                 .collect();
-            (word(0), ips)
+            (
+                word(0),
+                TaskStack {
+                    ips,
+                    running: word(8) != 0,
+                },
+            )
         })
         .collect()
 }
@@ -259,12 +276,19 @@ mod tests {
     #[test]
     fn stack_records_are_read_back_to_back() {
         let mut bytes = Vec::new();
-        for (tgid, ips) in [
-            (42u32, vec![0xffff_ffff_8100_0010u64, 0xffff_ffff_8100_0020]),
-            (7, vec![]),
-        ] {
+        let records = [
+            (
+                42u32,
+                vec![0xffff_ffff_8100_0010u64, 0xffff_ffff_8100_0020],
+                0u32,
+            ),
+            (7, vec![], 1),
+        ];
+        for (tgid, ips, running) in records {
             bytes.extend(tgid.to_ne_bytes());
             bytes.extend((ips.len() as u32).to_ne_bytes());
+            bytes.extend(running.to_ne_bytes());
+            bytes.extend(0u32.to_ne_bytes());
             let mut frames = ips.clone();
             frames.resize(64, 0);
             frames.iter().for_each(|ip| bytes.extend(ip.to_ne_bytes()));
@@ -273,8 +297,12 @@ mod tests {
         bytes.extend([1, 2, 3]);
         let got = parse_stack_records(&bytes);
         assert_eq!(got.len(), 2, "{got:?}");
-        assert_eq!(got[&42], vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020]);
-        assert!(got[&7].is_empty());
+        assert_eq!(
+            got[&42].ips,
+            vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020]
+        );
+        assert!(!got[&42].running);
+        assert!(got[&7].ips.is_empty() && got[&7].running);
     }
 
     #[test]

@@ -181,29 +181,52 @@ struct BpfStacks {
     ran: Arc<Ran>,
     kallsyms: Option<super::super::profile::symbols::Kallsyms>,
     /// This round's stacks, once asked for.
-    round: Option<std::collections::HashMap<u32, Vec<u64>>>,
+    round: Option<std::collections::HashMap<u32, crate::collect::ran::TaskStack>>,
+    /// Runs of the iterator this round.
+    runs: u32,
 }
+
+/// Runs of the task iterator a round may make (each 13–121 µs, measured).
+const MAX_RUNS_PER_ROUND: u32 = 4;
 
 impl BpfStacks {
     /// The stack of `pid` as /proc/PID/stack would name it, with its
     /// addresses (to tell a stack unchanged); None when it is not off a CPU.
-    fn of(&mut self, pid: u32, state: char) -> Option<(Vec<String>, Vec<u8>)> {
+    /// A process running when the iterator ran shows the stack it last
+    /// switched out with, as /proc/PID/stack would: the block the sampler
+    /// saw, unless it has waited elsewhere since. A stack that does not pass
+    /// through the wait channel read while it was blocked (`wchan`) is such
+    /// a later wait and is not taken; with no wait channel read (it woke
+    /// first) it is taken, as root's read of /proc/PID/stack would.
+    fn of(&mut self, pid: u32, state: char, wchan: Option<&str>) -> Option<(Vec<String>, Vec<u8>)> {
         if state != 'D' {
             return None;
         }
-        let round = self
+        // A process that entered D after this round's run is not in it: run
+        // again (a block is often shorter than a round), a few times a round.
+        let stale = self
             .round
-            .get_or_insert_with(|| self.ran.blocked_stacks().unwrap_or_default());
-        let ips = round.get(&pid)?;
+            .as_ref()
+            .is_none_or(|m| !m.contains_key(&pid) && self.runs < MAX_RUNS_PER_ROUND);
+        if stale {
+            self.runs += 1;
+            self.round = Some(self.ran.blocked_stacks().unwrap_or_default());
+        }
+        let found = self.round.as_ref()?.get(&pid)?;
+        let ips = found.ips.clone();
+        let running = found.running;
         let raw: Vec<u8> = ips.iter().flat_map(|ip| ip.to_ne_bytes()).collect();
         let k = self
             .kallsyms
             .get_or_insert_with(super::super::profile::symbols::Kallsyms::read);
-        let frames = ips
+        let frames: Vec<String> = ips
             .iter()
             .filter_map(|ip| k.lookup(*ip))
             .map(String::from)
             .collect();
+        if running && wchan.is_some_and(|w| !frames.iter().any(|f| f == w)) {
+            return None;
+        }
         Some((frames, raw))
     }
 }
@@ -236,6 +259,7 @@ impl Sampler {
             ran,
             kallsyms: None,
             round: None,
+            runs: 0,
         });
         true
     }
@@ -289,6 +313,7 @@ impl Sampler {
         let now = Instant::now();
         if let Some(b) = &mut self.bpf {
             b.round = None;
+            b.runs = 0;
         }
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         for pid in pids {
@@ -386,6 +411,9 @@ impl Sampler {
             Err(_) => None,
         };
         let wchan_now = wchan_len.and_then(|n| parse_wchan(text(&self.buf, n)));
+        // The eBPF stack of a process in D right after its wait channel,
+        // before its other files: a block is often under a millisecond.
+        let bpf_stack = self.bpf.as_mut().and_then(|b| b.of(pid, state, wchan_now));
         let proc = self.procs.get_mut(&pid)?;
         let cached = proc.cache.take();
         let same_wchan = cached
@@ -448,7 +476,7 @@ impl Sampler {
                     }
                 }
             }
-        } else if let Some((frames, raw)) = self.bpf.as_mut().and_then(|b| b.of(pid, state)) {
+        } else if let Some((frames, raw)) = bpf_stack {
             self.stack_reads += 1;
             stack = match &cached {
                 Some(c) if c.stack_raw == raw => c.stack.clone(),
