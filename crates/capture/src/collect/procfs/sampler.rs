@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::parse::{self, parse_stack, parse_stat_state, parse_syscall, parse_wchan};
+use crate::collect::profile::symbols::Kallsyms;
 use crate::collect::ran::{Ran, Reader};
 use crate::collect::syscalls::syscall_name;
 use crate::procinfo::Role;
@@ -179,7 +180,7 @@ pub struct Sampler {
 /// call, as without stacks.
 struct BpfStacks {
     ran: Arc<Ran>,
-    kallsyms: Option<super::super::profile::symbols::Kallsyms>,
+    kallsyms: Option<Kallsyms>,
     /// This round's stacks, once asked for.
     round: Option<std::collections::HashMap<u32, crate::collect::ran::TaskStack>>,
     /// Runs of the iterator this round.
@@ -190,15 +191,15 @@ struct BpfStacks {
 const MAX_RUNS_PER_ROUND: u32 = 4;
 
 impl BpfStacks {
-    /// The stack of `pid` as /proc/PID/stack would name it, with its
-    /// addresses (to tell a stack unchanged); None when it is not off a CPU.
+    /// The stack of `pid` (return addresses, innermost first) as
+    /// /proc/PID/stack would show it; None when it is not in D or not found.
     /// A process running when the iterator ran shows the stack it last
     /// switched out with, as /proc/PID/stack would: the block the sampler
     /// saw, unless it has waited elsewhere since. A stack that does not pass
     /// through the wait channel read while it was blocked (`wchan`) is such
     /// a later wait and is not taken; with no wait channel read (it woke
     /// first) it is taken, as root's read of /proc/PID/stack would.
-    fn of(&mut self, pid: u32, state: char, wchan: Option<&str>) -> Option<(Vec<String>, Vec<u8>)> {
+    fn of(&mut self, pid: u32, state: char, wchan: Option<&str>) -> Option<Vec<u64>> {
         if state != 'D' {
             return None;
         }
@@ -213,21 +214,23 @@ impl BpfStacks {
             self.round = Some(self.ran.blocked_stacks().unwrap_or_default());
         }
         let found = self.round.as_ref()?.get(&pid)?;
-        let ips = found.ips.clone();
-        let running = found.running;
-        let raw: Vec<u8> = ips.iter().flat_map(|ip| ip.to_ne_bytes()).collect();
-        let k = self
-            .kallsyms
-            .get_or_insert_with(super::super::profile::symbols::Kallsyms::read);
-        let frames: Vec<String> = ips
-            .iter()
+        if found.running {
+            let k = self.kallsyms.get_or_insert_with(Kallsyms::read);
+            if wchan.is_some_and(|w| !found.ips.iter().any(|ip| k.lookup(*ip) == Some(w))) {
+                return None;
+            }
+        }
+        Some(found.ips.clone())
+    }
+
+    /// Names of a stack's frames from /proc/kallsyms (read once), as
+    /// /proc/PID/stack prints them; addresses it cannot name are left out.
+    fn names(&mut self, ips: &[u64]) -> Vec<String> {
+        let k = self.kallsyms.get_or_insert_with(Kallsyms::read);
+        ips.iter()
             .filter_map(|ip| k.lookup(*ip))
             .map(String::from)
-            .collect();
-        if running && wchan.is_some_and(|w| !frames.iter().any(|f| f == w)) {
-            return None;
-        }
-        Some((frames, raw))
+            .collect()
     }
 }
 
@@ -249,19 +252,16 @@ impl Sampler {
     }
 
     /// Take kernel stacks from the eBPF task iterator (where /proc/PID/stack
-    /// is closed to this process): needs [`Sampler::set_ran`]'s object.
-    pub fn stacks_from_bpf(&mut self) -> bool {
-        let Some(ran) = self.ran.clone().filter(|r| r.stacks_available().is_ok()) else {
-            return false;
-        };
+    /// is closed to this process): needs [`Sampler::set_ran`]'s object, its
+    /// iterator attached ([`Ran::stacks_available`], checked by the caller).
+    pub fn stacks_from_bpf(&mut self) {
         self.read_stacks = false;
-        self.bpf = Some(BpfStacks {
+        self.bpf = self.ran.clone().map(|ran| BpfStacks {
             ran,
             kallsyms: None,
             round: None,
             runs: 0,
         });
-        true
     }
 
     /// Skip, without reading a file, a process the kernel says has not run
@@ -476,11 +476,14 @@ impl Sampler {
                     }
                 }
             }
-        } else if let Some((frames, raw)) = bpf_stack {
+        } else if let Some(ips) = bpf_stack {
             self.stack_reads += 1;
-            stack = match &cached {
-                Some(c) if c.stack_raw == raw => c.stack.clone(),
-                _ => Stack::from_frames(frames).map(Arc::new),
+            // Named only when it changed, as a /proc/PID/stack read is parsed.
+            let raw: Vec<u8> = ips.iter().flat_map(|ip| ip.to_ne_bytes()).collect();
+            stack = match (&cached, self.bpf.as_mut()) {
+                (Some(c), _) if c.stack_raw == raw => c.stack.clone(),
+                (_, Some(b)) => Stack::from_frames(b.names(&ips)).map(Arc::new),
+                (_, None) => None,
             };
             stack_raw = raw;
         }
