@@ -225,13 +225,21 @@ fn drop_sweep_on_13_grows_with_shared_buffers() {
     for f in n {
         let e = f["exponent"].as_f64().unwrap();
         if f["fixed"] == "standby_shared_buffers=2GB" {
-            // The pool scan dominates: linear in N.
-            assert!((0.6..1.5).contains(&e), "total replay vs N: {f:#}");
+            // The pool scan dominates: linear in N (1.07 on a quiet
+            // machine). Two points of CPU time on a busy one are not that
+            // exact: the scan is memory-bound, and one CI run, with other
+            // tests beside it, fitted 0.52 (per drop, the 20 cost 1.7× what
+            // the 60 did). It must grow, and not like N².
+            assert!(
+                (0.3..2.0).contains(&e),
+                "total replay vs N: {f:#}\n{:#}",
+                s["points"]
+            );
         } else {
             // At 128MB, 20 drops cost ~7 ms of startup CPU in all, close to
             // the noise of a busy machine (one CI run fitted 1.66 from two
             // points): it must grow, the exponent is not asserted.
-            assert!(e > 0.3, "total replay vs N: {f:#}");
+            assert!(e > 0.3, "total replay vs N: {f:#}\n{:#}", s["points"]);
         }
     }
     assert!(
