@@ -10,6 +10,7 @@
 //! counters and writes the line.
 
 pub mod aggregate;
+mod counter_files;
 pub mod parse;
 pub mod sampler;
 
@@ -54,6 +55,7 @@ pub struct ProcfsCollector {
     deltas: CounterDeltas,
     /// Each process's schedstat text at the last interval, and its counters.
     last_schedstat: BTreeMap<u32, (String, Counters)>,
+    files: counter_files::CounterFiles,
     ticks_per_s: u64,
     last_t: f64,
     /// The postmaster's shared memory mapping, read once at the start.
@@ -116,6 +118,9 @@ impl ProcfsCollector {
             thread: Some(thread),
             deltas: CounterDeltas::new(recording_start_ticks(ctx.start, ticks_per_s)),
             last_schedstat: BTreeMap::new(),
+            // The sampler keeps five files of as many processes open with
+            // half the descriptors; these four of each, most of the rest.
+            files: counter_files::CounterFiles::new(sampler::fd_budget()),
             ticks_per_s,
             last_t: ctx.t(),
             segment: shared_segment(ctx.postmaster),
@@ -259,7 +264,9 @@ impl Collector for ProcfsCollector {
         let mut now: BTreeMap<u32, Counters> = BTreeMap::new();
         let mut schedstats = BTreeMap::new();
         let mut last = std::mem::take(&mut self.last_schedstat);
-        for pid in self.ctx.pids() {
+        let pids = self.ctx.pids();
+        self.files.retain(&pids);
+        for pid in pids {
             let not_run = self
                 .ctx
                 .ran
@@ -270,14 +277,14 @@ impl Collector for ProcfsCollector {
                 schedstats.insert(pid, kept);
                 continue;
             }
-            let sched = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok();
+            let sched = self.files.schedstat(pid);
             let same = sched.as_ref().and_then(|s| {
                 last.get(&pid)
                     .filter(|(last, _)| last == s)
                     .map(|(_, c)| *c)
             });
             let Some(c) =
-                same.or_else(|| Counters::read_with(pid, self.ticks_per_s, sched.as_deref()))
+                same.or_else(|| self.files.counters(pid, self.ticks_per_s, sched.as_deref()))
             else {
                 continue;
             };

@@ -538,7 +538,7 @@ fn text(buf: &[u8], n: usize) -> &str {
 /// Read a whole /proc file from offset 0 (seq_file files restart there).
 /// These files are generated whole on each read, so a read that does not
 /// fill the buffer has returned everything: one syscall per file, not two.
-fn pread_all(f: &File, buf: &mut Vec<u8>) -> io::Result<usize> {
+pub(super) fn pread_all(f: &File, buf: &mut Vec<u8>) -> io::Result<usize> {
     let mut n = 0;
     loop {
         if n == buf.len() {
@@ -559,7 +559,7 @@ fn pread_all(f: &File, buf: &mut Vec<u8>) -> io::Result<usize> {
 }
 
 /// The process has exited (or its pid is no longer there).
-fn gone(e: &io::Error) -> bool {
+pub(super) fn gone(e: &io::Error) -> bool {
     matches!(e.kind(), ErrorKind::NotFound) || e.raw_os_error() == Some(libc::ESRCH)
 }
 
@@ -608,7 +608,7 @@ pub fn probe_stacks(pid: u32) -> Result<(), StackProblem> {
 /// own, gone with it; 1024 is a default for select(), which pgbelow does
 /// not use): a server with 1,000 connections otherwise opens and closes
 /// its files every round.
-fn fd_budget() -> usize {
+pub(super) fn fd_budget() -> usize {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
