@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::fs::File;
 
 use super::aggregate::Counters;
+use super::kept::Pool;
 use super::sampler::{gone, pread_all};
 
 #[derive(Default)]
@@ -41,17 +42,23 @@ impl Which {
     }
 }
 
+/// Files of the last session of each server (`watch`'s windows).
+static KEPT: Pool<HashMap<u32, Open>> = Pool::new();
+
 pub struct CounterFiles {
     open: HashMap<u32, Open>,
+    postmaster: u32,
     /// How many processes may keep their four files open.
     budget: usize,
     buf: Vec<u8>,
 }
 
 impl CounterFiles {
-    pub fn new(budget: usize) -> CounterFiles {
+    /// Files of the server of `postmaster`, the last session's if kept.
+    pub fn new(budget: usize, postmaster: u32) -> CounterFiles {
         CounterFiles {
-            open: HashMap::new(),
+            open: KEPT.take(postmaster).unwrap_or_default(),
+            postmaster,
             budget,
             buf: vec![0; 4096],
         }
@@ -121,6 +128,12 @@ impl CounterFiles {
     }
 }
 
+impl Drop for CounterFiles {
+    fn drop(&mut self) {
+        KEPT.put(self.postmaster, std::mem::take(&mut self.open));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,7 +141,7 @@ mod tests {
     #[test]
     fn kept_files_read_what_a_fresh_open_reads() {
         let me = std::process::id();
-        let mut files = CounterFiles::new(8);
+        let mut files = CounterFiles::new(8, u32::MAX - 10);
         let sched = files.schedstat(me);
         let a = files
             .counters(me, 100, sched.as_deref())
@@ -164,7 +177,7 @@ mod tests {
             .spawn()
             .expect("sleep");
         let pid = child.id();
-        let mut files = CounterFiles::new(1);
+        let mut files = CounterFiles::new(1, u32::MAX - 11);
         assert!(files.counters(pid, 100, None).is_some());
         // Over the budget of one: read by path, not kept.
         let me = std::process::id();

@@ -11,6 +11,7 @@
 
 pub mod aggregate;
 mod counter_files;
+mod kept;
 pub mod parse;
 pub mod sampler;
 
@@ -120,7 +121,7 @@ impl ProcfsCollector {
             last_schedstat: BTreeMap::new(),
             // The sampler keeps five files of as many processes open with
             // half the descriptors; these four of each, most of the rest.
-            files: counter_files::CounterFiles::new(sampler::fd_budget()),
+            files: counter_files::CounterFiles::new(sampler::fd_budget(), ctx.postmaster),
             ticks_per_s,
             last_t: ctx.t(),
             segment: shared_segment(ctx.postmaster),
@@ -160,6 +161,7 @@ fn run(
 ) {
     let period = Duration::from_secs_f64(1.0 / hz);
     let mut sampler = Sampler::new(read_stacks);
+    sampler.keep_files_of(ctx.postmaster);
     sampler.set_ran(ctx.ran.clone());
     if from_bpf {
         sampler.stacks_from_bpf();

@@ -28,6 +28,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::kept::Pool;
 use super::parse::{self, parse_stack, parse_stat_state, parse_syscall, parse_wchan};
 use crate::collect::profile::symbols::Kallsyms;
 use crate::collect::ran::{Ran, Reader};
@@ -170,7 +171,15 @@ pub struct Sampler {
     pub unread: u64,
     /// Kernel stacks from the eBPF task iterator instead of /proc/PID/stack.
     bpf: Option<BpfStacks>,
+    /// The server whose processes these are, when their open files are
+    /// handed to its next session ([`Sampler::keep_files_of`]).
+    postmaster: Option<u32>,
+    /// The last session's open files, taken as processes are added.
+    reuse: BTreeMap<u32, Files>,
 }
+
+/// Open files of the last session of each server (`watch`'s windows).
+static KEPT: Pool<BTreeMap<u32, Files>> = Pool::new();
 
 /// Kernel stacks of blocked (D) processes from [`Ran::blocked_stacks`]
 /// (eBPF, CAP_BPF and CAP_PERFMON) where /proc/PID/stack needs
@@ -248,7 +257,16 @@ impl Sampler {
             ran: None,
             unread: 0,
             bpf: None,
+            postmaster: None,
+            reuse: BTreeMap::new(),
         }
+    }
+
+    /// Start from the files the last session of `postmaster`'s server kept
+    /// open, and hand this one's to the next.
+    pub fn keep_files_of(&mut self, postmaster: u32) {
+        self.postmaster = Some(postmaster);
+        self.reuse = KEPT.take(postmaster).unwrap_or_default();
     }
 
     /// Take kernel stacks from the eBPF task iterator (where /proc/PID/stack
@@ -288,12 +306,13 @@ impl Sampler {
                 None => {
                     let keep_open = self.kept_open < self.fd_budget;
                     self.kept_open += usize::from(keep_open);
+                    let files = self.reuse.remove(&pid).filter(|_| keep_open);
                     self.procs.insert(
                         pid,
                         Proc {
                             role,
                             keep_open,
-                            files: Files::default(),
+                            files: files.unwrap_or_default(),
                             cache: None,
                         },
                     );
@@ -529,6 +548,19 @@ impl Sampler {
     }
 }
 
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        if let Some(pm) = self.postmaster {
+            let files = std::mem::take(&mut self.procs)
+                .into_iter()
+                .filter(|(_, p)| p.keep_open)
+                .map(|(pid, p)| (pid, p.files))
+                .collect();
+            KEPT.put(pm, files);
+        }
+    }
+}
+
 /// The text of a /proc file read into `buf` (they are ASCII; anything
 /// else reads as empty).
 fn text(buf: &[u8], n: usize) -> &str {
@@ -665,6 +697,44 @@ mod tests {
         s.round(&mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].pid, me);
+    }
+
+    #[test]
+    fn the_next_session_of_a_server_reads_through_the_files_this_one_opened() {
+        let key = u32::MAX - 20;
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut s = Sampler::new(false);
+        s.keep_files_of(key);
+        s.set_pids(&[(pid, Role::Backend)]);
+        let mut out = Vec::new();
+        s.round(&mut out);
+        assert_eq!(out.len(), 1);
+        drop(s);
+        let mut next = Sampler::new(false);
+        next.keep_files_of(key);
+        next.set_pids(&[(pid, Role::Backend)]);
+        let files = &next.procs[&pid].files;
+        assert!(
+            files.schedstat.is_some() && files.stat.is_some(),
+            "the files were handed over, open"
+        );
+        out.clear();
+        next.round(&mut out);
+        assert_eq!((out.len(), out[0].pid), (1, pid));
+        // The process behind them gone: read as gone, not as its last look.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        drop(next);
+        let mut after = Sampler::new(false);
+        after.keep_files_of(key);
+        after.set_pids(&[(pid, Role::Backend)]);
+        out.clear();
+        after.round(&mut out);
+        assert!(out.is_empty(), "{out:?}");
     }
 
     #[test]
