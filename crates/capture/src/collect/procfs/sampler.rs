@@ -699,14 +699,20 @@ mod tests {
         assert_eq!(out[0].pid, me);
     }
 
+    /// A child asleep for 30 s (killed by the test), and its pid.
+    fn sleeper() -> (std::process::Child, u32) {
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        (child, pid)
+    }
+
     #[test]
     fn the_next_session_of_a_server_reads_through_the_files_this_one_opened() {
         let key = u32::MAX - 20;
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let pid = child.id();
+        let (mut child, pid) = sleeper();
         let mut s = Sampler::new(false);
         s.keep_files_of(key);
         s.set_pids(&[(pid, Role::Backend)]);
@@ -747,11 +753,7 @@ mod tests {
     // finds its schedstat unchanged says the same without reading more.
     #[test]
     fn a_process_that_did_not_run_is_observed_from_its_last_look() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let pid = child.id();
+        let (mut child, pid) = sleeper();
         let mut s = Sampler::new(false);
         s.set_pids(&[(pid, Role::Backend)]);
         // Until it is asleep (the first looks may catch it starting).

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Two builds of pgbelow side by side: both `watch` (default window and
+# collectors, --budget 0.01 so neither escalates) attached at once to one
+# server with 10 active connections (pgbench select-only at RATE tps) and
+# IDLE more that each select once every 30 s. After WARM seconds, each
+# watch's CPU over the next SPAN seconds, as a share of one CPU, and its
+# RSS. Both see the same load at the same time, so their ratio holds on a
+# noisy machine where two runs an hour apart do not.
+# Usage (root): bench/watch-ab.sh OLD_BINARY NEW_BINARY [WARM] [SPAN]
+set -euo pipefail
+old=$(realpath "$1"); new=$(realpath "$2")
+warm=${3:-90}; span=${4:-240}; idle=${IDLE:-1000}
+pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+dir=$(mktemp -d /tmp/pgbelow-bench-ab-XXXXXX)
+chown postgres: "$dir"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+as_pg() { runuser -u postgres -- "$@"; }
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  as_pg "$pgbin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+ulimit -n 8192
+as_pg "$pgbin/initdb" -A trust -U postgres -D "$dir/data" >/dev/null
+as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" \
+  -o "-k $dir -p $port -c listen_addresses='' -c max_connections=$((idle + 100))" start >/dev/null
+pgbench -h "$dir" -p "$port" -U postgres -i -q -s 10 postgres >/dev/null 2>&1
+dsn="host=$dir port=$port user=postgres dbname=postgres"
+secs=$((warm + span + 60))
+pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 10 -j 2 -R "${RATE:-500}" -T "$secs" postgres >"$dir/active.out" 2>&1 &
+pids+=($!)
+if [ "$idle" -gt 0 ]; then
+  printf '\\sleep 30 s\nselect 1;\n' >"$dir/idle.sql"
+  pgbench -h "$dir" -p "$port" -U postgres -n -f "$dir/idle.sql" -c "$idle" -j 10 -T "$secs" postgres >"$dir/idle.out" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 60); do
+    n=$(psql -h "$dir" -p "$port" -U postgres -Atc "select count(*) from pg_stat_activity where backend_type = 'client backend'" postgres 2>/dev/null || echo 0)
+    [ "$n" -ge "$idle" ] && break
+    sleep 1
+  done
+fi
+sleep 5
+"$old" watch --dsn "$dsn" --listen 127.0.0.1:0 --since 0 --budget 0.01 2>"$dir/old.log" &
+wold=$!; pids+=($wold)
+"$new" watch --dsn "$dsn" --listen 127.0.0.1:0 --since 0 --budget 0.01 2>"$dir/new.log" &
+wnew=$!; pids+=($wnew)
+sleep "$warm"
+ticks() { awk '{ s=$0; sub(/.*\) /, "", s); split(s, f, " "); print f[12]+f[13] }' "/proc/$1/stat"; }
+rss() { awk -v p="$(getconf PAGESIZE)" '{ printf "%.1f", $2*p/1048576 }' "/proc/$1/statm"; }
+o0=$(ticks $wold); n0=$(ticks $wnew); ro=$(rss $wold); rn=$(rss $wnew)
+sleep "$span"
+o1=$(ticks $wold); n1=$(ticks $wnew)
+tick=$(getconf CLK_TCK)
+# A trigger that trips (each watch's bursts at window ends can lift the
+# backends' run-queue wait on two CPUs) judges an incident: its CPU and
+# memory are in the figures, so say how many each had.
+trips() { grep -c "trigger" "$1" || true; }
+echo "build cpu_pct rss_mib_at_warm rss_mib_at_end triggers"
+echo "old $(python3 -c "print(round(100*($o1-$o0)/$tick/$span, 2))") $ro $(rss $wold) $(trips "$dir/old.log")"
+echo "new $(python3 -c "print(round(100*($n1-$n0)/$tick/$span, 2))") $rn $(rss $wnew) $(trips "$dir/new.log")"
