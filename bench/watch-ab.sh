@@ -10,24 +10,8 @@
 set -euo pipefail
 old=$(realpath "$1"); new=$(realpath "$2")
 warm=${3:-90}; span=${4:-240}; idle=${IDLE:-1000}
-pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-dir=$(mktemp -d /tmp/pgbelow-bench-ab-XXXXXX)
-chown postgres: "$dir"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-as_pg() { runuser -u postgres -- "$@"; }
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  as_pg "$pgbin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-ulimit -n 8192
-as_pg "$pgbin/initdb" -A trust -U postgres -D "$dir/data" >/dev/null
-as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" \
-  -o "-k $dir -p $port -c listen_addresses='' -c max_connections=$((idle + 100))" start >/dev/null
-pgbench -h "$dir" -p "$port" -U postgres -i -q -s 10 postgres >/dev/null 2>&1
-dsn="host=$dir port=$port user=postgres dbname=postgres"
+MAX_CONNECTIONS=$((idle + 100))
+source "$(dirname "$0")/conns-server.sh"
 secs=$((warm + span + 60))
 pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 10 -j 2 -R "${RATE:-500}" -T "$secs" postgres >"$dir/active.out" 2>&1 &
 pids+=($!)
