@@ -128,6 +128,21 @@ impl CounterFiles {
     }
 }
 
+impl Open {
+    fn open(&self) -> usize {
+        [&self.schedstat, &self.stat, &self.io, &self.status]
+            .iter()
+            .filter(|f| f.is_some())
+            .count()
+    }
+}
+
+/// Descriptors the last session of `postmaster`'s server left open for
+/// the counters.
+pub fn kept_fds(postmaster: u32) -> usize {
+    KEPT.count(postmaster, |m| m.values().map(Open::open).sum())
+}
+
 impl Drop for CounterFiles {
     fn drop(&mut self) {
         KEPT.put(self.postmaster, std::mem::take(&mut self.open));

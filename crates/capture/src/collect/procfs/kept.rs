@@ -26,6 +26,17 @@ impl<T> Pool<T> {
         Some(kept.swap_remove(i).1)
     }
 
+    /// `count` of what is kept for `postmaster` (0 if nothing).
+    pub(super) fn count(&self, postmaster: u32, count: impl Fn(&T) -> usize) -> usize {
+        let Ok(kept) = self.kept.lock() else {
+            return 0;
+        };
+        kept.iter()
+            .filter(|(k, _)| *k == postmaster)
+            .map(|(_, t)| count(t))
+            .sum()
+    }
+
     /// Keep `files` for the next session of `postmaster`'s server.
     pub(super) fn put(&self, postmaster: u32, files: T) {
         let Ok(mut kept) = self.kept.lock() else {
@@ -47,6 +58,8 @@ mod tests {
         static POOL: Pool<Vec<u32>> = Pool::new();
         let me = std::process::id();
         POOL.put(me, vec![1, 2]);
+        assert_eq!(POOL.count(me, Vec::len), 2);
+        assert_eq!(POOL.count(me + 1, Vec::len), 0);
         assert_eq!(POOL.take(me + 1), None);
         assert_eq!(POOL.take(me), Some(vec![1, 2]));
         assert_eq!(POOL.take(me), None, "taken once");

@@ -101,6 +101,11 @@ impl ProcfsCollector {
             thread_cpu_ns: AtomicU64::new(0),
         });
         let ticks_per_s = clock_ticks_per_s();
+        // One budget for the sampler's files and the counters', from the
+        // descriptors free now (the last session's kept ones are reused).
+        let fd_budget = sampler::fd_budget(
+            sampler::kept_fds(ctx.postmaster) + counter_files::kept_fds(ctx.postmaster),
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let ctx = ctx.clone();
@@ -108,7 +113,7 @@ impl ProcfsCollector {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("pgbelow-procfs".into())
-                .spawn(move || run(ctx, hz, read_stacks, from_bpf, shared, stop))?
+                .spawn(move || run(ctx, hz, read_stacks, from_bpf, fd_budget, shared, stop))?
         };
         Ok(ProcfsCollector {
             from_bpf,
@@ -121,7 +126,7 @@ impl ProcfsCollector {
             last_schedstat: BTreeMap::new(),
             // The sampler keeps five files of as many processes open with
             // half the descriptors; these four of each, most of the rest.
-            files: counter_files::CounterFiles::new(sampler::fd_budget(), ctx.postmaster),
+            files: counter_files::CounterFiles::new(fd_budget, ctx.postmaster),
             ticks_per_s,
             last_t: ctx.t(),
             segment: shared_segment(ctx.postmaster),
@@ -156,12 +161,13 @@ fn run(
     hz: f64,
     read_stacks: bool,
     from_bpf: bool,
+    fd_budget: usize,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
 ) {
     let period = Duration::from_secs_f64(1.0 / hz);
     let mut sampler = Sampler::new(read_stacks);
-    sampler.keep_files_of(ctx.postmaster);
+    sampler.keep_files_of(ctx.postmaster, fd_budget);
     sampler.set_ran(ctx.ran.clone());
     if from_bpf {
         sampler.stacks_from_bpf();

@@ -107,12 +107,27 @@ struct Cached {
 }
 
 #[derive(Default)]
-struct Files {
+pub(super) struct Files {
     schedstat: Option<File>,
     stat: Option<File>,
     wchan: Option<File>,
     syscall: Option<File>,
     stack: Option<File>,
+}
+
+impl Files {
+    fn open(&self) -> usize {
+        [
+            &self.schedstat,
+            &self.stat,
+            &self.wchan,
+            &self.syscall,
+            &self.stack,
+        ]
+        .iter()
+        .filter(|f| f.is_some())
+        .count()
+    }
 }
 
 struct Proc {
@@ -249,7 +264,7 @@ impl Sampler {
         Sampler {
             procs: BTreeMap::new(),
             read_stacks,
-            fd_budget: fd_budget(),
+            fd_budget: fd_budget(0),
             kept_open: 0,
             buf: vec![0; 16 * 1024],
             stack_reads: 0,
@@ -264,7 +279,8 @@ impl Sampler {
 
     /// Start from the files the last session of `postmaster`'s server kept
     /// open, and hand this one's to the next.
-    pub fn keep_files_of(&mut self, postmaster: u32) {
+    pub fn keep_files_of(&mut self, postmaster: u32, fd_budget: usize) {
+        self.fd_budget = fd_budget;
         self.postmaster = Some(postmaster);
         self.reuse = KEPT.take(postmaster).unwrap_or_default();
     }
@@ -634,20 +650,25 @@ pub fn probe_stacks(pid: u32) -> Result<(), StackProblem> {
     }
 }
 
-/// How many processes may keep their 5 files open: a fifth of half the
-/// descriptors left under the soft RLIMIT_NOFILE, at most 2048 processes.
+/// How many processes may keep their files open, the sampler's five and
+/// the counters' four each (nine descriptors a process): within half the
+/// descriptors left under the soft RLIMIT_NOFILE after those open now
+/// (`reused` of them are kept files this session takes over, not counted),
+/// less 1,024 for everything else, and at most 2048 processes. What is open
+/// now matters: a lab run holds its 2,000 idle connections in this process,
+/// and a budget of the whole limit ran its recording out of descriptors.
 /// The soft limit is first raised towards the hard one (this process's
 /// own, gone with it; 1024 is a default for select(), which pgbelow does
 /// not use): a server with 1,000 connections otherwise opens and closes
 /// its files every round.
-pub(super) fn fd_budget() -> usize {
+pub(super) fn fd_budget(reused: usize) -> usize {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes into the struct we own.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return (1024 - 256) / 2 / 5;
+        return 0;
     }
     let want = lim.rlim_max.min(1 << 16);
     if lim.rlim_cur < want {
@@ -664,7 +685,17 @@ pub(super) fn fd_budget() -> usize {
     let soft = usize::try_from(lim.rlim_cur)
         .unwrap_or(usize::MAX)
         .min(1 << 20);
-    (soft.saturating_sub(256) / 2 / 5).min(2048)
+    let open = std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(soft)
+        .saturating_sub(reused);
+    (soft.saturating_sub(open).saturating_sub(1024) / 2 / 9).min(2048)
+}
+
+/// Descriptors the last session of `postmaster`'s server left open for
+/// the sampler.
+pub(super) fn kept_fds(postmaster: u32) -> usize {
+    KEPT.count(postmaster, |m| m.values().map(Files::open).sum())
 }
 
 #[cfg(test)]
@@ -714,14 +745,14 @@ mod tests {
         let key = u32::MAX - 20;
         let (mut child, pid) = sleeper();
         let mut s = Sampler::new(false);
-        s.keep_files_of(key);
+        s.keep_files_of(key, 8);
         s.set_pids(&[(pid, Role::Backend)]);
         let mut out = Vec::new();
         s.round(&mut out);
         assert_eq!(out.len(), 1);
         drop(s);
         let mut next = Sampler::new(false);
-        next.keep_files_of(key);
+        next.keep_files_of(key, 8);
         next.set_pids(&[(pid, Role::Backend)]);
         let files = &next.procs[&pid].files;
         assert!(
@@ -736,7 +767,7 @@ mod tests {
         child.wait().unwrap();
         drop(next);
         let mut after = Sampler::new(false);
-        after.keep_files_of(key);
+        after.keep_files_of(key, 8);
         after.set_pids(&[(pid, Role::Backend)]);
         out.clear();
         after.round(&mut out);
@@ -745,8 +776,21 @@ mod tests {
 
     #[test]
     fn the_fd_budget_is_bounded() {
-        let b = fd_budget();
+        let b = fd_budget(0);
         assert!((1..=2048).contains(&b), "{b}");
+        // Descriptors open now are not the budget's: 900 more leave 50
+        // fewer processes (900 / 2 / 9), unless the cap holds it (other
+        // tests open a few files meanwhile).
+        let held: Vec<File> = (0..900)
+            .map(|_| File::open("/proc/self/stat").expect("open"))
+            .collect();
+        let less = fd_budget(0);
+        if b < 2048 {
+            assert!(less < b && b - less <= 60, "{b} then {less}");
+        }
+        // Counted as this session's to reuse, they leave it as it was.
+        let reused = fd_budget(held.len());
+        assert!(reused >= less && reused + 10 >= b, "{b}, {less}, {reused}");
     }
 
     // The process below sleeps in one place: once observed, a round that
