@@ -155,7 +155,10 @@ mod tests {
 
     #[test]
     fn kept_files_read_what_a_fresh_open_reads() {
-        let me = std::process::id();
+        // This thread's own files (/proc/TID/…): a process's schedstat is
+        // its main thread's, idle while the harness runs tests in others.
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() } as u32;
         let mut files = CounterFiles::new(8, u32::MAX - 10);
         let sched = files.schedstat(me);
         let a = files
