@@ -2,7 +2,7 @@
 # a throw-away cluster of the newest system PostgreSQL for
 # MAX_CONNECTIONS clients, initialised for pgbench at scale 10, stopped and
 # removed on exit with whatever was added to `pids`. Sets pgbin, dir,
-# port, dsn, as_pg and pids.
+# port, dsn, as_pg and pids, and defines start_load.
 pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 dir=$(mktemp -d /tmp/pgbelow-bench-conns-XXXXXX)
 chown postgres: "$dir"
@@ -24,3 +24,23 @@ as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" \
   -o "-k $dir -p $port -c listen_addresses='' -c max_connections=${MAX_CONNECTIONS:-1100}" start >/dev/null
 pgbench -h "$dir" -p "$port" -U postgres -i -q -s 10 postgres >/dev/null 2>&1
 dsn="host=$dir port=$port user=postgres dbname=postgres"
+
+# start_load SECONDS IDLE: 10 active connections (pgbench select-only at
+# RATE tps) and IDLE more, each selecting once every 30 s (an
+# application's pool: pgbench -R cannot hold them, a client whose next
+# scheduled transaction falls after -T ends at once), for SECONDS; returns
+# once every idle connection is open. Adds both pgbench to `pids`.
+start_load() {
+  local secs=$1 idle=$2 n
+  pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 10 -j 2 -R "${RATE:-500}" -T "$secs" postgres >"$dir/active.out" 2>&1 &
+  pids+=($!)
+  [ "$idle" -gt 0 ] || return 0
+  printf '\\sleep 30 s\nselect 1;\n' >"$dir/idle.sql"
+  pgbench -h "$dir" -p "$port" -U postgres -n -f "$dir/idle.sql" -c "$idle" -j 10 -T "$secs" postgres >"$dir/idle.out" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 60); do
+    n=$(psql -h "$dir" -p "$port" -U postgres -Atc "select count(*) from pg_stat_activity where backend_type = 'client backend'" postgres 2>/dev/null || echo 0)
+    [ "$n" -ge "$idle" ] && break
+    sleep 1
+  done
+}

@@ -13,18 +13,7 @@ warm=${3:-90}; span=${4:-240}; idle=${IDLE:-1000}
 MAX_CONNECTIONS=$((idle + 100))
 source "$(dirname "$0")/conns-server.sh"
 secs=$((warm + span + 60))
-pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 10 -j 2 -R "${RATE:-500}" -T "$secs" postgres >"$dir/active.out" 2>&1 &
-pids+=($!)
-if [ "$idle" -gt 0 ]; then
-  printf '\\sleep 30 s\nselect 1;\n' >"$dir/idle.sql"
-  pgbench -h "$dir" -p "$port" -U postgres -n -f "$dir/idle.sql" -c "$idle" -j 10 -T "$secs" postgres >"$dir/idle.out" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 60); do
-    n=$(psql -h "$dir" -p "$port" -U postgres -Atc "select count(*) from pg_stat_activity where backend_type = 'client backend'" postgres 2>/dev/null || echo 0)
-    [ "$n" -ge "$idle" ] && break
-    sleep 1
-  done
-fi
+start_load "$secs" "$idle"
 sleep 5
 "$old" watch --dsn "$dsn" --listen 127.0.0.1:0 --since 0 --budget 0.01 2>"$dir/old.log" &
 wold=$!; pids+=($wold)

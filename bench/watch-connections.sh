@@ -16,22 +16,7 @@ secs=$((minutes * 60))
 echo "connections watch_cpu_pct watch_rss_mib record_cpu_s record_cpu_pct"
 for idle in 0 1000; do
   pids=()
-  pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 10 -j 2 -R "${RATE:-500}" -T $((secs + 120)) postgres >"$dir/active.out" 2>&1 &
-  pids+=($!)
-  if [ "$idle" -gt 0 ]; then
-    # Each idle connection sleeps 30 s between two selects (an
-    # application's pool): pgbench -R cannot hold them, a client whose
-    # next scheduled transaction falls after -T ends at once.
-    printf '\\sleep 30 s\nselect 1;\n' >"$dir/idle.sql"
-    pgbench -h "$dir" -p "$port" -U postgres -n -f "$dir/idle.sql" -c "$idle" -j 10 -T $((secs + 120)) postgres >"$dir/idle.out" 2>&1 &
-    pids+=($!)
-    # Every idle connection open before watch attaches.
-    for _ in $(seq 1 60); do
-      n=$(psql -h "$dir" -p "$port" -U postgres -Atc "select count(*) from pg_stat_activity where backend_type = 'client backend'" postgres 2>/dev/null || echo 0)
-      [ "$n" -ge "$idle" ] && break
-      sleep 1
-    done
-  fi
+  start_load $((secs + 120)) "$idle"
   sleep 5
   "$bin" watch --dsn "$dsn" --listen 127.0.0.1:0 --since 0 2>"$dir/watch.log" &
   wpid=$!

@@ -13,34 +13,13 @@ use std::fs::File;
 
 use super::aggregate::Counters;
 use super::kept::Pool;
-use super::sampler::{gone, pread_all};
+use super::sampler::{gone, read_kept};
 
-#[derive(Default)]
-struct Open {
-    schedstat: Option<File>,
-    stat: Option<File>,
-    io: Option<File>,
-    status: Option<File>,
-}
+/// The files read, in the order of a process's slots.
+const NAMES: [&str; 4] = ["schedstat", "stat", "io", "status"];
 
-#[derive(Clone, Copy)]
-enum Which {
-    Schedstat,
-    Stat,
-    Io,
-    Status,
-}
-
-impl Which {
-    fn name(self) -> &'static str {
-        match self {
-            Which::Schedstat => "schedstat",
-            Which::Stat => "stat",
-            Which::Io => "io",
-            Which::Status => "status",
-        }
-    }
-}
+/// A process's open files, one slot per name in [`NAMES`].
+type Open = [Option<File>; 4];
 
 /// Files of the last session of each server (`watch`'s windows).
 static KEPT: Pool<HashMap<u32, Open>> = Pool::new();
@@ -66,8 +45,7 @@ impl CounterFiles {
 
     /// `schedstat`'s text (`None`: gone, or not this kernel's).
     pub fn schedstat(&mut self, pid: u32) -> Option<String> {
-        let n = self.read(pid, Which::Schedstat).ok()?;
-        Some(String::from_utf8_lossy(&self.buf[..n]).into_owned())
+        self.text(pid, "schedstat")
     }
 
     /// The counters of `pid`, `schedstat`'s text already read; `None` if it
@@ -78,15 +56,7 @@ impl CounterFiles {
         ticks_per_s: u64,
         schedstat: Option<&str>,
     ) -> Option<Counters> {
-        Counters::read_by(ticks_per_s, schedstat, |name| {
-            let which = match name {
-                "stat" => Which::Stat,
-                "io" => Which::Io,
-                _ => Which::Status,
-            };
-            let n = self.read(pid, which).ok()?;
-            Some(String::from_utf8_lossy(&self.buf[..n]).into_owned())
-        })
+        Counters::read_by(ticks_per_s, schedstat, |name| self.text(pid, name))
     }
 
     /// Close the files of processes no longer in `pids` (sorted).
@@ -100,47 +70,35 @@ impl CounterFiles {
         self.open.len()
     }
 
-    fn read(&mut self, pid: u32, which: Which) -> std::io::Result<usize> {
-        let path = || format!("/proc/{pid}/{}", which.name());
-        if !self.open.contains_key(&pid) && self.open.len() >= self.budget {
-            return pread_all(&File::open(path())?, &mut self.buf);
-        }
-        let files = self.open.entry(pid).or_default();
-        let slot = match which {
-            Which::Schedstat => &mut files.schedstat,
-            Which::Stat => &mut files.stat,
-            Which::Io => &mut files.io,
-            Which::Status => &mut files.status,
-        };
-        if let Some(f) = slot.as_ref() {
-            match pread_all(f, &mut self.buf) {
-                Ok(n) => return Ok(n),
-                // The process behind this descriptor is gone: the pid may
-                // name a new one, opened below.
-                Err(e) if gone(&e) => *slot = None,
-                Err(e) => return Err(e),
-            }
-        }
-        let f = File::open(path())?;
-        let n = pread_all(&f, &mut self.buf)?;
-        *slot = Some(f);
-        Ok(n)
+    fn text(&mut self, pid: u32, name: &str) -> Option<String> {
+        let n = self.read(pid, name).ok()?;
+        Some(String::from_utf8_lossy(&self.buf[..n]).into_owned())
     }
-}
 
-impl Open {
-    fn open(&self) -> usize {
-        [&self.schedstat, &self.stat, &self.io, &self.status]
+    fn read(&mut self, pid: u32, name: &str) -> std::io::Result<usize> {
+        let path = || format!("/proc/{pid}/{name}");
+        if !self.open.contains_key(&pid) && self.open.len() >= self.budget {
+            return read_kept(&mut None, path, &mut self.buf);
+        }
+        let i = NAMES
             .iter()
-            .filter(|f| f.is_some())
-            .count()
+            .position(|n| *n == name)
+            .unwrap_or(NAMES.len() - 1);
+        let slot = &mut self.open.entry(pid).or_default()[i];
+        let kept = slot.is_some();
+        match read_kept(slot, path, &mut self.buf) {
+            // The process behind the kept descriptor is gone: the pid may
+            // name a new one, opened now.
+            Err(e) if kept && gone(&e) => read_kept(slot, path, &mut self.buf),
+            r => r,
+        }
     }
 }
 
 /// Descriptors the last session of `postmaster`'s server left open for
 /// the counters.
 pub fn kept_fds(postmaster: u32) -> usize {
-    KEPT.count(postmaster, |m| m.values().map(Open::open).sum())
+    KEPT.count(postmaster, |m| m.values().flatten().flatten().count())
 }
 
 impl Drop for CounterFiles {

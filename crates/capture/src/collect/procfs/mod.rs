@@ -124,8 +124,6 @@ impl ProcfsCollector {
             thread: Some(thread),
             deltas: CounterDeltas::new(recording_start_ticks(ctx.start, ticks_per_s)),
             last_schedstat: BTreeMap::new(),
-            // The sampler keeps five files of as many processes open with
-            // half the descriptors; these four of each, most of the rest.
             files: counter_files::CounterFiles::new(fd_budget, ctx.postmaster),
             ticks_per_s,
             last_t: ctx.t(),
@@ -166,8 +164,8 @@ fn run(
     stop: Arc<AtomicBool>,
 ) {
     let period = Duration::from_secs_f64(1.0 / hz);
-    let mut sampler = Sampler::new(read_stacks);
-    sampler.keep_files_of(ctx.postmaster, fd_budget);
+    let mut sampler = Sampler::with_fd_budget(read_stacks, fd_budget);
+    sampler.keep_files_of(ctx.postmaster);
     sampler.set_ran(ctx.ran.clone());
     if from_bpf {
         sampler.stacks_from_bpf();

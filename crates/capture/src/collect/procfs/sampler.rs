@@ -261,10 +261,16 @@ impl BpfStacks {
 impl Sampler {
     /// A sampler that reads kernel stacks when `read_stacks` is true.
     pub fn new(read_stacks: bool) -> Sampler {
+        Sampler::with_fd_budget(read_stacks, fd_budget(0))
+    }
+
+    /// [`Sampler::new`] keeping the files of at most `fd_budget` processes
+    /// open (the session's budget, shared with the counters).
+    pub fn with_fd_budget(read_stacks: bool, fd_budget: usize) -> Sampler {
         Sampler {
             procs: BTreeMap::new(),
             read_stacks,
-            fd_budget: fd_budget(0),
+            fd_budget,
             kept_open: 0,
             buf: vec![0; 16 * 1024],
             stack_reads: 0,
@@ -279,8 +285,7 @@ impl Sampler {
 
     /// Start from the files the last session of `postmaster`'s server kept
     /// open, and hand this one's to the next.
-    pub fn keep_files_of(&mut self, postmaster: u32, fd_budget: usize) {
-        self.fd_budget = fd_budget;
+    pub fn keep_files_of(&mut self, postmaster: u32) {
         self.postmaster = Some(postmaster);
         self.reuse = KEPT.take(postmaster).unwrap_or_default();
     }
@@ -553,15 +558,26 @@ impl Sampler {
             Which::Syscall => &mut proc.files.syscall,
             Which::Stack => &mut proc.files.stack,
         };
-        if slot.is_none() {
-            *slot = Some(File::open(path())?);
-        }
-        let r = pread_all(slot.as_ref().expect("opened above"), &mut self.buf);
-        if r.is_err() {
-            *slot = None;
-        }
-        r
+        read_kept(slot, path, &mut self.buf)
     }
+}
+
+/// Read a /proc file through the descriptor kept in `slot`, opening it
+/// first by `path` if none is; a failed read closes it (a process that
+/// exited: the next read opens whatever the pid then names).
+pub(super) fn read_kept(
+    slot: &mut Option<File>,
+    path: impl FnOnce() -> String,
+    buf: &mut Vec<u8>,
+) -> io::Result<usize> {
+    if slot.is_none() {
+        *slot = Some(File::open(path())?);
+    }
+    let r = pread_all(slot.as_ref().expect("opened above"), buf);
+    if r.is_err() {
+        *slot = None;
+    }
+    r
 }
 
 impl Drop for Sampler {
@@ -744,15 +760,15 @@ mod tests {
     fn the_next_session_of_a_server_reads_through_the_files_this_one_opened() {
         let key = u32::MAX - 20;
         let (mut child, pid) = sleeper();
-        let mut s = Sampler::new(false);
-        s.keep_files_of(key, 8);
+        let mut s = Sampler::with_fd_budget(false, 8);
+        s.keep_files_of(key);
         s.set_pids(&[(pid, Role::Backend)]);
         let mut out = Vec::new();
         s.round(&mut out);
         assert_eq!(out.len(), 1);
         drop(s);
-        let mut next = Sampler::new(false);
-        next.keep_files_of(key, 8);
+        let mut next = Sampler::with_fd_budget(false, 8);
+        next.keep_files_of(key);
         next.set_pids(&[(pid, Role::Backend)]);
         let files = &next.procs[&pid].files;
         assert!(
@@ -766,8 +782,8 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         drop(next);
-        let mut after = Sampler::new(false);
-        after.keep_files_of(key, 8);
+        let mut after = Sampler::with_fd_budget(false, 8);
+        after.keep_files_of(key);
         after.set_pids(&[(pid, Role::Backend)]);
         out.clear();
         after.round(&mut out);
