@@ -117,8 +117,44 @@ pub struct WatchArgs {
     /// at all); later windows read what it wrote since the last one.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = secs_0_86400)]
     pub since: u32,
+    /// Which triggers may start an incident, comma-separated: d-jump,
+    /// finding, restart, runq-jump, throughput-drop; `all` (the default) or
+    /// `none` (windows and /metrics only). One left out never ends a window,
+    /// escalates or makes an incident.
+    #[arg(long, value_name = "IDS", default_value = "all", value_parser = parse_triggers)]
+    pub triggers: Triggers,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+}
+
+/// The triggers `--triggers` names (see [`parse_triggers`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Triggers(pub Vec<&'static str>);
+
+/// `all`, `none`, or trigger ids separated by commas; an unknown id is a
+/// usage error that lists the known ones.
+fn parse_triggers(s: &str) -> Result<Triggers, String> {
+    let ids = pgbelow::watch::trigger::IDS;
+    match s.trim() {
+        "all" => return Ok(Triggers(ids.to_vec())),
+        "none" => return Ok(Triggers(Vec::new())),
+        _ => {}
+    }
+    let mut out = Vec::new();
+    for w in s.split(',').map(str::trim) {
+        match ids.iter().find(|id| **id == w) {
+            Some(id) if !out.contains(id) => out.push(*id),
+            Some(_) => {}
+            None => {
+                return Err(format!(
+                    "'{w}' is not a trigger; the triggers are {}, or all, or none",
+                    ids.join(", ")
+                ))
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(Triggers(out))
 }
 
 fn budget_pct(s: &str) -> Result<f64, String> {

@@ -504,6 +504,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 escalate_s: a.escalate_for,
                 budget_pct: a.budget,
                 since_s: a.since,
+                triggers: a.triggers.0,
             })?;
             Ok(ExitCode::SUCCESS)
         }

@@ -119,6 +119,8 @@ pub struct Flight {
     pub pending: Option<Pending>,
     /// Triggers that made an incident and have not cleared since.
     disarmed: BTreeSet<&'static str>,
+    /// The triggers that may start an incident at all (`--triggers`).
+    enabled: BTreeSet<&'static str>,
     pub budget: Budget,
 }
 
@@ -130,12 +132,18 @@ impl Flight {
             history: VecDeque::new(),
             pending: None,
             disarmed: BTreeSet::new(),
+            enabled: super::trigger::IDS.iter().copied().collect(),
             budget: Budget::new(budget_pct),
         }
     }
 
+    /// Only these triggers may start an incident from now on.
+    pub fn only(&mut self, ids: &[&'static str]) {
+        self.enabled = ids.iter().copied().collect();
+    }
+
     pub fn armed(&self, id: &str) -> bool {
-        self.pending.is_none() && !self.disarmed.contains(id)
+        self.pending.is_none() && self.enabled.contains(id) && !self.disarmed.contains(id)
     }
 
     /// A trigger tripped at `onset`: an incident begins.
@@ -322,6 +330,23 @@ mod tests {
         f.prune(t0 + Duration::from_secs(300));
         assert_eq!(f.held().1, 0);
         assert!(!tmp.path().join("w0").exists() && !tmp.path().join("e").exists());
+    }
+
+    /// A trigger `--triggers` left out never starts an incident, whatever
+    /// else holds; the ones named behave as before.
+    #[test]
+    fn only_the_named_triggers_are_armed() {
+        let mut f = Flight::new(60, 128, 2.0);
+        assert!(super::super::trigger::IDS.iter().all(|id| f.armed(id)));
+        f.only(&["restart"]);
+        assert!(f.armed("restart"));
+        for id in ["d-jump", "finding", "runq-jump", "throughput-drop"] {
+            assert!(!f.armed(id), "{id}");
+        }
+        f.rearm(&BTreeSet::new());
+        assert!(!f.armed("runq-jump"), "re-arming does not enable it");
+        f.only(&[]);
+        assert!(!f.armed("restart"));
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub struct WatchOptions {
     pub budget_pct: f64,
     /// How far back the server log is read at the first window (`--since`).
     pub since_s: u32,
+    /// The triggers that may start an incident (`--triggers`): ids of
+    /// [`trigger::IDS`].
+    pub triggers: Vec<&'static str>,
 }
 
 /// Serve `/metrics` until stopped; the stop is the ordinary way out (Ok).
@@ -92,8 +95,17 @@ pub fn run(opts: &WatchOptions) -> Result<()> {
         )
     })?;
     let server = Arc::new(server);
+    // Said only when not all may trip: a watch that will never keep an
+    // incident of some cause should say so where its user looks first.
+    let triggers = if opts.triggers.len() == trigger::IDS.len() {
+        String::new()
+    } else if opts.triggers.is_empty() {
+        "; no trigger starts an incident (--triggers none)".to_string()
+    } else {
+        format!("; incidents only from {}", opts.triggers.join(", "))
+    };
     eprintln!(
-        "pgbelow: serving /metrics on http://{}/metrics, a window every {} s",
+        "pgbelow: serving /metrics on http://{}/metrics, a window every {} s{triggers}",
         server.server_addr(),
         opts.window_s
     );
@@ -224,6 +236,7 @@ fn windows(
     target: &Target,
 ) -> Result<()> {
     let mut flight = flight::Flight::new(opts.history_s, opts.history_max_mb, opts.budget_pct);
+    flight.only(&opts.triggers);
     let result = windows_in(opts, work, metrics, target, &mut flight);
     flight.clear();
     result

@@ -605,6 +605,12 @@ fn usage_errors_are_one_line_with_the_fix() {
              (fix: a similar argument exists: '--out')",
         ),
         (
+            &["watch", "--pid", "1", "--triggers", "runq,restart"],
+            "pgbelow: error: invalid value 'runq,restart' for '--triggers <IDS>': 'runq' is not \
+             a trigger; the triggers are d-jump, finding, restart, runq-jump, throughput-drop, \
+             or all, or none (fix: see `pgbelow watch --help`)",
+        ),
+        (
             &["reprot"],
             "pgbelow: error: unrecognized subcommand 'reprot' \
              (fix: a similar subcommand exists: 'report')",
