@@ -56,6 +56,7 @@ pub fn load(dir: &Path, cut: &mut usize, notes: &mut Vec<String>) -> Option<Acti
     let mut names = BTreeMap::new();
     let mut calls = None;
     for t in &mut ticks {
+        t.expand_idle();
         for q in t.queries.drain(..) {
             names.entry(q.id.clone()).or_insert(q);
         }
@@ -634,6 +635,51 @@ fn weighted_top<K: Ord + Clone, S: Ord>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Three lines a real run wrote (PostgreSQL 15, 10 pgbench clients
+    /// and 1,000 idle connections, `pgbelow record`): the idle pool read
+    /// back as one idle row per backend, the others as written.
+    #[test]
+    fn an_idle_pool_reads_as_rows() {
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .join("tests/fixtures/pgstat/idle-pool");
+        let raw: Vec<serde_json::Value> =
+            std::fs::read_to_string(dir.join("pgstat_activity.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+        let (mut cut, mut notes) = (0, Vec::new());
+        let act = load(&dir, &mut cut, &mut notes).unwrap();
+        assert_eq!((cut, notes.len(), act.ticks.len()), (0, 0, 3), "{notes:?}");
+        for (t, line) in act.ticks.iter().zip(&raw) {
+            let grouped: usize = line["idle"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_array().unwrap().len())
+                .sum();
+            let written = line["pids"].as_object().unwrap().len();
+            assert!(grouped >= 1000, "{grouped} grouped");
+            assert_eq!(t.pids.len(), grouped + written);
+            assert!(t.idle.is_empty());
+            for (last, pids) in line["idle"].as_object().unwrap() {
+                for pid in pids.as_array().unwrap() {
+                    let rows = &t.pids[&(pid.as_u64().unwrap() as u32)];
+                    assert_eq!(rows.len(), 1);
+                    assert_eq!(rows[0].n, t.ticks);
+                    assert_eq!(rows[0].last.as_deref().unwrap_or(""), last.as_str());
+                    assert_eq!(rows[0].wait, "Client:ClientRead");
+                }
+            }
+        }
+        // The pool's last query is named, once.
+        assert!(
+            act.names.contains_key("fp:73afbeb20316fc5b"),
+            "{:?}",
+            act.names
+        );
+    }
 
     fn row(q: Option<&str>, n: u32) -> PidRow {
         PidRow {

@@ -112,7 +112,7 @@ impl Timeline {
     pub fn take(&mut self, t: f64, dt: f64) -> ActivityTick {
         let rows = std::mem::take(&mut self.rows);
         let ticks = std::mem::take(&mut self.ticks);
-        ActivityTick {
+        let mut tick = ActivityTick {
             t,
             dt,
             ticks,
@@ -133,8 +133,11 @@ impl Timeline {
                     (pid, v)
                 })
                 .collect(),
+            idle: BTreeMap::new(),
             calls: None,
-        }
+        };
+        tick.group_idle();
+        tick
     }
 
     /// Query ids named so far (for pg_stat_statements' calls).
