@@ -35,7 +35,14 @@ start_load() {
   pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 10 -j 2 -R "${RATE:-500}" -T "$secs" postgres >"$dir/active.out" 2>&1 &
   pids+=($!)
   [ "$idle" -gt 0 ] || return 0
-  printf '\\sleep 30 s\nselect 1;\n' >"$dir/idle.sql"
+  # SPREAD=1: each client sleeps 15-45 s at random, so the pool's
+  # wake-ups are spread as an application's are; by default all sleep 30 s
+  # and wake together (a run-queue jump every 30 s on 2 CPUs).
+  if [ "${SPREAD:-0}" = 1 ]; then
+    printf '\\set d random(15, 45)\n\\sleep :d s\nselect 1;\n' >"$dir/idle.sql"
+  else
+    printf '\\sleep 30 s\nselect 1;\n' >"$dir/idle.sql"
+  fi
   pgbench -h "$dir" -p "$port" -U postgres -n -f "$dir/idle.sql" -c "$idle" -j 10 -T "$secs" postgres >"$dir/idle.out" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 60); do
