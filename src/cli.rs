@@ -140,20 +140,20 @@ fn parse_triggers(s: &str) -> Result<Triggers, String> {
         "none" => return Ok(Triggers(Vec::new())),
         _ => {}
     }
-    let mut out = Vec::new();
-    for w in s.split(',').map(str::trim) {
-        match ids.iter().find(|id| **id == w) {
-            Some(id) if !out.contains(id) => out.push(*id),
-            Some(_) => {}
-            None => {
-                return Err(format!(
+    let mut out = s
+        .split(',')
+        .map(str::trim)
+        .map(|w| {
+            ids.iter().copied().find(|id| *id == w).ok_or_else(|| {
+                format!(
                     "'{w}' is not a trigger; the triggers are {}, or all, or none",
                     ids.join(", ")
-                ))
-            }
-        }
-    }
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     out.sort_unstable();
+    out.dedup();
     Ok(Triggers(out))
 }
 

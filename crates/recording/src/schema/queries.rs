@@ -44,7 +44,7 @@ pub const IDLE_WAIT: &str = "Client:ClientRead";
 
 impl ActivityTick {
     /// The row an [`ActivityTick::idle`] backend stands for.
-    pub fn idle_row(last: &str, ticks: u32) -> PidRow {
+    fn idle_row(last: &str, ticks: u32) -> PidRow {
         PidRow {
             query: None,
             last: (!last.is_empty()).then(|| last.to_string()),
@@ -56,7 +56,7 @@ impl ActivityTick {
 
     /// Whether `rows`, a backend's in an interval of `ticks` looks, are
     /// only the idle row; its last query's key if so ("" for none).
-    pub fn idle_key(rows: &[PidRow], ticks: u32) -> Option<&str> {
+    fn idle_key(rows: &[PidRow], ticks: u32) -> Option<&str> {
         match rows {
             [r] if r.query.is_none()
                 && r.n == ticks
@@ -84,8 +84,7 @@ impl ActivityTick {
     /// The reverse: every backend whose rows are only the idle row, moved
     /// to `idle`.
     pub fn group_idle(&mut self) {
-        let ticks = self.ticks;
-        let mut idle: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        let (ticks, idle) = (self.ticks, &mut self.idle);
         self.pids
             .retain(|pid, rows| match Self::idle_key(rows, ticks) {
                 Some(last) => {
@@ -94,9 +93,6 @@ impl ActivityTick {
                 }
                 None => true,
             });
-        for (k, v) in idle {
-            self.idle.entry(k).or_default().extend(v);
-        }
     }
 }
 

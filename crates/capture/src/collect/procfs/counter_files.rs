@@ -77,13 +77,12 @@ impl CounterFiles {
 
     fn read(&mut self, pid: u32, name: &str) -> std::io::Result<usize> {
         let path = || format!("/proc/{pid}/{name}");
-        if !self.open.contains_key(&pid) && self.open.len() >= self.budget {
+        let slot_of = NAMES.iter().position(|n| *n == name);
+        let over = !self.open.contains_key(&pid) && self.open.len() >= self.budget;
+        let Some(i) = slot_of.filter(|_| !over) else {
+            // Past the budget, or a file without a slot: read, not kept.
             return read_kept(&mut None, path, &mut self.buf);
-        }
-        let i = NAMES
-            .iter()
-            .position(|n| *n == name)
-            .unwrap_or(NAMES.len() - 1);
+        };
         let slot = &mut self.open.entry(pid).or_default()[i];
         let kept = slot.is_some();
         match read_kept(slot, path, &mut self.buf) {
