@@ -55,11 +55,11 @@ fn without_root_the_missing_privilege_is_named() {
     }
     let c = common::userdb::UserCluster::start(&[], &[]);
     let pm = c.postmaster_pid().to_string();
-    let bin = assert_cmd::cargo::cargo_bin("pgbelow");
+    let bin = common::any_user_binary();
     let run = |args: &[&str]| {
         let o = std::process::Command::new("timeout")
             .args(["60", "runuser", "-u", "nobody", "--"])
-            .arg(&bin)
+            .arg(&bin.path)
             .args(args)
             .current_dir("/")
             .output()

@@ -201,8 +201,8 @@ fn record_refuses_a_pid_that_is_not_a_postmaster() {
 /// Run pgbelow as the unprivileged `postgres` account.
 fn as_postgres(args: &[&str]) -> std::process::Output {
     use std::os::unix::process::CommandExt;
-    let bin = assert_cmd::cargo::cargo_bin("pgbelow");
-    std::process::Command::new(bin)
+    let bin = crate::common::any_user_binary();
+    std::process::Command::new(&bin.path)
         .args(args)
         .current_dir("/tmp")
         .uid(uid_of("postgres"))

@@ -12,6 +12,23 @@ use std::time::Duration;
 use assert_cmd::Command;
 use serde_json::Value;
 
+/// A copy of pgbelow that any account can execute, wherever the checkout
+/// is: a checkout under a directory only root may enter (`mktemp -d` makes
+/// them 0700) is out of `nobody`'s and `postgres`'s reach. Removed on drop.
+pub struct AnyUserBinary {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+pub fn any_user_binary() -> AnyUserBinary {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.path().join("pgbelow");
+    std::fs::copy(assert_cmd::cargo::cargo_bin("pgbelow"), &path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    AnyUserBinary { path, _dir: dir }
+}
+
 /// Whether the tests run as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

@@ -18,22 +18,15 @@ const LEAST: &str = "+bpf,+perfmon,+sys_ptrace,+dac_read_search,+syslog";
 /// `nobody`: not root, owns nothing of the cluster.
 const UID: &str = "65534";
 
-/// A copy of pgbelow that `nobody` can execute, wherever the checkout is.
-fn binary(dir: &Path) -> PathBuf {
-    let to = dir.join("pgbelow");
-    std::fs::copy(assert_cmd::cargo::cargo_bin("pgbelow"), &to).unwrap();
-    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
-    to
-}
-
 /// `pgbelow record` as `nobody` with the capabilities `caps` (ambient).
 fn record_as_nobody(c: &UserCluster, dir: &Path, caps: &str, name: &str) -> (Output, PathBuf) {
     let out = dir.join(name);
+    let bin = common::any_user_binary();
     let o = Command::new("setpriv")
         .args(["--reuid", UID, "--regid", UID, "--clear-groups"])
         .arg(format!("--inh-caps={caps}"))
         .arg(format!("--ambient-caps={caps}"))
-        .arg(binary(dir))
+        .arg(&bin.path)
         .args(["record", "--dsn", &c.dsn("postgres"), "--duration", "3"])
         .args([
             "--collectors",
