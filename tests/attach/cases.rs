@@ -1607,21 +1607,21 @@ fn swap_activity_found_attached() {
 }
 
 /// `oom-kill-restart` attached: a user's cluster (shared_buffers=32MB,
-/// its log the postmaster's stderr to a file) that someone else runs in a
-/// v1 memory cgroup, under pgbench select-only from 2 sessions while one
-/// more session builds a 512 MB string. Limited to 256 MB, the cgroup's
-/// OOM killer SIGKILLs that backend and the postmaster resets every
-/// session and runs crash recovery: raised from the server log's lines the
-/// pgstat collector follows, the outage timed from the kill to "ready to
-/// accept connections", the cgroup's oom_kill naming the sender. With an
-/// ample limit (4 GB) the string fits: silent.
+/// pgbench scale 5, its log the postmaster's stderr to a file) that
+/// someone else runs in a v1 memory cgroup, under pgbench select-only from
+/// 2 sessions while one more session builds a 512 MB string. Limited to
+/// 256 MB, the cgroup's OOM killer SIGKILLs that backend and the
+/// postmaster resets every session and runs crash recovery: raised from
+/// the server log's lines the pgstat collector follows, the outage timed
+/// from the kill to "ready to accept connections", the cgroup's oom_kill
+/// naming the sender. With an ample limit (4 GB) the string fits: silent.
 #[test]
 fn oom_kill_restart_found_attached() {
     if common::skipped_unless_root("needs root (a memory cgroup)") {
         return;
     }
     let c = UserCluster::start(&[("shared_buffers", "32MB")], &[]);
-    c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+    c.pgbench("postgres", &["-i", "-q", "-s", "5"]);
     let mut seen = Vec::new();
     for limit_mb in [4096u64, 256] {
         let Some(cg) = LimitCgroup::new() else {
@@ -1662,10 +1662,11 @@ fn oom_kill_restart_found_attached() {
         seen.push(r);
     }
     silent_on(&seen[0], "oom-kill-restart", "an ample limit");
-    // Measured 0.15–2.25 s from the kill to ready against the 0.05 s bound
-    // (0.149 s on a fresh machine of this kind: recovery of a scale-1
-    // database is quick); the cause is asserted below, the kernel's report.
-    let f = raised_on(&seen[1], "oom-kill-restart", "a 256 MB limit", 2.0);
+    // The outage is mostly crash recovery replaying the WAL of the load
+    // since the start-up checkpoint: scale 1 read 0.117 s against the
+    // 0.05 s bound in a CI run (2.3×); scale 5 reads 0.29–0.34 s here
+    // (5.8–6.8×). The cause is asserted below, the kernel's report.
+    let f = raised_on(&seen[1], "oom-kill-restart", "a 256 MB limit", 3.0);
     let ev = &f["evidence"];
     assert_eq!(f["severity"], "critical", "{ev}");
     assert_eq!(ev["memcg_oom_kills"], 1, "{ev}");
