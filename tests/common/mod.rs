@@ -12,7 +12,7 @@ use std::time::Duration;
 use assert_cmd::Command;
 use serde_json::Value;
 
-/// A copy of pgbelow that any account can execute, wherever the checkout
+/// A copy of a binary that any account can execute, wherever the checkout
 /// is: a checkout under a directory only root may enter (`mktemp -d` makes
 /// them 0700) is out of `nobody`'s and `postgres`'s reach. Removed on drop.
 pub struct AnyUserBinary {
@@ -20,14 +20,24 @@ pub struct AnyUserBinary {
     _dir: tempfile::TempDir,
 }
 
+/// pgbelow, as [`AnyUserBinary`].
 pub fn any_user_binary() -> AnyUserBinary {
+    any_user_copy(&assert_cmd::cargo::cargo_bin("pgbelow"))
+}
+
+/// `src` copied as [`AnyUserBinary`], under its own file name.
+pub fn any_user_copy(src: &Path) -> AnyUserBinary {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = dir.path().join("pgbelow");
-    std::fs::copy(assert_cmd::cargo::cargo_bin("pgbelow"), &path).unwrap();
+    let path = dir.path().join(src.file_name().unwrap());
+    std::fs::copy(src, &path).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     AnyUserBinary { path, _dir: dir }
 }
+
+/// Where `pgbelow-block` is: the copy a test run as another account was
+/// given ([`BLOCK_BIN_ENV`]), else the build's own.
+pub const BLOCK_BIN_ENV: &str = "PGBELOW_TEST_BLOCK_BIN";
 
 /// Whether the tests run as root.
 pub fn is_root() -> bool {
@@ -517,7 +527,11 @@ pub fn spawn_block(
     std::io::BufReader<std::process::ChildStdout>,
 ) {
     use std::process::Stdio;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pgbelow-block"))
+    let bin = std::env::var_os(BLOCK_BIN_ENV).map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_pgbelow-block")),
+        PathBuf::from,
+    );
+    let mut child = std::process::Command::new(bin)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

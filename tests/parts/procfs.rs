@@ -378,8 +378,10 @@ fn without_root_the_collector_is_degraded_with_the_fix() {
     if !is_root() {
         return nonroot_inner();
     }
+    // Copies nobody can execute, wherever the checkout is.
+    let exe = common::any_user_copy(&std::env::current_exe().unwrap());
+    let block = common::any_user_copy(std::path::Path::new(env!("CARGO_BIN_EXE_pgbelow-block")));
     for (caps, inner) in [("-all", "none"), ("+bpf,+perfmon,+syslog", "bpf")] {
-        let exe = std::env::current_exe().unwrap();
         let out = Command::new("setpriv")
             .args([
                 "--reuid=65534",
@@ -388,7 +390,7 @@ fn without_root_the_collector_is_degraded_with_the_fix() {
                 &format!("--inh-caps={caps}"),
                 &format!("--ambient-caps={caps}"),
             ])
-            .arg(&exe)
+            .arg(&exe.path)
             .args([
                 "--exact",
                 &common::in_harness(
@@ -399,6 +401,7 @@ fn without_root_the_collector_is_degraded_with_the_fix() {
                 "--test-threads=1",
             ])
             .env("PGBELOW_INNER_NONROOT", inner)
+            .env(common::BLOCK_BIN_ENV, &block.path)
             .current_dir("/tmp")
             .output();
         let Ok(out) = out else {
