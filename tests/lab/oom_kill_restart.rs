@@ -1,6 +1,6 @@
 //! Case `oom-kill-restart` end to end on real PostgreSQL: the lab puts the
 //! cluster in a memory cgroup limited to 512 MB and, 1 s into pgbench
-//! select-only, one more session builds a 768 MB string: the cgroup's OOM
+//! tpcb-like, one more session builds a 768 MB string: the cgroup's OOM
 //! killer SIGKILLs that backend and the postmaster resets every session
 //! and runs crash recovery. The finding follows the server log's kill and
 //! "ready to accept connections" lines (the outage), with the cgroup's
@@ -34,11 +34,11 @@ fn a_limit_below_the_working_set_kills_and_restarts_and_an_ample_one_does_not() 
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("limit");
     let r = lab_run("8", &[], &out);
-    // Measured 0.14–3.6 s from the kill to ready against the 0.05 s bound
-    // (2.9–72×; 0.14 s on a quiet CI run, whose crash recovery had little
-    // to replay). The figure is the outage itself, not a noisy rate: 2×
-    // (0.1 s) still says the server was down for a restart's length.
-    let f = common::raised_with_margin(&r, ID, 2.0);
+    // Measured 0.32–0.52 s from the kill to ready against the 0.05 s bound
+    // (6.4–10.4×) under tpcb-like, whose WAL crash recovery replays; under
+    // select-only a quiet CI run read 0.118 s (2.4×), there being next to
+    // nothing to replay.
+    let f = common::raised_with_margin(&r, ID, 3.0);
     assert_eq!(f["severity"], "critical", "{f}");
     let ev = &f["evidence"];
     assert_eq!(ev["memcg_oom_kills"], 1, "{ev}");
