@@ -18,16 +18,25 @@ const TABLES: &str = "400";
 const DROPS: u64 = 400;
 /// The scenario's primary-only baseline: a tenth of the tables (5–50).
 const BASELINE: u64 = 40;
-/// The firing runs' standby pool, larger than the scenario's 2GB default
-/// (seed 004's server had 24GB): the scan per drop grows with the pool, a
+/// Every run's standby pool, larger than the scenario's 2GB default
+/// (seed 004's server had 24GB), so that only the version differs: the scan per drop grows with the pool, a
 /// fixed ~0.35 ms for unlinking the files does not. At 2GB a quiet machine
 /// scans a pool in ~0.6 ms, and the figure read 0.92 ms, 1.84× its 0.50 ms
 /// bound, in a CI run; 8GB (64 MB of buffer headers touched) reads 4×
 /// that scan.
 const STANDBY_POOL: &str = "shared_buffers=8GB";
 
-fn lab_run_with(out: &Path, pg: &str, extra: &[&str]) -> Value {
-    let args = [&["--pg", pg, "--tables", TABLES][..], extra].concat();
+/// The scenario on `pg` with [`STANDBY_POOL`] and `extra`.
+fn lab_run(out: &Path, pg: &str, extra: &[&str]) -> Value {
+    let base = [
+        "--pg",
+        pg,
+        "--tables",
+        TABLES,
+        "--standby-set",
+        STANDBY_POOL,
+    ];
+    let args = [&base[..], extra].concat();
     common::lab_scenario("drop-many", &args, out)
 }
 
@@ -75,11 +84,7 @@ fn silent(r: &Value) {
 fn drop_many_fires_on_13_not_on_15() {
     let tmp = tempfile::tempdir().unwrap();
 
-    let r13 = lab_run_with(
-        &tmp.path().join("pg13"),
-        "13",
-        &["--standby-set", STANDBY_POOL],
-    );
+    let r13 = lab_run(&tmp.path().join("pg13"), "13", &[]);
     // Measured 8.7× (4.4 ms of startup CPU per drop, bound 0.5 ms; 15 read
     // 0.14 ms). CPU time of a memory-bound scan, less on a quieter machine:
     // k about a third.
@@ -119,12 +124,7 @@ fn drop_many_fires_on_13_not_on_15() {
         "measured + baseline commits"
     );
 
-    // The same set-up, only the version differs.
-    let r15 = lab_run_with(
-        &tmp.path().join("pg15"),
-        "15",
-        &["--standby-set", STANDBY_POOL],
-    );
+    let r15 = lab_run(&tmp.path().join("pg15"), "15", &[]);
     silent(&r15);
     let w: Value = serde_json::from_str(
         &std::fs::read_to_string(tmp.path().join("pg15/workload.json")).unwrap(),
@@ -145,18 +145,10 @@ fn drop_many_fires_on_13_not_on_15() {
 fn drop_many_on_14_is_fast_with_rows_and_15_slow_when_empty() {
     let tmp = tempfile::tempdir().unwrap();
 
-    let r14 = lab_run_with(
-        &tmp.path().join("pg14"),
-        "14",
-        &["--standby-set", STANDBY_POOL],
-    );
+    let r14 = lab_run(&tmp.path().join("pg14"), "14", &[]);
     silent(&r14);
 
-    let r15 = lab_run_with(
-        &tmp.path().join("pg15e"),
-        "15",
-        &["--empty-tables", "--standby-set", STANDBY_POOL],
-    );
+    let r15 = lab_run(&tmp.path().join("pg15e"), "15", &["--empty-tables"]);
     // Measured 10.9× (5.5 ms per drop).
     let f = raised(&r15, 3.0);
     let ev = &f["evidence"];

@@ -18,10 +18,16 @@ const LEAST: &str = "+bpf,+perfmon,+sys_ptrace,+dac_read_search,+syslog";
 /// `nobody`: not root, owns nothing of the cluster.
 const UID: &str = "65534";
 
-/// `pgbelow record` as `nobody` with the capabilities `caps` (ambient).
-fn record_as_nobody(c: &UserCluster, dir: &Path, caps: &str, name: &str) -> (Output, PathBuf) {
+/// `pgbelow record` as `nobody` with the capabilities `caps` (ambient),
+/// `bin` a copy of pgbelow that nobody can execute.
+fn record_as_nobody(
+    bin: &common::AnyUserBinary,
+    c: &UserCluster,
+    dir: &Path,
+    caps: &str,
+    name: &str,
+) -> (Output, PathBuf) {
     let out = dir.join(name);
-    let bin = common::any_user_binary();
     let o = Command::new("setpriv")
         .args(["--reuid", UID, "--regid", UID, "--clear-groups"])
         .arg(format!("--inh-caps={caps}"))
@@ -58,9 +64,10 @@ fn least_capabilities_record_without_root() {
     let c = UserCluster::start(&[], &[]);
     let tmp = tempfile::tempdir().unwrap();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bin = common::any_user_binary();
 
     // The least set: every collector runs.
-    let (o, _) = record_as_nobody(&c, tmp.path(), LEAST, "least");
+    let (o, _) = record_as_nobody(&bin, &c, tmp.path(), LEAST, "least");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "record failed: {err}");
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -89,7 +96,7 @@ fn least_capabilities_record_without_root() {
     // Without CAP_BPF: the eBPF collectors degrade, naming it and the fix;
     // the run goes on, and libbpf prints nothing.
     let no_bpf = LEAST.replace("+bpf,", "");
-    let (o, _) = record_as_nobody(&c, tmp.path(), &no_bpf, "nobpf");
+    let (o, _) = record_as_nobody(&bin, &c, tmp.path(), &no_bpf, "nobpf");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "record failed: {err}");
     assert!(err.contains("CAP_BPF missing"), "{err}");
@@ -114,7 +121,7 @@ fn least_capabilities_record_without_root() {
     // Without CAP_SYS_PTRACE the postmaster cannot be seen: a privilege
     // error (exit 2), not "run it on the database host".
     let no_ptrace = LEAST.replace("+sys_ptrace,", "");
-    let (o, out) = record_as_nobody(&c, tmp.path(), &no_ptrace, "noptrace");
+    let (o, out) = record_as_nobody(&bin, &c, tmp.path(), &no_ptrace, "noptrace");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("cap_sys_ptrace"), "{err}");
