@@ -314,6 +314,11 @@ pub struct LabRunArgs {
     /// Built-in scenario (see `pgbelow lab list`).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(pgbelow::scenarios::names()))]
     pub scenario: String,
+    /// Another scenario's set-up beside this one's workload (its device,
+    /// cgroup or busy loops; not its workload), repeatable: two causes at
+    /// once. Its own flags apply (e.g. --also noisy-neighbour --hogs 4).
+    #[arg(long, value_name = "SCENARIO", value_parser = clap::builder::PossibleValuesParser::new(pgbelow::scenarios::names()))]
+    pub also: Vec<String>,
     /// PostgreSQL major version (10–18): the system's if it matches, else fetched from npm.
     #[arg(long, value_name = "MAJOR", conflicts_with = "pg_bin")]
     pub pg: Option<u32>,
@@ -584,10 +589,24 @@ pub struct DoctorArgs {
 }
 
 impl LabRunArgs {
+    /// The scenario with its `--also` set-ups.
+    pub fn composed(&self) -> anyhow::Result<&'static dyn pgbelow::scenarios::Scenario> {
+        let find = |n: &str| {
+            pgbelow::scenarios::find(n)
+                .ok_or_else(|| anyhow::anyhow!("scenario {n} has no lab workload"))
+        };
+        let also = self
+            .also
+            .iter()
+            .map(|n| find(n))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        pgbelow::scenarios::composed::compose(find(&self.scenario)?, &also)
+    }
+
     /// A flag given for a scenario that would silently ignore it: the flag
     /// and the scenarios it belongs to.
     pub fn misplaced_flag(&self) -> Option<(String, String)> {
-        let scenario = pgbelow::scenarios::find(&self.scenario)?;
+        let scenario = self.composed().ok()?;
         pgbelow::scenarios::misplaced_flag(
             scenario,
             &self.scenario_flags.0,

@@ -307,8 +307,7 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
 /// `lab run`'s options: the scenario's defaults (from its spec) where the
 /// command line is silent; a flag of another scenario refused.
 fn lab_options(a: cli::LabRunArgs, show: bool) -> Result<LabOptions> {
-    let scenario = scenarios::find(&a.scenario)
-        .ok_or_else(|| anyhow::anyhow!("scenario {} has no lab workload", a.scenario))?;
+    let scenario = a.composed()?;
     let spec = scenario.spec();
     let duration = a.duration.unwrap_or(spec.duration_s);
     if let Some(at) = a.checkpoint_at.filter(|at| *at >= duration) {
@@ -319,7 +318,15 @@ fn lab_options(a: cli::LabRunArgs, show: bool) -> Result<LabOptions> {
     }
     if let Some((flag, owners)) = a.misplaced_flag() {
         return Err(pgbelow::error::fixable(
-            format!("{flag} does nothing for --scenario {}", spec.name),
+            format!(
+                "{flag} does nothing for --scenario {}{}",
+                spec.name,
+                scenario
+                    .also()
+                    .iter()
+                    .map(|a| format!(" --also {a}"))
+                    .collect::<String>()
+            ),
             format!("drop {flag}, or run it with {owners}"),
         ));
     }

@@ -712,7 +712,7 @@ pub fn record_target_while_held(
 
 /// A read limit on the disk under `dir` for a cluster's processes, as a
 /// standby on a slow network volume has: the disk-read-latency scenario's
-/// [`ReadLimit`] (`pgbelow-reads-PID`, blkio v1 or io v2) with at most
+/// [`ReadLimit`] (`pgbelow-reads-PID-N`, blkio v1 or io v2) with at most
 /// `iops` reads a second, so that each synchronous read waits for the disk
 /// however fast the host serves it. Noted in the cleanup ledger (a killed
 /// test's is reclaimed by the next pgbelow run); dropping it moves the
@@ -822,4 +822,74 @@ impl Drop for Spinners {
             let _ = c.wait();
         }
     }
+}
+
+/// A finding's claim in `explained`: id, share, slices.
+type Claim = (String, f64, Vec<String>);
+
+/// The findings' ids in the report's order, and the explained shares.
+fn ranked(r: &Value) -> (Vec<String>, Vec<Claim>) {
+    let ids = r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap().to_string())
+        .collect();
+    let by = r["explained"]["by_finding"]
+        .as_array()
+        .unwrap_or_else(|| {
+            panic!(
+                "no explained: {}; account {}; pgstat {}",
+                r["explained"], r["account"], r["pgstat"]
+            )
+        })
+        .iter()
+        .map(|c| {
+            let slices = c["slices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_str().unwrap().to_string())
+                .collect();
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["share"].as_f64().unwrap(),
+                slices,
+            )
+        })
+        .collect();
+    (ids, by)
+}
+
+/// Both raised; the findings in the order of their explained shares, which
+/// add up to at most the whole and claim no slice twice.
+pub fn assert_ranked_apart(r: &Value, both: [&str; 2]) {
+    let (ids, by) = ranked(r);
+    for id in both {
+        assert!(ids.iter().any(|i| i == id), "{id} missing: {ids:?}");
+    }
+    let shares: Vec<f64> = ids
+        .iter()
+        .filter(|i| both.contains(&i.as_str()))
+        .map(|i| by.iter().find(|(c, ..)| c == i).map_or(0.0, |(_, s, _)| *s))
+        .collect();
+    eprintln!("order {ids:?}, explained {by:?}");
+    // Same severity: the larger share first.
+    let sev = |id: &str| finding(r, id).unwrap()["severity"].clone();
+    if sev(both[0]) == sev(both[1]) {
+        assert!(
+            shares[0] >= shares[1],
+            "order {ids:?} against shares {by:?}"
+        );
+    }
+    let total: f64 = by.iter().map(|(_, s, _)| s).sum();
+    assert!(
+        total <= 1.0 + 1e-6,
+        "explained shares add to {total}: {by:?}"
+    );
+    let mut slices: Vec<&String> = by.iter().flat_map(|(.., s)| s).collect();
+    let n = slices.len();
+    slices.sort();
+    slices.dedup();
+    assert_eq!(slices.len(), n, "a slice claimed twice: {by:?}");
 }

@@ -29,4 +29,5 @@ mod swap_activity;
 mod syncrep_commit;
 mod syncrep_network_latency;
 mod thp_compaction_stall;
+mod two_causes;
 mod wal_fsync_latency;

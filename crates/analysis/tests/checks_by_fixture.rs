@@ -88,6 +88,13 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
         &[("disk-read-latency", "critical")],
     ),
     ("pg15-disk-read-latency-unlimited", &[]),
+    (
+        "pg15-disk-read-latency-1000-hogs-8",
+        &[
+            ("cpu-saturation", "critical"),
+            ("disk-read-latency", "critical"),
+        ],
+    ),
     ("pg15-dns-on-connect-0ms", &[]),
     (
         "pg15-dns-on-connect-200ms",

@@ -113,6 +113,10 @@ pub struct ReplicationInfo {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ScenarioInfo {
     pub name: String,
+    /// Scenarios whose set-ups ran beside `name`'s workload (`lab run
+    /// --also`). Additive.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<String>,
     pub clients: u32,
     pub duration_s: u32,
     pub scale: u32,

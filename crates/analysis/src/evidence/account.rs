@@ -338,6 +338,13 @@ fn waits_by_role(ev: &Evidence) -> BTreeMap<Role, BTreeMap<String, f64>> {
     out
 }
 
+/// Whether pg_stat_activity sampled any process of `role`.
+fn seen_by_pgstat(ev: &Evidence, role: Role) -> bool {
+    ev.waits
+        .iter()
+        .any(|w| w.rows.iter().any(|r| r.role == role && r.samples > 0))
+}
+
 fn role_account(
     role: Role,
     a: Acc,
@@ -432,6 +439,21 @@ fn role_account(
                     ..Slice::default()
                 });
             }
+        }
+        // pg_stat_activity saw the role, never asleep in a wait (backends
+        // blocked reading all along: I/O waits are the D slices): nothing
+        // was idle.
+        None if seen_by_pgstat(ev, role) => {
+            busy = Some(a.total);
+            slices.push(Slice {
+                key: "S".into(),
+                s: asleep,
+                source: format!(
+                    "{sampled}; pg_stat_activity saw these processes in no sleeping wait \
+                     or idle: counted busy"
+                ),
+                ..Slice::default()
+            });
         }
         None => slices.push(Slice {
             key: "S".into(),
@@ -713,5 +735,22 @@ mod tests {
         assert!(r.busy_s.is_none());
         let s = r.slice("S").expect("an unsplit S slice");
         assert!(s.source.contains("pgstat"), "{}", s.source);
+    }
+
+    // As on a server whose backends were blocked reading all along (the
+    // attached two-cause test's): pg_stat_activity saw them only in I/O
+    // waits, never asleep or idle. All their time was busy.
+    #[test]
+    fn backends_never_asleep_are_busy_all_along() {
+        let mut ev = fixture("pg15-disk-read-latency-150");
+        for w in &mut ev.waits {
+            w.rows
+                .retain(|r| r.role != Role::Backend || r.wait() == "IO:DataFileRead");
+        }
+        let r = backends(&ev);
+        adds_up(&r);
+        assert_eq!(r.busy_s, Some(r.total_s), "{r:#?}");
+        let s = r.slice("S").expect("the sleep left over");
+        assert!(s.source.contains("counted busy"), "{}", s.source);
     }
 }

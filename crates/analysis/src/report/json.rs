@@ -254,12 +254,14 @@ pub fn build(rec: &Evidence) -> Report {
     let m = &rec.manifest;
     // An incident is judged from its onset; its history is the timeline's.
     let judged = rec.judged();
-    let (checks, findings) = analyse::diagnose(judged.as_ref().unwrap_or(rec));
+    let (checks, mut findings) = analyse::diagnose(judged.as_ref().unwrap_or(rec));
     let account = crate::evidence::account::build(judged.as_ref().unwrap_or(rec));
-    let explained = account
-        .as_ref()
-        .and_then(|a| a.role(Role::Backend))
-        .and_then(|b| analyse::explained::explain(b, &findings, &analyse::rules()));
+    let backends = account.as_ref().and_then(|a| a.role(Role::Backend));
+    let rules = analyse::rules();
+    if let Some(b) = backends {
+        analyse::explained::rank(b, &mut findings, &rules);
+    }
+    let explained = backends.and_then(|b| analyse::explained::explain(b, &findings, &rules));
     let stmts = statements(rec);
     let span = rec.syscall_span();
     let queries = sections::queries::build(rec);

@@ -34,6 +34,14 @@ fn default_out(scenario: &str, major: u32) -> PathBuf {
     PathBuf::from("pgbelow-runs").join(format!("{scenario}-pg{major}-{stamp}"))
 }
 
+/// The scenario's name, with `+` and each `--also`.
+fn run_name(s: &dyn crate::scenarios::Scenario) -> String {
+    std::iter::once(s.spec().name)
+        .chain(s.also())
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
 pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let opts = &opts.scenario.options(opts)?;
     crate::collect::preflight(&opts.collectors, false)?;
@@ -43,7 +51,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     let out = opts
         .out
         .clone()
-        .unwrap_or_else(|| default_out(opts.scenario.spec().name, install.major));
+        .unwrap_or_else(|| default_out(&run_name(opts.scenario), install.major));
     if out.join(files::MANIFEST).exists() {
         return Err(fixable(
             format!("{} already holds a recording", out.display()),
@@ -162,6 +170,7 @@ fn interrupted_early(
 fn scenario_info(opts: &LabOptions) -> ScenarioInfo {
     ScenarioInfo {
         name: opts.scenario.spec().name.into(),
+        also: opts.scenario.also().iter().map(|s| s.to_string()).collect(),
         clients: opts.clients,
         duration_s: opts.duration_s,
         scale: opts.scale,
@@ -193,7 +202,7 @@ fn run_on(lab: &Lab, host: &mut Fixtures, out: &Path) -> Result<Recorded> {
     let mut manifest = manifest::build(lab, host, &prepared.facts)?;
     manifest.scenario = Some(scenario_info(opts));
     let mut beside = opts.scenario.beside(lab)?;
-    if let Some((k, v)) = beside.as_ref().and_then(|b| b.fact()) {
+    for (k, v) in beside.as_ref().map(|b| b.facts()).unwrap_or_default() {
         manifest.facts.insert(k.into(), v);
     }
     let ctx = manifest::collect_context(lab);

@@ -79,7 +79,7 @@ pub struct ReadLimit {
 }
 
 impl ReadLimit {
-    /// `pgbelow-reads-PID` limiting reads from the disk under `dir`; on
+    /// `pgbelow-reads-PID-N` limiting reads from the disk under `dir`; on
     /// error nothing is left.
     pub fn create(dir: &Path, iops: u32) -> Result<ReadLimit> {
         crate::interrupt::check()?;
@@ -107,8 +107,11 @@ impl ReadLimit {
             let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+io");
             (v2, "io.max", format!("{disk} riops={iops}"))
         };
-        let mut cg =
-            OwnedCgroup::create(&parent, &format!("pgbelow-reads-{}", std::process::id()))?;
+        // A process may hold several (tests of one binary run in parallel).
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("pgbelow-reads-{}-{n}", std::process::id());
+        let mut cg = OwnedCgroup::create(&parent, &name)?;
         if let Err(e) = cg.set(file, &value) {
             let _ = cg.teardown();
             return Err(e);

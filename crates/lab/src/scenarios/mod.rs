@@ -7,6 +7,7 @@ pub mod aio_workers_saturated;
 pub mod builtin;
 pub mod cgroup_cpu_throttling;
 pub mod checkpoint_stall;
+pub mod composed;
 pub mod disk_read_latency;
 pub mod dns_on_connect;
 pub mod drop_many;
@@ -48,6 +49,12 @@ pub use spec::{Flag, Params, Spec};
 /// plan), so a scenario writes only what it needs.
 pub trait Scenario: Sync {
     fn spec(&self) -> &'static Spec;
+
+    /// The scenarios whose set-ups run beside this one's workload
+    /// (`--also`, [`composed`]).
+    fn also(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
 
     /// The run's options: the scenario's settings and standbys added where
     /// the user left them out; refuses a run that cannot work (no root, no
@@ -120,6 +127,11 @@ pub trait Beside {
     /// What the manifest records about it.
     fn fact(&self) -> Option<(&'static str, serde_json::Value)> {
         None
+    }
+
+    /// Every fact it records (several when scenarios compose).
+    fn facts(&self) -> Vec<(&'static str, serde_json::Value)> {
+        self.fact().into_iter().collect()
     }
 
     /// When the workload ended, before the recording is finished; an error
@@ -195,8 +207,9 @@ pub fn misplaced_flag(
         _ => names.join(""),
     };
     let all = flags();
+    let also: Vec<&dyn Scenario> = scenario.also().iter().filter_map(|n| find(n)).collect();
     for given in params.names() {
-        if !spec.owns(given) {
+        if !spec.owns(given) && !also.iter().any(|a| a.spec().owns(given)) {
             let by = all
                 .iter()
                 .find(|(f, _)| f.long == given)
