@@ -22,6 +22,10 @@ pub enum Claim {
     /// A part of the on-CPU slice, as the profile split it
     /// (`kernel:reclaim`): a cost paid on a CPU.
     CpuPart(&'static str),
+    /// The share of a slice the finding's evidence field (0–1) says is its
+    /// cause's (refaults among the reads from storage): what another
+    /// finding claimed first is not claimed again.
+    SliceShare(&'static str, &'static str),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -82,6 +86,8 @@ pub fn explain(
 ) -> Option<Explained> {
     let busy = backends.busy_s.filter(|b| *b > 0.0)?;
     let mut taken_slices: Vec<&str> = Vec::new();
+    // Seconds of a slice claimed by shares, until one claims it whole.
+    let mut shared: std::collections::BTreeMap<&str, f64> = Default::default();
     let mut taken_events: Vec<&str> = Vec::new();
     let mut taken_parts: Vec<&str> = Vec::new();
     let mut cpu_claimed = 0.0;
@@ -96,7 +102,7 @@ pub fn explain(
         for c in claims {
             match *c {
                 Claim::Slice(k) if !taken_slices.contains(&k) => {
-                    let v = backends.s(k);
+                    let v = backends.s(k) - shared.get(k).copied().unwrap_or(0.0);
                     if v > 0.0 {
                         taken_slices.push(k);
                         s += v;
@@ -113,6 +119,16 @@ pub fn explain(
                         taken_events.push(e);
                         s += v;
                         what.push(e.to_string());
+                    }
+                }
+                Claim::SliceShare(k, field) if !taken_slices.contains(&k) => {
+                    let share = f.evidence[field].as_f64().unwrap_or(0.0).clamp(0.0, 1.0);
+                    let before = shared.get(k).copied().unwrap_or(0.0);
+                    let v = (share * backends.s(k)).min(backends.s(k) - before);
+                    if v > 0.0 {
+                        shared.insert(k, before + v);
+                        s += v;
+                        what.push(format!("{k} ({:.0} %)", share * 100.0));
                     }
                 }
                 Claim::CpuPart(p) if !taken_parts.contains(&p) => {
@@ -163,7 +179,8 @@ pub fn explain(
                 .iter()
                 .filter(|(e, _)| taken_events.contains(&e.as_str()))
                 .map(|(_, v)| v)
-                .sum();
+                .sum::<f64>()
+                + shared.get(sl.key.as_str()).copied().unwrap_or(0.0);
             let s = (sl.s - claimed).max(0.0);
             Unexplained {
                 key: sl.key.clone(),
@@ -336,6 +353,56 @@ mod tests {
         let mut unique = claimed.clone();
         unique.dedup();
         assert_eq!(claimed.len(), unique.len(), "{e:#?}");
+    }
+
+    // The memory cgroup's refaults among the reads from storage: its
+    // finding claims that share of the blocked reading, and a finding that
+    // claims the slice whole takes only the rest.
+    #[test]
+    fn a_share_of_a_slice_is_claimed_once() {
+        let ev = crate::analyse::fixture("pg15-disk-read-latency-1000-hogs-8");
+        let (_, findings) = crate::analyse::diagnose(&ev);
+        let acc = crate::evidence::account::build(&ev).unwrap();
+        let b = acc.role(Role::Backend).unwrap();
+        let reads = b.s("D:data-file read");
+        let mut memcg = findings[0].clone();
+        memcg.id = "memory-cgroup-reclaim".into();
+        memcg.evidence = serde_json::json!({"refault_share_of_reads": 0.25});
+        let disk = findings
+            .iter()
+            .find(|f| f.id == "disk-read-latency")
+            .unwrap()
+            .clone();
+        let e = explain(b, &[memcg, disk], &crate::analyse::rules()).unwrap();
+        let s = |id: &str| e.by_finding.iter().find(|c| c.id == id).unwrap().s;
+        assert!(
+            (s("memory-cgroup-reclaim") - 0.25 * reads).abs() < 0.01,
+            "{e:#?}"
+        );
+        assert!(
+            (s("disk-read-latency") - 0.75 * reads).abs() < 0.01,
+            "{e:#?}"
+        );
+        assert!(
+            !e.largest.iter().any(|u| u.key == "D:data-file read"),
+            "{e:#?}"
+        );
+    }
+
+    // `pg15-memcg-limit-160-profile` (above): nearly every read from
+    // storage was a refault; the finding claims the blocked reading too.
+    #[test]
+    fn the_refaults_reads_are_the_memory_limits() {
+        let (e, _) = explained("pg15-memcg-limit-160-profile");
+        let c = e
+            .by_finding
+            .iter()
+            .find(|c| c.id == "memory-cgroup-reclaim")
+            .unwrap();
+        assert!(
+            c.slices.iter().any(|s| s.starts_with("D:data-file read (")),
+            "{c:#?}"
+        );
     }
 
     #[test]

@@ -213,6 +213,24 @@ impl<'a> Pressure<'a> {
     }
 }
 
+/// Refaults (4 kB pages) over the pages the server's processes read from
+/// storage (/proc/PID/io read_bytes), at most 1; None without the procfs
+/// collector or with no read.
+fn refault_share(ev: &Evidence, refaults: u64) -> Option<f64> {
+    if !ev.recorded("procfs") {
+        return None;
+    }
+    let bytes: u64 = ev
+        .procfs_in(None)
+        .roles
+        .iter()
+        .filter(|(r, _)| server_role(r.as_str()))
+        .map(|(_, p)| p.read_bytes)
+        .sum();
+    let pages = bytes / 4096;
+    (pages > 0).then(|| round3((refaults as f64 / pages as f64).min(1.0)))
+}
+
 pub struct MemoryCgroupReclaim;
 
 impl Rule for MemoryCgroupReclaim {
@@ -222,7 +240,13 @@ impl Rule for MemoryCgroupReclaim {
 
     fn claims(&self) -> &'static [super::explained::Claim] {
         use super::explained::Claim;
-        &[Claim::Slice("D:reclaim"), Claim::CpuPart("kernel:reclaim")]
+        // And the reads from storage that were refaults: the pages the
+        // limit evicted, read again.
+        &[
+            Claim::Slice("D:reclaim"),
+            Claim::CpuPart("kernel:reclaim"),
+            Claim::SliceShare("D:data-file read", "refault_share_of_reads"),
+        ]
     }
 
     // No change: the kernel's accounting decides, not PostgreSQL's version.
@@ -403,6 +427,7 @@ impl Rule for MemoryCgroupReclaim {
                 "pressed_seconds": pressed,
                 "refaults": refaults,
                 "refaults_per_s": round3(refaults as f64 / secs),
+                "refault_share_of_reads": refault_share(ev, refaults),
                 "pgmajfault": sum(|s| s.pgmajfault),
                 "pgmajfault_not_swapin": majfaults,
                 "pswpin": swapins,
