@@ -217,6 +217,10 @@ pub enum LabCommand {
     /// one row per major: its key figure (median), whether the finding fired,
     /// and the commit that changed it.
     Matrix(LabMatrixArgs),
+    /// Score every check over the lab's cases: each cause and its baseline
+    /// run, then true/false positives and negatives, precision, recall and
+    /// the smallest margin per check (docs/accuracy.md).
+    Bench(LabBenchArgs),
     /// Undo what killed pgbelow runs left (servers, loop devices, mounts,
     /// cgroups, I/O limits, temp dirs), as their cleanup ledger lists it.
     Cleanup,
@@ -410,6 +414,45 @@ pub enum MatrixFormat {
     Json,
     /// One offline page (also written as matrix.html beside matrix.json).
     Html,
+}
+
+/// `lab run`'s arguments alone: how `lab bench` reads a case's.
+#[derive(Parser, Debug)]
+pub struct LabRunOnly {
+    #[command(flatten)]
+    pub run: LabRunArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct LabBenchArgs {
+    /// Cases to run, comma-separated (default: every one; `pgbelow lab
+    /// bench --list` names them).
+    #[arg(long, value_name = "LIST", value_parser = parse_bench_cases)]
+    pub cases: Option<String>,
+    /// Name the cases and their `lab run` arguments, and run nothing.
+    #[arg(long)]
+    pub list: bool,
+    /// Runs of each cause and baseline.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
+    /// Directory for the runs' recordings and bench.json (default:
+    /// ./pgbelow-runs/bench-<time>).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// The scores on stdout (text is a Markdown table).
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: BenchFormat,
+}
+
+fn parse_bench_cases(s: &str) -> Result<String, String> {
+    pgbelow::bench::select(Some(s)).map(|_| s.to_string())
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum BenchFormat {
+    Text,
+    Json,
+    Markdown,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

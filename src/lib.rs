@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod attach;
+pub mod bench;
 pub mod doctor;
 pub mod matrix;
 pub mod watch;

@@ -304,6 +304,53 @@ fn lab_matrix(a: cli::LabMatrixArgs, show: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `lab bench`: each case's runs as `lab run ARGS --out DIR`.
+fn lab_bench(a: cli::LabBenchArgs, show: bool) -> Result<ExitCode> {
+    let cases = pgbelow::bench::select(a.cases.as_deref()).map_err(anyhow::Error::msg)?;
+    if a.list {
+        let mut s = String::new();
+        for c in &cases {
+            s += &format!(
+                "{}: expects {}\n  cause:    pgbelow lab run {}\n  baseline: pgbelow lab run {}\n",
+                c.name,
+                c.expect.join(", "),
+                c.cause.join(" "),
+                c.baseline.join(" ")
+            );
+        }
+        print(&s)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let out = a.out.unwrap_or_else(|| {
+        let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+        std::path::PathBuf::from("pgbelow-runs").join(format!("bench-{stamp}"))
+    });
+    let lab = |args: &[&str], dir: &std::path::Path| {
+        let run =
+            cli::LabRunOnly::try_parse_from(std::iter::once("lab-run").chain(args.iter().copied()))
+                .map_err(|e| anyhow::anyhow!("a bench case's arguments: {e}"))?;
+        let mut opts = lab_options(run.run, show)?;
+        opts.out = Some(dir.to_path_buf());
+        pgbelow::app::lab(&opts)
+    };
+    let b = pgbelow::bench::run(&cases, a.repeat, &out, &lab, &|s: &str| {
+        if show {
+            eprintln!("pgbelow: {s}");
+        }
+    })?;
+    let json = serde_json::to_string_pretty(&b)? + "\n";
+    std::fs::create_dir_all(&out)?;
+    pgbelow::recording::writer::write_text_atomic(&out.join("bench.json"), &json)?;
+    let md = pgbelow::bench::render_markdown(&b);
+    pgbelow::recording::writer::write_text_atomic(&out.join("bench.md"), &md)?;
+    print(&match a.format {
+        cli::BenchFormat::Text | cli::BenchFormat::Markdown => md,
+        cli::BenchFormat::Json => json,
+    })?;
+    eprintln!("pgbelow: bench and recordings in {}", out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `lab run`'s options: the scenario's defaults (from its spec) where the
 /// command line is silent; a flag of another scenario refused.
 fn lab_options(a: cli::LabRunArgs, show: bool) -> Result<LabOptions> {
@@ -382,6 +429,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Lab(LabCommand::Matrix(a)) => lab_matrix(a, show),
+        Command::Lab(LabCommand::Bench(a)) => lab_bench(a, show),
         Command::Lab(LabCommand::Cleanup) => {
             let r = ledger::reclaim_dead();
             let mut s = String::new();

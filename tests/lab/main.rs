@@ -7,6 +7,7 @@
 mod common;
 
 mod aio_workers_saturated;
+mod bench;
 mod cgroup_cpu_throttling;
 mod checkpoint_stall;
 mod disk_read_latency;

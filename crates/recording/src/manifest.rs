@@ -187,6 +187,12 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "hash_mem_multiplier",
     "log_hostname",
     "log_connections",
+    // 19: RDTSC for instr_time when it resolves to tsc (clock-reads-slow).
+    "timing_clock_source",
+    // 16+ (backpatched in 2025): how relations extend in bulk.
+    "file_extend_method",
+    // Blocks read from storage are counted in its unit (disk-read-latency).
+    "block_size",
 ];
 
 /// Facts about this machine for the manifest.

@@ -1,4 +1,4 @@
-//! `aio-workers-saturated`: PostgreSQL 18's `io_method=worker` with too few
+//! `aio-workers-saturated`: PostgreSQL 18+'s `io_method=worker` (19: a pool between io_min_workers and io_max_workers) with too few
 //! I/O workers for the read load. Backends hand reads of a read stream
 //! (sequential, bitmap heap and vacuum scans) to a shared submission queue
 //! that the I/O workers execute; a backend that needs the block waits in
@@ -57,6 +57,13 @@ const WORKERS: Change = Change {
     commit: "247ce06b88",
     what: "asynchronous I/O: io_method=worker (the default), reads executed by io_workers \
            processes",
+};
+
+const POOL: Change = Change {
+    major: 19,
+    commit: "d1c01b79d4",
+    what: "the I/O worker pool sized on demand between io_min_workers and io_max_workers; \
+           io_workers removed",
 };
 
 /// The backends' waits on the I/O workers and the workers' work.
@@ -279,7 +286,7 @@ impl Rule for AioWorkersSaturated {
     }
 
     fn changes(&self) -> &'static [Change] {
-        &[WORKERS]
+        &[WORKERS, POOL]
     }
 
     fn measure(&self, ev: &Evidence) -> Measure {
@@ -391,7 +398,9 @@ impl Rule for AioWorkersSaturated {
                 "queue_per_read_time": round3(ratio),
                 "bound_ratio": WARN_RATIO,
             }),
-            remedy: remedy(pool.is_some()),
+            // A 19 server whose settings were not recorded still has no
+            // io_workers to raise.
+            remedy: remedy(pool.is_some() || ev.manifest.postgres.major.is_some_and(|m| m >= 19)),
         })
     }
 }

@@ -220,9 +220,18 @@ impl Rule for ClockReads {
         ID
     }
 
-    // No change: the clocksource (vDSO or not) decides, not the version:
-    // every major since 10 reads clock_gettime(CLOCK_MONOTONIC) twice per
-    // row per plan node.
+    // The clocksource (vDSO or not) decides on 10–18, which read
+    // clock_gettime(CLOCK_MONOTONIC) twice per row per plan node; 19 reads
+    // the TSC instead when timing_clock_source resolves to tsc.
+    fn changes(&self) -> &'static [super::Change] {
+        &[super::Change {
+            major: 19,
+            commit: "294520c444",
+            what: "instr_time reads RDTSC/RDTSCP when timing_clock_source resolves to tsc \
+                   (auto: Intel with TSC_ADJUST, or the kernel's clocksource is tsc)",
+        }]
+    }
+
     fn headline(&self) -> Option<Headline> {
         Some(Headline {
             figure: "backends' clock syscalls per row timed by EXPLAIN ANALYZE",
@@ -397,6 +406,13 @@ impl Rule for ClockReads {
         // Severity from the measured cost only (the counts raise the finding).
         let cost = impact.as_ref().map(|i| i.share);
         let severity = super::severity_of_cost(cost, WARN_COST, CRITICAL_COST);
+        let tcs = rec
+            .manifest
+            .postgres
+            .settings
+            .get("timing_clock_source")
+            .map(|v| format!(" (timing_clock_source is {v})"))
+            .unwrap_or_default();
         let cost_text = match &impact {
             Some(i) => format!(
                 " Measured cost: {:.1} % of {} ({}; a warning from {:.0} %, critical from {:.0} %).",
@@ -423,8 +439,9 @@ impl Rule for ClockReads {
             title: "Clock reads in the server cost system calls".into(),
             summary: format!(
                 "{} (clocksource {src_name}). PostgreSQL {version} times plan nodes, I/O (track_io_timing) and \
-                 statements with clock_gettime(CLOCK_MONOTONIC) (instr_time, since 10); each read that is a \
-                 system call adds its cost twice per row per plan node under EXPLAIN ANALYZE.{cost_text}",
+                 statements with clock_gettime(CLOCK_MONOTONIC) (instr_time; 10–18, and 19 unless \
+                 timing_clock_source resolves to tsc){tcs}; each read that is a system call adds its \
+                 cost twice per row per plan node under EXPLAIN ANALYZE.{cost_text}",
                 parts.join("; ")
             ),
             evidence: json!({
@@ -456,9 +473,11 @@ impl Rule for ClockReads {
                 "{switch} Until the clock is cheap: use EXPLAIN (ANALYZE, TIMING OFF) for row counts and \
                  plan shape (9.2+), and plain EXPLAIN ANALYZE only on small inputs; set \
                  auto_explain.log_timing = off if auto_explain.log_analyze is on; weigh track_io_timing \
-                 (two clock reads per block read or written) and measure it with pg_test_timing. PostgreSQL \
-                 19 adds an RDTSC-based instrumentation clock (timing_clock_source) that avoids \
-                 clock_gettime for EXPLAIN timing. Prove the fix with `pgbelow lab run --scenario \
+                 (two clock reads per block read or written) and measure it with pg_test_timing. On \
+                 PostgreSQL 19, timing_clock_source = tsc (superuser; auto uses the TSC only on Intel \
+                 CPUs with TSC_ADJUST or when the kernel's clocksource is tsc, so not on this clock) \
+                 times EXPLAIN ANALYZE and track_io_timing with RDTSC; check it with pg_test_timing \
+                 first, and not where the TSC is emulated. Prove the fix with `pgbelow lab run --scenario \
                  explain-timing` before and after, and `pgbelow compare A B`."
             ),
         })

@@ -350,7 +350,7 @@ impl Rule for DnsOnConnect {
                      resolution fast and local (a caching resolver such as nscd or \
                      systemd-resolved, PTR records for the client subnets, the clients in \
                      /etc/hosts). A connection pooler avoids a connection per transaction. On \
-                     PostgreSQL 18, log_connections = setup_durations logs each connection's \
+                     PostgreSQL 18 and later, log_connections = setup_durations logs each connection's \
                      setup time to confirm."
                 .into(),
         })

@@ -156,10 +156,26 @@ impl Rule for RelationExtension {
         let counted = sc.is_some_and(|s| s.total() > 0);
         let how = if !counted {
             "The backends' syscalls were not counted.".to_string()
-        } else if fallocate == 0 {
+        } else if fallocate == 0 && ev.manifest.postgres.major.is_some_and(|m| m < FIX.major) {
             format!(
                 "The backends made {pwrite} pwrite64 and {lseek} lseek calls and no fallocate: \
                  the table grows one 8 kB write per block, each under the lock."
+            )
+        } else if fallocate == 0 {
+            // 16+ extends by more than 8 blocks with fallocate only under
+            // file_extend_method = posix_fallocate (the default); else, and
+            // for fewer blocks, with multi-block zero writes (pwritev).
+            format!(
+                "The backends made {pwrite} pwrite64, {pwritev} pwritev and no fallocate calls: \
+                 they extend a few blocks at a time or with zero writes{method}, and queue for the \
+                 lock.",
+                method = ev
+                    .manifest
+                    .postgres
+                    .settings
+                    .get("file_extend_method")
+                    .map(|v| format!(" (file_extend_method is {v})"))
+                    .unwrap_or_default()
             )
         } else {
             format!(
@@ -198,7 +214,9 @@ impl Rule for RelationExtension {
                       relation";
         let upgrade = format!(
             "PostgreSQL {fixed} extends a relation by up to 64 blocks per lock for COPY and \
-             multi-row loads and zero-fills them with one fallocate ({commit}, 31966b151e6)"
+             multi-row loads and zero-fills them at once: one fallocate past 8 blocks (with \
+             file_extend_method = posix_fallocate, the default), else multi-block zero writes \
+             ({commit}, 31966b151e6)"
         );
         let remedy = match (copy, ev.manifest.postgres.major) {
             (Some(true), Some(m)) if m < fixed => format!(

@@ -380,7 +380,7 @@ impl Rule for ReplayWithoutPrefetch {
                 "postgres_version": version,
             }),
             remedy: format!("Upgrade the standby to PostgreSQL {fixed} or later and keep recovery_prefetch = \
-                     try (the default) with maintenance_io_concurrency > 0 (default 10; raise it \
+                     try (the default) with maintenance_io_concurrency > 0 (default 10 on 13–17, 16 from 18; raise it \
                      to 32–256 on storage that serves many reads at once): replay then prefetches \
                      the blocks it will need with posix_fadvise ({commit}) and shows it in \
                      pg_stat_recovery_prefetch. Until then, give the standby a shared_buffers large \

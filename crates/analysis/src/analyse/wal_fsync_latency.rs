@@ -6,7 +6,8 @@
 //!
 //! Raised from what any server yields: `pg_stat_activity` wait samples of
 //! the backends (and the WAL writer), and `pg_stat_wal` sync counts and time
-//! where the server has them (14+; time with track_wal_io_timing). Neither
+//! where the server has them (14–17; time with track_wal_io_timing; 18
+//! moved the sync counts and time to pg_stat_io, commit 2421e9a51d). Neither
 //! the version nor a setting decides it. With the fsync collector, the
 //! flushes' latency measured in the kernel (p50/p99 of the backends' and the
 //! WAL writer's fdatasync/fsync/O_DSYNC writes) takes the place of
@@ -147,7 +148,9 @@ fn flush_latency(rec: &Evidence) -> Result<Figure, String> {
     };
     Err(format!(
         "the WAL flushes' latency was not measured: {fsync_state}, and pg_stat_wal has no sync \
-         time (track_wal_io_timing is off or the server is before 14); enable either to measure it"
+         time (track_wal_io_timing is off, the server is before 14, or it is 18 or later, where \
+         the WAL's sync time moved to pg_stat_io, which pgbelow does not sample); the fsync \
+         collector measures it on every version"
     ))
 }
 
@@ -333,8 +336,8 @@ impl Rule for WalFsync {
             remedy: if severity == Severity::Info {
                 // Nothing measured slow: moving WAL would be a guess.
                 "Measure the flushes before changing anything: record as root with the fsync \
-                 collector (on by default; it needs BPF), or set track_wal_io_timing = on (14+) so \
-                 pg_stat_wal times the syncs. Fast flushes (p50 under 2 ms, p99 under 30 ms) on a \
+                 collector (on by default; it needs BPF), or on 14–17 set track_wal_io_timing = on \
+                 so pg_stat_wal times the syncs. Fast flushes (p50 under 2 ms, p99 under 30 ms) on a \
                  commit-heavy load are healthy: flushing WAL is what commits do. If they are slow: \
                  pg_wal on a device with a low flush latency (a power-loss-protected write cache, no \
                  I/O throttle), commit_delay to group commits, synchronous_commit=off where losing \
@@ -348,7 +351,7 @@ impl Rule for WalFsync {
                      commit_siblings=5) groups concurrent commits into one flush; synchronous_commit=off for \
                      transactions that may lose their last ~3× wal_writer_delay on a crash (no corruption) \
                      — per session or per transaction, not server-wide for data that must survive. \
-                     track_wal_io_timing=on makes pg_stat_wal measure the sync time (14+; in pg_stat_io on 18)."
+                     track_wal_io_timing=on times the syncs (pg_stat_wal on 14–17; pg_stat_io's object 'wal' from 18)."
                     .into()
             },
         })

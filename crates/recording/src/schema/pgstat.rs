@@ -249,7 +249,7 @@ pub struct LogEvent {
     pub bytes: Option<u64>,
 }
 
-/// The numbers of a "checkpoint complete" line (PostgreSQL 10–18 formats).
+/// The numbers of a "checkpoint complete" line (PostgreSQL 10–18 formats; 19 puts the flags before "wrote").
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointStats {
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -271,6 +271,9 @@ fn parse_worker_exit(line: &str) -> Option<LogLine> {
 /// The numbers after "checkpoint complete:".
 pub fn parse_complete(s: &str) -> CheckpointStats {
     let mut st = CheckpointStats::default();
+    // 19 names the checkpoint's flags first ("checkpoint complete: time:
+    // wrote …", xlog.c since 5b93a5987b); 10–18 start at "wrote".
+    let s = s.find("wrote ").map_or(s, |i| &s[i..]);
     let num = |v: &str| -> Option<f64> {
         v.trim()
             .trim_end_matches(" s")
