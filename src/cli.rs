@@ -879,6 +879,21 @@ mod tests {
         a
     }
 
+    #[test]
+    fn every_bench_case_is_a_lab_run_that_parses() {
+        for c in pgbelow::bench::CASES {
+            for args in [c.cause, c.baseline] {
+                let a = LabRunOnly::try_parse_from(
+                    std::iter::once("lab-run").chain(args.iter().copied()),
+                )
+                .unwrap_or_else(|e| panic!("{}: {args:?}: {e}", c.name))
+                .run;
+                assert!(a.composed().is_ok(), "{}: {args:?}", c.name);
+                assert!(a.misplaced_flag().is_none(), "{}: {args:?}", c.name);
+            }
+        }
+    }
+
     fn misplaced(a: &LabRunArgs) -> Option<(&str, &str)> {
         // Leaked: the pairs are compared in tests only.
         a.misplaced_flag().map(|(f, o)| (&*f.leak(), &*o.leak()))
