@@ -24,14 +24,28 @@ use serde::Serialize;
 use crate::analyse::Severity;
 use crate::app::Analysed;
 
-/// A case: `lab run` arguments for the cause and for its baseline, and the
-/// findings the cause must raise (and the baseline must not).
+/// A case: `lab run` arguments both runs share, those of the cause and
+/// those of its baseline, and the findings the cause must raise (and the
+/// baseline must not).
 #[derive(Clone, Copy, Debug)]
 pub struct Case {
     pub name: &'static str,
     pub expect: &'static [&'static str],
+    pub args: &'static [&'static str],
     pub cause: &'static [&'static str],
     pub baseline: &'static [&'static str],
+}
+
+impl Case {
+    /// The cause's `lab run` arguments.
+    pub fn cause_args(&self) -> Vec<&'static str> {
+        [self.args, self.cause].concat()
+    }
+
+    /// The baseline's `lab run` arguments.
+    pub fn baseline_args(&self) -> Vec<&'static str> {
+        [self.args, self.baseline].concat()
+    }
 }
 
 /// The cases, each with the arguments its lab test uses (tests/lab/), so
@@ -45,46 +59,28 @@ pub static CASES: &[Case] = &[
     Case {
         name: "noisy-neighbour",
         expect: &["cpu-saturation"],
-        cause: &["--scenario", "noisy-neighbour", "--duration", "10"],
-        baseline: &[
-            "--scenario",
-            "noisy-neighbour",
-            "--duration",
-            "10",
-            "--hogs",
-            "0",
-        ],
+        args: &["--scenario", "noisy-neighbour", "--duration", "10"],
+        cause: &[],
+        baseline: &["--hogs", "0"],
     },
     Case {
         name: "disk-read-latency",
         expect: &["disk-read-latency"],
-        cause: &["--scenario", "disk-read-latency", "--duration", "8"],
-        baseline: &[
-            "--scenario",
-            "disk-read-latency",
-            "--duration",
-            "8",
-            "--read-iops",
-            "0",
-        ],
+        args: &["--scenario", "disk-read-latency", "--duration", "8"],
+        cause: &[],
+        baseline: &["--read-iops", "0"],
     },
     Case {
         name: "cgroup-cpu-throttling",
         expect: &["cgroup-cpu-throttling"],
-        cause: &["--scenario", "cgroup-cpu-throttling", "--duration", "8"],
-        baseline: &[
-            "--scenario",
-            "cgroup-cpu-throttling",
-            "--duration",
-            "8",
-            "--cpu-quota",
-            "0",
-        ],
+        args: &["--scenario", "cgroup-cpu-throttling", "--duration", "8"],
+        cause: &[],
+        baseline: &["--cpu-quota", "0"],
     },
     Case {
         name: "wal-fsync-latency",
         expect: &["wal-fsync-latency"],
-        cause: &[
+        args: &[
             "--scenario",
             "wal-fsync-latency",
             "--duration",
@@ -92,93 +88,43 @@ pub static CASES: &[Case] = &[
             "--set",
             "track_wal_io_timing=on",
         ],
-        baseline: &[
-            "--scenario",
-            "wal-fsync-latency",
-            "--duration",
-            "8",
-            "--set",
-            "track_wal_io_timing=on",
-            "--write-limit",
-            "100000",
-        ],
+        cause: &[],
+        baseline: &["--write-limit", "100000"],
     },
     Case {
         name: "select-only-timeout",
         expect: &["timer-syscalls-per-statement"],
-        cause: &[
+        args: &[
             "--scenario",
             "select-only",
             "--duration",
             "6",
             "--scale",
             "1",
-            "--pg",
-            "13",
             "--set",
             "statement_timeout=10s",
         ],
-        baseline: &[
-            "--scenario",
-            "select-only",
-            "--duration",
-            "6",
-            "--scale",
-            "1",
-            "--pg",
-            "15",
-            "--set",
-            "statement_timeout=10s",
-        ],
+        cause: &["--pg", "13"],
+        baseline: &["--pg", "15"],
     },
     Case {
         name: "relation-extension",
         expect: &["relation-extension-lock"],
-        cause: &[
-            "--scenario",
-            "relation-extension",
-            "--duration",
-            "7",
-            "--pg",
-            "15",
-            "--clients",
-            "10",
-        ],
-        baseline: &[
-            "--scenario",
-            "relation-extension",
-            "--duration",
-            "7",
-            "--pg",
-            "16",
-            "--clients",
-            "4",
-        ],
+        args: &["--scenario", "relation-extension", "--duration", "7"],
+        cause: &["--pg", "15", "--clients", "10"],
+        baseline: &["--pg", "16", "--clients", "4"],
     },
     Case {
         name: "shm-too-small",
         expect: &["shm-too-small"],
-        cause: &[
-            "--scenario",
-            "shm-too-small",
-            "--duration",
-            "4",
-            "--shm-size",
-            "64MB",
-        ],
-        baseline: &[
-            "--scenario",
-            "shm-too-small",
-            "--duration",
-            "3",
-            "--shm-size",
-            "1GB",
-        ],
+        args: &["--scenario", "shm-too-small"],
+        cause: &["--duration", "4", "--shm-size", "64MB"],
+        baseline: &["--duration", "3", "--shm-size", "1GB"],
     },
     Case {
         name: "memory-cgroup-reclaim",
         expect: &["memory-cgroup-reclaim"],
-        cause: &[
+        args: &[
             "--scenario",
             "memory-cgroup-reclaim",
             "--duration",
@@ -186,21 +132,13 @@ pub static CASES: &[Case] = &[
             "--collectors",
             "procfs,system,pgstat",
         ],
-        baseline: &[
-            "--scenario",
-            "memory-cgroup-reclaim",
-            "--duration",
-            "8",
-            "--collectors",
-            "procfs,system,pgstat",
-            "--memory-limit",
-            "0",
-        ],
+        cause: &[],
+        baseline: &["--memory-limit", "0"],
     },
     Case {
         name: "swap-activity",
         expect: &["swap-activity"],
-        cause: &[
+        args: &[
             "--scenario",
             "swap-activity",
             "--duration",
@@ -208,145 +146,78 @@ pub static CASES: &[Case] = &[
             "--collectors",
             "procfs,system,pgstat,profile",
         ],
-        baseline: &[
-            "--scenario",
-            "swap-activity",
-            "--duration",
-            "8",
-            "--collectors",
-            "procfs,system,pgstat,profile",
-            "--swap",
-            "0",
-        ],
+        cause: &[],
+        baseline: &["--swap", "0"],
     },
     Case {
         name: "oom-kill-restart",
         expect: &["oom-kill-restart"],
-        cause: &[
+        args: &[
             "--scenario",
             "oom-kill-restart",
-            "--duration",
-            "8",
             "--collectors",
             "procfs,system,pgstat",
         ],
-        baseline: &[
-            "--scenario",
-            "oom-kill-restart",
-            "--duration",
-            "5",
-            "--collectors",
-            "procfs,system,pgstat",
-            "--memory-limit",
-            "2GB",
-        ],
+        cause: &["--duration", "8"],
+        baseline: &["--duration", "5", "--memory-limit", "2GB"],
     },
     Case {
         name: "no-huge-pages",
         expect: &["no-huge-pages"],
-        cause: &[
+        args: &[
             "--scenario",
             "no-huge-pages",
             "--duration",
             "8",
-            "--collectors",
-            "procfs,system,pgstat,profile",
             "--set",
             "shared_buffers=1GB",
             "--clients",
             "100",
         ],
-        baseline: &[
-            "--scenario",
-            "no-huge-pages",
-            "--duration",
-            "8",
-            "--collectors",
-            "procfs,system,pgstat",
-            "--set",
-            "shared_buffers=1GB",
-            "--clients",
-            "100",
-            "--huge-pages",
-            "on",
-        ],
+        cause: &["--collectors", "procfs,system,pgstat,profile"],
+        baseline: &["--collectors", "procfs,system,pgstat", "--huge-pages", "on"],
     },
     Case {
         name: "subtransaction-overflow",
         expect: &["subtransaction-overflow"],
-        cause: &[
+        args: &[
             "--scenario",
             "subtransaction-overflow",
-            "--savepoints",
-            "100",
             "--duration",
             "7",
             "--collectors",
             "pgstat,profile",
         ],
-        baseline: &[
-            "--scenario",
-            "subtransaction-overflow",
-            "--savepoints",
-            "50",
-            "--duration",
-            "7",
-            "--collectors",
-            "pgstat,profile",
-        ],
+        cause: &["--savepoints", "100"],
+        baseline: &["--savepoints", "50"],
     },
     Case {
         name: "drop-many",
         expect: &["standby-replay-drop-cost"],
-        cause: &[
+        args: &[
             "--scenario",
             "drop-many",
-            "--pg",
-            "13",
             "--tables",
             "400",
             "--standby-set",
             "shared_buffers=8GB",
         ],
-        baseline: &[
-            "--scenario",
-            "drop-many",
-            "--pg",
-            "15",
-            "--tables",
-            "400",
-            "--standby-set",
-            "shared_buffers=8GB",
-        ],
+        cause: &["--pg", "13"],
+        baseline: &["--pg", "15"],
     },
     Case {
         name: "syncrep-commit",
         expect: &["syncrep-wait-syscalls"],
-        cause: &[
-            "--scenario",
-            "syncrep-commit",
-            "--duration",
-            "6",
-            "--pg",
-            "13",
-        ],
-        baseline: &[
-            "--scenario",
-            "syncrep-commit",
-            "--duration",
-            "6",
-            "--pg",
-            "15",
-        ],
+        args: &["--scenario", "syncrep-commit", "--duration", "6"],
+        cause: &["--pg", "13"],
+        baseline: &["--pg", "15"],
     },
     Case {
         name: "replay-without-prefetch",
         expect: &["replay-without-prefetch"],
-        cause: &[
+        args: &[
             "--scenario",
             "replay-without-prefetch",
-            "--pg",
-            "14",
             "--duration",
             "7",
             "--collectors",
@@ -354,23 +225,13 @@ pub static CASES: &[Case] = &[
             "--procfs-hz",
             "50",
         ],
-        baseline: &[
-            "--scenario",
-            "replay-without-prefetch",
-            "--pg",
-            "15",
-            "--duration",
-            "7",
-            "--collectors",
-            "syscalls,procfs,pgstat",
-            "--procfs-hz",
-            "50",
-        ],
+        cause: &["--pg", "14"],
+        baseline: &["--pg", "15"],
     },
     Case {
         name: "aio-workers-saturated",
         expect: &["aio-workers-saturated"],
-        cause: &[
+        args: &[
             "--scenario",
             "aio-workers-saturated",
             "--pg",
@@ -382,25 +243,13 @@ pub static CASES: &[Case] = &[
             "--collectors",
             "syscalls,pgstat",
         ],
-        baseline: &[
-            "--scenario",
-            "aio-workers-saturated",
-            "--pg",
-            "18",
-            "--duration",
-            "4",
-            "--scale",
-            "3",
-            "--collectors",
-            "syscalls,pgstat",
-            "--io-workers",
-            "8",
-        ],
+        cause: &[],
+        baseline: &["--io-workers", "8"],
     },
     Case {
         name: "dns-on-connect",
         expect: &["dns-on-connect"],
-        cause: &[
+        args: &[
             "--scenario",
             "dns-on-connect",
             "--duration",
@@ -409,26 +258,14 @@ pub static CASES: &[Case] = &[
             "1",
             "--collectors",
             "offcpu",
-            "--dns-delay-ms",
-            "200",
         ],
-        baseline: &[
-            "--scenario",
-            "dns-on-connect",
-            "--duration",
-            "4",
-            "--scale",
-            "1",
-            "--collectors",
-            "offcpu",
-            "--dns-delay-ms",
-            "0",
-        ],
+        cause: &["--dns-delay-ms", "200"],
+        baseline: &["--dns-delay-ms", "0"],
     },
     Case {
         name: "syncrep-network-latency",
         expect: &["syncrep-network-latency"],
-        cause: &[
+        args: &[
             "--scenario",
             "syncrep-network-latency",
             "--duration",
@@ -436,62 +273,32 @@ pub static CASES: &[Case] = &[
             "--collectors",
             "pgstat",
         ],
-        baseline: &[
-            "--scenario",
-            "syncrep-network-latency",
-            "--duration",
-            "3",
-            "--collectors",
-            "pgstat",
-            "--rtt-ms",
-            "0",
-        ],
+        cause: &[],
+        baseline: &["--rtt-ms", "0"],
     },
     Case {
         name: "disk-read-latency+noisy-neighbour",
         expect: &["disk-read-latency", "cpu-saturation"],
-        cause: &[
+        args: &[
             "--scenario",
             "disk-read-latency",
             "--also",
             "noisy-neighbour",
-            "--hogs",
-            "8",
-            "--read-iops",
-            "300",
         ],
-        baseline: &[
-            "--scenario",
-            "disk-read-latency",
-            "--also",
-            "noisy-neighbour",
-            "--hogs",
-            "0",
-            "--read-iops",
-            "0",
-        ],
+        cause: &["--hogs", "8", "--read-iops", "300"],
+        baseline: &["--hogs", "0", "--read-iops", "0"],
     },
     Case {
         name: "wal-fsync-latency+cgroup-cpu-throttling",
         expect: &["wal-fsync-latency", "cgroup-cpu-throttling"],
-        cause: &[
+        args: &[
             "--scenario",
             "wal-fsync-latency",
             "--also",
             "cgroup-cpu-throttling",
-            "--cpu-quota",
-            "0.1",
         ],
-        baseline: &[
-            "--scenario",
-            "wal-fsync-latency",
-            "--also",
-            "cgroup-cpu-throttling",
-            "--cpu-quota",
-            "0",
-            "--write-limit",
-            "100000",
-        ],
+        cause: &["--cpu-quota", "0.1"],
+        baseline: &["--cpu-quota", "0", "--write-limit", "100000"],
     },
 ];
 
@@ -597,7 +404,11 @@ pub fn run(
     for (i, case) in cases.iter().enumerate() {
         let mut runs = Vec::new();
         for k in 1..=repeat {
-            for (kind, args) in [("cause", case.cause), ("baseline", case.baseline)] {
+            for (kind, args) in [
+                ("cause", case.cause_args()),
+                ("baseline", case.baseline_args()),
+            ] {
+                let args = &args[..];
                 crate::interrupt::check()?;
                 status(&format!("{} ({kind}), run {k} of {repeat}", case.name));
                 let dir = out.join(format!("{:02}-{kind}-{k}", i + 1));
@@ -808,7 +619,7 @@ mod tests {
             for id in c.expect {
                 assert!(ids.contains(id), "{}: {id}", c.name);
             }
-            for args in [c.cause, c.baseline] {
+            for args in [c.cause_args(), c.baseline_args()] {
                 let s = args.iter().position(|a| *a == "--scenario").unwrap();
                 assert!(crate::scenarios::find(args[s + 1]).is_some(), "{args:?}");
             }

@@ -882,7 +882,7 @@ mod tests {
     #[test]
     fn every_bench_case_is_a_lab_run_that_parses() {
         for c in pgbelow::bench::CASES {
-            for args in [c.cause, c.baseline] {
+            for args in [c.cause_args(), c.baseline_args()] {
                 let a = LabRunOnly::try_parse_from(
                     std::iter::once("lab-run").chain(args.iter().copied()),
                 )

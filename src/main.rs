@@ -314,8 +314,8 @@ fn lab_bench(a: cli::LabBenchArgs, show: bool) -> Result<ExitCode> {
                 "{}: expects {}\n  cause:    pgbelow lab run {}\n  baseline: pgbelow lab run {}\n",
                 c.name,
                 c.expect.join(", "),
-                c.cause.join(" "),
-                c.baseline.join(" ")
+                c.cause_args().join(" "),
+                c.baseline_args().join(" ")
             );
         }
         print(&s)?;
@@ -371,7 +371,7 @@ fn lab_options(a: cli::LabRunArgs, show: bool) -> Result<LabOptions> {
                 scenario
                     .also()
                     .iter()
-                    .map(|a| format!(" --also {a}"))
+                    .map(|a| format!(" --also {}", a.spec().name))
                     .collect::<String>()
             ),
             format!("drop {flag}, or run it with {owners}"),

@@ -37,7 +37,10 @@ fn slow_reads_beside_busy_loops_raise_both_reads_first() {
     // ones. Measured: 10.8–11.0 ms per read (bound 2), 4.1–4.3 s runnable
     // per CPU second (bound 0.5); the reads explained 96 % of the busy
     // time, the run queue 3 %.
-    let r = lab_run(bench_case("disk-read-latency+noisy-neighbour").cause, &out);
+    let r = lab_run(
+        &bench_case("disk-read-latency+noisy-neighbour").cause_args(),
+        &out,
+    );
     common::raised_with_margin(&r, "disk-read-latency", 3.0);
     common::raised_with_margin(&r, "cpu-saturation", 3.0);
     common::assert_ranked_apart(&r, ["disk-read-latency", "cpu-saturation"]);
@@ -69,7 +72,7 @@ fn a_cpu_quota_and_a_slow_wal_device_raise_both() {
     // or 0.15, flush p99 102 ms and 0.7–2.6 % throttled; 8 clients at 0.1,
     // flushes at 0.46 ms. Not in CI for that reason.
     let r = lab_run(
-        bench_case("wal-fsync-latency+cgroup-cpu-throttling").cause,
+        &bench_case("wal-fsync-latency+cgroup-cpu-throttling").cause_args(),
         &out,
     );
     common::raised_with_margin(&r, "cgroup-cpu-throttling", 1.3);

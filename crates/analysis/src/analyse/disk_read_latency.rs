@@ -131,8 +131,9 @@ pub fn read_wait(ev: &Evidence) -> Option<ReadWait> {
     })
 }
 
-/// The slice of the backends' account that is blocked reading data files.
-pub const READ_SLICE: &str = "D:data-file read";
+/// The kernel-stack class of a backend blocked reading its data files
+/// (the account's `D:data-file read`).
+const READ_CLASS: &str = "data-file read";
 
 /// The backends' blocked reading and the blocks they fetched from storage;
 /// None without the procfs collector.
@@ -148,17 +149,9 @@ fn storage_reads(ev: &Evidence) -> Option<StorageReads> {
         .and_then(|b| b.parse::<u64>().ok())
         .filter(|b| *b > 0)
         .unwrap_or(8192);
-    let bytes = ev
-        .procfs_in(None)
-        .roles
-        .get(&Role::Backend)
-        .map_or(0, |b| b.read_bytes);
-    let blocked_s = crate::evidence::account::build(ev)
-        .and_then(|a| a.role(Role::Backend).map(|b| b.s(READ_SLICE)))
-        .unwrap_or(0.0);
     Some(StorageReads {
-        blocked_s,
-        blocks: bytes / block,
+        blocked_s: crate::evidence::account::blocked_s(ev, Role::Backend, READ_CLASS),
+        blocks: ev.read_bytes(|r| r == Role::Backend) / block,
     })
 }
 

@@ -220,14 +220,7 @@ fn refault_share(ev: &Evidence, refaults: u64) -> Option<f64> {
     if !ev.recorded("procfs") {
         return None;
     }
-    let bytes: u64 = ev
-        .procfs_in(None)
-        .roles
-        .iter()
-        .filter(|(r, _)| server_role(r.as_str()))
-        .map(|(_, p)| p.read_bytes)
-        .sum();
-    let pages = bytes / 4096;
+    let pages = ev.read_bytes(|r| server_role(r.as_str())) / 4096;
     (pages > 0).then(|| round3((refaults as f64 / pages as f64).min(1.0)))
 }
 

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{kstack, Evidence};
 use crate::recording::schema::pgstat::WaitRow;
+use crate::recording::schema::procfs::StateRow;
 use crate::role::Role;
 
 /// The roles accounted, in this order: the backends first.
@@ -157,6 +158,46 @@ fn sleeps(wait_type: &str, event: &str) -> bool {
     wait_type != "IO" || event.starts_with("Aio")
 }
 
+/// Where a D row's seconds were blocked: its top frame (no stacks read),
+/// or one of its folded kernel stacks.
+enum Blocked<'a> {
+    Frame(&'a str),
+    Folded(&'a str),
+}
+
+/// A D row's seconds by kernel-stack class: in proportion to its stacks'
+/// samples, or all by its top frame when it has none.
+fn d_parts(row: &StateRow) -> Vec<(&'static str, f64, Blocked<'_>)> {
+    let n: u64 = row.stacks.values().sum();
+    if n == 0 {
+        let class = kstack::class_of([row.frame.as_str()]);
+        return vec![(class, row.s, Blocked::Frame(&row.frame))];
+    }
+    row.stacks
+        .iter()
+        .map(|(folded, k)| {
+            (
+                kstack::class_of_folded(folded),
+                row.s * *k as f64 / n as f64,
+                Blocked::Folded(folded),
+            )
+        })
+        .collect()
+}
+
+/// Seconds `role`'s processes were blocked in stacks of `class` (the
+/// account's `D:<class>` slice, without building the account).
+pub fn blocked_s(ev: &Evidence, role: Role, class: &str) -> f64 {
+    ev.procfs
+        .iter()
+        .flat_map(|smp| &smp.rows)
+        .filter(|r| r.role == role && r.state == "D")
+        .flat_map(d_parts)
+        .filter(|(c, ..)| *c == class)
+        .map(|(_, s, _)| s)
+        .sum()
+}
+
 #[derive(Default)]
 struct Acc {
     pids: std::collections::BTreeSet<u32>,
@@ -199,20 +240,13 @@ pub fn build(ev: &Evidence) -> Option<Account> {
                 "D" => {
                     pt.blocked += row.s;
                     here.entry(row.role).or_default().1 += row.s;
-                    let n: u64 = row.stacks.values().sum();
-                    if n == 0 {
-                        let class = kstack::class_of([row.frame.as_str()]);
+                    for (class, s, from) in d_parts(row) {
                         let e = a.d.entry(class).or_default();
-                        e.0 += row.s;
-                        if !row.frame.is_empty() {
-                            *e.1.entry(row.frame.clone()).or_default() += row.s;
-                        }
-                    } else {
-                        for (folded, k) in &row.stacks {
-                            let s = row.s * *k as f64 / n as f64;
-                            let e = a.d.entry(kstack::class_of_folded(folded)).or_default();
-                            e.0 += s;
-                            *e.1.entry(stack_label(folded)).or_default() += s;
+                        e.0 += s;
+                        match from {
+                            Blocked::Frame("") => {}
+                            Blocked::Frame(f) => *e.1.entry(f.to_string()).or_default() += s,
+                            Blocked::Folded(f) => *e.1.entry(stack_label(f)).or_default() += s,
                         }
                     }
                 }
@@ -735,6 +769,19 @@ mod tests {
         assert!(r.busy_s.is_none());
         let s = r.slice("S").expect("an unsplit S slice");
         assert!(s.source.contains("pgstat"), "{}", s.source);
+    }
+
+    #[test]
+    fn one_class_alone_is_the_accounts_slice() {
+        let ev = fixture("pg15-disk-read-latency-150");
+        let r = backends(&ev);
+        let alone = super::blocked_s(&ev, Role::Backend, "data-file read");
+        assert!(alone > 1.0, "{alone}");
+        assert!(
+            (alone - r.s("D:data-file read")).abs() < 0.01,
+            "{alone} {:#?}",
+            r.slices
+        );
     }
 
     // As on a server whose backends were blocked reading all along (the

@@ -343,6 +343,18 @@ impl Evidence {
         procfs::summarize(samples, |pid| self.role_of(pid))
     }
 
+    /// Bytes the processes of the roles `keep` accepts fetched from storage
+    /// (/proc/PID/io read_bytes) over the recording: the procfs section's
+    /// figure, without summarizing every role.
+    pub fn read_bytes(&self, keep: impl Fn(crate::role::Role) -> bool) -> u64 {
+        self.procfs
+            .iter()
+            .flat_map(|smp| &smp.procs)
+            .filter(|(pid, _)| keep(self.role_of(**pid)))
+            .map(|(_, d)| d.read_bytes)
+            .sum()
+    }
+
     /// The profile's folded stacks (empty without a profile).
     pub fn stacks(&self) -> &[profile::FoldedStack] {
         self.profile.as_ref().map_or(&[], |p| &p.stacks)

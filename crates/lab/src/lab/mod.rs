@@ -37,7 +37,7 @@ fn default_out(scenario: &str, major: u32) -> PathBuf {
 /// The scenario's name, with `+` and each `--also`.
 fn run_name(s: &dyn crate::scenarios::Scenario) -> String {
     std::iter::once(s.spec().name)
-        .chain(s.also())
+        .chain(s.also().iter().map(|a| a.spec().name))
         .collect::<Vec<_>>()
         .join("+")
 }
@@ -170,7 +170,12 @@ fn interrupted_early(
 fn scenario_info(opts: &LabOptions) -> ScenarioInfo {
     ScenarioInfo {
         name: opts.scenario.spec().name.into(),
-        also: opts.scenario.also().iter().map(|s| s.to_string()).collect(),
+        also: opts
+            .scenario
+            .also()
+            .iter()
+            .map(|s| s.spec().name.to_string())
+            .collect(),
         clients: opts.clients,
         duration_s: opts.duration_s,
         scale: opts.scale,

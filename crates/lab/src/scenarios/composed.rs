@@ -80,8 +80,8 @@ impl Scenario for Composed {
         self.main.spec()
     }
 
-    fn also(&self) -> Vec<&'static str> {
-        self.also.iter().map(|s| s.spec().name).collect()
+    fn also(&self) -> &[&'static dyn Scenario] {
+        &self.also
     }
 
     fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
@@ -199,7 +199,8 @@ mod tests {
     fn a_set_up_composes_and_keeps_the_main_workload() {
         let c = compose(s("disk-read-latency"), &[s("noisy-neighbour")]).unwrap();
         assert_eq!(c.spec().name, "disk-read-latency");
-        assert_eq!(c.also(), ["noisy-neighbour"]);
+        let names: Vec<&str> = c.also().iter().map(|s| s.spec().name).collect();
+        assert_eq!(names, ["noisy-neighbour"]);
         let one = compose(s("tpcb"), &[]).unwrap();
         assert!(one.also().is_empty());
     }

@@ -52,8 +52,8 @@ pub trait Scenario: Sync {
 
     /// The scenarios whose set-ups run beside this one's workload
     /// (`--also`, [`composed`]).
-    fn also(&self) -> Vec<&'static str> {
-        Vec::new()
+    fn also(&self) -> &[&'static dyn Scenario] {
+        &[]
     }
 
     /// The run's options: the scenario's settings and standbys added where
@@ -207,7 +207,7 @@ pub fn misplaced_flag(
         _ => names.join(""),
     };
     let all = flags();
-    let also: Vec<&dyn Scenario> = scenario.also().iter().filter_map(|n| find(n)).collect();
+    let also = scenario.also();
     for given in params.names() {
         if !spec.owns(given) && !also.iter().any(|a| a.spec().owns(given)) {
             let by = all
