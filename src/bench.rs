@@ -122,6 +122,13 @@ pub static CASES: &[Case] = &[
         baseline: &["--duration", "3", "--shm-size", "1GB"],
     },
     Case {
+        name: "filesystem-full",
+        expect: &["filesystem-full"],
+        args: &["--scenario", "filesystem-full"],
+        cause: &[],
+        baseline: &["--fs-size", "8192", "--fs-free", "8192"],
+    },
+    Case {
         name: "memory-cgroup-reclaim",
         expect: &["memory-cgroup-reclaim"],
         args: &[

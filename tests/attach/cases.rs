@@ -2146,3 +2146,79 @@ fn thp_compaction_stall_measured_attached() {
     assert_eq!(common::check(&plain, id)["status"], "clear");
     eprintln!("thp attached: {:.0} s", t0.elapsed().as_secs_f64());
 }
+
+/// Issue 39's `filesystem-full` attached: a cluster started by initdb/pg_ctl
+/// whose tablespace sits on a 64 MB ext4 loop device left 6 MB free, one
+/// client inserting about 0.5 MB every 200 ms (psql, as an application
+/// would). The filesystem fills within seconds and the inserts fail: the
+/// server log's "could not extend file … No space left on device" lines
+/// count them, and the filesystems (statfs through /proc/PID/cwd and the
+/// tablespace's link) say which one is full. Its silence on healthy
+/// servers attached is the healthy corpus's (tests/healthy.rs).
+#[test]
+fn filesystem_full_found_attached() {
+    use pgbelow::scenarios::checkpoint_stall::StallDevice;
+    use pgbelow::scenarios::filesystem_full::{INSERT, PAUSE_MS};
+    if common::skipped_unless_root("the loop device needs root") {
+        return;
+    }
+    let mut dev = StallDevice::create_sized(
+        Path::new("/var/tmp"),
+        64 << 20,
+        id_of("-u"),
+        id_of("-g"),
+        &|_| {},
+    )
+    .unwrap();
+    let c = UserCluster::start(&[], &[]);
+    let ts = dev.tablespace_dir();
+    c.psql(
+        "postgres",
+        &format!("create tablespace small location '{}'", ts.display()),
+    );
+    c.psql(
+        "postgres",
+        "create table fill (v text) tablespace small; \
+         alter table fill alter column v set storage plain",
+    );
+    let free_mb = || pgbelow::collect::system::statfs_kb(&ts).unwrap().1 / 1024;
+    while free_mb() > 6 {
+        c.psql("postgres", INSERT);
+    }
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(
+        &c,
+        &d.path().join("rec"),
+        8,
+        "syscalls,procfs,pgstat,system",
+        || {
+            let t0 = Instant::now();
+            while t0.elapsed().as_secs_f64() < 7.0 {
+                let _ = common::userdb::without_pg_env(&mut Command::new("psql"))
+                    .args(["-X", "-q", "-d", &c.dsn("postgres"), "-c", INSERT])
+                    .output();
+                std::thread::sleep(Duration::from_millis(PAUSE_MS));
+            }
+        },
+    );
+    drop(c);
+    dev.teardown().unwrap();
+    // Measured 11 (8 MB left) and 14 (6 MB) failed inserts against the bound of 1.
+    let f = raised_on(&r, "filesystem-full", "a full tablespace", 3.0);
+    let ev = &f["evidence"];
+    eprintln!("attached: {} {ev}", f["severity"]);
+    assert_eq!(f["severity"], "critical", "{f}");
+    let place = ev["where"].as_array().unwrap();
+    assert!(
+        place.len() == 1 && place[0].as_str().unwrap().starts_with("tablespace "),
+        "{ev}"
+    );
+    let fs = ev["filesystems"].as_array().unwrap();
+    assert!(
+        fs.iter().any(
+            |f| f["holds"][0].as_str().unwrap().starts_with("tablespace ")
+                && f["free_end_kb"].as_u64().unwrap() < 2048
+        ),
+        "{ev}"
+    );
+}

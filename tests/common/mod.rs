@@ -474,26 +474,31 @@ pub fn bpf_leaked(
     }
 }
 
-/// checkpoint-stall's device (also wal-fsync-latency's), its mount and
-/// its limits are gone, and the lab's cluster.
-pub fn assert_stall_device_removed(out: &Path) {
-    assert_torn_down(out);
-    let m = manifest(out);
-    let dev = &m["facts"]["stall_device"];
-    let mount = dev["mount"].as_str().expect("stall_device fact");
+/// A loop device's mount at `mount` (the lab's `StallDevice`): unmounted,
+/// its directory and backing file removed, the loop device detached.
+pub fn assert_loop_device_gone(mount: &str) {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     assert!(!mounts.contains(mount), "{mount} still mounted");
-    let image = Path::new(mount).parent().unwrap();
-    assert!(!image.exists(), "{} left behind", image.display());
+    let dir = Path::new(mount).parent().unwrap();
+    assert!(!dir.exists(), "{} left behind", dir.display());
     let loops = std::process::Command::new("losetup")
         .arg("-a")
         .output()
         .unwrap();
     let loops = String::from_utf8_lossy(&loops.stdout);
     assert!(
-        !loops.contains(image.to_str().unwrap()),
+        !loops.contains(dir.to_str().unwrap()),
         "loop device still attached: {loops}"
     );
+}
+
+/// checkpoint-stall's device (also wal-fsync-latency's), its mount and
+/// its limits are gone, and the lab's cluster.
+pub fn assert_stall_device_removed(out: &Path) {
+    assert_torn_down(out);
+    let m = manifest(out);
+    let dev = &m["facts"]["stall_device"];
+    assert_loop_device_gone(dev["mount"].as_str().expect("stall_device fact"));
     let mm = dev["maj_min"].as_str().unwrap();
     let v1 = Path::new("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device");
     if v1.exists() {

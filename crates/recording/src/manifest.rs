@@ -193,6 +193,12 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "file_extend_method",
     // Blocks read from storage are counted in its unit (disk-read-latency).
     "block_size",
+    // How large pg_wal may grow before checkpoints recycle it, and what
+    // may hold it longer (filesystem-full).
+    "max_wal_size",
+    "wal_keep_size",
+    "max_slot_wal_keep_size",
+    "archive_mode",
 ];
 
 /// Facts about this machine for the manifest.

@@ -13,6 +13,7 @@ pub mod disk_read_latency;
 pub mod dns_on_connect;
 pub mod explained;
 pub mod facts;
+pub mod filesystem_full;
 pub mod finding;
 pub mod memory_cgroup_reclaim;
 pub mod no_huge_pages;
@@ -110,6 +111,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(shm_too_small::ShmTooSmall),
         Box::new(syncrep_network_latency::SyncrepNetworkLatency),
         Box::new(dns_on_connect::DnsOnConnect),
+        Box::new(filesystem_full::FilesystemFull),
     ]
 }
 

@@ -16,9 +16,9 @@ use super::{Collector, Context};
 use crate::recording::{CollectorInfo, Writer};
 
 pub use crate::recording::schema::system::{
-    DataDirMount, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU, CGROUP_MEMORY,
-    CONTAINER, DATA_DIR_MOUNT, DEV_SHM, KERNEL_LOG, KERNEL_OOM, OUTSIDE_FILE,
-    POSTMASTER_OOM_SCORE_ADJ, STREAM, THP_DIR, TOP_OUTSIDE, TRANSPARENT_HUGEPAGE,
+    DataDirMount, Filesystem, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU,
+    CGROUP_MEMORY, CLUSTER_FILESYSTEMS, CONTAINER, DATA_DIR_MOUNT, DEV_SHM, KERNEL_LOG, KERNEL_OOM,
+    OUTSIDE_FILE, POSTMASTER_OOM_SCORE_ADJ, STREAM, THP_DIR, TOP_OUTSIDE, TRANSPARENT_HUGEPAGE,
 };
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
@@ -153,6 +153,76 @@ pub fn statfs_kb(path: &Path) -> std::io::Result<(u64, u64)> {
         st.f_blocks as u64 * bs / 1024,
         st.f_bavail as u64 * bs / 1024,
     ))
+}
+
+/// `rel` under the postmaster's data directory as this process can open
+/// it: through /proc/PID/cwd (PostgreSQL's working directory is its data
+/// directory), a symlink there (pg_wal, pg_tblspc/OID) followed inside the
+/// server's mount namespace (/proc/PID/root) rather than ours.
+fn in_data_dir(postmaster: u32, rel: &str) -> PathBuf {
+    let base = PathBuf::from(format!("/proc/{postmaster}/cwd"));
+    let p = base.join(rel);
+    match std::fs::read_link(&p) {
+        Ok(t) if t.is_absolute() => PathBuf::from(format!("/proc/{postmaster}/root"))
+            .join(t.strip_prefix("/").unwrap_or(&t)),
+        Ok(t) => p.parent().map_or(p.clone(), |d| d.join(t)),
+        Err(_) => p,
+    }
+}
+
+/// The filesystems holding the cluster's files (the data directory,
+/// pg_wal, each tablespace), one per device, with what each holds; and the
+/// size of the files in pg_wal, kB. Unreadable parts are left out (the
+/// data directory's: the error).
+pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>, Option<u64>)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut parts = vec![
+        ("data".to_string(), in_data_dir(postmaster, "")),
+        ("pg_wal".to_string(), in_data_dir(postmaster, "pg_wal")),
+    ];
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{postmaster}/cwd/pg_tblspc")) {
+        let mut oids: Vec<String> = rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect();
+        oids.sort();
+        for oid in oids {
+            let p = in_data_dir(postmaster, &format!("pg_tblspc/{oid}"));
+            parts.push((format!("tablespace {oid}"), p));
+        }
+    }
+    let mut out: Vec<(u64, Filesystem)> = Vec::new();
+    for (i, (what, path)) in parts.iter().enumerate() {
+        let dev = match std::fs::metadata(path) {
+            Ok(m) => m.dev(),
+            Err(e) if i == 0 => return Err(e),
+            Err(_) => continue,
+        };
+        if let Some((_, fs)) = out.iter_mut().find(|(d, _)| *d == dev) {
+            fs.holds.push(what.clone());
+            continue;
+        }
+        let Ok((size_kb, free_kb)) = statfs_kb(path) else {
+            continue;
+        };
+        out.push((
+            dev,
+            Filesystem {
+                holds: vec![what.clone()],
+                size_kb,
+                free_kb,
+            },
+        ));
+    }
+    let wal_kb = std::fs::read_dir(&parts[1].1).ok().map(|rd| {
+        rd.flatten()
+            .filter_map(|e| e.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum::<u64>()
+            / 1024
+    });
+    Ok((out.into_iter().map(|(_, f)| f).collect(), wal_kb))
 }
 
 /// The postmaster's /dev/shm as it sees it: through /proc/PID/root, in its
@@ -477,6 +547,23 @@ impl SystemCollector {
                 }),
             },
         ));
+        // Where the cluster's files are, and how full: filesystem-full.
+        facts.push((
+            CLUSTER_FILESYSTEMS.into(),
+            match cluster_filesystems(ctx.postmaster) {
+                Ok((fs, wal_kb)) => serde_json::json!({
+                    "filesystems": fs,
+                    "pg_wal_kb": wal_kb,
+                }),
+                Err(e) => serde_json::json!({
+                    "unavailable": format!(
+                        "/proc/{}/cwd (the data directory): {e} (fix: run pgbelow as root or as \
+                         the server's user)",
+                        ctx.postmaster
+                    )
+                }),
+            },
+        ));
         let ticks = ::procfs::ticks_per_second();
         let t_walk = ctx.t();
         let first_walk = walk();
@@ -560,6 +647,10 @@ impl Collector for SystemCollector {
         if let Ok((size, free)) = statfs_kb(&dev_shm_of(self.ctx.postmaster)) {
             s.dev_shm_size_kb = Some(size);
             s.dev_shm_free_kb = Some(free);
+        }
+        if let Ok((fs, wal_kb)) = cluster_filesystems(self.ctx.postmaster) {
+            s.filesystems = fs;
+            s.pg_wal_kb = wal_kb;
         }
         let psi = super::cgroup::read_host_psi();
         if let (Some(before), Some(now)) = (&self.last_psi, &psi) {
@@ -827,5 +918,42 @@ mod tests {
         let ctx = Context::new(std::process::id());
         let dir = data_dir_of(&ctx).unwrap();
         assert_eq!(dir, std::env::current_dir().unwrap());
+    }
+
+    /// A process whose working directory is laid out as a data directory
+    /// with pg_wal linked to a tmpfs and a tablespace beside the data: one
+    /// entry per device, each saying what it holds; pg_wal's files summed.
+    #[test]
+    fn cluster_filesystems_follow_pg_wal_and_tablespaces_per_device() {
+        let data = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+        let wal = tempfile::tempdir_in("/dev/shm").unwrap();
+        let ts = tempfile::tempdir_in(data.path()).unwrap();
+        std::fs::write(
+            wal.path().join("000000010000000000000001"),
+            vec![0u8; 64 << 10],
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(wal.path(), data.path().join("pg_wal")).unwrap();
+        std::fs::create_dir(data.path().join("pg_tblspc")).unwrap();
+        std::os::unix::fs::symlink(ts.path(), data.path().join("pg_tblspc/16385")).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .current_dir(data.path())
+            .spawn()
+            .unwrap();
+        let got = cluster_filesystems(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+        let (fs, wal_kb) = got.unwrap();
+        assert_eq!(fs.len(), 2, "{fs:?}");
+        assert_eq!(fs[0].holds, ["data", "tablespace 16385"], "{fs:?}");
+        assert_eq!(fs[1].holds, ["pg_wal"], "{fs:?}");
+        assert!(
+            fs.iter().all(|f| f.size_kb >= f.free_kb && f.size_kb > 0),
+            "{fs:?}"
+        );
+        assert_eq!(wal_kb, Some(64));
+        // A process that is gone: the error, not an empty list.
+        assert!(cluster_filesystems(child.id()).is_err());
     }
 }

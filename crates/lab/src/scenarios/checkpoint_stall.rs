@@ -352,6 +352,18 @@ impl StallDevice {
         gid: u32,
         status: &dyn Fn(&str),
     ) -> Result<StallDevice> {
+        StallDevice::create_sized(base, DEVICE_BYTES, uid, gid, status)
+    }
+
+    /// [`StallDevice::create_in`] with a filesystem of `bytes` (sparse
+    /// backing file): filesystem-full's small one.
+    pub fn create_sized(
+        base: &Path,
+        bytes: u64,
+        uid: u32,
+        gid: u32,
+        status: &dyn Fn(&str),
+    ) -> Result<StallDevice> {
         crate::interrupt::check()?;
         require_root()?;
         let (dir, dir_noted) = stall_dir(base)?;
@@ -371,17 +383,17 @@ impl StallDevice {
             bdi_old: Vec::new(),
             adopted: Vec::new(),
         };
-        d.setup(uid, gid, status)?;
+        d.setup(bytes, uid, gid, status)?;
         Ok(d)
     }
 
-    fn setup(&mut self, uid: u32, gid: u32, status: &dyn Fn(&str)) -> Result<()> {
+    fn setup(&mut self, bytes: u64, uid: u32, gid: u32, status: &dyn Fn(&str)) -> Result<()> {
         self.image_noted = Some(ledger::note(Object::BackingFile {
             path: self.image.clone(),
         }));
         let f = std::fs::File::create(&self.image)
             .with_context(|| format!("creating {}", self.image.display()))?;
-        f.set_len(DEVICE_BYTES)?;
+        f.set_len(bytes)?;
         drop(f);
         let loop_obj = |device: Option<String>| Object::LoopDevice {
             device,

@@ -176,6 +176,70 @@ pub fn tick_while(
     Ok(())
 }
 
+/// One session running a statement in a loop beside the timed pgbench
+/// until stopped, counting what completed and what failed (a statement
+/// that fails is the case: shm-too-small's join, filesystem-full's insert).
+pub struct SideSession {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<(u64, u64, Option<String>)>,
+}
+
+impl SideSession {
+    /// `sql` over and over as `application_name`, `pause` after each.
+    pub fn start(
+        dsn: String,
+        app: &'static str,
+        sql: &'static str,
+        pause: Duration,
+    ) -> SideSession {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let (mut ok, mut failed, mut first) = (0, 0, None);
+            let mut c = match super::connect(&format!("{dsn} application_name={app}")) {
+                Ok(c) => c,
+                Err(e) => return (0, 0, Some(format!("{e:#}"))),
+            };
+            while !flag.load(Ordering::Relaxed) && !interrupt::requested() {
+                match c.batch_execute(sql) {
+                    Ok(()) => ok += 1,
+                    Err(e) => {
+                        failed += 1;
+                        first.get_or_insert_with(|| format!("{e:#}").replace('\n', " "));
+                    }
+                }
+                std::thread::sleep(pause);
+            }
+            (ok, failed, first)
+        });
+        SideSession { stop, handle }
+    }
+}
+
+/// [`drive_pgbench`] with `side` running beside it; once pgbench ends the
+/// side's statement under way finishes (ticking on), and its counts are
+/// said as `what`.
+pub fn drive_pgbench_beside(
+    lab: &Lab,
+    session: &mut Session,
+    side: SideSession,
+    what: &str,
+) -> Result<()> {
+    let driven = drive_pgbench(lab, session, None);
+    side.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    tick_while(session, session.t().ceil(), |_| {
+        Ok(!side.handle.is_finished())
+    })?;
+    if let Ok((ok, failed, first)) = side.handle.join() {
+        (lab.status)(&format!(
+            "{what}: {ok} completed, {failed} failed{}",
+            first.map(|e| format!(" (first: {e})")).unwrap_or_default()
+        ));
+    }
+    driven
+}
+
 /// Something to run every `.0` seconds beside pgbench.
 pub type Periodic<'p> = (f64, &'p mut dyn FnMut() -> Result<()>);
 

@@ -14,6 +14,7 @@ pub mod drop_many;
 pub mod drop_run;
 pub mod drop_sweep;
 pub mod explain_timing;
+pub mod filesystem_full;
 pub mod fixture;
 pub mod kit;
 pub mod memory_cgroup;
@@ -169,6 +170,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &syncrep_network_latency::SyncrepNetworkLatency,
     &dns_on_connect::DnsOnConnect,
     &thp_compaction_stall::ThpCompactionStall,
+    &filesystem_full::FilesystemFull,
 ];
 
 /// The scenario named `name`.
@@ -250,7 +252,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 23);
+        assert_eq!(names.len(), 24);
     }
 
     #[test]

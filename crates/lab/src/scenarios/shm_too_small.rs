@@ -14,12 +14,11 @@
 //! /dev/shm is untouched and the namespace vanishes with the server's
 //! last process, so there is nothing for the cleanup ledger but the
 //! cluster itself.
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::time::Duration;
 
 use anyhow::Result;
 
+use super::kit::SideSession;
 use super::memory_cgroup::parse_memory_limit;
 use super::spec::Flag;
 use super::{kit, Fixtures, Lab, LabOptions, Prepared, Scenario, Spec};
@@ -82,28 +81,6 @@ static SPEC: Spec = Spec {
     ..Spec::BASE
 };
 
-/// The session running [`JOIN`] until `stop`: (statements completed,
-/// statements failed, the first error).
-fn joiner(dsn: String, stop: Arc<AtomicBool>) -> JoinHandle<(u64, u64, Option<String>)> {
-    std::thread::spawn(move || {
-        let (mut ok, mut failed, mut first) = (0, 0, None);
-        let mut c = match super::connect(&format!("{dsn} application_name=pgbelow-shm-join")) {
-            Ok(c) => c,
-            Err(e) => return (0, 0, Some(format!("{e:#}"))),
-        };
-        while !stop.load(Ordering::Relaxed) && !crate::interrupt::requested() {
-            match c.query_one(JOIN, &[]) {
-                Ok(_) => ok += 1,
-                Err(e) => {
-                    failed += 1;
-                    first.get_or_insert_with(|| format!("{e:#}").replace('\n', " "));
-                }
-            }
-        }
-        (ok, failed, first)
-    })
-}
-
 impl Scenario for ShmTooSmall {
     fn spec(&self) -> &'static Spec {
         &SPEC
@@ -160,18 +137,7 @@ impl Scenario for ShmTooSmall {
 
     /// The join in a loop beside pgbench, until pgbench ends.
     fn drive(&self, lab: &Lab, session: &mut Session) -> Result<()> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let join = joiner(lab.dsn(), stop.clone());
-        let driven = kit::drive_pgbench(lab, session, None);
-        stop.store(true, Ordering::Relaxed);
-        // The statement under way finishes (a second or two).
-        kit::tick_while(session, session.t().ceil(), |_| Ok(!join.is_finished()))?;
-        if let Ok((ok, failed, first)) = join.join() {
-            (lab.status)(&format!(
-                "the parallel join: {ok} completed, {failed} failed{}",
-                first.map(|e| format!(" (first: {e})")).unwrap_or_default()
-            ));
-        }
-        driven
+        let join = SideSession::start(lab.dsn(), "pgbelow-shm-join", JOIN, Duration::ZERO);
+        kit::drive_pgbench_beside(lab, session, join, "the parallel join")
     }
 }

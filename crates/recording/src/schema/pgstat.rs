@@ -214,7 +214,8 @@ pub struct LogEvent {
     /// `checkpoint`, `restartpoint`, `too-frequent` (the "checkpoints are
     /// occurring too frequently" warning), `crash`, `dsm`, `worker`
     /// (`exited`: a parallel worker that ended with an error), or
-    /// `replication` (a replication connection starting or breaking).
+    /// `replication` (a replication connection starting or breaking), or
+    /// `no-space` (a file the server could not write or extend: ENOSPC).
     pub kind: String,
     /// `start`, `complete`, or `warning`; for `crash`: `killed` (a child
     /// ended by a signal), `terminating`, `reinitializing`, `recovery`,
@@ -247,6 +248,11 @@ pub struct LogEvent {
     pub segment: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
+    /// `no-space` (any other "No space left on device" error; `phase` the
+    /// line's level: `ERROR`, `PANIC`, `FATAL`, …): the file named, as the
+    /// server wrote it ("base/5/16385", "pg_wal/xlogtemp.123", …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
 
 /// The numbers of a "checkpoint complete" line (PostgreSQL 10–18 formats; 19 puts the flags before "wrote").

@@ -163,12 +163,44 @@ pub struct SystemSample {
     pub dev_shm_size_kb: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dev_shm_free_kb: Option<u64>,
+    /// The filesystems holding the cluster's files at `t` (statfs through
+    /// the postmaster's /proc/PID/cwd, so a container's own): one entry per
+    /// device, saying what it holds. Empty when they cannot be read (not
+    /// root nor the server's user) and in older recordings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filesystems: Vec<Filesystem>,
+    /// The files in pg_wal at `t`, kB (segments, history files; not its
+    /// subdirectories).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pg_wal_kb: Option<u64>,
     /// The machine's pressure stall time in `(t-dt, t]` (/proc/pressure):
     /// the kernel's own count of time lost waiting for CPU, memory and I/O.
     /// Absent on the first line, without PSI, and in older recordings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure: Option<super::cgroup::Pressure>,
 }
+
+/// A filesystem holding the cluster's files, at one sample.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Filesystem {
+    /// What of the cluster it holds: `data` (the data directory),
+    /// `pg_wal`, `tablespace OID`; the data directory's first.
+    pub holds: Vec<String>,
+    pub size_kb: u64,
+    /// What the server's (unprivileged) user may still allocate: f_bavail.
+    pub free_kb: u64,
+}
+
+impl Filesystem {
+    pub fn holds(&self, what: &str) -> bool {
+        self.holds.iter().any(|h| h == what)
+    }
+}
+
+/// Manifest fact: the filesystems holding the cluster at the start:
+/// `[{"holds": [...], "path": where the first of them is, "size_kb",
+/// "free_kb"}]`, or `{"unavailable": why}`.
+pub const CLUSTER_FILESYSTEMS: &str = "cluster_filesystems";
 
 /// Manifest fact: the transparent huge page settings at the start:
 /// `{"enabled", "defrag", "shmem_enabled", "khugepaged_defrag"}`, each the

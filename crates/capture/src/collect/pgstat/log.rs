@@ -45,6 +45,7 @@ pub fn parse_log_line(line: &str) -> Option<LogLine> {
     .find_map(|(needle, kind, phase)| line.find(needle).map(|i| (i, *kind, *phase))) else {
         return parse_crash_line(line)
             .or_else(|| parse_dsm_line(line))
+            .or_else(|| parse_no_space_line(line))
             .or_else(|| parse_worker_exit(line))
             .or_else(|| parse_replication_line(line));
     };
@@ -173,6 +174,49 @@ fn parse_dsm_line(line: &str) -> Option<LogLine> {
             pid: find_pid(prefix),
             segment: Some(segment.to_string()),
             bytes,
+            ..LogEvent::default()
+        },
+    })
+}
+
+/// Any other error for lack of space (ENOSPC, "No space left on device",
+/// untranslated): a relation that could not be extended (md.c "could not
+/// extend file \"base/5/16385\""), a WAL segment that could not be
+/// created or written (xlog.c "could not write to file
+/// \"pg_wal/xlogtemp.N\"", "could not write to log file SEGMENT at
+/// offset …", PANIC), a temporary file. As `kind` "no-space", `phase` the
+/// line's level (`ERROR`, `PANIC`, …) and `file` the file it names.
+fn parse_no_space_line(line: &str) -> Option<LogLine> {
+    let at = line.find("No space left on device")?;
+    let (start, prefix) = message_start(line, at);
+    let level = line[..start]
+        .trim_end()
+        .trim_end_matches(':')
+        .rsplit(' ')
+        .next()
+        .filter(|w| {
+            !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+        })
+        .unwrap_or("ERROR");
+    let msg = &line[start..at];
+    let file = msg
+        .split_once('"')
+        .and_then(|(_, r)| r.split_once('"'))
+        .map(|(f, _)| f.to_string())
+        .or_else(|| {
+            msg.split_once("log file ")
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .map(|seg| format!("pg_wal/{}", seg.trim_end_matches(',')))
+        });
+    Some(LogLine {
+        time: find_time(prefix),
+        event: LogEvent {
+            kind: "no-space".into(),
+            phase: level.into(),
+            pid: find_pid(prefix),
+            file,
             ..LogEvent::default()
         },
     })
@@ -496,6 +540,50 @@ mod tests {
             assert_eq!(p.event.victim_pid, None);
         }
         assert!(parse_log_line("LOG:  database system is shut down").is_none());
+    }
+
+    // PostgreSQL 15.18's and 17.10's lines (log_line_prefix '%m [%p] ') when
+    // a tablespace's 40 MB ext4 and then pg_wal's 80 MB one filled under
+    // inserts (2026-11-30): every insert failed extending the table, the
+    // WAL writer's PANIC, the startup process's FATAL in recovery.
+    #[test]
+    fn parses_the_no_space_errors() {
+        let l = r#"2026-11-30 11:57:39.624 UTC [32739] ERROR:  could not extend file "pg_tblspc/16385/PG_15_202209061/5/16386": No space left on device"#;
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(
+            (p.event.kind.as_str(), p.event.phase.as_str()),
+            ("no-space", "ERROR")
+        );
+        assert_eq!(p.event.pid, Some(32739));
+        assert_eq!(
+            p.event.file.as_deref(),
+            Some("pg_tblspc/16385/PG_15_202209061/5/16386")
+        );
+        assert!(matches!(p.time, Some(LogTime::Local { .. })));
+        let l = r#"2026-11-30 11:57:48.077 UTC [599] PANIC:  could not write to file "pg_wal/xlogtemp.599": No space left on device"#;
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(
+            (p.event.kind.as_str(), p.event.phase.as_str()),
+            ("no-space", "PANIC")
+        );
+        assert_eq!(p.event.file.as_deref(), Some("pg_wal/xlogtemp.599"));
+        let l = r#"2026-11-30 11:57:41.219 UTC [347] FATAL:  could not write to file "pg_wal/xlogtemp.347": No space left on device"#;
+        assert_eq!(parse_log_line(l).unwrap().event.phase, "FATAL");
+        // The hint that follows each is not a second event.
+        assert!(parse_log_line(
+            "2026-11-30 11:57:39.624 UTC [32739] HINT:  Check free disk space."
+        )
+        .is_none());
+        // XLogWrite's message names the segment unquoted.
+        let l = "[9] PANIC:  could not write to log file 000000010000000000000003 at offset 0, length 8192: No space left on device";
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(
+            p.event.file.as_deref(),
+            Some("pg_wal/000000010000000000000003")
+        );
+        // A /dev/shm segment stays the dsm event it was.
+        let l = r#"[8008] ERROR:  could not resize shared memory segment "/PostgreSQL.1" to 8 bytes: No space left on device"#;
+        assert_eq!(parse_log_line(l).unwrap().event.kind, "dsm");
     }
 
     // PostgreSQL 15.18's lines when a parallel hash join's DSA outgrew a

@@ -1,0 +1,579 @@
+//! `filesystem-full`: a filesystem holding the cluster's files (the data
+//! directory, pg_wal, a tablespace) ran out of space, or is filling fast
+//! enough to run out within minutes. PostgreSQL meets ENOSPC as errors:
+//! a relation that cannot grow fails its statement ("could not extend file
+//! … No space left on device", md.c); a WAL segment that cannot be created
+//! or written is a PANIC, the server restarts, and recovery itself may fail
+//! for the same want of space (xlog.c) — an outage.
+//!
+//! Measured from two sources any server yields: the server log's ENOSPC
+//! lines (the pgstat collector follows it), and the filesystems' size and
+//! free space once a second with the size of pg_wal (the system collector,
+//! statfs through the postmaster's /proc/PID/cwd). The growth's projection
+//! tells WAL from the rest: pg_wal's files stop growing once they reach
+//! max_wal_size + wal_keep_size (checkpoints recycle them), so WAL growth
+//! is projected only up to that room, unless pg_wal is already past it
+//! (a slot or a failing archiver holds it). Growth that the recording saw
+//! undone (space freed: a truncate, a temp file deleted) is not projected.
+use serde_json::json;
+
+use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
+use crate::evidence::Evidence;
+use crate::recording::schema::pgstat::LogEvent;
+use crate::recording::schema::system::{Filesystem, CLUSTER_FILESYSTEMS};
+use crate::round3;
+
+pub const ID: &str = "filesystem-full";
+
+/// How far ahead the growth is projected: a filesystem the measured growth
+/// would fill within 10 minutes is a warning — it will be full before
+/// anyone reading the report can act on an alert slower than that.
+/// Measured (PostgreSQL 15.18, 2 vCPU, an insert loop of ~5 MB/s into a
+/// tablespace): a 64 MB filesystem left 12 MB free filled in seconds (its
+/// 10-minute share thousands of %), an 8 GB one used 20–40 % of its free
+/// space per 10 minutes; the healthy corpus (docs/accuracy.md) under 1 %.
+pub const HORIZON_S: f64 = 600.0;
+/// Statements failed per second from which it is critical (three a
+/// minute), as shm-too-small; one is a warning.
+pub const CRITICAL_RATE: f64 = 0.05;
+/// A filesystem with less than this share free is "nearly full": info
+/// when nothing failed and nothing grows towards it.
+pub const NEARLY_FULL_FREE: f64 = 0.1;
+/// Samples spanning at least this long measure a growth rate.
+pub const MIN_SPAN_S: f64 = 3.0;
+
+/// A PostgreSQL size setting in kB: "1GB", "80MB", "512kB", a bare number
+/// in MB (max_wal_size's and wal_keep_size's unit); None for -1.
+fn setting_kb(v: &str) -> Option<f64> {
+    let v = v.trim();
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
+        .unwrap_or(v.len());
+    let n: f64 = v[..split].parse().ok()?;
+    if n < 0.0 {
+        return None;
+    }
+    let k = match v[split..].trim() {
+        "" | "MB" => 1024.0,
+        "kB" => 1.0,
+        "GB" => 1024.0 * 1024.0,
+        "TB" => 1024.0 * 1024.0 * 1024.0,
+        "B" => 1.0 / 1024.0,
+        _ => return None,
+    };
+    Some(n * k)
+}
+
+/// One filesystem over the recording.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Growth {
+    pub holds: Vec<String>,
+    pub size_kb: u64,
+    pub free_start_kb: u64,
+    pub free_end_kb: u64,
+    pub span_s: f64,
+    /// Used space's growth, kB/s (net over the span), and pg_wal's part.
+    pub rate_kb_s: f64,
+    pub wal_rate_kb_s: f64,
+    /// How much more pg_wal may grow before checkpoints recycle its
+    /// segments (max_wal_size + wal_keep_size − its size at the end); None:
+    /// not capped (past that size already, or the settings unknown).
+    pub wal_room_kb: Option<f64>,
+    /// The largest fall of used space (WAL left out) between two samples:
+    /// space freed, so the growth is not sustained.
+    pub largest_drop_kb: u64,
+    /// kB the growth would add within [`HORIZON_S`], WAL capped.
+    pub projected_kb: f64,
+    /// Seconds until full at the measured growth; None: not filling.
+    pub time_to_full_s: Option<f64>,
+}
+
+impl Growth {
+    /// Other than WAL, in kB/s.
+    pub fn other_rate_kb_s(&self) -> f64 {
+        self.rate_kb_s - self.wal_rate_kb_s
+    }
+
+    /// The measured growth fills its free space within the horizon, and
+    /// the recording never saw it undone.
+    pub fn sustained(&self) -> bool {
+        let growth = (self.rate_kb_s * self.span_s).max(0.0);
+        (self.largest_drop_kb as f64) <= (0.1 * growth).max(1024.0)
+    }
+
+    pub fn share_in_horizon(&self) -> f64 {
+        if self.free_end_kb == 0 {
+            return if self.projected_kb > 0.0 {
+                f64::MAX
+            } else {
+                0.0
+            };
+        }
+        self.projected_kb.max(0.0) / self.free_end_kb as f64
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "holds": self.holds,
+            "size_kb": self.size_kb,
+            "free_start_kb": self.free_start_kb,
+            "free_end_kb": self.free_end_kb,
+            "growth_kb_per_s": round3(self.rate_kb_s),
+            "wal_growth_kb_per_s": round3(self.wal_rate_kb_s),
+            "wal_room_kb": self.wal_room_kb.map(round3),
+            "largest_drop_kb": self.largest_drop_kb,
+            "sustained": self.sustained(),
+            "share_of_free_in_10_min": round3(self.share_in_horizon().min(1e6)),
+            "time_to_full_s": self.time_to_full_s.map(round3),
+        })
+    }
+}
+
+/// kB added in `secs` by WAL growing at `wal` (up to `room`) and the rest
+/// at `other`.
+fn added(secs: f64, wal: f64, other: f64, room: Option<f64>) -> f64 {
+    let w = (wal.max(0.0) * secs).min(room.unwrap_or(f64::INFINITY));
+    w + other * secs
+}
+
+/// Seconds until `free` kB are used, or None if never at these rates.
+fn time_to_full(free: f64, wal: f64, other: f64, room: Option<f64>) -> Option<f64> {
+    let wal = wal.max(0.0);
+    let both = wal + other;
+    if both <= 0.0 {
+        return None;
+    }
+    let t_cap = match room {
+        Some(r) if wal > 0.0 => r / wal,
+        Some(_) => 0.0,
+        None => f64::INFINITY,
+    };
+    if free <= both * t_cap {
+        return Some(free / both);
+    }
+    // WAL levelled off at its room; the rest goes on.
+    (other > 0.0).then(|| t_cap + (free - both * t_cap) / other)
+}
+
+/// Each filesystem's growth over the recording (the system collector's
+/// samples), the first sample's holdings naming it.
+pub fn growth(ev: &Evidence) -> Vec<Growth> {
+    let settings = &ev.manifest.postgres.settings;
+    let kb = |n: &str| settings.get(n).and_then(|v| setting_kb(v));
+    let wal_target = kb("max_wal_size").map(|m| m + kb("wal_keep_size").unwrap_or(0.0));
+    let mut keys: Vec<Vec<String>> = Vec::new();
+    for s in &ev.system {
+        for f in &s.filesystems {
+            if !keys.contains(&f.holds) {
+                keys.push(f.holds.clone());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for key in keys {
+        let series: Vec<(f64, &Filesystem, Option<u64>)> = ev
+            .system
+            .iter()
+            .filter_map(|s| {
+                s.filesystems
+                    .iter()
+                    .find(|f| f.holds == key)
+                    .map(|f| (s.t, f, s.pg_wal_kb))
+            })
+            .collect();
+        let (Some(first), Some(last)) = (series.first(), series.last()) else {
+            continue;
+        };
+        let span = last.0 - first.0;
+        let holds_wal = key.iter().any(|h| h == "pg_wal");
+        let used = |f: &Filesystem| f.size_kb.saturating_sub(f.free_kb) as f64;
+        let wal_of = |w: Option<u64>| {
+            if holds_wal {
+                w.unwrap_or(0) as f64
+            } else {
+                0.0
+            }
+        };
+        let (rate, wal_rate) = if span > 0.0 {
+            (
+                (used(last.1) - used(first.1)) / span,
+                (wal_of(last.2) - wal_of(first.2)) / span,
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let largest_drop = series
+            .windows(2)
+            .map(|w| (used(w[0].1) - wal_of(w[0].2)) - (used(w[1].1) - wal_of(w[1].2)))
+            .fold(0.0f64, f64::max);
+        let wal_room = match (holds_wal, wal_target, last.2) {
+            (true, Some(target), Some(w)) if (w as f64) < target => Some(target - w as f64),
+            (true, Some(_), Some(_)) => None,
+            // Not holding pg_wal: no WAL growth to cap.
+            (false, _, _) => Some(0.0),
+            _ => None,
+        };
+        let other = rate - wal_rate;
+        let measured = span >= MIN_SPAN_S && series.len() >= 3;
+        let free = last.1.free_kb as f64;
+        let (projected, ttf) = if measured {
+            (
+                added(HORIZON_S, wal_rate, other, wal_room),
+                time_to_full(free, wal_rate, other, wal_room),
+            )
+        } else {
+            (0.0, None)
+        };
+        out.push(Growth {
+            holds: key,
+            size_kb: last.1.size_kb,
+            free_start_kb: first.1.free_kb,
+            free_end_kb: last.1.free_kb,
+            span_s: span,
+            rate_kb_s: rate,
+            wal_rate_kb_s: wal_rate,
+            wal_room_kb: wal_room,
+            largest_drop_kb: largest_drop.max(0.0) as u64,
+            projected_kb: projected,
+            time_to_full_s: ttf,
+        });
+    }
+    out
+}
+
+/// The ENOSPC errors (other than /dev/shm's) within the recording.
+pub fn no_space(ev: &Evidence) -> Vec<&LogEvent> {
+    let end = ev.manifest.duration_s.unwrap_or(f64::INFINITY);
+    ev.log_events
+        .iter()
+        .filter(|e| e.kind == "no-space" && e.t >= 0.0 && e.t <= end + 1.0)
+        .collect()
+}
+
+/// Whether an error stopped the server rather than one statement.
+fn server_level(e: &LogEvent) -> bool {
+    matches!(e.phase.as_str(), "PANIC" | "FATAL")
+}
+
+/// Where the file of an error lives, in the words of the report.
+fn place(file: &str) -> String {
+    if file.starts_with("pg_wal/") || file.starts_with("pg_xlog/") {
+        "pg_wal".into()
+    } else if let Some(rest) = file.strip_prefix("pg_tblspc/") {
+        format!("tablespace {}", rest.split('/').next().unwrap_or("?"))
+    } else if file.contains("pgsql_tmp") {
+        "temporary files".into()
+    } else {
+        "data".into()
+    }
+}
+
+fn secs(ev: &Evidence) -> f64 {
+    ev.manifest.duration_s.unwrap_or(0.0).max(1e-9)
+}
+
+fn fs_unreadable(ev: &Evidence) -> String {
+    match ev
+        .manifest
+        .facts
+        .get(CLUSTER_FILESYSTEMS)
+        .and_then(|f| f.get("unavailable"))
+    {
+        Some(why) => why.as_str().unwrap_or("").to_string(),
+        None if !ev.system.is_empty() => {
+            "the system collector's samples carry none (a recording by an older pgbelow)".into()
+        }
+        None => {
+            "the system collector did not record them (record with --collectors …,system)".into()
+        }
+    }
+}
+
+fn gb(kb: f64) -> String {
+    if kb >= 1024.0 * 1024.0 {
+        format!("{:.1} GB", kb / 1024.0 / 1024.0)
+    } else {
+        format!("{:.1} MB", kb / 1024.0)
+    }
+}
+
+fn describe(g: &Growth) -> String {
+    format!(
+        "the filesystem of {} ({} of {} free, growing {}/s{})",
+        g.holds.join(", "),
+        gb(g.free_end_kb as f64),
+        gb(g.size_kb as f64),
+        gb(g.rate_kb_s),
+        if g.wal_rate_kb_s.abs() > 0.0 {
+            format!(", pg_wal {}/s of it", gb(g.wal_rate_kb_s))
+        } else {
+            String::new()
+        }
+    )
+}
+
+pub struct FilesystemFull;
+
+impl FilesystemFull {
+    /// The filesystem the growth would fill soonest (its share of the free
+    /// space in the horizon), among those measured.
+    fn fullest(ev: &Evidence) -> Option<Growth> {
+        growth(ev)
+            .into_iter()
+            .filter(|g| g.span_s >= MIN_SPAN_S)
+            .max_by(|a, b| a.share_in_horizon().total_cmp(&b.share_in_horizon()))
+    }
+}
+
+/// The headline: writes failed for lack of space per second.
+fn failed_per_s(ev: &Evidence) -> Option<f64> {
+    super::oom_kill_restart::log_followed(ev).then(|| round3(no_space(ev).len() as f64 / secs(ev)))
+}
+
+impl Rule for FilesystemFull {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "writes failed for lack of disk space, per second",
+            value: failed_per_s,
+            metric: None,
+        })
+    }
+
+    fn measure(&self, ev: &Evidence) -> Measure {
+        let failed = no_space(ev).len();
+        if failed > 0 {
+            return Measure::Figure(Figure::above(
+                "statements and writes failed for lack of disk space",
+                failed as f64,
+                "",
+                1.0,
+            ));
+        }
+        match Self::fullest(ev) {
+            Some(g) => Measure::Figure(Figure::above(
+                "share of the free space the measured growth fills in 10 min",
+                round3(100.0 * g.share_in_horizon().min(1e6)),
+                "%",
+                100.0,
+            )),
+            None => Measure::Missing(format!(
+                "the filesystems holding the cluster were not measured: {}",
+                fs_unreadable(ev)
+            )),
+        }
+    }
+
+    fn held_back(&self, ev: &Evidence) -> Option<String> {
+        let g = Self::fullest(ev)?;
+        (!g.sustained()).then(|| {
+            format!(
+                "space was freed during the recording ({} at once, WAL left out): the growth \
+                 was not sustained, so it is not projected",
+                gb(g.largest_drop_kb as f64)
+            )
+        })
+    }
+
+    fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
+        let errors = no_space(ev);
+        let all = growth(ev);
+        let setting = |n: &str| ev.manifest.postgres.settings.get(n).cloned();
+        let secs = secs(ev);
+        let server = errors.iter().filter(|e| server_level(e)).count();
+        let failed = errors.len() - server;
+        let rate = round3(failed as f64 / secs);
+        let mut places: Vec<String> = errors
+            .iter()
+            .filter_map(|e| e.file.as_deref())
+            .map(place)
+            .collect();
+        places.sort();
+        places.dedup();
+        let mut files: Vec<&str> = errors.iter().filter_map(|e| e.file.as_deref()).collect();
+        files.sort_unstable();
+        files.dedup();
+        files.truncate(5);
+        let evidence = json!({
+            "failed_statements": failed,
+            "failed_per_s": rate,
+            "server_failures": server,
+            "first_t": errors.first().map(|e| e.t),
+            "where": places,
+            "files": files,
+            "filesystems": all.iter().map(Growth::json).collect::<Vec<_>>(),
+            "max_wal_size": setting("max_wal_size"),
+            "wal_keep_size": setting("wal_keep_size"),
+            "max_slot_wal_keep_size": setting("max_slot_wal_keep_size"),
+            "archive_mode": setting("archive_mode"),
+        });
+        let remedy = "Free or add space on the filesystem named: grow the volume, move a \
+                      tablespace (ALTER TABLE … SET TABLESPACE, or a new tablespace on another \
+                      filesystem for new relations), remove what is not PostgreSQL's. If pg_wal \
+                      grows past max_wal_size, find what holds it: an inactive replication slot \
+                      (pg_replication_slots: drop it, or cap it with max_slot_wal_keep_size), a \
+                      failing archive_command (pg_stat_archiver.failed_count), a large \
+                      wal_keep_size. Never delete files in pg_wal by hand. Watch the free space \
+                      with an alert well before the time to full."
+            .to_string();
+        let fs_text = |gs: &[Growth]| gs.iter().map(describe).collect::<Vec<_>>().join("; ");
+        if !errors.is_empty() {
+            let severity = if server > 0 || rate >= CRITICAL_RATE {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            };
+            let mut seconds: Vec<i64> = errors.iter().map(|e| e.t.floor() as i64).collect();
+            seconds.sort_unstable();
+            seconds.dedup();
+            let outage = if server > 0 {
+                format!(
+                    "; {server} PANIC/FATAL error(s) for lack of space took the server down \
+                     (a WAL segment could not be written: the server restarts, and its \
+                     recovery fails while the space is still missing)"
+                )
+            } else {
+                String::new()
+            };
+            return Some(Finding {
+                id: ID.into(),
+                severity,
+                impact: Impact::new(
+                    seconds.len() as f64 / secs,
+                    "the recording's seconds (a write failed for lack of space in them)",
+                    format!(
+                        "{failed} statement(s) failed with \"No space left on device\" over \
+                         {secs:.0} s ({rate:.2}/s){outage}"
+                    ),
+                ),
+                title: format!(
+                    "Writes failed: the filesystem of {} is full",
+                    if places.is_empty() {
+                        "the cluster".to_string()
+                    } else {
+                        places.join(", ")
+                    }
+                ),
+                summary: format!(
+                    "{failed} statement(s) failed ({rate:.2} a second; first at t={:.1} s) \
+                     because a file could not be extended or written: No space left on device \
+                     ({}){outage}. {}.",
+                    errors.first().map_or(0.0, |e| e.t),
+                    files.join(", "),
+                    if all.is_empty() {
+                        "The filesystems were not measured".to_string()
+                    } else {
+                        fs_text(&all)
+                    },
+                ),
+                evidence,
+                remedy,
+            });
+        }
+        let g = Self::fullest(ev)?;
+        if g.share_in_horizon() >= 1.0 && g.sustained() {
+            let ttf = g.time_to_full_s.unwrap_or(0.0);
+            return Some(Finding {
+                id: ID.into(),
+                severity: Severity::Warning,
+                impact: Impact::new(
+                    1.0,
+                    "the writes needing space on that filesystem, once it is full",
+                    format!(
+                        "projected: full in {ttf:.0} s at the growth measured over {:.0} s; \
+                         every write needing space then fails",
+                        g.span_s
+                    ),
+                ),
+                title: "A filesystem of the cluster will be full within minutes".into(),
+                summary: format!(
+                    "At the growth measured over {:.0} s, {} is full in {ttf:.0} s (within the \
+                     {HORIZON_S:.0} s bound){}. Nothing has failed yet.",
+                    g.span_s,
+                    describe(&g),
+                    match g.wal_room_kb {
+                        Some(r) if g.holds.iter().any(|h| h == "pg_wal") => format!(
+                            "; pg_wal's growth counted up to max_wal_size + wal_keep_size ({} \
+                             more)",
+                            gb(r)
+                        ),
+                        _ if g.holds.iter().any(|h| h == "pg_wal") => {
+                            "; pg_wal is past max_wal_size + wal_keep_size: something holds it"
+                                .into()
+                        }
+                        _ => String::new(),
+                    }
+                ),
+                evidence,
+                remedy,
+            });
+        }
+        let nearly: Vec<Growth> = all
+            .into_iter()
+            .filter(|g| (g.free_end_kb as f64) < NEARLY_FULL_FREE * g.size_kb as f64)
+            .collect();
+        if nearly.is_empty() {
+            return None;
+        }
+        Some(Finding {
+            id: ID.into(),
+            severity: Severity::Info,
+            impact: None,
+            title: "A filesystem of the cluster is nearly full; nothing failed".into(),
+            summary: format!(
+                "{}: less than {:.0} % free. No write failed for lack of space and the growth \
+                 measured does not fill it within {:.0} minutes.",
+                fs_text(&nearly),
+                NEARLY_FULL_FREE * 100.0,
+                HORIZON_S / 60.0
+            ),
+            evidence,
+            remedy,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_settings_in_kb() {
+        assert_eq!(setting_kb("1GB"), Some(1048576.0));
+        assert_eq!(setting_kb("80MB"), Some(81920.0));
+        assert_eq!(setting_kb("512kB"), Some(512.0));
+        assert_eq!(setting_kb("0"), Some(0.0));
+        assert_eq!(setting_kb("2048"), Some(2097152.0));
+        assert_eq!(setting_kb("-1"), None);
+        assert_eq!(setting_kb("lots"), None);
+    }
+
+    #[test]
+    fn wal_growth_levels_off_at_its_room() {
+        // 1 GB free, WAL 10 MB/s with 100 MB of room, nothing else: never full.
+        assert_eq!(time_to_full(1048576.0, 10240.0, 0.0, Some(102400.0)), None);
+        // The same WAL past its room (held): full in 102.4 s.
+        let t = time_to_full(1048576.0, 10240.0, 0.0, None).unwrap();
+        assert!((t - 102.4).abs() < 0.01, "{t}");
+        // Room larger than the free space: WAL fills it.
+        let t = time_to_full(51200.0, 10240.0, 0.0, Some(102400.0)).unwrap();
+        assert!((t - 5.0).abs() < 0.01, "{t}");
+        // WAL levels off after 10 s (100 MB), the data's 1 MB/s goes on:
+        // 10 s at 11 MB/s (110 MB), then (1 GB − 110 MB) at 1 MB/s.
+        let t = time_to_full(1048576.0, 10240.0, 1024.0, Some(102400.0)).unwrap();
+        assert!(
+            (t - (10.0 + (1048576.0 - 112640.0) / 1024.0)).abs() < 0.01,
+            "{t}"
+        );
+        // Shrinking: never.
+        assert_eq!(time_to_full(1000.0, 0.0, -5.0, Some(0.0)), None);
+        // In 10 minutes: the WAL's room, then the rest.
+        assert_eq!(
+            added(600.0, 10240.0, 1024.0, Some(102400.0)),
+            102400.0 + 614400.0
+        );
+    }
+}
