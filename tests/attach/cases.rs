@@ -2201,8 +2201,26 @@ fn filesystem_full_found_attached() {
             }
         },
     );
+    // Recorded again once the inserts stopped: the failures are the
+    // server log's past (`--since`, an hour by default), said as info.
+    let later = record_while(
+        &c,
+        &d.path().join("later"),
+        3,
+        "procfs,pgstat,system",
+        || {},
+    );
     drop(c);
     dev.teardown().unwrap();
+    let past = common::finding(&later, "filesystem-full")
+        .unwrap_or_else(|| panic!("nothing from the log's past: {}", later["findings"]));
+    assert_eq!(past["severity"], "info", "{past}");
+    assert_eq!(past["evidence"]["from_log"], true, "{past}");
+    assert!(
+        past["evidence"]["past_errors"].as_u64().unwrap() >= 1,
+        "{past}"
+    );
+    assert_eq!(past["evidence"]["failed_statements"], 0, "{past}");
     // Measured 11 (8 MB left) and 14 (6 MB) failed inserts against the bound of 1.
     let f = raised_on(&r, "filesystem-full", "a full tablespace", 3.0);
     let ev = &f["evidence"];

@@ -473,8 +473,8 @@ impl Rule for FilesystemFull {
                 remedy,
             });
         }
-        let g = Self::fullest(ev)?;
-        if g.share_in_horizon() >= 1.0 && g.sustained() {
+        if let Some(g) = Self::fullest(ev).filter(|g| g.share_in_horizon() >= 1.0 && g.sustained())
+        {
             let ttf = g.time_to_full_s.unwrap_or(0.0);
             return Some(Finding {
                 id: ID.into(),
@@ -506,6 +506,54 @@ impl Rule for FilesystemFull {
                         }
                         _ => String::new(),
                     }
+                ),
+                evidence,
+                remedy,
+            });
+        }
+        // Before the recording (`--since`): the errors the server wrote down.
+        let past: Vec<&LogEvent> = ev
+            .log_history
+            .iter()
+            .filter(|e| e.kind == "no-space" && e.t < 0.0)
+            .collect();
+        if let Some(first) = past.first() {
+            let down = past.iter().filter(|e| server_level(e)).count();
+            let mut places: Vec<String> = past
+                .iter()
+                .filter_map(|e| e.file.as_deref())
+                .map(place)
+                .collect();
+            places.sort();
+            places.dedup();
+            let mut evidence = evidence;
+            evidence["from_log"] = json!(true);
+            evidence["past_errors"] = json!(past.len());
+            evidence["past_server_failures"] = json!(down);
+            evidence["past_first_t"] = json!(first.t);
+            evidence["past_where"] = json!(places);
+            return Some(Finding {
+                id: ID.into(),
+                severity: Severity::Info,
+                impact: None,
+                title: "Writes failed for lack of space before the recording".into(),
+                summary: format!(
+                    "The server log shows {} write(s) failed with \"No space left on device\" \
+                     before the recording ({} PANIC/FATAL; first {:.0} s before it; {}), none \
+                     during it: read from the log, not observed. {}.",
+                    past.len(),
+                    down,
+                    -first.t,
+                    if places.is_empty() {
+                        "file not named".to_string()
+                    } else {
+                        places.join(", ")
+                    },
+                    if all.is_empty() {
+                        "The filesystems were not measured".to_string()
+                    } else {
+                        format!("Now: {}", fs_text(&all))
+                    },
                 ),
                 evidence,
                 remedy,
