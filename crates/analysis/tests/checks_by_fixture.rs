@@ -122,6 +122,15 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
         ],
     ),
     (
+        "pg15-filesystem-full-64-40",
+        &[("filesystem-full", "warning")],
+    ),
+    (
+        "pg15-filesystem-full-64-8",
+        &[("filesystem-full", "critical")],
+    ),
+    ("pg15-filesystem-full-8192", &[]),
+    (
         "pg15-memcg-limit-160-profile",
         &[
             ("wal-fsync-latency", "info"),

@@ -466,7 +466,7 @@ impl Rule for FilesystemFull {
                     if all.is_empty() {
                         "The filesystems were not measured".to_string()
                     } else {
-                        fs_text(&all)
+                        format!("Measured: {}", fs_text(&all))
                     },
                 ),
                 evidence,
@@ -587,6 +587,89 @@ impl Rule for FilesystemFull {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analyse::fixture;
+
+    // Real lab runs on PostgreSQL 15.18 (system), this 2-vCPU VM:
+    // `pgbelow lab run --scenario filesystem-full --collectors
+    // procfs,system,pgstat` with the tablespace's 64 MB ext4 left 8 MB
+    // free (`-64-8`), 40 MB free (`--fs-free 40`) and an 8 GB one
+    // (`--fs-size 8192 --fs-free 8192`), an insert of ~0.5 MB every 200 ms.
+    #[test]
+    fn critical_when_inserts_fail_on_a_full_tablespace() {
+        let rec = fixture("pg15-filesystem-full-64-8");
+        let f = FilesystemFull.evaluate(&rec).expect("finding");
+        assert_eq!(f.severity, Severity::Critical);
+        let ev = &f.evidence;
+        assert_eq!(ev["failed_statements"], 23, "{ev}");
+        assert_eq!(ev["server_failures"], 0, "{ev}");
+        assert_eq!(
+            ev["where"][0].as_str().unwrap().split(' ').next(),
+            Some("tablespace")
+        );
+        assert!(f.title.contains("tablespace"), "{}", f.title);
+        assert!(f.impact.is_some());
+        match FilesystemFull.measure(&rec) {
+            Measure::Figure(m) => assert!(m.past(), "{m:?}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
+        }
+        assert!(failed_per_s(&rec).unwrap() >= CRITICAL_RATE);
+    }
+
+    #[test]
+    fn warning_when_the_growth_fills_it_within_the_horizon() {
+        let rec = fixture("pg15-filesystem-full-64-40");
+        let f = FilesystemFull.evaluate(&rec).expect("finding");
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(f.evidence["failed_statements"], 0);
+        let g = FilesystemFull::fullest(&rec).unwrap();
+        assert!(g.holds[0].starts_with("tablespace "), "{g:?}");
+        assert!(g.sustained(), "{g:?}");
+        let ttf = g.time_to_full_s.unwrap();
+        assert!(ttf > 1.0 && ttf < 30.0, "{g:?}");
+        assert!(g.share_in_horizon() > 10.0, "{g:?}");
+        // The data directory's filesystem is measured too, far from full.
+        let all = growth(&rec);
+        assert!(all.iter().any(|g| g.holds == ["data", "pg_wal"]), "{all:?}");
+    }
+
+    #[test]
+    fn clear_with_room_and_held_back_when_space_was_freed() {
+        let rec = fixture("pg15-filesystem-full-8192");
+        assert!(FilesystemFull.evaluate(&rec).is_none());
+        match FilesystemFull.measure(&rec) {
+            Measure::Figure(m) => assert!(!m.past() && m.value > 1.0, "{m:?}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
+        }
+        // Once one sample shows space freed, it is not projected.
+        // The same growth with 200 MB free at the start would fill it.
+        let mut small = fixture("pg15-filesystem-full-8192");
+        let is_ts = |f: &Filesystem| f.holds[0].starts_with("tablespace ");
+        let first = small.system[0]
+            .filesystems
+            .iter()
+            .find(|f| is_ts(f))
+            .unwrap()
+            .free_kb;
+        for s in &mut small.system {
+            for f in s.filesystems.iter_mut().filter(|f| is_ts(f)) {
+                f.free_kb -= first - (200 << 10);
+            }
+        }
+        assert_eq!(
+            FilesystemFull.evaluate(&small).map(|f| f.severity),
+            Some(Severity::Warning)
+        );
+        let mid = small.system.len() / 2;
+        for f in &mut small.system[mid].filesystems {
+            f.free_kb += 50 << 10;
+        }
+        // (Nearly full all the same: info.)
+        assert_eq!(
+            FilesystemFull.evaluate(&small).map(|f| f.severity),
+            Some(Severity::Info)
+        );
+        assert!(FilesystemFull.held_back(&small).unwrap().contains("freed"));
+    }
 
     #[test]
     fn size_settings_in_kb() {
