@@ -129,6 +129,18 @@ pub static CASES: &[Case] = &[
         baseline: &["--fs-size", "8192", "--fs-free", "8192"],
     },
     Case {
+        name: "fd-exhaustion",
+        expect: &["fd-exhaustion"],
+        args: &[
+            "--scenario",
+            "fd-exhaustion",
+            "--collectors",
+            "procfs,system,pgstat",
+        ],
+        cause: &["--nofile", "64"],
+        baseline: &["--nofile", "0"],
+    },
+    Case {
         name: "memory-cgroup-reclaim",
         expect: &["memory-cgroup-reclaim"],
         args: &[

@@ -2240,3 +2240,52 @@ fn filesystem_full_found_attached() {
         "{ev}"
     );
 }
+
+/// Issue 39's `fd-exhaustion` attached: a cluster started by initdb/pg_ctl,
+/// a table of 200 hash partitions counted with a parallel plan by psql in
+/// a loop, after the running postmaster's open-files limit was lowered to
+/// 64 by its own user (`prlimit`, as an operator or a supervisor would).
+/// The backends meet EMFILE: the server log's "release and retry" lines and
+/// the failed counts ("could not open shared memory segment …: Too many
+/// open files") raise it; the postmaster's limit is read from
+/// /proc/PID/limits. Its silence on healthy servers is the healthy corpus's.
+#[test]
+fn fd_exhaustion_found_attached() {
+    use pgbelow::scenarios::fd_exhaustion::{setup_sql, COUNT};
+    let c = UserCluster::start(
+        &[
+            ("parallel_setup_cost", "0"),
+            ("parallel_tuple_cost", "0"),
+            ("min_parallel_table_scan_size", "0"),
+        ],
+        &[],
+    );
+    c.psql("postgres", &setup_sql());
+    let pid = c.postmaster_pid().to_string();
+    let mut prlimit = Command::new("prlimit");
+    prlimit.args(["--pid", &pid, "--nofile=64:64"]);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        prlimit.uid(id_of("-u")).gid(id_of("-g"));
+    }
+    let o = prlimit.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(&c, &d.path().join("rec"), 6, "procfs,pgstat,system", || {
+        let t0 = Instant::now();
+        while t0.elapsed().as_secs_f64() < 5.0 {
+            let _ = common::userdb::without_pg_env(&mut Command::new("psql"))
+                .args(["-X", "-q", "-d", &c.dsn("postgres"), "-c", COUNT])
+                .output();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    drop(c);
+    // Measured: every count failed (30 in 5 s) against the bound of 1.
+    let f = raised_on(&r, "fd-exhaustion", "an open-files limit of 64", 5.0);
+    let ev = &f["evidence"];
+    eprintln!("attached: {} {ev}", f["severity"]);
+    assert_eq!(f["severity"], "critical", "{f}");
+    assert!(ev["retries"].as_u64().unwrap() >= 100, "{ev}");
+    assert_eq!(ev["open_files"]["soft"], 64, "{ev}");
+}

@@ -14,6 +14,7 @@ mod disk_read_latency;
 mod dns_on_connect;
 mod drop_many;
 mod explain_timing;
+mod fd_exhaustion;
 mod filesystem_full;
 mod matrix;
 mod memory_cgroup_reclaim;

@@ -121,6 +121,8 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
             ("oom-kill-restart", "info"),
         ],
     ),
+    ("pg15-fd-exhaustion-64", &[("fd-exhaustion", "critical")]),
+    ("pg15-fd-exhaustion-start-limit", &[]),
     (
         "pg15-filesystem-full-64-40",
         &[("filesystem-full", "warning")],

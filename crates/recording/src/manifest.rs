@@ -199,6 +199,8 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "wal_keep_size",
     "max_slot_wal_keep_size",
     "archive_mode",
+    // The file descriptors PostgreSQL budgets for (fd-exhaustion).
+    "max_files_per_process",
 ];
 
 /// Facts about this machine for the manifest.

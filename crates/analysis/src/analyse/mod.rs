@@ -13,6 +13,7 @@ pub mod disk_read_latency;
 pub mod dns_on_connect;
 pub mod explained;
 pub mod facts;
+pub mod fd_exhaustion;
 pub mod filesystem_full;
 pub mod finding;
 pub mod memory_cgroup_reclaim;
@@ -112,6 +113,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(syncrep_network_latency::SyncrepNetworkLatency),
         Box::new(dns_on_connect::DnsOnConnect),
         Box::new(filesystem_full::FilesystemFull),
+        Box::new(fd_exhaustion::FdExhaustion),
     ]
 }
 

@@ -111,6 +111,16 @@ pub(super) fn log_followed(ev: &Evidence) -> bool {
     })
 }
 
+/// The check's `not measurable` when the server log was not followed:
+/// `counts` says what its lines would have counted.
+pub(super) fn log_not_followed(counts: &str) -> super::Measure {
+    super::Measure::Missing(format!(
+        "the server log was not followed: {counts} — record with the pgstat collector \
+         (--collectors …,pgstat), log_checkpoints on, and the log readable \
+         (logging_collector, or the postmaster's stderr to a file)"
+    ))
+}
+
 /// OOM kills the memory cgroup counted, when it was recorded.
 fn memcg_oom_kills(ev: &Evidence) -> Option<u64> {
     let m: Vec<u64> = ev

@@ -131,12 +131,9 @@ impl Rule for ShmTooSmall {
 
     fn measure(&self, ev: &Evidence) -> Measure {
         if !super::oom_kill_restart::log_followed(ev) {
-            return Measure::Missing(
-                "the server log was not followed: its \"could not resize shared memory segment … \
-                 No space left on device\" errors count the failed statements — record with the \
-                 pgstat collector (--collectors …,pgstat), log_checkpoints on, and the log \
-                 readable (logging_collector, or the postmaster's stderr to a file)"
-                    .into(),
+            return super::oom_kill_restart::log_not_followed(
+                "its \"could not resize shared memory segment … No space left on device\" \
+                 errors count the failed statements",
             );
         }
         let failed = failed_statements(ev, &no_space(ev));

@@ -18,7 +18,8 @@ use crate::recording::{CollectorInfo, Writer};
 pub use crate::recording::schema::system::{
     DataDirMount, Filesystem, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU,
     CGROUP_MEMORY, CLUSTER_FILESYSTEMS, CONTAINER, DATA_DIR_MOUNT, DEV_SHM, KERNEL_LOG, KERNEL_OOM,
-    OUTSIDE_FILE, POSTMASTER_OOM_SCORE_ADJ, STREAM, THP_DIR, TOP_OUTSIDE, TRANSPARENT_HUGEPAGE,
+    OPEN_FILES, OUTSIDE_FILE, POSTMASTER_OOM_SCORE_ADJ, STREAM, THP_DIR, TOP_OUTSIDE,
+    TRANSPARENT_HUGEPAGE,
 };
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
@@ -223,6 +224,44 @@ pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>,
             / 1024
     });
     Ok((out.into_iter().map(|(_, f)| f).collect(), wal_kb))
+}
+
+/// "Max open files" of a /proc/PID/limits: (soft, hard), None for
+/// unlimited.
+pub fn parse_open_files_limit(limits: &str) -> Option<(Option<u64>, Option<u64>)> {
+    let rest = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))?;
+    let mut w = rest.split_whitespace();
+    let mut n = || w.next().map(|v| v.parse::<u64>().ok());
+    Some((n()?, n()?))
+}
+
+/// [`OPEN_FILES`]'s fact for `pid`.
+pub fn open_files_fact(pid: u32) -> serde_json::Value {
+    let path = format!("/proc/{pid}/limits");
+    let limits = match std::fs::read_to_string(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            return serde_json::json!({
+                "unavailable": format!("{path}: {e} (fix: run pgbelow as root or as the server's user)")
+            })
+        }
+    };
+    let Some((soft, hard)) = parse_open_files_limit(&limits) else {
+        return serde_json::json!({ "unavailable": format!("{path} has no \"Max open files\"") });
+    };
+    let nr: Vec<u64> = std::fs::read_to_string("/proc/sys/fs/file-nr")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    serde_json::json!({
+        "soft": soft,
+        "hard": hard,
+        "file_nr": nr.first(),
+        "file_max": nr.get(2),
+    })
 }
 
 /// The postmaster's /dev/shm as it sees it: through /proc/PID/root, in its
@@ -547,6 +586,8 @@ impl SystemCollector {
                 }),
             },
         ));
+        // How many files the server's processes may open: fd-exhaustion.
+        facts.push((OPEN_FILES.into(), open_files_fact(ctx.postmaster)));
         // Where the cluster's files are, and how full: filesystem-full.
         facts.push((
             CLUSTER_FILESYSTEMS.into(),
@@ -918,6 +959,43 @@ mod tests {
         let ctx = Context::new(std::process::id());
         let dir = data_dir_of(&ctx).unwrap();
         assert_eq!(dir, std::env::current_dir().unwrap());
+    }
+
+    /// A real process's limits: this one's, and a child's lowered with
+    /// setrlimit before exec (what `prlimit --nofile` does to a server).
+    #[test]
+    fn open_files_limit_of_a_real_process() {
+        let own = open_files_fact(std::process::id());
+        assert!(own["soft"].is_u64() || own["soft"].is_null(), "{own}");
+        assert!(own["file_max"].is_u64(), "{own}");
+        let mut child = std::process::Command::new("prlimit")
+            .args(["--nofile=64:128", "sleep", "30"])
+            .spawn()
+            .unwrap();
+        // prlimit execs sleep once the limit is set.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut got = serde_json::Value::Null;
+        while std::time::Instant::now() < deadline {
+            got = open_files_fact(child.id());
+            if got["soft"] == 64 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(
+            (got["soft"].as_u64(), got["hard"].as_u64()),
+            (Some(64), Some(128)),
+            "{got}"
+        );
+        assert!(open_files_fact(child.id())["unavailable"].is_string());
+        assert_eq!(
+            parse_open_files_limit(
+                "Max open files            unlimited            unlimited            files     \n"
+            ),
+            Some((None, None))
+        );
     }
 
     /// A process whose working directory is laid out as a data directory

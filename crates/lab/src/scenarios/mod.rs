@@ -14,6 +14,7 @@ pub mod drop_many;
 pub mod drop_run;
 pub mod drop_sweep;
 pub mod explain_timing;
+pub mod fd_exhaustion;
 pub mod filesystem_full;
 pub mod fixture;
 pub mod kit;
@@ -171,6 +172,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &dns_on_connect::DnsOnConnect,
     &thp_compaction_stall::ThpCompactionStall,
     &filesystem_full::FilesystemFull,
+    &fd_exhaustion::FdExhaustion,
 ];
 
 /// The scenario named `name`.
@@ -252,7 +254,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 24);
+        assert_eq!(names.len(), 25);
     }
 
     #[test]

@@ -215,7 +215,10 @@ pub struct LogEvent {
     /// occurring too frequently" warning), `crash`, `dsm`, `worker`
     /// (`exited`: a parallel worker that ended with an error), or
     /// `replication` (a replication connection starting or breaking), or
-    /// `no-space` (a file the server could not write or extend: ENOSPC).
+    /// `no-space` (a file the server could not write or extend: ENOSPC), or
+    /// `fd` (a file descriptor refused: EMFILE/ENFILE; `phase` `retry` when
+    /// PostgreSQL closed a cached file and tried again, else the line's
+    /// level).
     pub kind: String,
     /// `start`, `complete`, or `warning`; for `crash`: `killed` (a child
     /// ended by a signal), `terminating`, `reinitializing`, `recovery`,
@@ -253,6 +256,22 @@ pub struct LogEvent {
     /// server wrote it ("base/5/16385", "pg_wal/xlogtemp.123", …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
+    /// `fd` (a file descriptor the kernel refused: "Too many open files"):
+    /// `EMFILE` (the process's limit) or `ENFILE` (the system's, fs.file-max).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errno: Option<String>,
+    /// Lines like this one that it stands for (itself included): fd.c's
+    /// retries come by the thousand a second and are kept one per process
+    /// and second. Absent: one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeats: Option<u64>,
+}
+
+impl LogEvent {
+    /// The lines it stands for.
+    pub fn lines(&self) -> u64 {
+        self.repeats.unwrap_or(1)
+    }
 }
 
 /// The numbers of a "checkpoint complete" line (PostgreSQL 10–18 formats; 19 puts the flags before "wrote").

@@ -202,6 +202,13 @@ impl Filesystem {
 /// "free_kb"}]`, or `{"unavailable": why}`.
 pub const CLUSTER_FILESYSTEMS: &str = "cluster_filesystems";
 
+/// Manifest fact: the file descriptors the postmaster (and so every
+/// process it forks) may open, and the machine's: `{"soft", "hard"}` from
+/// /proc/PID/limits "Max open files" (None: unlimited), `"file_nr"`
+/// (allocated) and `"file_max"` from /proc/sys/fs/file-nr; or
+/// `{"unavailable": why}`.
+pub const OPEN_FILES: &str = "open_files";
+
 /// Manifest fact: the transparent huge page settings at the start:
 /// `{"enabled", "defrag", "shmem_enabled", "khugepaged_defrag"}`, each the
 /// selected word (`always`, `madvise`, …).

@@ -46,6 +46,7 @@ pub fn parse_log_line(line: &str) -> Option<LogLine> {
         return parse_crash_line(line)
             .or_else(|| parse_dsm_line(line))
             .or_else(|| parse_no_space_line(line))
+            .or_else(|| parse_fd_line(line))
             .or_else(|| parse_worker_exit(line))
             .or_else(|| parse_replication_line(line));
     };
@@ -220,6 +221,73 @@ fn parse_no_space_line(line: &str) -> Option<LogLine> {
             ..LogEvent::default()
         },
     })
+}
+
+/// A file descriptor the kernel refused (EMFILE "Too many open files":
+/// the process's RLIMIT_NOFILE; ENFILE "Too many open files in system":
+/// fs.file-max), untranslated, as `kind` "fd" with `errno`. fd.c's
+/// "out of file descriptors: %m; release and retry" (LOG: PostgreSQL
+/// closed one of its cached files and tried again) is `phase` `retry`;
+/// any other line (a statement's ERROR: "could not open shared memory
+/// segment", "could not open file"; the postmaster's "could not accept new
+/// connection", LOG) is `phase` its level, with the file it names.
+fn parse_fd_line(line: &str) -> Option<LogLine> {
+    let at = line.find("Too many open files")?;
+    let errno = if line[at..].starts_with("Too many open files in system") {
+        "ENFILE"
+    } else {
+        "EMFILE"
+    };
+    let (start, prefix) = message_start(line, at);
+    let phase = if line[start..].starts_with("out of file descriptors") {
+        "retry"
+    } else {
+        line[..start]
+            .trim_end()
+            .trim_end_matches(':')
+            .rsplit(' ')
+            .next()
+            .filter(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_uppercase()))
+            .unwrap_or("ERROR")
+    };
+    let file = line[start..at]
+        .split_once('"')
+        .and_then(|(_, r)| r.split_once('"'))
+        .map(|(f, _)| f.to_string());
+    Some(LogLine {
+        time: find_time(prefix),
+        event: LogEvent {
+            kind: "fd".into(),
+            phase: phase.into(),
+            pid: find_pid(prefix),
+            file,
+            errno: Some(errno.into()),
+            ..LogEvent::default()
+        },
+    })
+}
+
+/// Events stamped on the recording's clock with fd.c's retries of one
+/// process within one second merged into the first (`repeats`): a server
+/// out of descriptors logs thousands a second.
+pub fn merge_repeats(events: impl IntoIterator<Item = LogEvent>) -> Vec<LogEvent> {
+    let mut out: Vec<LogEvent> = Vec::new();
+    for e in events {
+        let retry = e.kind == "fd" && e.phase == "retry";
+        if let Some(last) = out.last_mut() {
+            if retry
+                && last.kind == e.kind
+                && last.phase == e.phase
+                && last.pid == e.pid
+                && last.t.floor() == e.t.floor()
+            {
+                last.repeats = Some(last.lines() + e.lines());
+                continue;
+            }
+        }
+        out.push(e);
+    }
+    out
 }
 
 /// A replication connection starting or breaking (walreceiver.c,
@@ -584,6 +652,71 @@ mod tests {
         // A /dev/shm segment stays the dsm event it was.
         let l = r#"[8008] ERROR:  could not resize shared memory segment "/PostgreSQL.1" to 8 bytes: No space left on device"#;
         assert_eq!(parse_log_line(l).unwrap().event.kind, "dsm");
+    }
+
+    // PostgreSQL 15.18's lines (log_line_prefix '%m [%p] ') when a backend
+    // forked after `prlimit --nofile=64:64` on the postmaster counted 200
+    // partitions (2026-11-30): fd.c releasing cached files and retrying,
+    // then the parallel query's DSM segment that could not be opened.
+    #[test]
+    fn parses_the_file_descriptor_errors() {
+        let l = "2026-11-30 12:19:34.244 UTC [13776] LOG:  out of file descriptors: Too many open files; release and retry";
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(
+            (p.event.kind.as_str(), p.event.phase.as_str()),
+            ("fd", "retry")
+        );
+        assert_eq!(p.event.errno.as_deref(), Some("EMFILE"));
+        assert_eq!(p.event.pid, Some(13776));
+        assert!(matches!(p.time, Some(LogTime::Local { .. })));
+        let l = r#"2026-11-30 12:19:34.250 UTC [13776] ERROR:  could not open shared memory segment "/PostgreSQL.1489668098": Too many open files"#;
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(
+            (p.event.kind.as_str(), p.event.phase.as_str()),
+            ("fd", "ERROR")
+        );
+        assert_eq!(p.event.file.as_deref(), Some("/PostgreSQL.1489668098"));
+        // The system's limit (fs.file-max), from fd.c's message shape.
+        let l = r#"[7] ERROR:  could not open file "base/5/1259": Too many open files in system"#;
+        let p = parse_log_line(l).unwrap();
+        assert_eq!(p.event.errno.as_deref(), Some("ENFILE"));
+        assert_eq!(p.event.file.as_deref(), Some("base/5/1259"));
+        // The statement echoed after it is not an event.
+        assert!(parse_log_line(
+            "2026-11-30 12:19:34.250 UTC [13776] STATEMENT:  select count(*) from p"
+        )
+        .is_none());
+        // Retries of one process within a second are kept as one event.
+        let clock = LogClock {
+            wall0_ms: 0,
+            tz_offset_s: Some(0),
+        };
+        let retry = |ms: u32, pid: u32| {
+            let l = format!("2026-11-30 12:19:34.{ms:03} UTC [{pid}] LOG:  out of file descriptors: Too many open files; release and retry");
+            clock.stamp(parse_log_line(&l).unwrap(), 0.0)
+        };
+        let err = clock.stamp(parse_log_line(r#"2026-11-30 12:19:34.250 UTC [13776] ERROR:  could not open shared memory segment "/PostgreSQL.1": Too many open files"#).unwrap(), 0.0);
+        let merged = merge_repeats([
+            retry(244, 13776),
+            retry(245, 13776),
+            retry(246, 7),
+            err,
+            retry(251, 13776),
+            retry(252, 13776),
+        ]);
+        let shape: Vec<(&str, Option<u32>, u64)> = merged
+            .iter()
+            .map(|e| (e.phase.as_str(), e.pid, e.lines()))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                ("retry", Some(13776), 2),
+                ("retry", Some(7), 1),
+                ("ERROR", Some(13776), 1),
+                ("retry", Some(13776), 2)
+            ]
+        );
     }
 
     // PostgreSQL 15.18's lines when a parallel hash join's DSA outgrew a

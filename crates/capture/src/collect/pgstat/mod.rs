@@ -291,10 +291,12 @@ impl PgstatCollector {
         if let Some((tail, clock)) = &mut self.log {
             match tail.read_new() {
                 Ok(lines) => {
-                    for l in lines {
-                        if let Some(p) = parse_log_line(&l) {
-                            out.append(CHECKPOINTS, &clock.stamp(p, t))?;
-                        }
+                    let events = lines
+                        .iter()
+                        .filter_map(|l| parse_log_line(l))
+                        .map(|p| clock.stamp(p, t));
+                    for e in log::merge_repeats(events) {
+                        out.append(CHECKPOINTS, &e)?;
                     }
                 }
                 Err(e) => {
@@ -424,8 +426,8 @@ fn past_events(lines: &[String], clock: &LogClock, since_s: u32) -> (Vec<LogEven
             undated += usize::from(!dated);
             dated && e.t < 0.0 && e.t >= -f64::from(since_s)
         })
-        .collect();
-    (events, undated)
+        .collect::<Vec<_>>();
+    (log::merge_repeats(events), undated)
 }
 
 /// Recording time of the oldest line read back that carries a time: how
