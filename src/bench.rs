@@ -141,6 +141,20 @@ pub static CASES: &[Case] = &[
         baseline: &["--nofile", "0"],
     },
     Case {
+        name: "network-retransmits",
+        expect: &["network-retransmits"],
+        args: &[
+            "--scenario",
+            "network-retransmits",
+            "--duration",
+            "5",
+            "--collectors",
+            "pgstat",
+        ],
+        cause: &[],
+        baseline: &["--drop-every", "0"],
+    },
+    Case {
         name: "memory-cgroup-reclaim",
         expect: &["memory-cgroup-reclaim"],
         args: &[

@@ -1953,7 +1953,9 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
         return;
     }
     let mut results = Vec::new();
-    for delayed in [true, false] {
+    // Delayed 10 ms each way, clean, and lossy (one packet in 20 dropped
+    // each way, no delay: issue 39's `network-retransmits`).
+    for (delayed, lossy) in [(true, false), (false, false), (false, true)] {
         let p = UserCluster::builder()
             .settings(&[
                 ("listen_addresses", "127.0.0.1"),
@@ -1966,8 +1968,10 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
         );
         // Before the standby connects: the kernel's minimum round trip is
         // then the delayed path's.
-        let delay =
-            delayed.then(|| NetDelay::start(p.port, std::time::Duration::from_millis(10)).unwrap());
+        let delay = (delayed || lossy).then(|| {
+            let each_way = std::time::Duration::from_millis(if delayed { 10 } else { 0 });
+            NetDelay::start_lossy(p.port, each_way, if lossy { 20 } else { 0 }).unwrap()
+        });
         let s = UserCluster::builder()
             .standby_of(&p)
             .settings(&[("primary_conninfo", &conninfo)])
@@ -2003,6 +2007,31 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
     assert_eq!(
         common::check(&results[1], "syncrep-network-latency")["status"],
         "clear"
+    );
+    // The retransmissions: none on the clean link nor the delayed one; the
+    // lossy one's walsender resent a few % of its segments while the
+    // commits waited in SyncRep.
+    silent_on(&results[0], "network-retransmits", "a delay without loss");
+    silent_on(&results[1], "network-retransmits", "no loss");
+    assert_eq!(
+        common::check(&results[1], "network-retransmits")["status"],
+        "clear"
+    );
+    let f = raised_on(
+        &results[2],
+        "network-retransmits",
+        "one packet in 20 dropped",
+        2.0,
+    );
+    assert!(
+        f["evidence"]["retransmitted"].as_u64().unwrap() >= 10,
+        "{f}"
+    );
+    assert_eq!(f["evidence"]["sync"], true, "{f}");
+    silent_on(
+        &results[2],
+        "syncrep-network-latency",
+        "loss without a delay",
     );
     let rules = Command::new("iptables-legacy")
         .args(["-w", "-S", "OUTPUT"])

@@ -898,3 +898,16 @@ pub fn assert_ranked_apart(r: &Value, both: [&str; 2]) {
     slices.dedup();
     assert_eq!(slices.len(), n, "a slice claimed twice: {by:?}");
 }
+
+/// No NFQUEUE rule (the lab's packet delay or loss) is left in OUTPUT.
+pub fn assert_no_nfqueue_rules() {
+    for tool in ["iptables-legacy", "iptables"] {
+        if let Ok(o) = std::process::Command::new(tool)
+            .args(["-w", "-S", "OUTPUT"])
+            .output()
+        {
+            let s = String::from_utf8_lossy(&o.stdout);
+            assert!(!s.contains("NFQUEUE"), "{tool} -S OUTPUT: {s}");
+        }
+    }
+}

@@ -18,6 +18,7 @@ mod fd_exhaustion;
 mod filesystem_full;
 mod matrix;
 mod memory_cgroup_reclaim;
+mod network_retransmits;
 mod no_huge_pages;
 mod noisy_neighbour;
 mod offcpu;

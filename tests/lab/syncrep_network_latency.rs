@@ -19,19 +19,6 @@ fn lab_run(extra: &[&str], out: &Path) -> Value {
     common::lab_scenario(ID, &[&short[..], extra].concat(), out)
 }
 
-/// No iptables rule of this test's pgbelow runs is left.
-fn assert_no_rules() {
-    for tool in ["iptables-legacy", "iptables"] {
-        if let Ok(o) = std::process::Command::new(tool)
-            .args(["-w", "-S", "OUTPUT"])
-            .output()
-        {
-            let s = String::from_utf8_lossy(&o.stdout);
-            assert!(!s.contains("NFQUEUE"), "{tool} -S OUTPUT: {s}");
-        }
-    }
-}
-
 #[test]
 fn a_far_standby_raises_the_finding_and_the_same_standby_next_door_does_not() {
     if common::skipped_unless_root("syncrep-network-latency needs root (iptables NFQUEUE)") {
@@ -53,7 +40,7 @@ fn a_far_standby_raises_the_finding_and_the_same_standby_next_door_does_not() {
     );
     let tps_far = r["workload"]["tps"].as_f64().unwrap();
     assert_torn_down(&out);
-    assert_no_rules();
+    common::assert_no_nfqueue_rules();
 
     let out = d.path().join("near");
     let r = lab_run(&["--rtt-ms", "0"], &out);
@@ -61,7 +48,7 @@ fn a_far_standby_raises_the_finding_and_the_same_standby_next_door_does_not() {
     assert_eq!(common::check(&r, ID)["status"], "clear", "{}", r["checks"]);
     let tps_near = r["workload"]["tps"].as_f64().unwrap();
     assert_torn_down(&out);
-    assert_no_rules();
+    common::assert_no_nfqueue_rules();
     eprintln!("20 ms round trip: {tps_far:.0} tps; none: {tps_near:.0} tps");
     assert!(tps_near > 2.0 * tps_far, "{tps_near} vs {tps_far}");
 }

@@ -148,6 +148,14 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
         "pg15-no-huge-pages-off-profile",
         &[("no-huge-pages", "critical")],
     ),
+    (
+        "pg15-network-retransmits-0",
+        &[("wal-fsync-latency", "info")],
+    ),
+    (
+        "pg15-network-retransmits-20",
+        &[("network-retransmits", "warning")],
+    ),
     ("pg15-no-huge-pages-off", &[("no-huge-pages", "info")]),
     ("pg15-no-huge-pages-on", &[]),
     (

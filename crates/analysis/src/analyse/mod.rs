@@ -17,6 +17,7 @@ pub mod fd_exhaustion;
 pub mod filesystem_full;
 pub mod finding;
 pub mod memory_cgroup_reclaim;
+pub mod network_retransmits;
 pub mod no_huge_pages;
 pub mod oom_kill_restart;
 pub mod relation_extension_lock;
@@ -114,6 +115,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(dns_on_connect::DnsOnConnect),
         Box::new(filesystem_full::FilesystemFull),
         Box::new(fd_exhaustion::FdExhaustion),
+        Box::new(network_retransmits::NetworkRetransmits),
     ]
 }
 

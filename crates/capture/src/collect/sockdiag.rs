@@ -21,6 +21,18 @@ pub struct TcpRtt {
     /// Linux 4.10+; 5 minutes by default), ms: the path's own delay, without
     /// the time the peer took to answer (a delayed ACK riding on its reply).
     pub min_rtt_ms: Option<f64>,
+    /// Segments retransmitted over the connection's life
+    /// (`tcpi_total_retrans`), and segments sent (`tcpi_segs_out`, 4.2+).
+    pub total_retrans: Option<u32>,
+    pub segs_out: Option<u32>,
+    /// The retransmission timeout now (`tcpi_rto`), ms: how long a lost
+    /// segment waits before it is sent again when no duplicate ACK says so.
+    pub rto_ms: Option<f64>,
+    /// Retransmission timeouts that fired over the connection's life, and
+    /// the time it spent recovering from them, ms (`tcpi_total_rto`,
+    /// `tcpi_total_rto_time`; Linux 6.7+).
+    pub total_rto: Option<u32>,
+    pub total_rto_time_ms: Option<u32>,
 }
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -221,12 +233,27 @@ fn parse(mut b: &[u8], out: &mut BTreeMap<u64, TcpRtt>) -> io::Result<bool> {
 /// `tcpi_total_retrans` at 100: four u64 rates and byte counts from 104,
 /// `tcpi_segs_out`, `tcpi_segs_in`, `tcpi_notsent_bytes`).
 const MIN_RTT: usize = 148;
+/// Offset of `tcpi_segs_out` (after the four u64 from 104).
+const SEGS_OUT: usize = 136;
+/// Offsets of `tcpi_total_rto` (u16) and `tcpi_total_rto_time` (u32, ms),
+/// after `tcpi_rehash` at 236 (Linux 6.7+).
+const TOTAL_RTO: usize = 240;
+const TOTAL_RTO_TIME: usize = 244;
 
 /// `tcpi_rtt`, `tcpi_rttvar` and `tcpi_min_rtt` (µs) from a `struct tcp_info`.
 fn rtt(inode: u64, info: &[u8]) -> Option<TcpRtt> {
     let off = std::mem::offset_of!(libc::tcp_info, tcpi_rtt);
     let var = std::mem::offset_of!(libc::tcp_info, tcpi_rttvar);
+    let retrans = std::mem::offset_of!(libc::tcp_info, tcpi_total_retrans);
+    let rto = std::mem::offset_of!(libc::tcp_info, tcpi_rto);
+    let at = |o: usize| (info.len() >= o + 4).then(|| u32_at(info, o));
     (info.len() >= var + 4).then(|| TcpRtt {
+        total_retrans: at(retrans),
+        segs_out: at(SEGS_OUT),
+        rto_ms: at(rto).map(|us| f64::from(us) / 1000.0),
+        total_rto: (info.len() >= TOTAL_RTO_TIME + 4)
+            .then(|| u32::from(u16::from_ne_bytes([info[TOTAL_RTO], info[TOTAL_RTO + 1]]))),
+        total_rto_time_ms: (info.len() >= TOTAL_RTO_TIME + 4).then(|| u32_at(info, TOTAL_RTO_TIME)),
         inode,
         rtt_ms: f64::from(u32_at(info, off)) / 1000.0,
         rttvar_ms: f64::from(u32_at(info, var)) / 1000.0,
@@ -266,6 +293,18 @@ mod tests {
             mine.iter()
                 .filter_map(|r| r.min_rtt_ms.map(|m| (m, r.rtt_ms)))
                 .any(|(m, rtt)| m > 0.0 && m <= rtt + 1.0),
+            "{mine:?}"
+        );
+        // Each end sent its three messages (and the handshake), none again;
+        // the timeout is the kernel's floor or above (200 ms, Linux).
+        let sent: Vec<_> = mine.iter().filter(|r| r.rtt_ms > 0.0).collect();
+        assert!(
+            sent.iter()
+                .all(|r| r.total_retrans == Some(0) && r.segs_out.is_some_and(|n| n >= 3)),
+            "{mine:?}"
+        );
+        assert!(
+            sent.iter().all(|r| r.rto_ms.is_some_and(|ms| ms >= 200.0)),
             "{mine:?}"
         );
     }

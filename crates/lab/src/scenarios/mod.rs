@@ -19,6 +19,7 @@ pub mod filesystem_full;
 pub mod fixture;
 pub mod kit;
 pub mod memory_cgroup;
+pub mod network_retransmits;
 pub mod no_huge_pages;
 pub mod noisy_neighbour;
 pub mod oom_kill_restart;
@@ -173,6 +174,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &thp_compaction_stall::ThpCompactionStall,
     &filesystem_full::FilesystemFull,
     &fd_exhaustion::FdExhaustion,
+    &network_retransmits::NetworkRetransmits,
 ];
 
 /// The scenario named `name`.
@@ -254,7 +256,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 25);
+        assert_eq!(names.len(), 26);
     }
 
     #[test]

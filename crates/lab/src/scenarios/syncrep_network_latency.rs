@@ -38,14 +38,14 @@ pub const DEFAULT_CLIENTS: u32 = 4;
 /// How long the standby may take to stream over TCP after the switch.
 const SWITCH_WAIT: Duration = Duration::from_secs(30);
 
-const PLAN: Plan = Plan {
+pub(crate) const PLAN: Plan = Plan {
     name: "syncrep-network-latency",
     args: &[],
     script: Some(super::syncrep_commit::SCRIPT),
 };
 
 /// A fixable error unless pgbelow runs as root.
-fn require_root() -> Result<()> {
+pub(crate) fn require_root() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(fixable(
@@ -60,7 +60,7 @@ fn require_root() -> Result<()> {
 
 /// `iptables-legacy` when there is one (this kernel's NFQUEUE target is
 /// the x_tables one), else `iptables`.
-fn iptables() -> Result<&'static str> {
+pub(crate) fn iptables() -> Result<&'static str> {
     for tool in ["iptables-legacy", "iptables"] {
         let found = std::process::Command::new(tool)
             .arg("--version")
@@ -86,9 +86,13 @@ pub struct NetDelay {
     tool: &'static str,
     rules: Vec<(Vec<String>, ledger::Noted)>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<u64>>,
+    thread: Option<JoinHandle<(u64, u64)>>,
     /// Packets delayed, once stopped.
     pub packets: u64,
+    /// One packet in `drop_every` is dropped (0: none): a lossy link.
+    pub drop_every: u64,
+    /// Packets dropped, once stopped.
+    pub dropped: u64,
 }
 
 impl std::fmt::Debug for NetDelay {
@@ -105,6 +109,12 @@ impl NetDelay {
     /// Delay every TCP packet to and from `127.0.0.1:port` on `lo` by
     /// `delay`; on error nothing is left.
     pub fn start(port: u16, delay: Duration) -> Result<NetDelay> {
+        NetDelay::start_lossy(port, delay, 0)
+    }
+
+    /// [`NetDelay::start`] that also drops one packet in `drop_every` (0:
+    /// none), each way: the losses TCP must retransmit.
+    pub fn start_lossy(port: u16, delay: Duration, drop_every: u64) -> Result<NetDelay> {
         crate::interrupt::check()?;
         require_root()?;
         let tool = iptables()?;
@@ -114,7 +124,7 @@ impl NetDelay {
         let s = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("pgbelow-netdelay".into())
-            .spawn(move || delayer(queue, delay, &s, &tx))
+            .spawn(move || delayer(queue, delay, drop_every, &s, &tx))
             .context("starting the packet delay thread")?;
         let mut d = NetDelay {
             port,
@@ -125,6 +135,8 @@ impl NetDelay {
             stop,
             thread: Some(thread),
             packets: 0,
+            drop_every,
+            dropped: 0,
         };
         let bound = rx
             .recv_timeout(Duration::from_secs(5))
@@ -187,13 +199,15 @@ impl NetDelay {
     }
 }
 
-/// The thread: packets in, each let go `delay` after it arrived, in order.
+/// The thread: packets in, each let go `delay` after it arrived, in order,
+/// but one in `drop_every` (0: none) dropped at once; (packets, dropped).
 fn delayer(
     queue: u16,
     delay: Duration,
+    drop_every: u64,
     stop: &AtomicBool,
     ready: &std::sync::mpsc::Sender<Result<(), String>>,
-) -> u64 {
+) -> (u64, u64) {
     let open = || -> std::io::Result<nfq::Queue> {
         let mut q = nfq::Queue::open()?;
         q.bind(queue)?;
@@ -212,11 +226,11 @@ fn delayer(
         }
         Err(e) => {
             let _ = ready.send(Err(e.to_string()));
-            return 0;
+            return (0, 0);
         }
     };
     let mut held: VecDeque<(Instant, nfq::Message)> = VecDeque::new();
-    let mut packets = 0u64;
+    let (mut packets, mut dropped) = (0u64, 0u64);
     let release = |q: &mut nfq::Queue, held: &mut VecDeque<(Instant, nfq::Message)>, all| {
         let now = Instant::now();
         while held.front().is_some_and(|(t, _)| all || *t <= now) {
@@ -227,9 +241,15 @@ fn delayer(
     };
     while !stop.load(Ordering::Relaxed) {
         match q.recv() {
-            Ok(m) => {
+            Ok(mut m) => {
                 packets += 1;
-                held.push_back((Instant::now() + delay, m));
+                if drop_every > 0 && packets % drop_every == 0 {
+                    dropped += 1;
+                    m.set_verdict(nfq::Verdict::Drop);
+                    let _ = q.verdict(m);
+                } else {
+                    held.push_back((Instant::now() + delay, m));
+                }
                 continue;
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -248,7 +268,7 @@ fn delayer(
     }
     release(&mut q, &mut held, true);
     let _ = q.unbind(queue);
-    packets
+    (packets, dropped)
 }
 
 impl Fixture for NetDelay {
@@ -259,6 +279,7 @@ impl Fixture for NetDelay {
                 "port": self.port,
                 "delay_ms_each_way": self.delay.as_secs_f64() * 1000.0,
                 "rtt_added_ms": self.delay.as_secs_f64() * 2000.0,
+                "drop_every": self.drop_every,
                 "nfqueue": self.queue,
                 "iptables": self.tool,
             }),
@@ -277,7 +298,7 @@ impl Fixture for NetDelay {
         }
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
-            self.packets = t.join().unwrap_or(0);
+            (self.packets, self.dropped) = t.join().unwrap_or((0, 0));
         }
         match err {
             Some(e) => Err(anyhow::anyhow!("removing the packet delay: {e}")),
@@ -388,46 +409,68 @@ impl Scenario for SyncrepNetworkLatency {
             require_root()?;
             iptables()?;
         }
-        let mut o = opts.clone();
-        // The walreceiver restarts at once after the switch to TCP.
-        if !o
-            .replication
-            .standby_set
-            .iter()
-            .any(|(k, _)| k == "wal_retrieve_retry_interval")
-        {
-            o.replication
-                .standby_set
-                .push(("wal_retrieve_retry_interval".into(), "100ms".into()));
-        }
-        Ok(o)
+        Ok(tcp_standby_options(opts))
     }
 
     fn prepare(&self, lab: &Lab, host: &mut Fixtures) -> Result<Prepared> {
-        super::syncrep_commit::prepare(&lab.dsn(), lab.status)?;
-        let primary = lab.primary();
-        // The delay first: the connection's first packets already wait, so
-        // the kernel's minimum round trip is the delayed path's.
-        let rtt = rtt_ms(lab.opts);
-        if rtt > 0 {
-            let d = NetDelay::start(
-                primary.port(),
-                Duration::from_secs_f64(f64::from(rtt) / 2000.0),
-            )?;
-            (lab.status)(&format!(
-                "packets to and from port {} wait {} ms each way (NFQUEUE {})",
-                d.port,
-                f64::from(rtt) / 2.0,
-                d.queue
-            ));
-            host.push(d);
-        }
-        for s in lab.topo.standbys() {
-            (lab.status)(&format!("{} streams over TCP (127.0.0.1)", s.name));
-            switch_to_tcp(&s.cluster, &s.name, primary)?;
-        }
-        Ok(Prepared::default())
+        prepare_tcp_standby(lab, host, rtt_ms(lab.opts), 0)
     }
+}
+
+/// The options with the standbys' walreceiver restarting at once after
+/// the switch to TCP (unless `--standby-set` says otherwise).
+pub(crate) fn tcp_standby_options(opts: &LabOptions) -> LabOptions {
+    let mut o = opts.clone();
+    if !o
+        .replication
+        .standby_set
+        .iter()
+        .any(|(k, _)| k == "wal_retrieve_retry_interval")
+    {
+        o.replication
+            .standby_set
+            .push(("wal_retrieve_retry_interval".into(), "100ms".into()));
+    }
+    o
+}
+
+/// The syncrep-commit table, then the packets of the primary's port held
+/// `rtt` ms in all and one in `drop_every` dropped (either 0: not), then
+/// the standbys streaming over TCP. The delay comes first: the
+/// connection's first packets already wait, so the kernel's minimum round
+/// trip is the delayed path's.
+pub fn prepare_tcp_standby(
+    lab: &Lab,
+    host: &mut Fixtures,
+    rtt: u32,
+    drop_every: u64,
+) -> Result<Prepared> {
+    super::syncrep_commit::prepare(&lab.dsn(), lab.status)?;
+    let primary = lab.primary();
+    if rtt > 0 || drop_every > 0 {
+        let d = NetDelay::start_lossy(
+            primary.port(),
+            Duration::from_secs_f64(f64::from(rtt) / 2000.0),
+            drop_every,
+        )?;
+        (lab.status)(&format!(
+            "packets to and from port {} wait {} ms each way{} (NFQUEUE {})",
+            d.port,
+            f64::from(rtt) / 2.0,
+            if drop_every > 0 {
+                format!(", one in {drop_every} dropped")
+            } else {
+                String::new()
+            },
+            d.queue
+        ));
+        host.push(d);
+    }
+    for s in lab.topo.standbys() {
+        (lab.status)(&format!("{} streams over TCP (127.0.0.1)", s.name));
+        switch_to_tcp(&s.cluster, &s.name, primary)?;
+    }
+    Ok(Prepared::default())
 }
 
 #[cfg(test)]

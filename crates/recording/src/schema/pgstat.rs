@@ -202,6 +202,22 @@ pub struct Replica {
     /// Why `rtt_ms` is missing, when it was asked for and not read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtt_error: Option<String>,
+    /// The walsender socket's segments retransmitted and sent over its
+    /// life (`tcpi_total_retrans`, `tcpi_segs_out`), and its
+    /// retransmission timeout now (`tcpi_rto`, ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retrans: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segs_out: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rto_ms: Option<f64>,
+    /// Its retransmission timeouts that fired and the time spent recovering
+    /// from them over its life, ms (`tcpi_total_rto`,
+    /// `tcpi_total_rto_time`; Linux 6.7+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rto_count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rto_time_ms: Option<u64>,
 }
 
 /// A checkpoint (or restartpoint) line of the server log, or one of the

@@ -494,6 +494,11 @@ fn walsender_rtt(
             Some(x) => {
                 r.rtt_ms = Some(crate::round3(x.rtt_ms));
                 r.min_rtt_ms = x.min_rtt_ms.map(crate::round3);
+                r.retrans = x.total_retrans.map(u64::from);
+                r.segs_out = x.segs_out.map(u64::from);
+                r.rto_ms = x.rto_ms.map(crate::round3);
+                r.rto_count = x.total_rto.map(u64::from);
+                r.rto_time_ms = x.total_rto_time_ms.map(u64::from);
             }
             None => {
                 r.rtt_error = Some(format!(

@@ -1,0 +1,420 @@
+//! `network-retransmits`: the link to a standby loses packets and TCP sends
+//! them again. On a synchronous standby's link the loss is in every
+//! commit's path: the walsender's WAL segment that was lost is resent only
+//! when the standby's ACKs say so (a duplicate ACK, which a quiet link that
+//! waits for the standby's reply does not send) or when the retransmission
+//! timeout fires — 200 ms at least on Linux — and the commits behind it
+//! wait that long in `IPC:SyncRep`.
+//!
+//! Measured on the walsenders' own sockets (the pgstat collector reads
+//! their `tcp_info` over sock_diag each sample): the segments retransmitted
+//! (`tcpi_total_retrans`) over the segments sent (`tcpi_segs_out`) between
+//! the recording's first and last sample, and the retransmission timeout.
+//! The cost is the backends' wait for those standbys (their
+//! `IPC:SyncRep` samples): a warning needs both the loss and commits
+//! waiting on that link; loss on an asynchronous standby's link (lag, not
+//! commit latency) is info. Clients' sockets are not read yet.
+use serde_json::json;
+
+use super::syncrep_network_latency::{commits, SYNCREP_WAIT};
+use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
+use crate::evidence::Evidence;
+use crate::round3;
+
+pub const ID: &str = "network-retransmits";
+
+/// Share of the segments sent that were sent again from which a link is
+/// lossy. Measured here (2-vCPU VM, PostgreSQL 15.18, `lab run --scenario
+/// network-retransmits --duration 5`, 4 clients): one packet in 20 dropped
+/// each way resent 3.1 % of the walsender's segments (commits 1.98 ms
+/// against 0.98 ms, 2,009 tps against 4,080), one in 50 resent 1.2–1.4 %
+/// (1.44–1.54 ms); none without the drops (nor in the healthy corpus,
+/// whose standby streams over a Unix socket). A healthy LAN or zone link
+/// resends well under 0.1 %.
+pub const WARN_SHARE: f64 = 0.01;
+/// …from which it is critical; also when timeout recovery (Linux 6.7+)
+/// held the link this share of the recording.
+pub const CRITICAL_SHARE: f64 = 0.05;
+/// Retransmissions needed: a couple on a quiet link are not a rate.
+pub const MIN_RETRANS: u64 = 5;
+/// The commits wait on the link: this share of the busy backends' samples
+/// in `IPC:SyncRep`.
+pub const MIN_SYNCREP_SHARE: f64 = 0.10;
+
+/// One standby's link over the recording.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Link {
+    pub standby: String,
+    pub sync: bool,
+    pub retrans: u64,
+    pub segs_out: u64,
+    pub rto_ms: Option<f64>,
+    pub samples: usize,
+    /// The smoothed round trip, median of the samples, ms.
+    pub rtt_ms: Option<f64>,
+    /// Retransmission timeouts fired and the time spent recovering from
+    /// them, ms, over the span (Linux 6.7+).
+    pub rto_count: Option<u64>,
+    pub rto_time_ms: Option<u64>,
+    /// Seconds between the first and last sample.
+    pub span_s: f64,
+}
+
+impl Link {
+    pub fn share(&self) -> f64 {
+        self.retrans as f64 / self.segs_out.max(1) as f64
+    }
+
+    /// Seconds the link spent getting lost segments through, a lower
+    /// bound: the time in timeout recovery the kernel counted (6.7+), and
+    /// one round trip for each other resent segment (a duplicate ACK or a
+    /// loss probe must come back before it is sent again).
+    pub fn stall_s(&self) -> f64 {
+        let fast = self.retrans.saturating_sub(self.rto_count.unwrap_or(0));
+        self.rto_time_ms.unwrap_or(0) as f64 / 1000.0
+            + fast as f64 * self.rtt_ms.unwrap_or(0.0) / 1000.0
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "standby": self.standby,
+            "sync": self.sync,
+            "retransmitted": self.retrans,
+            "segments_sent": self.segs_out,
+            "retransmitted_share": round3(self.share()),
+            "rto_ms": self.rto_ms,
+            "rtt_ms": self.rtt_ms,
+            "timeouts": self.rto_count,
+            "timeout_recovery_ms": self.rto_time_ms,
+            "stall_s_at_least": round3(self.stall_s()),
+            "samples": self.samples,
+        })
+    }
+}
+
+/// The walsenders' TCP links seen with their counters; Err: why none
+/// could be measured, and whether that is "not applicable" (true).
+pub fn links(ev: &Evidence) -> Result<Vec<Link>, (String, bool)> {
+    if !ev.recorded("pgstat") && ev.server.is_empty() {
+        return Err((
+            "pg_stat_replication was not recorded: add the pgstat collector (--collectors \
+             …,pgstat), which reads the walsenders' sockets"
+                .into(),
+            false,
+        ));
+    }
+    type Sample = (
+        f64,
+        u64,
+        u64,
+        Option<f64>,
+        Option<f64>,
+        Option<u64>,
+        Option<u64>,
+    );
+    type Seen = (Vec<Sample>, bool, bool);
+    let mut by: std::collections::BTreeMap<String, Seen> = Default::default();
+    for s in &ev.server {
+        for r in &s.replication {
+            if r.client_addr.is_none() {
+                continue;
+            }
+            let e = by.entry(r.application_name.clone()).or_default();
+            e.1 |= matches!(r.sync_state.as_deref(), Some("sync" | "quorum"));
+            e.2 = true;
+            if let (Some(re), Some(so)) = (r.retrans, r.segs_out) {
+                e.0.push((s.t, re, so, r.rto_ms, r.rtt_ms, r.rto_count, r.rto_time_ms));
+            }
+        }
+    }
+    if by.is_empty() {
+        return Err((
+            "no standby streams over TCP (none in pg_stat_replication, or on a Unix socket): \
+             there is no network link to lose packets"
+                .into(),
+            true,
+        ));
+    }
+    let mut out = Vec::new();
+    for (standby, (v, sync, _)) in by {
+        let (Some(first), Some(last)) = (v.first(), v.last()) else {
+            continue;
+        };
+        let mut rtts: Vec<f64> = v.iter().filter_map(|x| x.4).collect();
+        rtts.sort_by(f64::total_cmp);
+        let delta = |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?));
+        out.push(Link {
+            standby,
+            sync,
+            retrans: last.1.saturating_sub(first.1),
+            segs_out: last.2.saturating_sub(first.2),
+            rto_ms: v.iter().filter_map(|x| x.3).reduce(f64::max),
+            samples: v.len(),
+            rtt_ms: rtts.get(rtts.len() / 2).copied(),
+            rto_count: delta(first.5, last.5),
+            rto_time_ms: delta(first.6, last.6),
+            span_s: last.0 - first.0,
+        });
+    }
+    if out.is_empty() {
+        return Err((
+            "the walsenders' retransmission counters were not recorded (a recording from \
+             before pgbelow read them, or their sockets could not be read: root or the \
+             server's account)"
+                .into(),
+            false,
+        ));
+    }
+    Ok(out)
+}
+
+/// The link that lost the most, by share.
+fn worst(ev: &Evidence) -> Option<Link> {
+    links(ev)
+        .ok()?
+        .into_iter()
+        .max_by(|a, b| a.share().total_cmp(&b.share()))
+}
+
+fn retransmitted_pct(ev: &Evidence) -> Option<f64> {
+    worst(ev).map(|l| round3(100.0 * l.share()))
+}
+
+pub struct NetworkRetransmits;
+
+impl Rule for NetworkRetransmits {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn headline(&self) -> Option<Headline> {
+        Some(Headline {
+            figure: "segments the walsenders sent again, % of those sent",
+            value: retransmitted_pct,
+            metric: None,
+        })
+    }
+
+    fn measure(&self, ev: &Evidence) -> Measure {
+        match links(ev) {
+            Err((why, true)) => Measure::NotApplicable(why),
+            Err((why, false)) => Measure::Missing(why),
+            Ok(_) => Measure::Figure(Figure::above(
+                "segments the walsenders sent again",
+                retransmitted_pct(ev).unwrap_or(0.0),
+                "%",
+                WARN_SHARE * 100.0,
+            )),
+        }
+    }
+
+    fn held_back(&self, ev: &Evidence) -> Option<String> {
+        let l = worst(ev)?;
+        (l.retrans < MIN_RETRANS).then(|| {
+            format!(
+                "{} segment(s) resent of {}: fewer than {MIN_RETRANS}, not a rate",
+                l.retrans, l.segs_out
+            )
+        })
+    }
+
+    fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
+        let l = worst(ev)?;
+        if l.share() < WARN_SHARE || l.retrans < MIN_RETRANS {
+            return None;
+        }
+        let all: Vec<serde_json::Value> = links(ev)
+            .map(|v| v.iter().map(Link::json).collect())
+            .unwrap_or_default();
+        let c = commits(ev);
+        let syncrep_share = c
+            .as_ref()
+            .map(|c| c.syncrep_samples as f64 / c.busy_samples.max(1) as f64);
+        let waited = l.sync && syncrep_share.is_some_and(|s| s >= MIN_SYNCREP_SHARE);
+        let evidence = json!({
+            "standby": l.standby,
+            "sync": l.sync,
+            "retransmitted": l.retrans,
+            "segments_sent": l.segs_out,
+            "retransmitted_share": round3(l.share()),
+            "rto_ms": l.rto_ms,
+            "links": all,
+            "syncrep_share_of_busy": syncrep_share.map(round3),
+            "syncrep_ms_per_commit": c.as_ref().map(|c| round3(c.syncrep_ms_per_commit())),
+            "commit_latency_ms": c.as_ref().map(|c| round3(c.latency_ms)),
+            "commits": c.as_ref().map(|c| c.n),
+        });
+        let remedy = "Find where the link to the standby loses packets: `ss -ti` on the \
+                      primary (retrans, rto), `nstat -az TcpRetransSegs TcpExtTCPTimeouts`, the \
+                      interfaces' drop and error counters (`ip -s link`), a saturated or \
+                      policed path, a flaky NIC or cable, MTU mismatches. While it lasts, a \
+                      synchronous standby on that link holds every commit for each lost \
+                      segment's retransmission timeout: name another standby first in \
+                      synchronous_standby_names, use a quorum (ANY), or lower \
+                      synchronous_commit for the sessions that can take it."
+            .to_string();
+        let loss = format!(
+            "{} of {} segments the walsender for {} sent were sent again ({:.1} %{})",
+            l.retrans,
+            l.segs_out,
+            l.standby,
+            100.0 * l.share(),
+            l.rto_ms
+                .map(|r| format!(", retransmission timeout up to {r:.0} ms"))
+                .unwrap_or_default()
+        );
+        if !waited {
+            return Some(Finding {
+                id: ID.into(),
+                severity: Severity::Info,
+                impact: None,
+                title: "The link to a standby loses packets; commits did not wait on it".into(),
+                summary: format!(
+                    "{loss}. {}",
+                    if l.sync {
+                        "The standby is synchronous, but the backends spent little of their \
+                         time waiting for it in the recording."
+                    } else {
+                        "The standby is asynchronous: the loss delays its replay (lag), not \
+                         the commits."
+                    }
+                ),
+                evidence,
+                remedy,
+            });
+        }
+        let share = syncrep_share.unwrap_or(0.0);
+        let span = l.span_s.max(1e-9);
+        let rto_share = l.rto_time_ms.unwrap_or(0) as f64 / 1000.0 / span;
+        let severity = if l.share() >= CRITICAL_SHARE || rto_share >= CRITICAL_SHARE {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        };
+        let c = c.expect("commits measured");
+        Some(Finding {
+            id: ID.into(),
+            severity,
+            impact: Impact::new(
+                l.stall_s() / span,
+                "the recording's time, in which the link to that standby was getting lost \
+                 segments through (a lower bound: commits behind them wait)",
+                format!(
+                    "at least {:.2} s of {:.0} s: {} timeout recovery, and a {} round trip for \
+                     each other resent segment",
+                    l.stall_s(),
+                    span,
+                    l.rto_time_ms
+                        .map(|ms| format!("{ms} ms of"))
+                        .unwrap_or_else(|| "no count of (a kernel before 6.7)".into()),
+                    l.rtt_ms
+                        .map(|r| format!("{r:.2} ms"))
+                        .unwrap_or_else(|| "(unknown)".into())
+                ),
+            ),
+            title: "Commits wait for packets lost on the link to a synchronous standby".into(),
+            summary: format!(
+                "{loss}. The standby is synchronous: a lost segment is resent once a duplicate \
+                 ACK or a loss probe comes back (a round trip) or its timeout fires ({}), and \
+                 the commits behind it wait — the backends spent {:.0} % of their busy samples \
+                 in {SYNCREP_WAIT}, {:.1} ms per commit (commit latency {:.1} ms, {}).",
+                match (l.rto_count, l.rto_time_ms) {
+                    (Some(n), Some(ms)) => format!("{n} timeout(s), {ms} ms recovering"),
+                    _ => "timeouts not counted by this kernel".into(),
+                },
+                share * 100.0,
+                c.syncrep_ms_per_commit(),
+                c.latency_ms,
+                c.latency_source
+            ),
+            evidence,
+            remedy,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyse::fixture;
+
+    // Real lab runs on PostgreSQL 15.18 (system), this 2-vCPU VM: `pgbelow
+    // lab run --scenario network-retransmits --duration 5 --collectors
+    // pgstat [--drop-every 0]` (one INSERT per commit, 4 clients, the
+    // synchronous standby over TCP, one packet in 20 dropped each way).
+    #[test]
+    fn warning_when_commits_wait_on_a_lossy_link() {
+        let rec = fixture("pg15-network-retransmits-20");
+        let f = NetworkRetransmits.evaluate(&rec).expect("finding");
+        assert_eq!(f.severity, Severity::Warning);
+        let ev = &f.evidence;
+        assert_eq!(ev["sync"], true);
+        let share = ev["retransmitted_share"].as_f64().unwrap();
+        assert!((2.0 * WARN_SHARE..CRITICAL_SHARE).contains(&share), "{ev}");
+        let l = worst(&rec).unwrap();
+        // Every loss repaired without a timeout (6.18 counts them: none).
+        assert_eq!((l.rto_count, l.rto_time_ms), (Some(0), Some(0)), "{l:?}");
+        assert!(l.stall_s() > 0.05, "{l:?}");
+        assert!(f.impact.is_some());
+        assert!(ev["syncrep_share_of_busy"].as_f64().unwrap() >= MIN_SYNCREP_SHARE);
+    }
+
+    #[test]
+    fn clear_on_the_same_link_without_loss_and_info_for_an_async_standby() {
+        let rec = fixture("pg15-network-retransmits-0");
+        assert!(NetworkRetransmits.evaluate(&rec).is_none());
+        match NetworkRetransmits.measure(&rec) {
+            Measure::Figure(m) => assert!(!m.past() && m.value == 0.0, "{m:?}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
+        }
+        // The lossy link, were the standby asynchronous: lag, not commits.
+        let mut asynchronous = fixture("pg15-network-retransmits-20");
+        for s in &mut asynchronous.server {
+            for r in &mut s.replication {
+                r.sync_state = Some("async".into());
+            }
+        }
+        let f = NetworkRetransmits.evaluate(&asynchronous).expect("info");
+        assert_eq!(f.severity, Severity::Info);
+        // A standby on a Unix socket has no link to lose packets on.
+        let mut unix = fixture("pg15-network-retransmits-0");
+        for s in &mut unix.server {
+            for r in &mut s.replication {
+                r.client_addr = None;
+            }
+        }
+        assert!(matches!(
+            NetworkRetransmits.measure(&unix),
+            Measure::NotApplicable(_)
+        ));
+    }
+
+    #[test]
+    fn share_of_segments() {
+        let l = Link {
+            standby: "s".into(),
+            sync: true,
+            retrans: 30,
+            segs_out: 1000,
+            rto_ms: Some(204.0),
+            samples: 8,
+            rtt_ms: Some(0.5),
+            rto_count: Some(10),
+            rto_time_ms: Some(1200),
+            span_s: 5.0,
+        };
+        assert!((l.share() - 0.03).abs() < 1e-9);
+        // 10 of the 30 by timeout (1.2 s in all), 20 each a 0.5 ms round trip.
+        assert!(
+            (l.stall_s() - (1.2 + 20.0 * 0.0005)).abs() < 1e-9,
+            "{}",
+            l.stall_s()
+        );
+        let none = Link {
+            segs_out: 0,
+            retrans: 0,
+            ..l
+        };
+        assert_eq!(none.share(), 0.0);
+    }
+}
