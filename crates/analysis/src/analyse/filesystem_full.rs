@@ -318,10 +318,39 @@ impl FilesystemFull {
     /// The filesystem the growth would fill soonest (its share of the free
     /// space in the horizon), among those measured.
     fn fullest(ev: &Evidence) -> Option<Growth> {
-        growth(ev)
-            .into_iter()
-            .filter(|g| g.span_s >= MIN_SPAN_S)
-            .max_by(|a, b| a.share_in_horizon().total_cmp(&b.share_in_horizon()))
+        fullest_of(&growth(ev)).cloned()
+    }
+}
+
+/// [`FilesystemFull::fullest`] among growths already computed.
+fn fullest_of(all: &[Growth]) -> Option<&Growth> {
+    all.iter()
+        .filter(|g| g.span_s >= MIN_SPAN_S)
+        .max_by(|a, b| a.share_in_horizon().total_cmp(&b.share_in_horizon()))
+}
+
+/// Where the errors' files live, sorted, once each.
+fn places_of(errors: &[&LogEvent]) -> Vec<String> {
+    let mut places: Vec<String> = errors
+        .iter()
+        .filter_map(|e| e.file.as_deref())
+        .map(place)
+        .collect();
+    places.sort();
+    places.dedup();
+    places
+}
+
+fn fs_text(gs: &[Growth]) -> String {
+    gs.iter().map(describe).collect::<Vec<_>>().join("; ")
+}
+
+/// The filesystems as measured, after `lead`, or that they were not.
+fn measured_text(all: &[Growth], lead: &str) -> String {
+    if all.is_empty() {
+        "The filesystems were not measured".to_string()
+    } else {
+        format!("{lead}: {}", fs_text(all))
     }
 }
 
@@ -386,13 +415,7 @@ impl Rule for FilesystemFull {
         let server = errors.iter().filter(|e| server_level(e)).count();
         let failed = errors.len() - server;
         let rate = round3(failed as f64 / secs);
-        let mut places: Vec<String> = errors
-            .iter()
-            .filter_map(|e| e.file.as_deref())
-            .map(place)
-            .collect();
-        places.sort();
-        places.dedup();
+        let places = places_of(&errors);
         let mut files: Vec<&str> = errors.iter().filter_map(|e| e.file.as_deref()).collect();
         files.sort_unstable();
         files.dedup();
@@ -419,7 +442,6 @@ impl Rule for FilesystemFull {
                       wal_keep_size. Never delete files in pg_wal by hand. Watch the free space \
                       with an alert well before the time to full."
             .to_string();
-        let fs_text = |gs: &[Growth]| gs.iter().map(describe).collect::<Vec<_>>().join("; ");
         if !errors.is_empty() {
             let severity = if server > 0 || rate >= CRITICAL_RATE {
                 Severity::Critical
@@ -463,18 +485,13 @@ impl Rule for FilesystemFull {
                      ({}){outage}. {}.",
                     errors.first().map_or(0.0, |e| e.t),
                     files.join(", "),
-                    if all.is_empty() {
-                        "The filesystems were not measured".to_string()
-                    } else {
-                        format!("Measured: {}", fs_text(&all))
-                    },
+                    measured_text(&all, "Measured"),
                 ),
                 evidence,
                 remedy,
             });
         }
-        if let Some(g) = Self::fullest(ev).filter(|g| g.share_in_horizon() >= 1.0 && g.sustained())
-        {
+        if let Some(g) = fullest_of(&all).filter(|g| g.share_in_horizon() >= 1.0 && g.sustained()) {
             let ttf = g.time_to_full_s.unwrap_or(0.0);
             return Some(Finding {
                 id: ID.into(),
@@ -493,7 +510,7 @@ impl Rule for FilesystemFull {
                     "At the growth measured over {:.0} s, {} is full in {ttf:.0} s (within the \
                      {HORIZON_S:.0} s bound){}. Nothing has failed yet.",
                     g.span_s,
-                    describe(&g),
+                    describe(g),
                     match g.wal_room_kb {
                         Some(r) if g.holds.iter().any(|h| h == "pg_wal") => format!(
                             "; pg_wal's growth counted up to max_wal_size + wal_keep_size ({} \
@@ -519,13 +536,7 @@ impl Rule for FilesystemFull {
             .collect();
         if let Some(first) = past.first() {
             let down = past.iter().filter(|e| server_level(e)).count();
-            let mut places: Vec<String> = past
-                .iter()
-                .filter_map(|e| e.file.as_deref())
-                .map(place)
-                .collect();
-            places.sort();
-            places.dedup();
+            let places = places_of(&past);
             let mut evidence = evidence;
             evidence["from_log"] = json!(true);
             evidence["past_errors"] = json!(past.len());
@@ -549,11 +560,7 @@ impl Rule for FilesystemFull {
                     } else {
                         places.join(", ")
                     },
-                    if all.is_empty() {
-                        "The filesystems were not measured".to_string()
-                    } else {
-                        format!("Now: {}", fs_text(&all))
-                    },
+                    measured_text(&all, "Now"),
                 ),
                 evidence,
                 remedy,

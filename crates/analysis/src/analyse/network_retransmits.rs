@@ -170,10 +170,11 @@ pub fn links(ev: &Evidence) -> Result<Vec<Link>, (String, bool)> {
 
 /// The link that lost the most, by share.
 fn worst(ev: &Evidence) -> Option<Link> {
-    links(ev)
-        .ok()?
-        .into_iter()
-        .max_by(|a, b| a.share().total_cmp(&b.share()))
+    worst_of(&links(ev).ok()?).cloned()
+}
+
+fn worst_of(all: &[Link]) -> Option<&Link> {
+    all.iter().max_by(|a, b| a.share().total_cmp(&b.share()))
 }
 
 fn retransmitted_pct(ev: &Evidence) -> Option<f64> {
@@ -219,13 +220,12 @@ impl Rule for NetworkRetransmits {
     }
 
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
-        let l = worst(ev)?;
+        let measured = links(ev).ok()?;
+        let l = worst_of(&measured)?;
         if l.share() < WARN_SHARE || l.retrans < MIN_RETRANS {
             return None;
         }
-        let all: Vec<serde_json::Value> = links(ev)
-            .map(|v| v.iter().map(Link::json).collect())
-            .unwrap_or_default();
+        let all: Vec<serde_json::Value> = measured.iter().map(Link::json).collect();
         let c = commits(ev);
         let syncrep_share = c
             .as_ref()
