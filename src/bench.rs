@@ -129,6 +129,18 @@ pub static CASES: &[Case] = &[
         baseline: &["--fs-size", "8192", "--fs-free", "8192"],
     },
     Case {
+        name: "disk-io-errors",
+        expect: &["disk-io-errors"],
+        args: &[
+            "--scenario",
+            "disk-io-errors",
+            "--collectors",
+            "procfs,system,pgstat",
+        ],
+        cause: &[],
+        baseline: &["--cut-mb", "0"],
+    },
+    Case {
         name: "fd-exhaustion",
         expect: &["fd-exhaustion"],
         args: &[

@@ -10,6 +10,7 @@ mod aio_workers_saturated;
 mod bench;
 mod cgroup_cpu_throttling;
 mod checkpoint_stall;
+mod disk_io_errors;
 mod disk_read_latency;
 mod dns_on_connect;
 mod drop_many;

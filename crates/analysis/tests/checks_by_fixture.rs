@@ -121,6 +121,8 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
             ("oom-kill-restart", "info"),
         ],
     ),
+    ("pg15-disk-io-errors-16", &[("disk-io-errors", "critical")]),
+    ("pg15-disk-io-errors-0", &[]),
     ("pg15-fd-exhaustion-64", &[("fd-exhaustion", "critical")]),
     ("pg15-fd-exhaustion-start-limit", &[]),
     (

@@ -201,6 +201,7 @@ pub const RELEVANT_SETTINGS: &[&str] = &[
     "archive_mode",
     // The file descriptors PostgreSQL budgets for (fd-exhaustion).
     "max_files_per_process",
+    "data_sync_retry",
 ];
 
 /// Facts about this machine for the manifest.

@@ -239,7 +239,8 @@ pub fn rank(backends: &RoleAccount, findings: &mut [Finding], rules: &[Box<dyn R
 impl Explained {
     /// The verdict's second line.
     pub fn line(&self) -> String {
-        let pct = |x: f64| format!("{:.0} %", x * 100.0);
+        // A share of -0.0 (an explained claim of nothing) printed "-0 %".
+        let pct = |x: f64| format!("{:.0} %", if x <= 0.0 { 0.0 } else { x * 100.0 });
         let mut s = format!(
             "findings explain {} of the backends' busy time ({:.1} s)",
             pct(self.explained_share),

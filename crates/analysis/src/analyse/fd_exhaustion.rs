@@ -18,6 +18,7 @@
 //! forks) and the machine's file-nr go into the explanation.
 use serde_json::json;
 
+use super::log_errors::{files_of, in_recording, seconds_with, secs};
 use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
 use crate::recording::schema::pgstat::LogEvent;
@@ -37,19 +38,11 @@ pub const CRITICAL_RATE: f64 = 0.05;
 
 /// The file descriptor errors within the recording.
 fn fd_errors(ev: &Evidence) -> Vec<&LogEvent> {
-    let end = ev.manifest.duration_s.unwrap_or(f64::INFINITY);
-    ev.log_events
-        .iter()
-        .filter(|e| e.kind == "fd" && e.t >= 0.0 && e.t <= end + 1.0)
-        .collect()
+    in_recording(ev, "fd")
 }
 
 fn is_failure(e: &LogEvent) -> bool {
     e.phase != "retry"
-}
-
-fn secs(ev: &Evidence) -> f64 {
-    ev.manifest.duration_s.unwrap_or(0.0).max(1e-9)
 }
 
 /// The headline: statements and connections failed for want of file
@@ -176,10 +169,7 @@ impl Rule for FdExhaustion {
             .count();
         let secs = secs(ev);
         let rate = round3(failed as f64 / secs);
-        let mut files: Vec<&str> = failures.iter().filter_map(|e| e.file.as_deref()).collect();
-        files.sort_unstable();
-        files.dedup();
-        files.truncate(5);
+        let files = files_of(&failures);
         let mut pids: Vec<u32> = errors.iter().filter_map(|e| e.pid).collect();
         pids.sort_unstable();
         pids.dedup();
@@ -216,14 +206,12 @@ impl Rule for FdExhaustion {
             } else {
                 Severity::Warning
             };
-            let mut seconds: Vec<i64> = failures.iter().map(|e| e.t.floor() as i64).collect();
-            seconds.sort_unstable();
-            seconds.dedup();
+            let seconds = seconds_with(&failures);
             return Some(Finding {
                 id: ID.into(),
                 severity,
                 impact: Impact::new(
-                    seconds.len() as f64 / secs,
+                    seconds as f64 / secs,
                     "the recording's seconds (a statement or connection failed in them)",
                     format!(
                         "{failed} failed with \"Too many open files\" over {secs:.0} s \

@@ -17,6 +17,9 @@
 //! undone (space freed: a truncate, a temp file deleted) is not projected.
 use serde_json::json;
 
+use super::log_errors::{
+    before_recording, extend, in_recording, places_of, seconds_with, secs, server_level, Failures,
+};
 use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
 use crate::recording::schema::pgstat::LogEvent;
@@ -262,33 +265,7 @@ pub fn growth(ev: &Evidence) -> Vec<Growth> {
 
 /// The ENOSPC errors (other than /dev/shm's) within the recording.
 pub fn no_space(ev: &Evidence) -> Vec<&LogEvent> {
-    let end = ev.manifest.duration_s.unwrap_or(f64::INFINITY);
-    ev.log_events
-        .iter()
-        .filter(|e| e.kind == "no-space" && e.t >= 0.0 && e.t <= end + 1.0)
-        .collect()
-}
-
-/// Whether an error stopped the server rather than one statement.
-fn server_level(e: &LogEvent) -> bool {
-    matches!(e.phase.as_str(), "PANIC" | "FATAL")
-}
-
-/// Where the file of an error lives, in the words of the report.
-fn place(file: &str) -> String {
-    if file.starts_with("pg_wal/") || file.starts_with("pg_xlog/") {
-        "pg_wal".into()
-    } else if let Some(rest) = file.strip_prefix("pg_tblspc/") {
-        format!("tablespace {}", rest.split('/').next().unwrap_or("?"))
-    } else if file.contains("pgsql_tmp") {
-        "temporary files".into()
-    } else {
-        "data".into()
-    }
-}
-
-fn secs(ev: &Evidence) -> f64 {
-    ev.manifest.duration_s.unwrap_or(0.0).max(1e-9)
+    in_recording(ev, "no-space")
 }
 
 fn fs_unreadable(ev: &Evidence) -> String {
@@ -346,18 +323,6 @@ fn fullest_of(all: &[Growth]) -> Option<&Growth> {
     all.iter()
         .filter(|g| g.span_s >= MIN_SPAN_S)
         .max_by(|a, b| a.share_in_horizon().total_cmp(&b.share_in_horizon()))
-}
-
-/// Where the errors' files live, sorted, once each.
-fn places_of(errors: &[&LogEvent]) -> Vec<String> {
-    let mut places: Vec<String> = errors
-        .iter()
-        .filter_map(|e| e.file.as_deref())
-        .map(place)
-        .collect();
-    places.sort();
-    places.dedup();
-    places
 }
 
 fn fs_text(gs: &[Growth]) -> String {
@@ -427,31 +392,23 @@ impl Rule for FilesystemFull {
     }
 
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
-        let errors = no_space(ev);
+        let fl = Failures::of(ev, "no-space");
+        let (errors, places, files) = (&fl.errors, &fl.places, &fl.files);
+        let (server, failed, rate) = (fl.server, fl.failed, fl.rate);
         let all = growth(ev);
         let setting = |n: &str| ev.manifest.postgres.settings.get(n).cloned();
         let secs = secs(ev);
-        let server = errors.iter().filter(|e| server_level(e)).count();
-        let failed = errors.len() - server;
-        let rate = round3(failed as f64 / secs);
-        let places = places_of(&errors);
-        let mut files: Vec<&str> = errors.iter().filter_map(|e| e.file.as_deref()).collect();
-        files.sort_unstable();
-        files.dedup();
-        files.truncate(5);
-        let evidence = json!({
-            "failed_statements": failed,
-            "failed_per_s": rate,
-            "server_failures": server,
-            "first_t": errors.first().map(|e| e.t),
-            "where": places,
-            "files": files,
-            "filesystems": all.iter().map(Growth::json).collect::<Vec<_>>(),
-            "max_wal_size": setting("max_wal_size"),
-            "wal_keep_size": setting("wal_keep_size"),
-            "max_slot_wal_keep_size": setting("max_slot_wal_keep_size"),
-            "archive_mode": setting("archive_mode"),
-        });
+        let mut evidence = fl.json();
+        extend(
+            &mut evidence,
+            json!({
+                "filesystems": all.iter().map(Growth::json).collect::<Vec<_>>(),
+                "max_wal_size": setting("max_wal_size"),
+                "wal_keep_size": setting("wal_keep_size"),
+                "max_slot_wal_keep_size": setting("max_slot_wal_keep_size"),
+                "archive_mode": setting("archive_mode"),
+            }),
+        );
         let remedy = "Free or add space on the filesystem named: grow the volume, move a \
                       tablespace (ALTER TABLE … SET TABLESPACE, or a new tablespace on another \
                       filesystem for new relations), remove what is not PostgreSQL's. If pg_wal \
@@ -467,9 +424,7 @@ impl Rule for FilesystemFull {
             } else {
                 Severity::Warning
             };
-            let mut seconds: Vec<i64> = errors.iter().map(|e| e.t.floor() as i64).collect();
-            seconds.sort_unstable();
-            seconds.dedup();
+            let seconds = seconds_with(errors);
             let outage = if server > 0 {
                 format!(
                     "; {server} PANIC/FATAL error(s) for lack of space took the server down \
@@ -483,7 +438,7 @@ impl Rule for FilesystemFull {
                 id: ID.into(),
                 severity,
                 impact: Impact::new(
-                    seconds.len() as f64 / secs,
+                    seconds as f64 / secs,
                     "the recording's seconds (a write failed for lack of space in them)",
                     format!(
                         "{failed} statement(s) failed with \"No space left on device\" over \
@@ -548,11 +503,7 @@ impl Rule for FilesystemFull {
             });
         }
         // Before the recording (`--since`): the errors the server wrote down.
-        let past: Vec<&LogEvent> = ev
-            .log_history
-            .iter()
-            .filter(|e| e.kind == "no-space" && e.t < 0.0)
-            .collect();
+        let past = before_recording(ev, "no-space");
         if let Some(first) = past.first() {
             let down = past.iter().filter(|e| server_level(e)).count();
             let places = places_of(&past);

@@ -9,6 +9,7 @@ pub mod check;
 pub mod checkpoint_writeback_stall;
 pub mod clock_reads_slow;
 pub mod cpu_saturation;
+pub mod disk_io_errors;
 pub mod disk_read_latency;
 pub mod dns_on_connect;
 pub mod explained;
@@ -16,6 +17,7 @@ pub mod facts;
 pub mod fd_exhaustion;
 pub mod filesystem_full;
 pub mod finding;
+pub mod log_errors;
 pub mod memory_cgroup_reclaim;
 pub mod network_retransmits;
 pub mod no_huge_pages;
@@ -114,6 +116,7 @@ pub fn rules() -> Vec<Box<dyn Rule>> {
         Box::new(syncrep_network_latency::SyncrepNetworkLatency),
         Box::new(dns_on_connect::DnsOnConnect),
         Box::new(filesystem_full::FilesystemFull),
+        Box::new(disk_io_errors::DiskIoErrors),
         Box::new(fd_exhaustion::FdExhaustion),
         Box::new(network_retransmits::NetworkRetransmits),
     ]

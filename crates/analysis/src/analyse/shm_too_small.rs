@@ -18,6 +18,7 @@
 //! postmaster's /dev/shm through /proc/PID/root, once a second) is info.
 use serde_json::json;
 
+use super::log_errors::{in_recording, seconds_with, secs};
 use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
 use crate::recording::schema::pgstat::LogEvent;
@@ -46,10 +47,9 @@ pub const NEARLY_FULL_FREE: f64 = 0.2;
 
 /// The DSM resize errors for lack of space within the recording.
 fn no_space(ev: &Evidence) -> Vec<&LogEvent> {
-    let end = ev.manifest.duration_s.unwrap_or(f64::INFINITY);
-    ev.log_events
-        .iter()
-        .filter(|e| e.kind == "dsm" && e.phase == "no-space" && e.t >= 0.0 && e.t <= end + 1.0)
+    in_recording(ev, "dsm")
+        .into_iter()
+        .filter(|e| e.phase == "no-space")
         .collect()
 }
 
@@ -98,10 +98,6 @@ fn shm_unreadable(ev: &Evidence) -> String {
         Some(why) => why.as_str().unwrap_or("").to_string(),
         None => "the system collector did not record it (record with --collectors …,system)".into(),
     }
-}
-
-fn secs(ev: &Evidence) -> f64 {
-    ev.manifest.duration_s.unwrap_or(0.0).max(1e-9)
 }
 
 /// The headline: statements failed on a full /dev/shm per second.
@@ -203,14 +199,12 @@ impl Rule for ShmTooSmall {
             } else {
                 Severity::Warning
             };
-            let mut seconds: Vec<i64> = errors.iter().map(|e| e.t.floor() as i64).collect();
-            seconds.sort_unstable();
-            seconds.dedup();
+            let seconds = seconds_with(&errors);
             return Some(Finding {
                 id: ID.into(),
                 severity,
                 impact: Impact::new(
-                    seconds.len() as f64 / secs,
+                    seconds as f64 / secs,
                     "the recording's seconds (a statement failed in them)",
                     format!(
                         "{failed} statement(s) failed with \"could not resize shared memory \

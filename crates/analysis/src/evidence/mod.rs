@@ -72,6 +72,8 @@ pub struct Evidence {
     pub cgroup: Vec<crate::recording::schema::cgroup::CgroupSample>,
     /// The kernel's OOM kills (any process) logged during the recording.
     pub kernel_oom: Vec<crate::recording::schema::system::KernelOom>,
+    /// The kernel's I/O errors (any device) logged during the recording.
+    pub kernel_io: Vec<crate::recording::schema::system::KernelIoError>,
     pub waits: Vec<WaitSample>,
     pub server: Vec<ServerSample>,
     /// Checkpoint and crash-restart lines of the server log, as recorded.
@@ -168,6 +170,12 @@ impl Evidence {
             &mut cut,
             &mut notes,
         );
+        let kernel_io = read_stream(
+            &dir,
+            crate::recording::schema::system::KERNEL_IO,
+            &mut cut,
+            &mut notes,
+        );
         let outside_cpu = system::load_outside(&dir, &mut notes);
         let waits = read_stream(
             &dir,
@@ -244,6 +252,7 @@ impl Evidence {
             outside_cpu,
             cgroup,
             kernel_oom,
+            kernel_io,
             waits,
             server,
             log_events,
@@ -278,6 +287,7 @@ impl Evidence {
         self.system.retain(|s| keep(s.t));
         self.cgroup.retain(|s| keep(s.t));
         self.kernel_oom.retain(|s| keep(s.t));
+        self.kernel_io.retain(|s| keep(s.t));
         self.waits.retain(|s| keep(s.t));
         self.server.retain(|s| keep(s.t));
         self.log_events.retain(|e| keep(e.t));

@@ -17,9 +17,9 @@ use crate::recording::{CollectorInfo, Writer};
 
 pub use crate::recording::schema::system::{
     DataDirMount, Filesystem, Mount, OutsideCpu, OutsideProcess, SystemSample, CGROUP_CPU,
-    CGROUP_MEMORY, CLUSTER_FILESYSTEMS, CONTAINER, DATA_DIR_MOUNT, DEV_SHM, KERNEL_LOG, KERNEL_OOM,
-    OPEN_FILES, OUTSIDE_FILE, POSTMASTER_OOM_SCORE_ADJ, STREAM, THP_DIR, TOP_OUTSIDE,
-    TRANSPARENT_HUGEPAGE,
+    CGROUP_MEMORY, CLUSTER_DEVICES, CLUSTER_FILESYSTEMS, CONTAINER, DATA_DIR_MOUNT, DEV_SHM,
+    KERNEL_IO, KERNEL_LOG, KERNEL_OOM, OPEN_FILES, OUTSIDE_FILE, POSTMASTER_OOM_SCORE_ADJ, STREAM,
+    THP_DIR, TOP_OUTSIDE, TRANSPARENT_HUGEPAGE,
 };
 
 /// The `vm.*` sysctls that decide when writers are throttled and when the
@@ -171,12 +171,9 @@ fn in_data_dir(postmaster: u32, rel: &str) -> PathBuf {
     }
 }
 
-/// The filesystems holding the cluster's files (the data directory,
-/// pg_wal, each tablespace), one per device, with what each holds; and the
-/// size of the files in pg_wal, kB. Unreadable parts are left out (the
-/// data directory's: the error).
-pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>, Option<u64>)> {
-    use std::os::unix::fs::MetadataExt;
+/// The places of the cluster's files, named as a report says them: the
+/// data directory, pg_wal, each tablespace (`tablespace OID`), in that order.
+fn cluster_parts(postmaster: u32) -> Vec<(String, PathBuf)> {
     let mut parts = vec![
         ("data".to_string(), in_data_dir(postmaster, "")),
         ("pg_wal".to_string(), in_data_dir(postmaster, "pg_wal")),
@@ -192,6 +189,16 @@ pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>,
             parts.push((format!("tablespace {oid}"), p));
         }
     }
+    parts
+}
+
+/// The filesystems holding the cluster's files (the data directory,
+/// pg_wal, each tablespace), one per device, with what each holds; and the
+/// size of the files in pg_wal, kB. Unreadable parts are left out (the
+/// data directory's: the error).
+pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>, Option<u64>)> {
+    use std::os::unix::fs::MetadataExt;
+    let parts = cluster_parts(postmaster);
     let mut out: Vec<(u64, Filesystem)> = Vec::new();
     for (i, (what, path)) in parts.iter().enumerate() {
         let dev = match std::fs::metadata(path) {
@@ -224,6 +231,61 @@ pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>,
             / 1024
     });
     Ok((out.into_iter().map(|(_, f)| f).collect(), wal_kb))
+}
+
+/// The block device `maj:min` is, by its /sys/dev/block name, and the
+/// whole disk when it is a partition: `(device, disk)`.
+fn block_device(maj_min: &str) -> Option<(String, String)> {
+    let link = std::fs::read_link(format!("/sys/dev/block/{maj_min}")).ok()?;
+    let name = link.file_name()?.to_string_lossy().to_string();
+    let partition = Path::new("/sys/dev/block").join(maj_min).join("partition");
+    let disk = if partition.exists() {
+        link.parent()
+            .and_then(|p| p.file_name())
+            .map_or(name.clone(), |d| d.to_string_lossy().to_string())
+    } else {
+        name.clone()
+    };
+    Some((name, disk))
+}
+
+/// [`CLUSTER_DEVICES`]'s fact for the cluster of `postmaster`.
+pub fn cluster_devices_fact(postmaster: u32) -> serde_json::Value {
+    use std::os::unix::fs::MetadataExt;
+    let parts = cluster_parts(postmaster);
+    let mut devices: Vec<(u64, serde_json::Value)> = Vec::new();
+    for (i, (what, path)) in parts.iter().enumerate() {
+        let dev = match std::fs::metadata(path) {
+            Ok(m) => m.dev(),
+            Err(e) if i == 0 => {
+                return serde_json::json!({
+                    "unavailable": format!(
+                        "{}: {e} (fix: run pgbelow as root or as the server's user)",
+                        path.display()
+                    )
+                })
+            }
+            Err(_) => continue,
+        };
+        if let Some((_, d)) = devices.iter_mut().find(|(d, _)| *d == dev) {
+            if let Some(h) = d["holds"].as_array_mut() {
+                h.push(what.clone().into());
+            }
+            continue;
+        }
+        let maj_min = format!("{}:{}", libc::major(dev), libc::minor(dev));
+        let (device, disk) = block_device(&maj_min).unzip();
+        devices.push((
+            dev,
+            serde_json::json!({
+                "holds": [what],
+                "maj_min": maj_min,
+                "device": device,
+                "disk": disk,
+            }),
+        ));
+    }
+    serde_json::json!({ "devices": devices.into_iter().map(|(_, d)| d).collect::<Vec<_>>() })
 }
 
 /// "Max open files" of a /proc/PID/limits: (soft, hard), None for
@@ -605,6 +667,9 @@ impl SystemCollector {
                 }),
             },
         ));
+        // The block devices under them: disk-io-errors matches the
+        // kernel's I/O errors to these.
+        facts.push((CLUSTER_DEVICES.into(), cluster_devices_fact(ctx.postmaster)));
         let ticks = ::procfs::ticks_per_second();
         let t_walk = ctx.t();
         let first_walk = walk();
@@ -637,10 +702,16 @@ impl SystemCollector {
             return Ok(());
         };
         let offset = super::kmsg::monotonic_s() - t;
-        for p in k.read_new() {
+        let (ooms, ios) = k.read_new();
+        for p in ooms {
             let mut oom = p.oom;
             oom.t = crate::round3(p.ts_us as f64 * 1e-6 - offset);
             out.append(KERNEL_OOM, &oom)?;
+        }
+        for p in ios {
+            let mut io = p.io;
+            io.t = crate::round3(p.ts_us as f64 * 1e-6 - offset);
+            out.append(KERNEL_IO, &io)?;
         }
         Ok(())
     }

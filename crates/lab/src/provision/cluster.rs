@@ -189,6 +189,13 @@ impl Cluster {
         self.launch(&[])
     }
 
+    /// Stop the server and start it again as it was: shared buffers empty,
+    /// the files' pages read from the kernel again.
+    pub fn restart(&mut self) -> Result<()> {
+        self.shutdown_for_copy()?;
+        self.relaunch()
+    }
+
     /// Stop the server and start it again in a mount namespace of its own
     /// whose /dev/shm is a private tmpfs of `bytes` (as a container's
     /// `--shm-size`): unshare(CLONE_NEWNS), the mounts made private, the

@@ -314,6 +314,21 @@ fn run(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// [`require_root`] for scenario `name`, whose device is for `what`.
+pub fn require_root_for(name: &str, what: &str) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(fixable(
+            format!(
+                "the {name} scenario needs root: it makes an ext4 filesystem on a loop device \
+                 (losetup, mkfs.ext4, mount) for {what}"
+            ),
+            format!("run `sudo pgbelow lab run --scenario {name} …`"),
+        ));
+    }
+    require_root()
+}
+
 /// A fixable error unless pgbelow runs as root with the tools it needs.
 pub fn require_root() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
@@ -353,6 +368,19 @@ impl StallDevice {
         status: &dyn Fn(&str),
     ) -> Result<StallDevice> {
         StallDevice::create_sized(base, DEVICE_BYTES, uid, gid, status)
+    }
+
+    /// A filesystem of `bytes` for a tablespace of the cluster in `data`:
+    /// owned by the data directory's owner, its backing file under
+    /// PGBELOW_STALL_DIR (/var/tmp by default).
+    pub fn for_cluster(data: &Path, bytes: u64, status: &dyn Fn(&str)) -> Result<StallDevice> {
+        use std::os::unix::fs::MetadataExt;
+        let meta =
+            std::fs::metadata(data).with_context(|| format!("reading {}", data.display()))?;
+        let base = std::env::var_os("PGBELOW_STALL_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+        StallDevice::create_sized(&base, bytes, meta.uid(), meta.gid(), status)
     }
 
     /// [`StallDevice::create_in`] with a filesystem of `bytes` (sparse
@@ -429,6 +457,28 @@ impl StallDevice {
             .to_string();
         self.maj_min = Some(mm.clone());
         status(&format!("{dev} ({mm}) ext4 at {}", self.mount.display()));
+        Ok(())
+    }
+
+    /// Cut the device's last `bytes` off under its mounted filesystem: the
+    /// backing file truncated and the loop device's capacity read again
+    /// (`losetup -c`). Every read or write of a block past the new end
+    /// fails with EIO ("attempt to access beyond end of device"), as a
+    /// failing disk's bad blocks: disk-io-errors' fault, with neither
+    /// device-mapper nor fault injection. Teardown unmounts and detaches
+    /// it as before.
+    pub fn cut_end(&mut self, bytes: u64) -> Result<()> {
+        let dev = self.loop_dev.clone().context("no device")?;
+        let len = std::fs::metadata(&self.image)?.len();
+        let keep = len
+            .checked_sub(bytes)
+            .filter(|k| *k > 0)
+            .with_context(|| format!("cannot cut {bytes} bytes off a {len}-byte device"))?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.image)?
+            .set_len(keep)?;
+        run(Command::new("losetup").args(["-c", &dev]))?;
         Ok(())
     }
 

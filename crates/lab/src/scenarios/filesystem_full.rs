@@ -20,7 +20,6 @@ use super::kit::SideSession;
 use super::spec::{count_in, Flag};
 use super::{kit, Fixture, Fixtures, Lab, LabOptions, Prepared, Scenario, Spec};
 use crate::collect::session::Session;
-use crate::error::fixable;
 use crate::provision::Topology;
 use crate::workload::Plan;
 
@@ -123,15 +122,7 @@ impl Scenario for FilesystemFull {
     }
 
     fn options(&self, opts: &LabOptions) -> Result<LabOptions> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err(fixable(
-                "the filesystem-full scenario needs root: it makes a small ext4 filesystem on a \
-                 loop device (losetup, mkfs.ext4, mount) for a tablespace",
-                "run `sudo pgbelow lab run --scenario filesystem-full …`",
-            ));
-        }
-        super::checkpoint_stall::require_root()?;
+        super::checkpoint_stall::require_root_for("filesystem-full", "a tablespace")?;
         Ok(opts.clone())
     }
 
@@ -142,18 +133,11 @@ impl Scenario for FilesystemFull {
         host: &mut Fixtures,
         status: &dyn Fn(&str),
     ) -> Result<()> {
-        use std::os::unix::fs::MetadataExt;
-        let data = topo.primary().data_dir();
-        let meta =
-            std::fs::metadata(data).with_context(|| format!("reading {}", data.display()))?;
-        let base = std::env::var_os("PGBELOW_STALL_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| std::path::PathBuf::from("/var/tmp"));
         let size_mb = fs_mb(opts);
         status(&format!(
             "a {size_mb} MB ext4 filesystem for the tablespace"
         ));
-        let dev = StallDevice::create_sized(&base, size_mb << 20, meta.uid(), meta.gid(), status)?;
+        let dev = StallDevice::for_cluster(topo.primary().data_dir(), size_mb << 20, status)?;
         host.push(FillDevice { dev, size_mb });
         Ok(())
     }

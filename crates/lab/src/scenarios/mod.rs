@@ -8,6 +8,7 @@ pub mod builtin;
 pub mod cgroup_cpu_throttling;
 pub mod checkpoint_stall;
 pub mod composed;
+pub mod disk_io_errors;
 pub mod disk_read_latency;
 pub mod dns_on_connect;
 pub mod drop_many;
@@ -173,6 +174,7 @@ pub static ALL: &[&dyn Scenario] = &[
     &dns_on_connect::DnsOnConnect,
     &thp_compaction_stall::ThpCompactionStall,
     &filesystem_full::FilesystemFull,
+    &disk_io_errors::DiskIoErrors,
     &fd_exhaustion::FdExhaustion,
     &network_retransmits::NetworkRetransmits,
 ];
@@ -256,7 +258,7 @@ mod tests {
             assert_eq!(names.iter().filter(|m| *m == n).count(), 1, "{n}");
         }
         assert!(find("nope").is_none());
-        assert_eq!(names.len(), 26);
+        assert_eq!(names.len(), 27);
     }
 
     #[test]

@@ -67,6 +67,40 @@ pub struct KernelOom {
     pub oom_score_adj: Option<i64>,
 }
 
+/// The kernel's block-layer and filesystem I/O errors during the
+/// recording, from /dev/kmsg: one [`KernelIoError`] per line.
+pub const KERNEL_IO: &str = "kernel_io.jsonl";
+
+/// One I/O error the kernel logged: a request that failed ("I/O error,
+/// dev sda, sector …"), an access past the device's end, a buffer that
+/// could not be read or written, a filesystem's error on a device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelIoError {
+    /// Seconds into the recording (the record's CLOCK_MONOTONIC stamp).
+    pub t: f64,
+    /// The device the kernel named (`sda`, `nvme0n1p2`, `loop3`, `dm-0`).
+    pub device: String,
+    /// `request` (blk_print_req_error: "I/O", "critical medium", "timeout",
+    /// … error), `beyond-end` ("attempt to access beyond end of device"),
+    /// `buffer` ("Buffer I/O error on dev"), `fs` (a filesystem's or its
+    /// journal's error on the device).
+    pub kind: String,
+    /// The line's words after the device (`sector 8 op 0x1:(WRITE)`,
+    /// `logical block 16385, lost sync page write`), cut to 120 bytes.
+    #[serde(default)]
+    pub detail: String,
+    /// The task that met it, when the kernel names one (`postgres`).
+    #[serde(default)]
+    pub comm: Option<String>,
+}
+
+/// Manifest fact: the block devices under the cluster's filesystems:
+/// `{"devices": [{"holds": [...], "device": "loop3", "disk": "loop3",
+/// "maj_min": "7:3"}]}` (`disk` the whole disk of a partition; a
+/// filesystem with no block device — tmpfs, overlay, NFS — has none), or
+/// `{"unavailable": why}`.
+pub const CLUSTER_DEVICES: &str = "cluster_devices";
+
 /// Manifest fact: the postmaster's /proc/PID/oom_score_adj at the start.
 pub const POSTMASTER_OOM_SCORE_ADJ: &str = "postmaster_oom_score_adj";
 

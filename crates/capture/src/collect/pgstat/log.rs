@@ -46,6 +46,7 @@ pub fn parse_log_line(line: &str) -> Option<LogLine> {
         return parse_crash_line(line)
             .or_else(|| parse_dsm_line(line))
             .or_else(|| parse_no_space_line(line))
+            .or_else(|| parse_io_error_line(line))
             .or_else(|| parse_fd_line(line))
             .or_else(|| parse_worker_exit(line))
             .or_else(|| parse_replication_line(line));
@@ -188,7 +189,24 @@ fn parse_dsm_line(line: &str) -> Option<LogLine> {
 /// offset …", PANIC), a temporary file. As `kind` "no-space", `phase` the
 /// line's level (`ERROR`, `PANIC`, …) and `file` the file it names.
 fn parse_no_space_line(line: &str) -> Option<LogLine> {
-    let at = line.find("No space left on device")?;
+    errno_line(line, "No space left on device", "no-space")
+}
+
+/// An I/O error the kernel returned (EIO, "Input/output error",
+/// untranslated): a data block that could not be read or written (md.c
+/// "could not read block 3584 in file \"pg_tblspc/…\"", "could not write
+/// block"), a file that could not be fsynced (PANIC since 12:
+/// data_sync_retry), a WAL segment that could not be written or read. As
+/// `kind` "io-error", `phase` the line's level and `file` the file it
+/// names.
+fn parse_io_error_line(line: &str) -> Option<LogLine> {
+    errno_line(line, "Input/output error", "io-error")
+}
+
+/// A line ending in `needle` (an errno's message) as an event of `kind`:
+/// its level as `phase`, the file it names (quoted, or XLogWrite's segment).
+fn errno_line(line: &str, needle: &str, kind: &str) -> Option<LogLine> {
+    let at = line.find(needle)?;
     let (start, prefix) = message_start(line, at);
     let level = line[..start]
         .trim_end()
@@ -214,7 +232,7 @@ fn parse_no_space_line(line: &str) -> Option<LogLine> {
     Some(LogLine {
         time: find_time(prefix),
         event: LogEvent {
-            kind: "no-space".into(),
+            kind: kind.into(),
             phase: level.into(),
             pid: find_pid(prefix),
             file,
@@ -652,6 +670,27 @@ mod tests {
         // A /dev/shm segment stays the dsm event it was.
         let l = r#"[8008] ERROR:  could not resize shared memory segment "/PostgreSQL.1" to 8 bytes: No space left on device"#;
         assert_eq!(parse_log_line(l).unwrap().event.kind, "dsm");
+    }
+
+    // PostgreSQL 15.18's server log (log_line_prefix '%m [%p] ') when the
+    // loop device under a tablespace was shrunk below a table's blocks
+    // (2026-11-30): each count(*) failed reading the same block.
+    #[test]
+    fn parses_the_io_errors() {
+        let log = include_str!("../../../../../tests/fixtures/serverlog/pg15-io-error-read.log");
+        let ev: Vec<LogEvent> = log
+            .lines()
+            .filter_map(parse_log_line)
+            .map(|l| l.event)
+            .filter(|e| e.kind == "io-error")
+            .collect();
+        assert_eq!(ev.len(), 2, "{ev:?}");
+        assert_eq!(ev[0].phase, "ERROR");
+        assert_eq!(ev[0].pid, Some(17783));
+        assert_eq!(
+            ev[0].file.as_deref(),
+            Some("pg_tblspc/16384/PG_15_202209061/5/16385")
+        );
     }
 
     // PostgreSQL 15.18's lines (log_line_prefix '%m [%p] ') when a backend
