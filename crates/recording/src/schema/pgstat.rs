@@ -234,7 +234,8 @@ pub struct LogEvent {
     /// `no-space` (a file the server could not write or extend: ENOSPC), or
     /// `fd` (a file descriptor refused: EMFILE/ENFILE; `phase` `retry` when
     /// PostgreSQL closed a cached file and tried again, else the line's
-    /// level).
+    /// level), or `io-error` (a read, write or fsync the kernel failed
+    /// with EIO; `phase` the line's level, `file` the file named).
     pub kind: String,
     /// `start`, `complete`, or `warning`; for `crash`: `killed` (a child
     /// ended by a signal), `terminating`, `reinitializing`, `recovery`,
