@@ -13,7 +13,9 @@
 //! In either run, any other finding raised as a warning or critical is a
 //! false positive of its check: a DBA reads warnings as alarms. An `info`
 //! of another check is not counted: it says what to enable, not that
-//! something is wrong.
+//! something is wrong. A healthy case (no cause: the lab's plain workloads
+//! on two majors) expects nothing: each check it measured clear is a true
+//! negative, each warning or critical a false positive.
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -37,6 +39,20 @@ pub struct Case {
 }
 
 impl Case {
+    /// A healthy case: both runs are healthy (the bench's TNs).
+    pub fn healthy(&self) -> bool {
+        self.expect.is_empty()
+    }
+
+    /// The name of a run: `cause` and `baseline`, or `healthy` twice.
+    pub fn kinds(&self) -> [&'static str; 2] {
+        if self.healthy() {
+            ["healthy", "healthy"]
+        } else {
+            ["cause", "baseline"]
+        }
+    }
+
     /// The cause's `lab run` arguments.
     pub fn cause_args(&self) -> Vec<&'static str> {
         [self.args, self.cause].concat()
@@ -45,6 +61,17 @@ impl Case {
     /// The baseline's `lab run` arguments.
     pub fn baseline_args(&self) -> Vec<&'static str> {
         [self.args, self.baseline].concat()
+    }
+
+    /// Its two runs' arguments, each on major `pg` unless the case pins
+    /// one (`lab bench --pg`: a case about a version keeps its versions).
+    pub fn runs_on(&self, pg: Option<&'static str>) -> [Vec<&'static str>; 2] {
+        [self.cause_args(), self.baseline_args()].map(|mut a| {
+            if let Some(pg) = pg.filter(|_| !a.contains(&"--pg")) {
+                a.extend(["--pg", pg]);
+            }
+            a
+        })
     }
 }
 
@@ -345,6 +372,29 @@ pub static CASES: &[Case] = &[
         cause: &["--cpu-quota", "0.1"],
         baseline: &["--cpu-quota", "0", "--write-limit", "100000"],
     },
+    // Healthy: the lab's plain workloads on the machine's disk with the
+    // default settings, on an older and a newer major (npm builds).
+    Case {
+        name: "healthy-tpcb",
+        expect: &[],
+        args: &["--scenario", "tpcb", "--duration", "8"],
+        cause: &["--pg", "13"],
+        baseline: &["--pg", "17"],
+    },
+    Case {
+        name: "healthy-select-only",
+        expect: &[],
+        args: &[
+            "--scenario",
+            "select-only",
+            "--duration",
+            "6",
+            "--scale",
+            "1",
+        ],
+        cause: &["--pg", "15"],
+        baseline: &["--pg", "18"],
+    },
 ];
 
 /// The cases named in `list` (comma-separated), or every one; Err names
@@ -394,6 +444,9 @@ pub struct RunResult {
     pub version: Option<String>,
     /// Findings raised: id and severity.
     pub raised: Vec<(String, String)>,
+    /// Checks measured clear (a healthy case's true negatives).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clear: Vec<String>,
     /// Each expected check's figure over its bound (≥ 1 past it), when
     /// measured.
     pub margins: BTreeMap<String, Option<f64>>,
@@ -441,6 +494,7 @@ fn margin(f: &crate::analyse::Figure) -> f64 {
 pub fn run(
     cases: &[Case],
     repeat: u32,
+    pg: Option<&'static str>,
     out: &Path,
     lab: &dyn Fn(&[&str], &Path) -> Result<Analysed>,
     status: &dyn Fn(&str),
@@ -449,10 +503,9 @@ pub fn run(
     for (i, case) in cases.iter().enumerate() {
         let mut runs = Vec::new();
         for k in 1..=repeat {
-            for (kind, args) in [
-                ("cause", case.cause_args()),
-                ("baseline", case.baseline_args()),
-            ] {
+            let [first, second] = case.kinds();
+            let [cause, baseline] = case.runs_on(pg);
+            for (kind, args) in [(first, cause), (second, baseline)] {
                 let args = &args[..];
                 crate::interrupt::check()?;
                 status(&format!("{} ({kind}), run {k} of {repeat}", case.name));
@@ -471,6 +524,7 @@ pub fn run(
                             seconds,
                             version: None,
                             raised: Vec::new(),
+                            clear: Vec::new(),
                             margins: BTreeMap::new(),
                             error: Some(format!("{e:#}")),
                         }
@@ -526,6 +580,12 @@ fn judged(
             .iter()
             .map(|f| (f.id.clone(), f.severity.as_str().to_string()))
             .collect(),
+        clear: rep
+            .checks
+            .iter()
+            .filter(|c| c.status == crate::analyse::Status::Clear)
+            .map(|c| c.id.clone())
+            .collect(),
         margins,
         error: None,
     }
@@ -561,6 +621,11 @@ pub fn score(cases: &[CaseResult]) -> Vec<CheckScore> {
                 let alarm = Severity::parse(sev) >= Some(Severity::Warning);
                 if alarm && !case.expect.contains(id) {
                     entry(&mut by, id).fp += 1;
+                }
+            }
+            if run.kind == "healthy" {
+                for id in &run.clear {
+                    entry(&mut by, id).tn += 1;
                 }
             }
         }
@@ -653,6 +718,7 @@ mod tests {
                 .map(|(i, s)| (i.to_string(), s.to_string()))
                 .collect(),
             margins: [("cpu-saturation".to_string(), margin)].into(),
+            clear: Vec::new(),
             error: None,
         }
     }
@@ -701,6 +767,42 @@ mod tests {
         assert!(
             s.iter().all(|c| c.id != "timer-syscalls-per-statement"),
             "{s:?}"
+        );
+    }
+
+    #[test]
+    fn a_healthy_run_counts_its_clear_checks_as_true_negatives() {
+        let mut quiet = run("healthy", &[("disk-read-latency", "info")], None);
+        quiet.clear = vec!["cpu-saturation".into(), "swap-activity".into()];
+        let mut alarm = run("healthy", &[("swap-activity", "warning")], None);
+        alarm.clear = vec!["cpu-saturation".into()];
+        let case = CaseResult {
+            name: "healthy-tpcb".into(),
+            expect: Vec::new(),
+            runs: vec![quiet, alarm],
+        };
+        let s = score(&[case]);
+        let get = |id: &str| s.iter().find(|c| c.id == id).unwrap().clone();
+        let cpu = get("cpu-saturation");
+        assert_eq!((cpu.tp, cpu.fp, cpu.tn, cpu.fn_), (0, 0, 2, 0), "{cpu:?}");
+        assert_eq!(cpu.precision, None);
+        let swap = get("swap-activity");
+        assert_eq!((swap.fp, swap.tn), (1, 1), "{swap:?}");
+        // An info is no alarm, and no negative either.
+        assert!(s.iter().all(|c| c.id != "disk-read-latency"), "{s:?}");
+        let healthy = CASES.iter().filter(|c| c.healthy()).count();
+        assert!(healthy >= 2, "{healthy}");
+        assert_eq!(CASES[CASES.len() - 1].kinds(), ["healthy", "healthy"]);
+        // --pg moves a case that pins no major, and not one that does.
+        let nn = select(Some("noisy-neighbour")).unwrap()[0];
+        assert!(nn
+            .runs_on(Some("17"))
+            .iter()
+            .all(|a| a.ends_with(&["--pg", "17"])));
+        let tpcb = CASES.iter().find(|c| c.name == "healthy-tpcb").unwrap();
+        assert_eq!(
+            tpcb.runs_on(Some("16")),
+            [tpcb.cause_args(), tpcb.baseline_args()]
         );
     }
 }

@@ -435,6 +435,11 @@ pub struct LabBenchArgs {
     /// Runs of each cause and baseline.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub repeat: u32,
+    /// Run the cases that pin no PostgreSQL major on this one (10–18; npm
+    /// builds, as `lab run --pg`) instead of the system's; cases about a
+    /// version keep theirs.
+    #[arg(long, value_name = "MAJOR", value_parser = parse_bench_pg)]
+    pub pg: Option<&'static str>,
     /// Directory for the runs' recordings and bench.json (default:
     /// ./pgbelow-runs/bench-<time>).
     #[arg(long, value_name = "DIR")]
@@ -442,6 +447,13 @@ pub struct LabBenchArgs {
     /// The scores on stdout (text is a Markdown table).
     #[arg(long, value_enum, default_value = "text")]
     pub format: BenchFormat,
+}
+
+fn parse_bench_pg(s: &str) -> Result<&'static str, String> {
+    (10..=18)
+        .find(|m: &u32| m.to_string() == s)
+        .map(|m| &*Box::leak(m.to_string().into_boxed_str()))
+        .ok_or_else(|| format!("{s:?} is not a PostgreSQL major the lab runs (10 to 18)"))
 }
 
 fn parse_bench_cases(s: &str) -> Result<String, String> {

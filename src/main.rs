@@ -310,12 +310,20 @@ fn lab_bench(a: cli::LabBenchArgs, show: bool) -> Result<ExitCode> {
     if a.list {
         let mut s = String::new();
         for c in &cases {
+            let [cause, baseline] = c.runs_on(a.pg);
+            let [k1, k2] = c.kinds();
             s += &format!(
-                "{}: expects {}\n  cause:    pgbelow lab run {}\n  baseline: pgbelow lab run {}\n",
+                "{}: expects {}\n  {k1}:{}pgbelow lab run {}\n  {k2}:{}pgbelow lab run {}\n",
                 c.name,
-                c.expect.join(", "),
-                c.cause_args().join(" "),
-                c.baseline_args().join(" ")
+                if c.healthy() {
+                    "nothing".to_string()
+                } else {
+                    c.expect.join(", ")
+                },
+                " ".repeat(9 - k1.len()),
+                cause.join(" "),
+                " ".repeat(9 - k2.len()),
+                baseline.join(" ")
             );
         }
         print(&s)?;
@@ -333,7 +341,7 @@ fn lab_bench(a: cli::LabBenchArgs, show: bool) -> Result<ExitCode> {
         opts.out = Some(dir.to_path_buf());
         pgbelow::app::lab(&opts)
     };
-    let b = pgbelow::bench::run(&cases, a.repeat, &out, &lab, &|s: &str| {
+    let b = pgbelow::bench::run(&cases, a.repeat, a.pg, &out, &lab, &|s: &str| {
         if show {
             eprintln!("pgbelow: {s}");
         }

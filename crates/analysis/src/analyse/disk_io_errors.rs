@@ -17,7 +17,7 @@
 use serde_json::json;
 
 use super::log_errors::{
-    before_recording, extend, in_recording, places_of, seconds_with, secs, server_level, Failures,
+    before_recording, extend, in_recording, places_of, seconds_with, secs, Failures,
 };
 use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
@@ -106,17 +106,9 @@ fn kernel_text(errs: &[&KernelIoError], devs: &[(Vec<String>, String)]) -> Strin
         .join("; ")
 }
 
-/// The headline: statements failed on I/O errors, per second.
+/// The headline: statements and processes failed on I/O errors, per second.
 fn failed_per_s(ev: &Evidence) -> Option<f64> {
-    super::oom_kill_restart::log_followed(ev).then(|| {
-        round3(
-            pg_errors(ev)
-                .into_iter()
-                .filter(|e| !server_level(e))
-                .count() as f64
-                / secs(ev),
-        )
-    })
+    super::oom_kill_restart::log_followed(ev).then(|| round3(pg_errors(ev).len() as f64 / secs(ev)))
 }
 
 fn kernel_log_read(ev: &Evidence) -> bool {
@@ -135,7 +127,7 @@ impl Rule for DiskIoErrors {
 
     fn headline(&self) -> Option<Headline> {
         Some(Headline {
-            figure: "statements failed on I/O errors (EIO), per second",
+            figure: "statements and processes failed on I/O errors (EIO), per second",
             value: failed_per_s,
             metric: None,
         })
@@ -147,12 +139,11 @@ impl Rule for DiskIoErrors {
                 "its \"Input/output error\" lines count the failures",
             );
         }
-        let failed = pg_errors(ev)
-            .into_iter()
-            .filter(|e| !server_level(e))
-            .count();
+        // A PANIC or FATAL (a failed fsync, a WAL write) counts as one:
+        // it raises as a failed statement does.
+        let failed = pg_errors(ev).len();
         Measure::Figure(Figure::above(
-            "statements failed on I/O errors (EIO)",
+            "statements and processes failed on I/O errors (EIO)",
             failed as f64,
             "",
             MIN_FAILED as f64,
