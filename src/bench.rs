@@ -53,6 +53,15 @@ impl Case {
         }
     }
 
+    /// The directories of its two runs, the `n`th case's `k`th time: a
+    /// healthy case's runs share their kind, so a letter tells them apart
+    /// (`25-healthy-a-1`, `25-healthy-b-1`).
+    pub fn run_dirs(&self, n: usize, k: u32) -> [String; 2] {
+        let [a, b] = self.kinds();
+        let tags = if a == b { ["-a", "-b"] } else { ["", ""] };
+        [(a, tags[0]), (b, tags[1])].map(|(kind, tag)| format!("{n:02}-{kind}{tag}-{k}"))
+    }
+
     /// The cause's `lab run` arguments.
     pub fn cause_args(&self) -> Vec<&'static str> {
         [self.args, self.cause].concat()
@@ -505,11 +514,13 @@ pub fn run(
         for k in 1..=repeat {
             let [first, second] = case.kinds();
             let [cause, baseline] = case.runs_on(pg);
-            for (kind, args) in [(first, cause), (second, baseline)] {
+            let names = case.run_dirs(i + 1, k);
+            for ((kind, args), name) in [(first, cause), (second, baseline)].into_iter().zip(names)
+            {
                 let args = &args[..];
                 crate::interrupt::check()?;
                 status(&format!("{} ({kind}), run {k} of {repeat}", case.name));
-                let dir = out.join(format!("{:02}-{kind}-{k}", i + 1));
+                let dir = out.join(name);
                 let t0 = Instant::now();
                 let r = lab(args, &dir);
                 let seconds = crate::round3(t0.elapsed().as_secs_f64());
@@ -770,6 +781,11 @@ mod tests {
         );
     }
 
+    fn tpcb_dirs() -> [String; 2] {
+        let c = CASES.iter().find(|c| c.name == "healthy-tpcb").unwrap();
+        c.run_dirs(25, 1)
+    }
+
     #[test]
     fn a_healthy_run_counts_its_clear_checks_as_true_negatives() {
         let mut quiet = run("healthy", &[("disk-read-latency", "info")], None);
@@ -793,6 +809,13 @@ mod tests {
         let healthy = CASES.iter().filter(|c| c.healthy()).count();
         assert!(healthy >= 2, "{healthy}");
         assert_eq!(CASES[CASES.len() - 1].kinds(), ["healthy", "healthy"]);
+        // Each run its own directory, the healthy ones too.
+        let [a, b] = tpcb_dirs();
+        assert_ne!(a, b);
+        assert_eq!(
+            select(Some("noisy-neighbour")).unwrap()[0].run_dirs(1, 2),
+            ["01-cause-2", "01-baseline-2"]
+        );
         // --pg moves a case that pins no major, and not one that does.
         let nn = select(Some("noisy-neighbour")).unwrap()[0];
         assert!(nn
