@@ -704,7 +704,16 @@ fn the_kernel_says_which_processes_ran_and_forked() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(live.get(&child), Some(&forker.pid()), "{live:?}");
-    let cmd = std::fs::read_to_string(format!("/proc/{child}/cmdline")).unwrap_or_default();
+    // Found as soon as it forked: it may not have exec'd `sleep` yet (a CI
+    // run read bash's own command line in it), so wait for the exec.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let cmd = loop {
+        let cmd = std::fs::read_to_string(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if cmd.starts_with("sleep") || Instant::now() > deadline {
+            break cmd;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert!(cmd.starts_with("sleep"), "child {child}: {cmd:?}");
 }
 
