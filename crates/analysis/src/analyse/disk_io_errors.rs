@@ -74,11 +74,13 @@ fn holds_of<'a>(e: &KernelIoError, devs: &'a [(Vec<String>, String)]) -> Option<
 }
 
 /// The kernel's errors on the cluster's devices, and on any other.
-fn kernel_errors(ev: &Evidence) -> (Vec<&KernelIoError>, Vec<&KernelIoError>) {
-    let devs = cluster_devices(ev);
+fn kernel_errors<'a>(
+    ev: &'a Evidence,
+    devs: &[(Vec<String>, String)],
+) -> (Vec<&'a KernelIoError>, Vec<&'a KernelIoError>) {
     ev.kernel_io
         .iter()
-        .partition(|e| holds_of(e, &devs).is_some())
+        .partition(|e| holds_of(e, devs).is_some())
 }
 
 /// "14 on loop3 (tablespace 16384: 12 beyond-end, 2 fs)".
@@ -155,7 +157,8 @@ impl Rule for DiskIoErrors {
         let (errors, places, files) = (&fl.errors, &fl.places, &fl.files);
         let (server, failed, rate) = (fl.server, fl.failed, fl.rate);
         let devs = cluster_devices(ev);
-        let (ours, others) = kernel_errors(ev);
+        let (ours, others) = kernel_errors(ev, &devs);
+        let kernel = kernel_text(&ours, &devs);
         let secs = secs(ev);
         let mut evidence = fl.json();
         extend(
@@ -163,7 +166,7 @@ impl Rule for DiskIoErrors {
             json!({
                 "kernel_errors": ours.len(),
                 "kernel_errors_elsewhere": others.len(),
-                "kernel_devices": kernel_text(&ours, &devs),
+                "kernel_devices": kernel,
                 "kernel_log_read": kernel_log_read(ev),
                 "cluster_devices": ev.manifest.facts.get(CLUSTER_DEVICES),
                 "data_sync_retry": ev.manifest.postgres.settings.get("data_sync_retry"),
@@ -181,7 +184,7 @@ impl Rule for DiskIoErrors {
             format!(
                 "; the kernel logged {} I/O error(s): {}",
                 ours.len(),
-                kernel_text(&ours, &devs)
+                kernel
             )
         };
         let remedy = "The device does not return what PostgreSQL wrote: take it out of service \
@@ -242,7 +245,7 @@ impl Rule for DiskIoErrors {
                      statement failed within the recording; the next read or write of those \
                      blocks will.",
                     ours.len(),
-                    kernel_text(&ours, &devs)
+                    kernel
                 ),
                 evidence,
                 remedy,

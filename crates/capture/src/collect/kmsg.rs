@@ -36,7 +36,18 @@ fn field<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
 /// OOM kills in kmsg records (`prio,seq,ts_us,flags;message`, one per
 /// line; continuation lines start with a space and are skipped).
 pub fn parse(r: impl BufRead) -> Vec<Parsed> {
+    parse_all(r).0
+}
+
+/// I/O errors in kmsg records (`prio,seq,ts_us,flags;message`).
+pub fn parse_io_errors(r: impl BufRead) -> Vec<ParsedIo> {
+    parse_all(r).1
+}
+
+/// The OOM kills and the I/O errors of kmsg records, in one pass.
+fn parse_all(r: impl BufRead) -> (Vec<Parsed>, Vec<ParsedIo>) {
     let mut out = Vec::new();
+    let mut ios = Vec::new();
     let mut pending: Option<(Option<String>, Option<String>, u32)> = None;
     for line in r.lines().map_while(Result::ok) {
         let Some((head, msg)) = line.split_once(';') else {
@@ -45,6 +56,19 @@ pub fn parse(r: impl BufRead) -> Vec<Parsed> {
         let Some(ts_us) = head.split(',').nth(2).and_then(|t| t.parse::<u64>().ok()) else {
             continue;
         };
+        if let Some((device, kind, detail, comm)) = io_error(msg) {
+            ios.push(ParsedIo {
+                ts_us,
+                io: KernelIoError {
+                    t: 0.0,
+                    device,
+                    kind: kind.into(),
+                    detail,
+                    comm,
+                },
+            });
+            continue;
+        }
         if let Some(rest) = msg.strip_prefix("oom-kill:") {
             pending = field(rest, "pid").and_then(|p| p.parse().ok()).map(|pid| {
                 (
@@ -94,7 +118,7 @@ pub fn parse(r: impl BufRead) -> Vec<Parsed> {
             },
         });
     }
-    out
+    (out, ios)
 }
 
 /// One I/O error parsed from a kmsg record, before its stamp is placed on
@@ -181,32 +205,6 @@ fn io_error(msg: &str) -> Option<(String, &'static str, String, Option<String>)>
     None
 }
 
-/// I/O errors in kmsg records (`prio,seq,ts_us,flags;message`).
-pub fn parse_io_errors(r: impl BufRead) -> Vec<ParsedIo> {
-    let mut out = Vec::new();
-    for line in r.lines().map_while(Result::ok) {
-        let Some((head, msg)) = line.split_once(';') else {
-            continue;
-        };
-        let Some(ts_us) = head.split(',').nth(2).and_then(|t| t.parse::<u64>().ok()) else {
-            continue;
-        };
-        if let Some((device, kind, detail, comm)) = io_error(msg) {
-            out.push(ParsedIo {
-                ts_us,
-                io: KernelIoError {
-                    t: 0.0,
-                    device,
-                    kind: kind.into(),
-                    detail,
-                    comm,
-                },
-            });
-        }
-    }
-    out
-}
-
 /// /dev/kmsg opened at its end.
 pub struct KmsgTail {
     file: std::fs::File,
@@ -250,7 +248,7 @@ impl KmsgTail {
                 Err(_) => break,
             }
         }
-        (parse(&text[..]), parse_io_errors(&text[..]))
+        parse_all(&text[..])
     }
 }
 

@@ -192,36 +192,48 @@ fn cluster_parts(postmaster: u32) -> Vec<(String, PathBuf)> {
     parts
 }
 
-/// The filesystems holding the cluster's files (the data directory,
-/// pg_wal, each tablespace), one per device, with what each holds; and the
-/// size of the files in pg_wal, kB. Unreadable parts are left out (the
-/// data directory's: the error).
-pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>, Option<u64>)> {
+/// The cluster's places grouped by the device (st_dev) they are on, in
+/// the order first met: `(dev, what each holds, their paths)`. Unreadable
+/// places are left out; the data directory's is the error.
+fn places_by_device(
+    parts: &[(String, PathBuf)],
+) -> std::io::Result<Vec<(u64, Vec<String>, Vec<&Path>)>> {
     use std::os::unix::fs::MetadataExt;
-    let parts = cluster_parts(postmaster);
-    let mut out: Vec<(u64, Filesystem)> = Vec::new();
+    let mut out: Vec<(u64, Vec<String>, Vec<&Path>)> = Vec::new();
     for (i, (what, path)) in parts.iter().enumerate() {
         let dev = match std::fs::metadata(path) {
             Ok(m) => m.dev(),
             Err(e) if i == 0 => return Err(e),
             Err(_) => continue,
         };
-        if let Some((_, fs)) = out.iter_mut().find(|(d, _)| *d == dev) {
-            fs.holds.push(what.clone());
-            continue;
+        match out.iter_mut().find(|(d, _, _)| *d == dev) {
+            Some((_, holds, paths)) => {
+                holds.push(what.clone());
+                paths.push(path);
+            }
+            None => out.push((dev, vec![what.clone()], vec![path])),
         }
-        let Ok((size_kb, free_kb)) = statfs_kb(path) else {
-            continue;
-        };
-        out.push((
-            dev,
-            Filesystem {
-                holds: vec![what.clone()],
+    }
+    Ok(out)
+}
+
+/// The filesystems holding the cluster's files (the data directory,
+/// pg_wal, each tablespace), one per device, with what each holds; and the
+/// size of the files in pg_wal, kB. Unreadable parts are left out (the
+/// data directory's: the error).
+pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>, Option<u64>)> {
+    let parts = cluster_parts(postmaster);
+    let filesystems = places_by_device(&parts)?
+        .into_iter()
+        .filter_map(|(_, holds, paths)| {
+            let (size_kb, free_kb) = paths.iter().find_map(|p| statfs_kb(p).ok())?;
+            Some(Filesystem {
+                holds,
                 size_kb,
                 free_kb,
-            },
-        ));
-    }
+            })
+        })
+        .collect();
     let wal_kb = std::fs::read_dir(&parts[1].1).ok().map(|rd| {
         rd.flatten()
             .filter_map(|e| e.metadata().ok())
@@ -230,7 +242,7 @@ pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>,
             .sum::<u64>()
             / 1024
     });
-    Ok((out.into_iter().map(|(_, f)| f).collect(), wal_kb))
+    Ok((filesystems, wal_kb))
 }
 
 /// The block device `maj:min` is, by its /sys/dev/block name, and the
@@ -251,41 +263,32 @@ fn block_device(maj_min: &str) -> Option<(String, String)> {
 
 /// [`CLUSTER_DEVICES`]'s fact for the cluster of `postmaster`.
 pub fn cluster_devices_fact(postmaster: u32) -> serde_json::Value {
-    use std::os::unix::fs::MetadataExt;
     let parts = cluster_parts(postmaster);
-    let mut devices: Vec<(u64, serde_json::Value)> = Vec::new();
-    for (i, (what, path)) in parts.iter().enumerate() {
-        let dev = match std::fs::metadata(path) {
-            Ok(m) => m.dev(),
-            Err(e) if i == 0 => {
-                return serde_json::json!({
-                    "unavailable": format!(
-                        "{}: {e} (fix: run pgbelow as root or as the server's user)",
-                        path.display()
-                    )
-                })
-            }
-            Err(_) => continue,
-        };
-        if let Some((_, d)) = devices.iter_mut().find(|(d, _)| *d == dev) {
-            if let Some(h) = d["holds"].as_array_mut() {
-                h.push(what.clone().into());
-            }
-            continue;
+    let places = match places_by_device(&parts) {
+        Ok(p) => p,
+        Err(e) => {
+            return serde_json::json!({
+                "unavailable": format!(
+                    "{}: {e} (fix: run pgbelow as root or as the server's user)",
+                    parts[0].1.display()
+                )
+            })
         }
-        let maj_min = format!("{}:{}", libc::major(dev), libc::minor(dev));
-        let (device, disk) = block_device(&maj_min).unzip();
-        devices.push((
-            dev,
+    };
+    let devices: Vec<serde_json::Value> = places
+        .into_iter()
+        .map(|(dev, holds, _)| {
+            let maj_min = format!("{}:{}", libc::major(dev), libc::minor(dev));
+            let (device, disk) = block_device(&maj_min).unzip();
             serde_json::json!({
-                "holds": [what],
+                "holds": holds,
                 "maj_min": maj_min,
                 "device": device,
                 "disk": disk,
-            }),
-        ));
-    }
-    serde_json::json!({ "devices": devices.into_iter().map(|(_, d)| d).collect::<Vec<_>>() })
+            })
+        })
+        .collect();
+    serde_json::json!({ "devices": devices })
 }
 
 /// "Max open files" of a /proc/PID/limits: (soft, hard), None for
