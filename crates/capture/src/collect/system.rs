@@ -192,26 +192,36 @@ fn cluster_parts(postmaster: u32) -> Vec<(String, PathBuf)> {
     parts
 }
 
-/// The cluster's places grouped by the device (st_dev) they are on, in
-/// the order first met: `(dev, what each holds, their paths)`. Unreadable
-/// places are left out; the data directory's is the error.
-fn places_by_device(
-    parts: &[(String, PathBuf)],
-) -> std::io::Result<Vec<(u64, Vec<String>, Vec<&Path>)>> {
+/// The cluster's places on one device (st_dev): what each holds, and
+/// their paths.
+struct OnDevice<'a> {
+    dev: u64,
+    holds: Vec<String>,
+    paths: Vec<&'a Path>,
+}
+
+/// The cluster's places grouped by the device they are on, in the order
+/// first met. Unreadable places are left out; the data directory's is the
+/// error.
+fn places_by_device(parts: &[(String, PathBuf)]) -> std::io::Result<Vec<OnDevice<'_>>> {
     use std::os::unix::fs::MetadataExt;
-    let mut out: Vec<(u64, Vec<String>, Vec<&Path>)> = Vec::new();
+    let mut out: Vec<OnDevice> = Vec::new();
     for (i, (what, path)) in parts.iter().enumerate() {
         let dev = match std::fs::metadata(path) {
             Ok(m) => m.dev(),
             Err(e) if i == 0 => return Err(e),
             Err(_) => continue,
         };
-        match out.iter_mut().find(|(d, _, _)| *d == dev) {
-            Some((_, holds, paths)) => {
-                holds.push(what.clone());
-                paths.push(path);
+        match out.iter_mut().find(|d| d.dev == dev) {
+            Some(d) => {
+                d.holds.push(what.clone());
+                d.paths.push(path);
             }
-            None => out.push((dev, vec![what.clone()], vec![path])),
+            None => out.push(OnDevice {
+                dev,
+                holds: vec![what.clone()],
+                paths: vec![path],
+            }),
         }
     }
     Ok(out)
@@ -225,10 +235,10 @@ pub fn cluster_filesystems(postmaster: u32) -> std::io::Result<(Vec<Filesystem>,
     let parts = cluster_parts(postmaster);
     let filesystems = places_by_device(&parts)?
         .into_iter()
-        .filter_map(|(_, holds, paths)| {
-            let (size_kb, free_kb) = paths.iter().find_map(|p| statfs_kb(p).ok())?;
+        .filter_map(|d| {
+            let (size_kb, free_kb) = d.paths.iter().find_map(|p| statfs_kb(p).ok())?;
             Some(Filesystem {
-                holds,
+                holds: d.holds,
                 size_kb,
                 free_kb,
             })
@@ -277,7 +287,7 @@ pub fn cluster_devices_fact(postmaster: u32) -> serde_json::Value {
     };
     let devices: Vec<serde_json::Value> = places
         .into_iter()
-        .map(|(dev, holds, _)| {
+        .map(|OnDevice { dev, holds, .. }| {
             let maj_min = format!("{}:{}", libc::major(dev), libc::minor(dev));
             let (device, disk) = block_device(&maj_min).unzip();
             serde_json::json!({
