@@ -42,7 +42,17 @@ pub enum Command {
     /// Print the man page (roff), or write one page per subcommand.
     #[command(after_help = MAN_EXAMPLES)]
     Man(ManArgs),
+    /// Serve recordings' checks, findings, evidence, account of time and
+    /// comparisons, and `record`, to an AI assistant over the Model Context
+    /// Protocol (JSON-RPC on stdin/stdout).
+    #[command(after_help = MCP_EXAMPLES)]
+    Mcp,
 }
+
+const MCP_EXAMPLES: &str = "Examples:
+  claude mcp add pgbelow -- pgbelow mcp
+  {\"mcpServers\": {\"pgbelow\": {\"command\": \"pgbelow\", \"args\": [\"mcp\"]}}}
+Tools, their arguments and what they return: docs/mcp.md.";
 
 const WATCH_EXAMPLES: &str = "Examples:
   pgbelow watch --dsn 'host=/var/run/postgresql user=postgres dbname=postgres'
@@ -568,6 +578,35 @@ pub struct RecordArgs {
     pub collection: Collection,
     #[command(flatten)]
     pub output: Output,
+}
+
+impl RecordArgs {
+    /// What `record` runs with (`show`: print progress on stderr).
+    pub fn options(&self, show: bool) -> anyhow::Result<pgbelow::attach::RecordOptions> {
+        Ok(pgbelow::attach::RecordOptions {
+            pid: self.pid,
+            dsn: self.conn.conninfo().map_err(|e| {
+                pgbelow::error::fixable(e, "see --help for -h, -p, -U, -d and --dsn")
+            })?,
+            duration_s: self.duration,
+            collectors: pgbelow::collect::parse_list(self.collection.collectors.as_deref())?,
+            syscall_mechanism: mechanism(self.collection.syscall_mechanism),
+            sampling: self.collection.sampling.sampling(),
+            out: self.collection.out.clone(),
+            show_progress: show,
+            pid_file_connection: true,
+            log_since_s: Some(self.since),
+        })
+    }
+}
+
+/// The syscall counting mechanism asked for, if any.
+pub fn mechanism(m: Option<MechanismArg>) -> Option<pgbelow::collect::syscalls::Mechanism> {
+    use pgbelow::collect::syscalls::Mechanism;
+    m.map(|m| match m {
+        MechanismArg::Ebpf => Mechanism::Ebpf,
+        MechanismArg::PerfTracepoint => Mechanism::PerfTracepoint,
+    })
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]

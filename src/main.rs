@@ -1,4 +1,5 @@
 mod cli;
+mod mcp;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -6,15 +7,14 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{CommandFactory, Parser};
 
-use cli::{Cli, Command, Format, LabCommand, MechanismArg, ReportFormat, SeverityArg, SyncArg};
+use cli::{mechanism, Cli, Command, Format, LabCommand, ReportFormat, SeverityArg, SyncArg};
 use pgbelow::analyse::Severity;
-use pgbelow::collect::syscalls::Mechanism;
 use pgbelow::evidence::Evidence;
 use pgbelow::lab::{LabOptions, PgChoice, Replication};
 use pgbelow::provision::SyncMode;
 use pgbelow::report::{self, Report};
 use pgbelow::scenarios;
-use pgbelow::{attach, collect, doctor, error, interrupt, ledger};
+use pgbelow::{collect, doctor, error, interrupt, ledger};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -110,13 +110,6 @@ fn usage_line(rendered: &str, command: &str) -> String {
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-fn mechanism(m: Option<MechanismArg>) -> Option<Mechanism> {
-    m.map(|m| match m {
-        MechanismArg::Ebpf => Mechanism::Ebpf,
-        MechanismArg::PerfTracepoint => Mechanism::PerfTracepoint,
-    })
 }
 
 fn severity(s: SeverityArg) -> Severity {
@@ -463,20 +456,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(exit_for(&res.report, fail_on))
         }
         Command::Record(a) => {
-            let opts = attach::RecordOptions {
-                pid: a.pid,
-                dsn: a.conn.conninfo().map_err(|e| {
-                    pgbelow::error::fixable(e, "see --help for -h, -p, -U, -d and --dsn")
-                })?,
-                duration_s: a.duration,
-                collectors: collect::parse_list(a.collection.collectors.as_deref())?,
-                syscall_mechanism: mechanism(a.collection.syscall_mechanism),
-                sampling: a.collection.sampling.sampling(),
-                out: a.collection.out,
-                show_progress: show,
-                pid_file_connection: true,
-                log_since_s: Some(a.since),
-            };
+            let opts = a.options(show)?;
             let res = pgbelow::app::record(&opts)?;
             print_rendered(
                 render(&res.report, a.output.format, &res.evidence)?,
@@ -595,6 +575,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     print(&String::from_utf8_lossy(&buf))?;
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mcp => {
+            mcp::serve()?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor(a) => {

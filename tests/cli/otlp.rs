@@ -58,20 +58,15 @@ fn folded_leaves(path: &Path) -> (std::collections::BTreeMap<String, u64>, u64) 
     (leaves, total)
 }
 
-/// `report --format otlp` of a real recording decodes with the official
-/// definitions into the recording's samples: the same total, the same
-/// samples per leaf function, role attributes, a CPU period.
-#[test]
-fn report_otlp_decodes_into_the_recordings_samples() {
-    let Some(mut py) = python() else { return };
-    let rec = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/recordings/pg13-select-only-timeout-all");
+/// `report --format otlp` of `rec`, decoded by the official definitions
+/// (tests/otlp/receiver.py's summary).
+fn decoded(mut py: Command, rec: &Path) -> Value {
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("profile.otlp.pb");
     let o = pgbelow()
         .args(["report", "--format", "otlp", "--output"])
         .arg(&file)
-        .arg(&rec)
+        .arg(rec)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -82,7 +77,18 @@ fn report_otlp_decodes_into_the_recordings_samples() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let s: Value = serde_json::from_slice(&o.stdout).unwrap();
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `report --format otlp` of a real recording decodes with the official
+/// definitions into the recording's samples: the same total, the same
+/// samples per leaf function, role attributes, a CPU period.
+#[test]
+fn report_otlp_decodes_into_the_recordings_samples() {
+    let Some(py) = python() else { return };
+    let rec = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings/pg13-select-only-timeout-all");
+    let s = decoded(py, &rec);
     let rp = &s["resource_profiles"][0];
     assert_eq!(rp["resource"]["service.name"], "postgresql", "{s}");
     assert_eq!(rp["scopes"][0]["scope"], "pgbelow");
@@ -110,6 +116,75 @@ fn report_otlp_decodes_into_the_recordings_samples() {
         .iter()
         .any(|r| r == "backend"));
     assert_eq!(p["profile_id_len"], 16);
+}
+
+/// A recording with the offcpu collector and the query timeline: after
+/// the on-CPU profile, one profile per off-CPU state with the recorded
+/// time in nanoseconds, samples attributed to the queries their backends
+/// ran (`query_id`), decoded with the official definitions.
+#[test]
+fn report_otlp_carries_off_cpu_time_by_query() {
+    let Some(py) = python() else { return };
+    let rec = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/recordings/pg13-select-only-on-off-cpu");
+    let s = decoded(py, &rec);
+    let profiles = s["resource_profiles"][0]["scopes"][0]["profiles"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let types: Vec<String> = profiles
+        .iter()
+        .map(|p| p["sample_type"][0].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(types[0], "samples", "{types:?}");
+    // The recorded off-CPU time per state, from offcpu.stacks.jsonl.
+    let mut want: std::collections::BTreeMap<String, u64> = Default::default();
+    for l in std::fs::read_to_string(rec.join("offcpu.stacks.jsonl"))
+        .unwrap()
+        .lines()
+    {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let name = match v["state"].as_str().unwrap() {
+            "D" => "off_cpu_d",
+            "S" => "off_cpu_s",
+            _ => "runq",
+        };
+        *want.entry(name.to_string()).or_default() += v["us"].as_u64().unwrap() * 1000;
+    }
+    assert!(!want.is_empty());
+    for (name, ns) in &want {
+        let p = profiles
+            .iter()
+            .find(|p| p["sample_type"][0] == name.as_str())
+            .unwrap_or_else(|| panic!("no {name} profile: {types:?}"));
+        assert_eq!(p["sample_type"][1], "nanoseconds");
+        assert_eq!(p["total"].as_u64(), Some(*ns), "{name}: {p}");
+    }
+    // The backends' waits carry the queries they were waiting in.
+    let report: Value = serde_json::from_slice(
+        &pgbelow()
+            .args(["report", "--format", "json"])
+            .arg(&rec)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let known: Vec<&str> = report["queries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|q| q["query_id"].as_str())
+        .collect();
+    let labelled: Vec<String> = profiles
+        .iter()
+        .flat_map(|p| p["query_ids"].as_array().cloned().unwrap_or_default())
+        .map(|q| q.as_str().unwrap().to_string())
+        .collect();
+    assert!(!labelled.is_empty(), "no query_id attribute: {profiles:?}");
+    for q in &labelled {
+        assert!(known.contains(&q.as_str()), "{q} not among {known:?}");
+    }
 }
 
 /// GET /metrics of watch on `port` (the body, or empty).

@@ -165,27 +165,67 @@ fn binary_to_a_terminal_is_refused_and_no_profile_is_named() {
     );
 }
 
-/// A fresh lab recording carries `profile.stacks.jsonl`: pid and node labels,
-/// binaries as mappings.
+/// A fresh lab recording carries `profile.stacks.jsonl`: pid, node,
+/// application and query labels, binaries as mappings; with the offcpu
+/// collector, the off-CPU time as sample types of its own.
 #[test]
-fn fresh_recording_has_pid_node_and_binary() {
+fn fresh_recording_has_pid_node_query_and_binary() {
     let Some(_) = go() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let rec = tmp.path().join("rec");
     let r = common::lab_scenario(
         "select-only",
-        &["--duration", "4", "--collectors", "syscalls,profile"],
+        &[
+            "--duration",
+            "4",
+            "--collectors",
+            "syscalls,profile,offcpu,pgstat",
+        ],
         &rec,
     );
     assert!(r["findings"].is_array());
     let file = tmp.path().join("p.pb.gz");
     export(&rec, &file);
     let top = go_pprof(&["-top", "-sample_index=samples"], &file);
-    assert_eq!(total_of(&top) as u64, summary_samples(&rec), "{top}");
+    let all = total_of(&top);
+    assert_eq!(all as u64, summary_samples(&rec), "{top}");
     let tags = go_pprof(&["-tags"], &file);
-    for want in ["role", "backend", "pid", "node", "primary"] {
+    for want in [
+        "role",
+        "backend",
+        "pid",
+        "node",
+        "primary",
+        "application_name",
+        "pgbench",
+        "query_id",
+    ] {
         assert!(tags.contains(want), "{want} not in -tags:\n{tags}");
     }
+    // The query that ran is a tag to focus on: its samples are some of
+    // the backends' (pgbench's SELECT; the rest not in a query).
+    let q = r["queries"][0]["query_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no query in the report: {}", r["queries"]));
+    let focus = format!("-tagfocus=query_id={}", regex_quote(q));
+    let one = go_pprof(&["-top", "-sample_index=samples", &focus], &file);
+    let mine = total_of(&one);
+    assert!(mine > 0.0 && mine <= all, "{q}: {mine} of {all}\n{one}");
+    // Off-CPU time by state: -sample_index picks it, in the recorded total.
+    let off: Value =
+        serde_json::from_str(&std::fs::read_to_string(rec.join("offcpu.json")).unwrap()).unwrap();
+    let s_secs: f64 = off["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["off_cpu_s"]["S"].as_f64())
+        .sum();
+    let s_top = go_pprof(&["-top", "-sample_index=off_cpu_s", "-unit=ms"], &file);
+    let ms = total_of(s_top.replace("ms", " ").as_str());
+    assert!(
+        (ms - s_secs * 1000.0).abs() <= s_secs * 1000.0 * 0.02 + 1.0,
+        "off_cpu_s {ms} ms against {s_secs} s recorded\n{s_top}"
+    );
     // `-raw` lists the mappings: the postgres binary and the kernel.
     let raw = go_pprof(&["-raw"], &file);
     let mappings = &raw[raw.find("Mappings").expect("a Mappings section")..];
@@ -195,4 +235,18 @@ fn fresh_recording_has_pid_node_and_binary() {
             "{want} not among the mappings:\n{mappings}"
         );
     }
+}
+
+/// `s` with the characters a regular expression gives meaning to escaped
+/// (pprof's -tagfocus takes one).
+fn regex_quote(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let special = "\\.+*?()|[]{}^$".contains(c);
+            special
+                .then_some('\\')
+                .into_iter()
+                .chain(std::iter::once(c))
+        })
+        .collect()
 }

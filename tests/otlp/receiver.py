@@ -61,6 +61,8 @@ def summary(body):
                     "functions": sorted(functions),
                     "attribute_keys": sorted(attr_keys),
                     "roles": sorted(attrs.get("role", [])),
+                    "query_ids": sorted(attrs.get("query_id", [])),
+                    "applications": sorted(attrs.get("application_name", [])),
                     "max_depth": depth,
                     "profile_id_len": len(p.profile_id),
                     "time_unix_nano": p.time_unix_nano,

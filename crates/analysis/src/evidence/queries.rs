@@ -42,6 +42,8 @@ pub struct Activity {
     pub ticks: Vec<ActivityTick>,
     pub names: BTreeMap<String, QueryInfo>,
     pub calls: Option<BTreeMap<String, u64>>,
+    /// Each backend's application_name, the last one written.
+    pub apps: BTreeMap<u32, String>,
 }
 
 /// Reads `pgstat_activity.jsonl`; None when it is not there.
@@ -55,8 +57,10 @@ pub fn load(dir: &Path, cut: &mut usize, notes: &mut Vec<String>) -> Option<Acti
     ticks.sort_by(|a, b| a.t.total_cmp(&b.t));
     let mut names = BTreeMap::new();
     let mut calls = None;
+    let mut apps = BTreeMap::new();
     for t in &mut ticks {
         t.expand_idle();
+        apps.append(&mut t.apps);
         for q in t.queries.drain(..) {
             names.entry(q.id.clone()).or_insert(q);
         }
@@ -68,6 +72,7 @@ pub fn load(dir: &Path, cut: &mut usize, notes: &mut Vec<String>) -> Option<Acti
         ticks,
         names,
         calls,
+        apps,
     })
 }
 
@@ -337,6 +342,63 @@ fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
     }
     // Looks and waits per query.
     Some(acc)
+}
+
+/// How each process's time divides between the queries it ran, for
+/// labelling its stacks (the profile exports): per pid, each query's share
+/// of the pid's on-CPU samples, and per (pid, off-CPU state) of its
+/// seconds; `None` is time the join gave to no query (idle, or intervals
+/// without a look). Shares are of the pid's whole measured time, so what
+/// the join could not place at all is left out of every query.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PidShares {
+    pub on_cpu: BTreeMap<u32, Shares>,
+    pub off_cpu: BTreeMap<(u32, String), Shares>,
+}
+
+/// (query key, or None for no query; share of the process's time).
+pub type Shares = Vec<(Option<String>, f64)>;
+
+/// [`PidShares`] of the recording; None without the query timeline.
+pub fn pid_shares(ev: &super::Evidence) -> Option<PidShares> {
+    let acc = join(ev)?;
+    // The pid's whole measured time, joined or not.
+    let mut on_total: BTreeMap<u32, f64> = BTreeMap::new();
+    for pt in &ev.profile_ticks {
+        for (pid, &n) in &pt.by_pid {
+            *on_total.entry(*pid).or_default() += n as f64;
+        }
+    }
+    let mut off_total: BTreeMap<(u32, String), f64> = BTreeMap::new();
+    if let Some(o) = &ev.offcpu {
+        for ot in &o.ticks {
+            for (pid, states) in &ot.by_pid {
+                for (st, secs) in states {
+                    *off_total.entry((*pid, st.clone())).or_default() += secs;
+                }
+            }
+        }
+    }
+    let mut out = PidShares::default();
+    for (q, a) in &acc {
+        for (pid, n) in &a.from_pid {
+            if let Some(&all) = on_total.get(pid).filter(|&&all| all > 0.0) {
+                out.on_cpu
+                    .entry(*pid)
+                    .or_default()
+                    .push((q.clone(), n / all));
+            }
+        }
+        for (k, secs) in &a.off_from_pid {
+            if let Some(&all) = off_total.get(k).filter(|&&all| all > 0.0) {
+                out.off_cpu
+                    .entry(k.clone())
+                    .or_default()
+                    .push((q.clone(), secs / all));
+            }
+        }
+    }
+    Some(out)
 }
 
 /// A query a finding's evidence comes from, and how much of it.

@@ -8,8 +8,10 @@
 //! The resource says where the profile comes from (`host.name`,
 //! `service.name` = postgresql, `postgresql.data_directory`,
 //! `postgresql.cluster_name`, `postgresql.version`, where the recording
-//! knows them); each sample carries `role`, `pid` and `node` attributes as
-//! the pprof samples carry labels.
+//! knows them); each sample carries `role`, `pid`, `node` and `query_id`
+//! attributes as the pprof samples carry labels. One profile per sample
+//! type: `samples/count` on the CPU, then `off_cpu_d`, `off_cpu_s` and
+//! `runq` in nanoseconds where the offcpu collector ran.
 use std::collections::HashMap;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
@@ -21,7 +23,7 @@ use opentelemetry_proto::tonic::profiles::v1development::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
-use super::view::profile::{split_kernel, Frame, ProfileModel};
+use super::view::profile::{split_kernel, Frame, ProfileModel, SampleKind};
 
 /// Where OTLP/HTTP takes profiles, below the endpoint's base URL.
 pub const HTTP_PATH: &str = "/v1development/profiles";
@@ -155,12 +157,17 @@ fn string_value(v: &str) -> AnyValue {
 }
 
 /// A profile id that is the same for the same recording: 16 bytes, not all 0.
-fn profile_id(m: &ProfileModel) -> Vec<u8> {
+fn profile_id(m: &ProfileModel, nth: u8) -> Vec<u8> {
     use std::hash::{Hash, Hasher};
     let mut out = Vec::with_capacity(16);
     for salt in [0u8, 1] {
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (salt, m.start_unix_ns, &m.source).hash(&mut h);
+        // The on-CPU profile (0) keeps the id it always had.
+        if nth == 0 {
+            (salt, m.start_unix_ns, &m.source).hash(&mut h);
+        } else {
+            (salt, m.start_unix_ns, &m.source, nth).hash(&mut h);
+        }
         out.extend_from_slice(&h.finish().to_le_bytes());
     }
     if out.iter().all(|b| *b == 0) {
@@ -172,35 +179,45 @@ fn profile_id(m: &ProfileModel) -> Vec<u8> {
 /// The request message (not yet encoded).
 pub fn build(m: &ProfileModel) -> ExportProfilesServiceRequest {
     let mut d = Dict::new();
-    let sample_type = ValueType {
-        type_strindex: d.s("samples"),
-        unit_strindex: d.s("count"),
-    };
     let period_type = ValueType {
         type_strindex: d.s("cpu"),
         unit_strindex: d.s("nanoseconds"),
     };
-    let samples = m
-        .samples
-        .iter()
-        .map(|s| Sample {
-            stack_index: d.stack(&s.frames),
-            attribute_indices: s.labels.iter().map(|(k, v)| d.attribute(k, v)).collect(),
-            link_index: 0,
-            values: vec![s.count as i64],
-            timestamps_unix_nano: Vec::new(),
-        })
-        .collect();
-    let profile = Profile {
-        sample_type: Some(sample_type),
-        samples,
-        time_unix_nano: m.start_unix_ns.max(0) as u64,
-        duration_nano: m.duration_ns.max(0) as u64,
-        period_type: Some(period_type),
-        period: m.period_ns,
-        profile_id: profile_id(m),
-        ..Default::default()
-    };
+    // One profile per sample type (a profile has one): the on-CPU samples,
+    // then the off-CPU nanoseconds of each state the offcpu collector saw.
+    let mut kinds = vec![(SampleKind::OnCpu, "samples", "count", 1i64)];
+    for (state, name) in m.off_cpu_states() {
+        kinds.push((SampleKind::OffCpu(state), name, "nanoseconds", 1000));
+    }
+    let mut profiles = Vec::new();
+    for (n, (kind, name, unit, scale)) in kinds.into_iter().enumerate() {
+        let sample_type = ValueType {
+            type_strindex: d.s(name),
+            unit_strindex: d.s(unit),
+        };
+        let samples = m
+            .samples
+            .iter()
+            .filter(|s| s.kind == kind)
+            .map(|s| Sample {
+                stack_index: d.stack(&s.frames),
+                attribute_indices: s.labels.iter().map(|(k, v)| d.attribute(k, v)).collect(),
+                link_index: 0,
+                values: vec![s.count as i64 * scale],
+                timestamps_unix_nano: Vec::new(),
+            })
+            .collect();
+        profiles.push(Profile {
+            sample_type: Some(sample_type),
+            samples,
+            time_unix_nano: m.start_unix_ns.max(0) as u64,
+            duration_nano: m.duration_ns.max(0) as u64,
+            period_type: Some(period_type),
+            period: m.period_ns,
+            profile_id: profile_id(m, n as u8),
+            ..Default::default()
+        });
+    }
     let resource = Resource {
         attributes: m
             .resource
@@ -222,7 +239,7 @@ pub fn build(m: &ProfileModel) -> ExportProfilesServiceRequest {
                     version: env!("CARGO_PKG_VERSION").into(),
                     ..Default::default()
                 }),
-                profiles: vec![profile],
+                profiles,
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
@@ -244,9 +261,15 @@ mod tests {
         let r = build(&m);
         let d = r.dictionary.as_ref().unwrap();
         let p = &r.resource_profiles[0].scope_profiles[0].profiles[0];
-        assert_eq!(p.samples.len(), m.samples.len());
+        let on = m.samples.iter().filter(|s| s.kind == SampleKind::OnCpu);
+        assert_eq!(p.samples.len(), on.count());
         let total: i64 = p.samples.iter().map(|s| s.values[0]).sum();
-        let want: u64 = m.samples.iter().map(|s| s.count).sum();
+        let want: u64 = m
+            .samples
+            .iter()
+            .filter(|s| s.kind == SampleKind::OnCpu)
+            .map(|s| s.count)
+            .sum();
         assert_eq!(total as u64, want);
         assert!(total > 100, "{total}");
         // The first sample's leaf is the model's last frame.

@@ -30,6 +30,8 @@ pub struct Seen {
     pub query_id: Option<i64>,
     /// The raw text; dropped after normalizing.
     pub text: Option<String>,
+    /// `application_name` ("" when unset).
+    pub app: String,
 }
 
 /// (query key, state, wait) of a [`PidRow`].
@@ -43,12 +45,24 @@ pub struct Timeline {
     known: BTreeSet<String>,
     new: Vec<QueryInfo>,
     by_text: HashMap<String, String>,
+    /// Each backend's application_name as last written, and those to write.
+    apps: HashMap<u32, String>,
+    new_apps: BTreeMap<u32, String>,
 }
 
 impl Timeline {
     pub fn add(&mut self, seen: Vec<Seen>) {
         self.ticks += 1;
         for s in seen {
+            if !s.app.is_empty() && self.apps.get(&s.pid) != Some(&s.app) {
+                // Backends come and go (a pool that reconnects): forget
+                // them all now and then; their names are written again.
+                if self.apps.len() >= TEXT_CACHE {
+                    self.apps.clear();
+                }
+                self.apps.insert(s.pid, s.app.clone());
+                self.new_apps.insert(s.pid, s.app.clone());
+            }
             let active = s.state.as_deref() == Some("active");
             let key = match s.text {
                 Some(text) if !text.is_empty() => Some(self.key(s.query_id, text)),
@@ -135,6 +149,7 @@ impl Timeline {
                 .collect(),
             idle: BTreeMap::new(),
             calls: None,
+            apps: std::mem::take(&mut self.new_apps),
         };
         tick.group_idle();
         tick
@@ -157,7 +172,32 @@ mod tests {
             wait: "CPU".into(),
             query_id: qid,
             text: Some(text.to_string()),
+            app: String::new(),
         }
+    }
+
+    /// A backend's application_name is written the interval it is first
+    /// seen, and again only when it changes.
+    #[test]
+    fn application_names_are_written_once_per_backend() {
+        let with = |pid, app: &str| Seen {
+            app: app.into(),
+            ..seen(pid, "active", Some(1), "select 1")
+        };
+        let mut tl = Timeline::default();
+        tl.add(vec![with(10, "pgbench"), with(11, ""), with(12, "app")]);
+        tl.add(vec![with(10, "pgbench")]);
+        let t = tl.take(1.0, 1.0);
+        let want: BTreeMap<u32, String> =
+            [(10, "pgbench".to_string()), (12, "app".to_string())].into();
+        assert_eq!(t.apps, want);
+        tl.add(vec![with(10, "pgbench"), with(12, "batch")]);
+        let t = tl.take(2.0, 1.0);
+        assert_eq!(t.apps, [(12, "batch".to_string())].into());
+        tl.add(vec![with(10, "pgbench")]);
+        let t = tl.take(3.0, 1.0);
+        assert!(t.apps.is_empty(), "{t:?}");
+        assert!(!serde_json::to_string(&t).unwrap().contains("apps"));
     }
 
     #[test]

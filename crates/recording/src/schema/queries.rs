@@ -36,6 +36,11 @@ pub struct ActivityTick {
     /// last line only (PostgreSQL 14+ with the extension readable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls: Option<BTreeMap<String, u64>>,
+    /// `application_name` of the backends seen with one for the first
+    /// time, or with another than before, in this interval (written once
+    /// per backend, not per look; absent in recordings before it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub apps: BTreeMap<u32, String>,
 }
 
 /// The state and wait of an [`ActivityTick::idle`] backend.

@@ -229,6 +229,7 @@ impl ActivityRow {
             },
             query_id: self.query_id,
             text: self.text.clone(),
+            app: self.application_name.clone(),
         }
     }
 }
