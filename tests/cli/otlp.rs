@@ -310,9 +310,19 @@ fn watch_pushes_each_windows_profile() {
         "{p}"
     );
     let keys = p["attribute_keys"].as_array().unwrap();
-    for k in ["role", "pid", "node"] {
+    for k in ["role", "pid", "node", "application_name", "query_id"] {
         assert!(keys.iter().any(|x| x == k), "{k} missing: {p}");
     }
+    // pgbench's backend, and the statement it ran.
+    assert!(
+        p["applications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "pgbench"),
+        "{p}"
+    );
+    assert!(!p["query_ids"].as_array().unwrap().is_empty(), "{p}");
     assert!(p["roles"]
         .as_array()
         .unwrap()

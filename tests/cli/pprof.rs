@@ -66,6 +66,22 @@ fn export(rec: &Path, out: &Path) {
         .success();
 }
 
+/// X of `-top`'s header line "Showing nodes accounting for X, P% of Y
+/// total": with `-tagfocus` and every node shown (`-nodefraction=0`, a
+/// large `-nodecount`), what the focus kept (Y stays the whole).
+fn shown_of(top: &str) -> f64 {
+    let line = top
+        .lines()
+        .find(|l| l.contains("accounting for "))
+        .unwrap_or_else(|| panic!("no 'accounting for' in:\n{top}"));
+    let x = line
+        .split("accounting for ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap_or_else(|| panic!("no X in {line}"));
+    x.trim().parse().unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
 /// Y of `-top`'s header line "Showing nodes accounting for X, P% of Y total".
 fn total_of(top: &str) -> f64 {
     let line = top
@@ -208,8 +224,17 @@ fn fresh_recording_has_pid_node_query_and_binary() {
         .as_str()
         .unwrap_or_else(|| panic!("no query in the report: {}", r["queries"]));
     let focus = format!("-tagfocus=query_id={}", regex_quote(q));
-    let one = go_pprof(&["-top", "-sample_index=samples", &focus], &file);
-    let mine = total_of(&one);
+    let one = go_pprof(
+        &[
+            "-top",
+            "-sample_index=samples",
+            "-nodefraction=0",
+            "-nodecount=1000000",
+            &focus,
+        ],
+        &file,
+    );
+    let mine = shown_of(&one);
     assert!(mine > 0.0 && mine <= all, "{q}: {mine} of {all}\n{one}");
     // Off-CPU time by state: -sample_index picks it, in the recorded total.
     let off: Value =
@@ -249,4 +274,66 @@ fn regex_quote(s: &str) -> String {
                 .chain(std::iter::once(c))
         })
         .collect()
+}
+
+/// An application that tags its statements with OpenTelemetry's
+/// sqlcommenter comment (`/*traceparent='00-…'*/`): a server started with
+/// initdb/pg_ctl runs two such requests' CPU-heavy statements, `record`
+/// keeps each active statement's traceparent, and pprof's samples carry
+/// the request beside the query's id (`-tagfocus traceparent=…`).
+#[test]
+fn statements_with_a_traceparent_label_their_samples() {
+    let Some(_) = go() else { return };
+    if common::skipped_unless_root("record needs root (the profile collector)") {
+        return;
+    }
+    let c = common::userdb::UserCluster::start(&[], &[]);
+    let traces = [
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    ];
+    let mut scripts = Vec::new();
+    for (i, tp) in traces.iter().enumerate() {
+        let f = c.dir.path().join(format!("request{i}.sql"));
+        std::fs::write(
+            &f,
+            format!(
+                "select count(*) from generate_series(1, 300000) /*controller='report',traceparent='{tp}'*/;\n"
+            ),
+        )
+        .unwrap();
+        scripts.push(f);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let rec = tmp.path().join("rec");
+    common::record_while(&c, &rec, 5, "profile,pgstat", || {
+        let mut args = vec!["-n", "-c", "2", "-T", "6"];
+        for f in &scripts {
+            args.extend(["-f", f.to_str().unwrap()]);
+        }
+        let o = c.pgbench("postgres", &args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    });
+    let file = tmp.path().join("p.pb.gz");
+    export(&rec, &file);
+    let tags = go_pprof(&["-tags"], &file);
+    for tp in traces {
+        assert!(tags.contains(tp), "{tp} not in -tags:\n{tags}");
+    }
+    let all = total_of(&go_pprof(&["-top", "-sample_index=samples"], &file));
+    let one = go_pprof(
+        &[
+            "-top",
+            "-sample_index=samples",
+            "-nodefraction=0",
+            "-nodecount=1000000",
+            &format!("-tagfocus=traceparent={}", traces[0]),
+        ],
+        &file,
+    );
+    let mine = shown_of(&one);
+    assert!(mine > 0.0 && mine < all, "{mine} of {all}\n{one}");
+    // The statement's text in the recording has no comment (and no value).
+    let act = std::fs::read_to_string(rec.join("pgstat_activity.jsonl")).unwrap();
+    assert!(!act.contains("controller"), "a comment kept in the text");
 }

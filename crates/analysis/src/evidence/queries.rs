@@ -247,10 +247,41 @@ struct Acc {
 /// Join everything recorded per pid and interval with the timeline: what
 /// each query got (None: not in a query).
 fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
+    join_by(ev, false)
+}
+
+/// Between a query's key and the traceparent of the request, in the keys
+/// of a join by request.
+const TRACE_SEP: char = '\u{1f}';
+
+/// A backend's rows with each active statement that carried a
+/// traceparent keyed by both: the join then splits by request too.
+fn by_request(rows: &[PidRow]) -> Vec<PidRow> {
+    rows.iter()
+        .map(|r| match (&r.query, &r.trace) {
+            (Some(q), Some(t)) => PidRow {
+                query: Some(format!("{q}{TRACE_SEP}{t}")),
+                ..r.clone()
+            },
+            _ => r.clone(),
+        })
+        .collect()
+}
+
+/// [`join`], keyed by query and request (`query␟traceparent`) where a
+/// statement carried one when `traced`.
+fn join_by(ev: &super::Evidence, traced: bool) -> Option<BTreeMap<Option<String>, Acc>> {
     let act = ev.activity.as_ref()?;
     let ticks = &act.ticks;
     let mut acc: BTreeMap<Option<String>, Acc> = BTreeMap::new();
     let mut give = |rows: &[PidRow], kind: Kind, f: &mut dyn FnMut(&mut Acc, f64)| {
+        let keyed;
+        let rows = if traced {
+            keyed = by_request(rows);
+            &keyed[..]
+        } else {
+            rows
+        };
         for (k, share) in shares(rows, kind) {
             f(acc.entry(k.map(String::from)).or_default(), share);
         }
@@ -349,19 +380,44 @@ fn join(ev: &super::Evidence) -> Option<BTreeMap<Option<String>, Acc>> {
 /// of the pid's on-CPU samples, and per (pid, off-CPU state) of its
 /// seconds; `None` is time the join gave to no query (idle, or intervals
 /// without a look). Shares are of the pid's whole measured time, so what
-/// the join could not place at all is left out of every query.
+/// the join could not place at all is left out of every query. Where a
+/// statement carried a sqlcommenter traceparent, its share is the
+/// request's too ([`Request`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PidShares {
     pub on_cpu: BTreeMap<u32, Shares>,
     pub off_cpu: BTreeMap<(u32, String), Shares>,
 }
 
-/// (query key, or None for no query; share of the process's time).
-pub type Shares = Vec<(Option<String>, f64)>;
+/// A query's key and, where its statement carried one, the W3C
+/// traceparent of the request it ran for.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Request {
+    pub query: String,
+    pub traceparent: Option<String>,
+}
+
+/// (the request, or None for no query; share of the process's time).
+pub type Shares = Vec<(Option<Request>, f64)>;
 
 /// [`PidShares`] of the recording; None without the query timeline.
 pub fn pid_shares(ev: &super::Evidence) -> Option<PidShares> {
-    let acc = join(ev)?;
+    let acc: BTreeMap<Option<Request>, Acc> = join_by(ev, true)?
+        .into_iter()
+        .map(|(k, a)| {
+            let r = k.map(|k| match k.split_once(TRACE_SEP) {
+                Some((q, t)) => Request {
+                    query: q.to_string(),
+                    traceparent: Some(t.to_string()),
+                },
+                None => Request {
+                    query: k,
+                    traceparent: None,
+                },
+            });
+            (r, a)
+        })
+        .collect();
     // The pid's whole measured time, joined or not.
     let mut on_total: BTreeMap<u32, f64> = BTreeMap::new();
     for pt in &ev.profile_ticks {
@@ -750,6 +806,7 @@ mod tests {
             state: Some(if q.is_some() { "active" } else { "idle" }.into()),
             wait: "CPU".into(),
             n,
+            trace: None,
         }
     }
 

@@ -34,8 +34,14 @@ pub struct Seen {
     pub app: String,
 }
 
-/// (query key, state, wait) of a [`PidRow`].
-type RowKey = (Option<String>, Option<String>, Option<String>, String);
+/// (query key, last query key, state, wait, traceparent) of a [`PidRow`].
+type RowKey = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    String,
+    Option<String>,
+);
 
 /// Collects the looks of one interval and names queries.
 #[derive(Default)]
@@ -64,6 +70,13 @@ impl Timeline {
                 self.new_apps.insert(s.pid, s.app.clone());
             }
             let active = s.state.as_deref() == Some("active");
+            // The request an active statement runs for, before the text
+            // (and its comments) is normalized away.
+            let trace = s
+                .text
+                .as_deref()
+                .filter(|_| active)
+                .and_then(querytext::traceparent);
             let key = match s.text {
                 Some(text) if !text.is_empty() => Some(self.key(s.query_id, text)),
                 _ => None,
@@ -73,7 +86,7 @@ impl Timeline {
                 .rows
                 .entry(s.pid)
                 .or_default()
-                .entry((query, last, s.state, s.wait))
+                .entry((query, last, s.state, s.wait, trace))
                 .or_default() += 1;
         }
     }
@@ -136,12 +149,13 @@ impl Timeline {
                 .map(|(pid, m)| {
                     let v = m
                         .into_iter()
-                        .map(|((query, last, state, wait), n)| PidRow {
+                        .map(|((query, last, state, wait, trace), n)| PidRow {
                             query,
                             last,
                             state,
                             wait,
                             n,
+                            trace,
                         })
                         .collect();
                     (pid, v)
@@ -174,6 +188,25 @@ mod tests {
             text: Some(text.to_string()),
             app: String::new(),
         }
+    }
+
+    /// An active statement's sqlcommenter traceparent goes on its row; the
+    /// text itself is normalized as always, and an idle backend's last
+    /// statement lends no request.
+    #[test]
+    fn a_traceparent_of_an_active_statement_is_kept_on_its_row() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let text = format!("select * from t where id = 7 /*traceparent='{tp}'*/");
+        let mut tl = Timeline::default();
+        tl.add(vec![
+            seen(10, "active", Some(5), &text),
+            seen(11, "idle", Some(5), &text),
+        ]);
+        let t = tl.take(1.0, 1.0);
+        assert_eq!(t.pids[&10][0].trace.as_deref(), Some(tp));
+        assert_eq!(t.pids[&11][0].trace, None);
+        let line = serde_json::to_string(&t).unwrap();
+        assert!(!line.contains("id = 7"), "{line}");
     }
 
     /// A backend's application_name is written the interval it is first

@@ -103,6 +103,35 @@ pub fn normalize(sql: &str) -> String {
     render(&toks)
 }
 
+/// The W3C `traceparent` a sqlcommenter comment carries in `sql`
+/// (`/*…,traceparent='00-<32 hex>-<16 hex>-<2 hex>',…*/`, as OpenTelemetry's
+/// sqlcommenter integrations append it), checked for its form; None
+/// otherwise. It names a request, not a value of the query, so it is kept
+/// where the text's literals are not. A text cut at
+/// `track_activity_query_size` loses a comment at its end.
+pub fn traceparent(sql: &str) -> Option<String> {
+    const KEY: &str = "traceparent='";
+    let at = sql.find("/*")?;
+    let comment = &sql[at..];
+    let start = comment.find(KEY)? + KEY.len();
+    let value = &comment[start..];
+    let value = &value[..value.find('\'')?];
+    // sqlcommenter URL-encodes values; a traceparent needs no escape, but
+    // an encoder may still write its dashes as %2D.
+    let value = value.replace("%2D", "-").replace("%2d", "-");
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
+    let nonzero = |p: &str| p.bytes().any(|b| b != b'0');
+    let ok = parts.len() == 4
+        && hex(parts[0], 2)
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2)
+        && nonzero(parts[1])
+        && nonzero(parts[2]);
+    ok.then(|| value.to_ascii_lowercase())
+}
+
 /// A stable 64-bit fingerprint of a normalized text (FNV-1a: the same on
 /// every build and machine, unlike std's hasher), as 16 hex digits.
 pub fn fingerprint(normalized: &str) -> String {
@@ -380,6 +409,29 @@ fn space_between(prev: &Tok, next: &Tok) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sqlcommenter_traceparent_is_found_and_checked() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let q = format!(
+            "SELECT * FROM t WHERE id = 5 /*action='show',traceparent='{tp}',tracestate='x'*/"
+        );
+        assert_eq!(traceparent(&q).as_deref(), Some(tp));
+        // URL-encoded dashes, upper-case hex.
+        let enc = "select 1 /*traceparent='00%2D4BF92F3577B34DA6A3CE929D0E0E4736%2D00F067AA0BA902B7%2D01'*/";
+        assert_eq!(traceparent(enc).as_deref(), Some(tp));
+        // Not in a comment, malformed, all-zero ids, cut short: none.
+        assert_eq!(traceparent(&format!("select 'traceparent=''{tp}'''")), None);
+        assert_eq!(
+            traceparent("select 1 /*traceparent='00-abc-def-01'*/"),
+            None
+        );
+        let zero =
+            "select 1 /*traceparent='00-00000000000000000000000000000000-00f067aa0ba902b7-01'*/";
+        assert_eq!(traceparent(zero), None);
+        assert_eq!(traceparent("select 1 /*traceparent='00-4bf9"), None);
+        assert_eq!(traceparent("select 1"), None);
+    }
 
     #[test]
     fn literals_numbers_and_params_go() {

@@ -56,6 +56,7 @@ impl ActivityTick {
             state: Some(IDLE_STATE.to_string()),
             wait: IDLE_WAIT.to_string(),
             n: ticks,
+            trace: None,
         }
     }
 
@@ -112,6 +113,7 @@ mod tests {
             state: Some(state.to_string()),
             wait: wait.to_string(),
             n,
+            trace: None,
         }
     }
 
@@ -194,4 +196,8 @@ pub struct PidRow {
     /// `Type:Event`, or `CPU` without a wait event.
     pub wait: String,
     pub n: u32,
+    /// While active, the W3C traceparent of a sqlcommenter comment in the
+    /// query's text (the request it ran for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }

@@ -2,8 +2,9 @@
 //! (pprof, OTLP): stacks root first with their on-CPU sample counts and,
 //! where the offcpu collector ran, their off-CPU time in D, S and the run
 //! queue; labels `role`, `pid` where the recording has per-process stacks,
-//! `node`, `application_name` (as the query timeline saw it) and
-//! `query_id`; the sampling period and when the recording ran.
+//! `node`, `application_name` (as the query timeline saw it), `query_id`
+//! and `traceparent` (a sqlcommenter comment's); the sampling period and
+//! when the recording ran.
 //!
 //! `query_id`: a process's stacks are not split by time, so a backend's
 //! stacks are divided between the queries it ran in proportion to what the
@@ -14,7 +15,7 @@
 //! never spread over the queries.
 use anyhow::Result;
 
-use crate::evidence::queries::Shares;
+use crate::evidence::queries::{Request, Shares};
 use crate::evidence::Evidence;
 /// The model's frame, and inferno's options pgbelow's flame graphs share
 /// with the recording's own SVG.
@@ -90,9 +91,9 @@ fn named(names: &[String]) -> Vec<Frame> {
 /// `count` divided in proportion to `shares` (summing to at most 1; what
 /// is left over goes to no query), whole units by the largest remainder,
 /// so the parts add up to `count`.
-fn divide(count: u64, shares: &[(Option<String>, f64)]) -> Vec<(Option<String>, u64)> {
+fn divide(count: u64, shares: &[(Option<Request>, f64)]) -> Vec<(Option<Request>, u64)> {
     let given: f64 = shares.iter().map(|(_, s)| s.max(0.0)).sum();
-    let mut parts: Vec<(Option<String>, f64)> = shares
+    let mut parts: Vec<(Option<Request>, f64)> = shares
         .iter()
         .map(|(q, s)| (q.clone(), s.max(0.0)))
         .collect();
@@ -119,7 +120,7 @@ fn divide(count: u64, shares: &[(Option<String>, f64)]) -> Vec<(Option<String>, 
         left -= 1;
     }
     // Two parts for no query (the join's and the leftover) become one.
-    let mut out: std::collections::BTreeMap<Option<String>, u64> = Default::default();
+    let mut out: std::collections::BTreeMap<Option<Request>, u64> = Default::default();
     for ((q, _), n) in parts.into_iter().zip(whole) {
         *out.entry(q).or_default() += n;
     }
@@ -231,7 +232,10 @@ pub fn model(ev: &Evidence) -> Result<ProfileModel> {
         };
         for (q, n) in parts {
             let mut labels = labels.clone();
-            labels.extend(q.map(|q| ("query_id", q)));
+            if let Some(q) = q {
+                labels.push(("query_id", q.query));
+                labels.extend(q.traceparent.map(|t| ("traceparent", t)));
+            }
             out.push(ModelSample {
                 frames: frames.to_vec(),
                 kind,
@@ -281,8 +285,11 @@ pub fn model(ev: &Evidence) -> Result<ProfileModel> {
 mod tests {
     use super::*;
 
-    fn q(s: &str) -> Option<String> {
-        Some(s.to_string())
+    fn q(s: &str) -> Option<Request> {
+        Some(Request {
+            query: s.to_string(),
+            traceparent: None,
+        })
     }
 
     #[test]
