@@ -218,6 +218,13 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
         &[("aio-workers-saturated", "critical")],
     ),
     ("pg18-aio-workers-saturated-8", &[]),
+    // procfs and pgstat only (the bill of the I/O worker per query): the
+    // worker's reads are not counted, so the rule cannot measure.
+    ("pg18-aio-workers-saturated-1-procfs", &[]),
+    (
+        "pg15-syncrep-commit-procfs",
+        &[("wal-fsync-latency", "info")],
+    ),
 ];
 
 fn fixtures() -> PathBuf {

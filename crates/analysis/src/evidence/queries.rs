@@ -26,6 +26,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::recording::schema::queries::{ActivityTick, PidRow, QueryInfo};
+use crate::role::Role;
 
 /// Queries shown, most time first.
 pub const TOP_QUERIES: usize = 20;
@@ -91,6 +92,10 @@ pub struct QueriesSection {
     /// transaction), and what could not be joined.
     pub not_in_a_query: Attributed,
     pub notes: Vec<String>,
+    /// What other processes did for the queries, per role that was busy:
+    /// how it was joined, and the seconds left over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub helpers: Vec<HelperBill>,
 }
 
 /// What was attributed to one query or to none.
@@ -129,6 +134,10 @@ pub struct QueryRow {
     /// Where it waited off the CPU (offcpu), most time first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub top_off_cpu_stacks: Vec<QueryOffStack>,
+    /// Busy seconds other processes spent for it, by role ([`HELPERS`]:
+    /// I/O workers, the walwriter, walsenders).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub for_it_s: BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -532,11 +541,110 @@ pub fn by_wait(ev: &super::Evidence, wait: &str, n: usize) -> Vec<Source> {
     named(act, m.into_iter().collect(), n)
 }
 
+/// Processes that work for the backends' statements, and the wait events
+/// in which a backend waits for that work: their busy time (on CPU, in
+/// the run queue, in D) is the statements' bill too.
+pub const HELPERS: [(Role, &[&str], &str); 3] = [
+    (
+        Role::IoWorker,
+        &["IO:AioIoCompletion"],
+        "I/O workers (io_method=worker) read for the backends: their busy time goes to the queries seen waiting for a read to complete (IO:AioIoCompletion) in the same interval, by those looks",
+    ),
+    (
+        Role::Walwriter,
+        &["IO:WALSync", "IO:WALWrite", "LWLock:WALWrite"],
+        "the walwriter writes and flushes WAL the commits wait for: its busy time goes to the queries seen waiting on WAL (IO:WALSync, IO:WALWrite, LWLock:WALWrite) in the same interval, by those looks",
+    ),
+    (
+        Role::Walsender,
+        &["IPC:SyncRep"],
+        "walsenders stream the WAL synchronous commits wait for: their busy time goes to the queries seen waiting in IPC:SyncRep in the same interval, by those looks",
+    ),
+];
+
+/// One helper role's bill: what it did in all, what went to queries, and
+/// what could not (no backend waiting for it at the time) — never spread.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HelperBill {
+    pub role: String,
+    /// On CPU + run queue + D, seconds, over the recording.
+    pub busy_s: f64,
+    pub attributed_s: f64,
+    pub not_attributed_s: f64,
+    /// How the join was made, and its error.
+    pub method: String,
+}
+
+/// Each helper role's busy seconds per interval given to the queries by
+/// the looks waiting for it: (per query key: role → seconds, the bills).
+fn helper_join(ev: &super::Evidence) -> (BTreeMap<String, BTreeMap<String, f64>>, Vec<HelperBill>) {
+    let mut per_query: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut bills = Vec::new();
+    let Some(act) = ev.activity.as_ref() else {
+        return (per_query, bills);
+    };
+    for (role, waits, method) in HELPERS {
+        let mut bill = HelperBill {
+            role: role.as_str().to_string(),
+            method: method.to_string(),
+            ..Default::default()
+        };
+        for smp in &ev.procfs {
+            let mut busy: f64 = smp
+                .procs
+                .iter()
+                .filter(|(pid, _)| ev.rec.role_of(**pid) == role)
+                .map(|(_, d)| d.cpu_s + d.runq_s)
+                .sum();
+            busy += smp
+                .rows
+                .iter()
+                .filter(|r| r.role == role && r.state == "D")
+                .map(|r| r.s)
+                .sum::<f64>();
+            if busy <= 0.0 {
+                continue;
+            }
+            bill.busy_s += busy;
+            let mut looks: BTreeMap<&str, u32> = BTreeMap::new();
+            if let Some(a) = tick_at(&act.ticks, smp.t) {
+                for r in a.pids.values().flatten() {
+                    if let (Some(q), true) = (&r.query, waits.contains(&r.wait.as_str())) {
+                        *looks.entry(q.as_str()).or_default() += r.n;
+                    }
+                }
+            }
+            let all: u32 = looks.values().sum();
+            if all == 0 {
+                bill.not_attributed_s += busy;
+                continue;
+            }
+            bill.attributed_s += busy;
+            for (q, n) in looks {
+                *per_query
+                    .entry(q.to_string())
+                    .or_default()
+                    .entry(bill.role.clone())
+                    .or_default() += busy * f64::from(n) / f64::from(all);
+            }
+        }
+        if bill.busy_s > 0.0 {
+            let r3 = crate::round3;
+            bill.busy_s = r3(bill.busy_s);
+            bill.attributed_s = r3(bill.attributed_s);
+            bill.not_attributed_s = r3(bill.not_attributed_s);
+            bills.push(bill);
+        }
+    }
+    (per_query, bills)
+}
+
 /// Join everything recorded per pid and interval with the timeline.
 pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
     let act = ev.activity.as_ref()?;
     let ticks = &act.ticks;
     let mut acc = join(ev)?;
+    let (mut for_it, helpers) = helper_join(ev);
     let hz = ev.profile.as_ref().map_or(0, |p| p.summary.hz);
     // (looks, backend-seconds: each look stands for dt / ticks, so a
     // sampler that fell behind on a loaded server does not shrink it, waits)
@@ -574,6 +682,7 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
         .keys()
         .map(|k| k.to_string())
         .chain(acc.keys().flatten().cloned())
+        .chain(for_it.keys().cloned())
         .collect();
     let none = (0, 0.0, BTreeMap::new());
     for key in &keys {
@@ -612,10 +721,20 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
             waits: waits.clone(),
             top_stacks: top_stacks(ev, &a.from_pid, a.on_cpu_samples),
             top_off_cpu_stacks: top_off_cpu_stacks(ev, &a.off_from_pid),
+            for_it_s: for_it
+                .remove(*key)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(role, s)| (role, round(s)))
+                .collect(),
         });
     }
     rows.sort_by(|a, b| {
-        let total = |r: &QueryRow| r.on_cpu_s.unwrap_or(0.0) + r.off_cpu_s.values().sum::<f64>();
+        let total = |r: &QueryRow| {
+            r.on_cpu_s.unwrap_or(0.0)
+                + r.off_cpu_s.values().sum::<f64>()
+                + r.for_it_s.values().sum::<f64>()
+        };
         total(b)
             .total_cmp(&total(a))
             .then(b.samples.cmp(&a.samples))
@@ -664,6 +783,7 @@ pub fn build(ev: &super::Evidence) -> Option<QueriesSection> {
         queries: rows,
         not_in_a_query,
         notes,
+        helpers,
     })
 }
 
@@ -753,6 +873,71 @@ fn weighted_top<K: Ord + Clone, S: Ord>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A real PostgreSQL 18 run (procfs, pgstat): 4 clients' bitmap scans
+    /// read through one I/O worker. Its busy time goes to the scanning
+    /// query, which was seen waiting in IO:AioIoCompletion; what it did
+    /// while nobody waited is left over; the parts add up.
+    #[test]
+    fn an_io_workers_reads_are_billed_to_the_query_waiting_for_them() {
+        let ev = super::super::fixture("pg18-aio-workers-saturated-1-procfs");
+        let s = build(&ev).expect("a query timeline");
+        let io = s
+            .helpers
+            .iter()
+            .find(|h| h.role == "io-worker")
+            .unwrap_or_else(|| panic!("no io-worker bill: {:?}", s.helpers));
+        assert!(io.busy_s > 1.0, "{io:?}");
+        let sum = io.attributed_s + io.not_attributed_s;
+        assert!((sum - io.busy_s).abs() < 0.01, "{io:?}");
+        assert!(io.attributed_s > 0.5 * io.busy_s, "{io:?}");
+        let scan = s
+            .queries
+            .iter()
+            .find(|q| q.for_it_s.contains_key("io-worker"))
+            .expect("a query billed for the worker");
+        assert!(scan.query.contains("pgbench_accounts"), "{}", scan.query);
+        let billed: f64 = s
+            .queries
+            .iter()
+            .filter_map(|q| q.for_it_s.get("io-worker"))
+            .sum();
+        assert!(
+            (billed - io.attributed_s).abs() < 0.01,
+            "{billed} vs {io:?}"
+        );
+    }
+
+    /// A real run of syncrep-commit on 15 (2 synchronous standbys, procfs
+    /// and pgstat): the walsenders' busy time goes to the INSERT whose
+    /// commits wait in IPC:SyncRep.
+    #[test]
+    fn walsenders_are_billed_to_the_commits_waiting_in_syncrep() {
+        let ev = super::super::fixture("pg15-syncrep-commit-procfs");
+        let s = build(&ev).expect("a query timeline");
+        let ws = s
+            .helpers
+            .iter()
+            .find(|h| h.role == "walsender")
+            .unwrap_or_else(|| panic!("no walsender bill: {:?}", s.helpers));
+        assert!(ws.attributed_s > 0.5 * ws.busy_s, "{ws:?}");
+        let insert = &s.queries[0];
+        assert!(
+            insert.query.starts_with("insert into pgbelow_syncrep"),
+            "{}",
+            insert.query
+        );
+        let got = insert.for_it_s.get("walsender").copied().unwrap_or(0.0);
+        assert!((got - ws.attributed_s).abs() < 0.01, "{got} vs {ws:?}");
+        // The rendering names the work and what was left over.
+        let mut text = String::new();
+        crate::report::sections::queries::render(&s, &mut text);
+        assert!(
+            text.contains("for it by other processes: walsender"),
+            "{text}"
+        );
+        assert!(text.contains("not attributed"), "{text}");
+    }
 
     /// Three lines a real run wrote (PostgreSQL 15, 10 pgbench clients
     /// and 1,000 idle connections, `pgbelow record`): the idle pool read

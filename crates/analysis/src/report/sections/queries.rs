@@ -45,6 +45,14 @@ pub fn render(s: &QueriesSection, out: &mut String) {
                 .collect();
             let _ = writeln!(out, "    syscalls: {}", list.join(", "));
         }
+        if !q.for_it_s.is_empty() {
+            let by: Vec<String> = q
+                .for_it_s
+                .iter()
+                .map(|(role, s)| format!("{role} {s:.3} s"))
+                .collect();
+            let _ = writeln!(out, "    for it by other processes: {}", by.join(", "));
+        }
         let mut waits: Vec<(&String, &u64)> = q.waits.iter().collect();
         waits.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         let waits: Vec<String> = waits
@@ -78,6 +86,13 @@ pub fn render(s: &QueriesSection, out: &mut String) {
         n.off_cpu_s.get("S").copied().unwrap_or(0.0),
         n.off_cpu_s.get("runq").copied().unwrap_or(0.0)
     );
+    for h in &s.helpers {
+        let _ = writeln!(
+            out,
+            "  {}: busy {:.3} s, {:.3} s to the queries waiting for it, {:.3} s not attributed (none waiting at the time)\n    ({})",
+            h.role, h.busy_s, h.attributed_s, h.not_attributed_s, h.method
+        );
+    }
 }
 
 /// On-CPU seconds, or why there are none.
