@@ -166,6 +166,27 @@ pub fn per_role(stacks: &[FoldedStack], kind: &Kind, csp: &mut Csp) -> Vec<(Stri
         .collect()
 }
 
+/// One flame graph of `stacks` (any role) named `chart`, titled `title`.
+pub fn one(
+    stacks: &[FoldedStack],
+    chart: &str,
+    title: &str,
+    kind: &Kind,
+    csp: &mut Csp,
+) -> Option<String> {
+    let lines: Vec<String> = stacks
+        .iter()
+        .filter(|s| !s.frames.is_empty())
+        .map(|s| format!("{} {}", s.frames.join(";"), s.samples))
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    let n: u64 = stacks.iter().map(|s| s.samples).sum();
+    let svg = svg(title, &(kind.subtitle)(n), kind.count_name, &lines)?;
+    frame(chart, title, &svg, csp)
+}
+
 /// One differential flame graph per role either side profiled.
 pub fn differential(a: &[FoldedStack], b: &[FoldedStack], csp: &mut Csp) -> Vec<(String, String)> {
     let (ra, rb) = (by_role(a), by_role(b));

@@ -396,6 +396,94 @@ fn checks(o: &mut String, r: &Report) {
 }
 
 /// The page of one recording.
+/// The queries by kernel time: what each cost below PostgreSQL, its own
+/// backends' and other processes' for it, and its flame graphs behind a
+/// click (a `<details>` per query).
+fn queries(page: &mut Page, r: &Report, v: &View) {
+    if r.queries.is_empty() {
+        return;
+    }
+    let f3 = |x: f64| format!("{x:.3}");
+    let rows: Vec<Vec<String>> = r
+        .queries
+        .iter()
+        .map(|q| {
+            let others: Vec<String> = q
+                .for_it_s
+                .iter()
+                .map(|(role, s)| format!("{role} {s:.3}"))
+                .collect();
+            vec![
+                q.query_id.clone(),
+                crate::report::sections::queries::short(&q.query, 80),
+                q.calls.map_or(String::new(), |c| c.to_string()),
+                q.on_cpu_s.map_or("not recorded".into(), f3),
+                f3(q.off("D")),
+                f3(q.off("S")),
+                f3(q.off("runq")),
+                others.join(", "),
+            ]
+        })
+        .collect();
+    let o = &mut page.body;
+    let _ = writeln!(
+        o,
+        "<section id=\"queries\"><h2>Queries by kernel time</h2><p class=\"hint\">What each query cost below PostgreSQL: its backends' seconds on the CPU, off it in D, S and the run queue, and what other processes did for it (I/O workers, the walwriter, walsenders), given by the 10 Hz looks at pg_stat_activity. Open a query for its flame graphs.</p>"
+    );
+    tables::table(
+        o,
+        "Queries, most kernel time first (seconds)",
+        &[
+            "query_id",
+            "query",
+            "calls",
+            "on CPU",
+            "D",
+            "S",
+            "run queue",
+            "for it by other processes",
+        ],
+        &rows,
+    );
+    for (i, qs) in v.query_stacks.iter().enumerate() {
+        let text = r
+            .queries
+            .iter()
+            .find(|q| q.query_id == qs.query_id)
+            .map_or(String::new(), |q| {
+                crate::report::sections::queries::short(&q.query, 80)
+            });
+        let mut graphs = String::new();
+        let on_title = format!("on-CPU: {}", qs.query_id);
+        let off_title = format!("off-CPU: {}", qs.query_id);
+        let on = flame::one(
+            &qs.on_cpu,
+            &format!("query-flamegraph-{}", i + 1),
+            &on_title,
+            &flame::ON_CPU,
+            &mut page.csp,
+        );
+        let off = flame::one(
+            &qs.off_cpu,
+            &format!("query-offcpu-flamegraph-{}", i + 1),
+            &off_title,
+            &flame::OFF_CPU,
+            &mut page.csp,
+        );
+        for g in [on, off].into_iter().flatten() {
+            graphs.push_str(&g);
+        }
+        let _ = writeln!(
+            page.body,
+            "<details class=\"query-flames\" data-query=\"{}\"><summary>{} — {}</summary>{graphs}</details>",
+            escape(&qs.query_id),
+            escape(&qs.query_id),
+            escape(&text)
+        );
+    }
+    let _ = writeln!(page.body, "</section>");
+}
+
 pub fn render(r: &Report, v: &View) -> String {
     let mut page = Page::new();
     let o = &mut page.body;
@@ -480,6 +568,8 @@ pub fn render(r: &Report, v: &View) -> String {
         let _ = writeln!(o, "<h3>{}</h3>{}", escape(role), fs.concat());
     }
     let _ = writeln!(o, "</section>");
+    queries(&mut page, r, v);
+    let o = &mut page.body;
     tables::all(o, r, &v.sessions);
     let _ = writeln!(
         o,

@@ -217,3 +217,34 @@ fn base64_decode(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.decode(text)
 }
+
+/// A recording with the query timeline and the offcpu collector (PG 13
+/// select-only): the queries section lists each query's kernel time, and
+/// the top query's off-CPU flame graph opens from its `<details>`.
+#[test]
+fn queries_by_kernel_time_with_a_flame_graph_each() {
+    let (r, page) = page_of("pg13-select-only-on-off-cpu");
+    assert!(!r.queries.is_empty());
+    let section = &page[page
+        .find("<section id=\"queries\">")
+        .expect("a queries section")..];
+    let section = &section[..section.find("</section>").unwrap()];
+    assert!(
+        section.contains(&escape(&r.queries[0].query_id)),
+        "{section}"
+    );
+    assert!(section.contains("<th>run queue</th>"), "{section}");
+    let details = section.matches("<details class=\"query-flames\"").count();
+    assert!(
+        (1..=crate::report::view::QUERY_FLAMES).contains(&details),
+        "{details}"
+    );
+    assert!(
+        section.contains("data-chart=\"query-offcpu-flamegraph-1\""),
+        "no off-CPU flame graph of the first query"
+    );
+    // Without the query timeline there is no section.
+    let (r, page) = page_of("pg15-checkpoint-stall");
+    assert!(r.queries.is_empty());
+    assert!(!page.contains("<section id=\"queries\">"));
+}

@@ -34,6 +34,69 @@ pub struct View {
     pub off_cpu: Vec<FoldedStack>,
     /// `off_cpu` holds on- and off-CPU time together.
     pub combined: bool,
+    /// The top queries' own stacks (the profile model's `query_id`
+    /// samples), for their flame graphs; empty without the profile or the
+    /// query timeline.
+    pub query_stacks: Vec<QueryStacks>,
+}
+
+/// Flame graphs of queries drawn at most, most kernel time first.
+pub const QUERY_FLAMES: usize = 5;
+
+/// One query's stacks: on-CPU samples, and off-CPU µs rooted at their
+/// state (D, S, runq).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QueryStacks {
+    pub query_id: String,
+    pub on_cpu: Vec<FoldedStack>,
+    pub off_cpu: Vec<FoldedStack>,
+}
+
+/// The stacks of the report's first [`QUERY_FLAMES`] queries.
+fn query_stacks(r: &Report, ev: &Evidence) -> Vec<QueryStacks> {
+    use profile::SampleKind;
+    let Ok(m) = profile::model(ev) else {
+        return Vec::new();
+    };
+    let folded = |m: BTreeMap<Vec<String>, u64>, role: &str| -> Vec<FoldedStack> {
+        m.into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(frames, samples)| FoldedStack {
+                role: role.to_string(),
+                frames,
+                samples,
+            })
+            .collect()
+    };
+    r.queries
+        .iter()
+        .take(QUERY_FLAMES)
+        .map(|q| {
+            let (mut on, mut off): (BTreeMap<Vec<String>, u64>, BTreeMap<Vec<String>, u64>) =
+                Default::default();
+            let mine = m.samples.iter().filter(|s| {
+                s.labels
+                    .iter()
+                    .any(|(k, v)| *k == "query_id" && *v == q.query_id)
+            });
+            for s in mine {
+                let names = s.frames.iter().map(|f| f.name.clone());
+                match s.kind {
+                    SampleKind::OnCpu => *on.entry(names.collect()).or_default() += s.count,
+                    SampleKind::OffCpu(state) => {
+                        let frames = std::iter::once(state.to_string()).chain(names).collect();
+                        *off.entry(frames).or_default() += s.count;
+                    }
+                }
+            }
+            QueryStacks {
+                query_id: q.query_id.clone(),
+                on_cpu: folded(on, "backend"),
+                off_cpu: folded(off, "backend"),
+            }
+        })
+        .filter(|q| !q.on_cpu.is_empty() || !q.off_cpu.is_empty())
+        .collect()
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -68,6 +131,7 @@ impl View {
             on_cpu: ev.stacks().to_vec(),
             off_cpu,
             combined,
+            query_stacks: query_stacks(r, ev),
         }
     }
 }
