@@ -128,3 +128,16 @@
     });
   }
 })();
+
+// A query's flame graphs load when its <details> opens: inferno lays a
+// graph out at the width it is shown at, and a closed one has none.
+// (toggle does not bubble: caught on the way down.)
+document.addEventListener("toggle", function (e) {
+  var d = e.target;
+  if (!d.open || !d.classList || !d.classList.contains("query-flames")) return;
+  var frames = d.querySelectorAll("iframe[data-src]");
+  for (var i = 0; i < frames.length; i++) {
+    frames[i].src = frames[i].getAttribute("data-src");
+    frames[i].removeAttribute("data-src");
+  }
+}, true);

@@ -21,12 +21,23 @@ try {
 }
 
 async function flameChecks(page, el) {
+  // A query's flame graphs wait in a closed <details>: opened as a user
+  // does, by clicking its summary.
+  const summary = await el.evaluateHandle((e) => {
+    const d = e.closest("details");
+    return d && !d.open ? d.querySelector("summary") : null;
+  });
+  const opened = summary.asElement() ? (await summary.asElement().click(), true) : false;
+  if (opened) await el.evaluate((e) => new Promise((ok) => {
+    if (!e.hasAttribute("data-src")) return ok();
+    setTimeout(ok, 2000);
+  }));
   // Lazy frames load when scrolled near.
   await el.scrollIntoViewIfNeeded();
   const frame = await el.contentFrame();
   await frame.waitForFunction(() => document.readyState === "complete" && document.getElementById("frames"));
   await frame.waitForTimeout(50);
-  const out = { name: await el.getAttribute("data-chart") };
+  const out = { name: await el.getAttribute("data-chart"), opened };
   const box = await el.boundingBox();
   out.width = box ? box.width : 0;
   out.height = box ? box.height : 0;

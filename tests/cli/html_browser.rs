@@ -207,11 +207,24 @@ fn report_and_compare_pages_in_chromium() {
     assert_eq!(res.len(), 5);
 
     let [l, s, a, c] = [&res[0], &res[1], &res[2], &res[3]];
-    // profile and offcpu both recorded: per role, on-CPU and both together.
+    // profile and offcpu both recorded: per role, on-CPU and both together;
+    // and the top query's off-CPU flame graph, drawn once its summary is
+    // clicked open.
     assert_page(
         &res[4],
-        &["flamegraph-backend", "combined-flamegraph-backend"],
+        &[
+            "flamegraph-backend",
+            "combined-flamegraph-backend",
+            "query-offcpu-flamegraph-1",
+        ],
     );
+    let q = res[4]["flames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "query-offcpu-flamegraph-1")
+        .unwrap();
+    assert_eq!(q["opened"], true, "{q}");
     assert_page(
         l,
         &[

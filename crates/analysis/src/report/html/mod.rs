@@ -470,8 +470,9 @@ fn queries(page: &mut Page, r: &Report, v: &View) {
             &flame::OFF_CPU,
             &mut page.csp,
         );
+        // Loaded when opened (assets/html/page.js): not laid out at 0 px.
         for g in [on, off].into_iter().flatten() {
-            graphs.push_str(&g);
+            graphs.push_str(&g.replacen(" src=\"data:", " data-src=\"data:", 1));
         }
         let _ = writeln!(
             page.body,
