@@ -138,19 +138,10 @@ fn report_otlp_carries_off_cpu_time_by_query() {
         .collect();
     assert_eq!(types[0], "samples", "{types:?}");
     // The recorded off-CPU time per state, from offcpu.stacks.jsonl.
-    let mut want: std::collections::BTreeMap<String, u64> = Default::default();
-    for l in std::fs::read_to_string(rec.join("offcpu.stacks.jsonl"))
-        .unwrap()
-        .lines()
-    {
-        let v: Value = serde_json::from_str(l).unwrap();
-        let name = match v["state"].as_str().unwrap() {
-            "D" => "off_cpu_d",
-            "S" => "off_cpu_s",
-            _ => "runq",
-        };
-        *want.entry(name.to_string()).or_default() += v["us"].as_u64().unwrap() * 1000;
-    }
+    let want: std::collections::BTreeMap<String, u64> = common::off_cpu_us_by_sample_type(&rec)
+        .into_iter()
+        .map(|(k, us)| (k.to_string(), us * 1000))
+        .collect();
     assert!(!want.is_empty());
     for (name, ns) in &want {
         let p = profiles

@@ -337,3 +337,33 @@ fn statements_with_a_traceparent_label_their_samples() {
     let act = std::fs::read_to_string(rec.join("pgstat_activity.jsonl")).unwrap();
     assert!(!act.contains("controller"), "a comment kept in the text");
 }
+
+/// A recording with the profile, the offcpu collector and the query
+/// timeline (PostgreSQL 13 select-only): `go tool pprof` reads the four
+/// sample types — on-CPU, and off the CPU in D, S and the run queue, each
+/// in the recorded total — and the off-CPU samples' query labels.
+#[test]
+fn go_tool_pprof_reads_the_off_cpu_sample_types_and_queries() {
+    let Some(_) = go() else { return };
+    let rec = fixture("pg13-select-only-on-off-cpu");
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("p.pb.gz");
+    export(&rec, &file);
+    let want = common::off_cpu_us_by_sample_type(&rec);
+    assert_eq!(want.len(), 3, "{want:?}");
+    let samples = total_of(&go_pprof(&["-top", "-sample_index=samples"], &file));
+    assert_eq!(samples as u64, summary_samples(&rec));
+    for (name, us) in &want {
+        let top = go_pprof(
+            &["-top", &format!("-sample_index={name}"), "-unit=us"],
+            &file,
+        );
+        let got = total_of(top.replace("us", " ").as_str());
+        assert!(
+            (got - *us as f64).abs() <= *us as f64 * 0.01 + 1.0,
+            "{name}: {got} µs against {us} recorded\n{top}"
+        );
+    }
+    let tags = go_pprof(&["-tags", "-sample_index=off_cpu_s"], &file);
+    assert!(tags.contains("query_id"), "no query_id tag:\n{tags}");
+}

@@ -911,3 +911,22 @@ pub fn assert_no_nfqueue_rules() {
         }
     }
 }
+
+/// A recording's off-CPU µs per profile-export sample type (`off_cpu_d`,
+/// `off_cpu_s`, `runq`), summed from `offcpu.stacks.jsonl`.
+pub fn off_cpu_us_by_sample_type(rec: &Path) -> std::collections::BTreeMap<&'static str, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in std::fs::read_to_string(rec.join("offcpu.stacks.jsonl"))
+        .unwrap()
+        .lines()
+    {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let name = match v["state"].as_str().unwrap() {
+            "D" => "off_cpu_d",
+            "S" => "off_cpu_s",
+            _ => "runq",
+        };
+        *out.entry(name).or_default() += v["us"].as_u64().unwrap();
+    }
+    out
+}
