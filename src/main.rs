@@ -45,10 +45,7 @@ fn main() -> ExitCode {
     match code {
         Ok(code) => code,
         Err(e) => {
-            match error::find_fixable(&e) {
-                Some(f) => eprintln!("pgbelow: error: {f}"),
-                None => eprintln!("pgbelow: error: {}", one_line(&format!("{e:#}"))),
-            }
+            eprintln!("pgbelow: error: {}", error::one_line(&e));
             ExitCode::from(2)
         }
     }

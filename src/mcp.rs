@@ -95,17 +95,7 @@ impl Default for Pgbelow {
 fn answer(r: Result<Value>) -> CallToolResult {
     match r {
         Ok(v) => CallToolResult::structured(v),
-        Err(e) => CallToolResult::error(vec![ContentBlock::text(one_line(&e))]),
-    }
-}
-
-fn one_line(e: &anyhow::Error) -> String {
-    match error::find_fixable(e) {
-        Some(f) => f.to_string(),
-        None => format!("{e:#}")
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" "),
+        Err(e) => CallToolResult::error(vec![ContentBlock::text(error::one_line(&e))]),
     }
 }
 
@@ -118,7 +108,19 @@ fn report_of(dir: &Path) -> Result<Value> {
 /// What `findings` answers: the checks as they are, the findings without
 /// their evidence (`explain` gives it).
 fn findings_of(dir: &Path, rep: &Value) -> Value {
-    let findings: Vec<Value> = rep["findings"]
+    json!({
+        "recording": dir.display().to_string(),
+        "postgres": rep["postgres"],
+        "workload": rep["workload"],
+        "collectors": rep["collectors"],
+        "checks": rep["checks"],
+        "findings": without_evidence(rep),
+    })
+}
+
+/// The report's findings without their evidence (`explain` gives it).
+fn without_evidence(rep: &Value) -> Vec<Value> {
+    rep["findings"]
         .as_array()
         .into_iter()
         .flatten()
@@ -129,15 +131,7 @@ fn findings_of(dir: &Path, rep: &Value) -> Value {
             }
             g
         })
-        .collect();
-    json!({
-        "recording": dir.display().to_string(),
-        "postgres": rep["postgres"],
-        "workload": rep["workload"],
-        "collectors": rep["collectors"],
-        "checks": rep["checks"],
-        "findings": findings,
-    })
+        .collect()
 }
 
 fn explain(dir: &Path, id: &str) -> Result<Value> {
@@ -179,7 +173,7 @@ fn account(dir: &Path) -> Result<Value> {
     Ok(json!({
         "recording": dir.display().to_string(),
         "account": rep["account"],
-        "findings": findings_of(dir, &rep)["findings"],
+        "findings": without_evidence(&rep),
     }))
 }
 

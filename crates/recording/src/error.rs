@@ -60,6 +60,19 @@ pub fn find_fixable(err: &anyhow::Error) -> Option<&Fixable> {
     })
 }
 
+/// An error as one line, as `pgbelow: error:` prints it: the first
+/// [`Fixable`] of the chain (what, why and the fix), else the whole chain
+/// with its line breaks collapsed.
+pub fn one_line(err: &anyhow::Error) -> String {
+    match find_fixable(err) {
+        Some(f) => f.to_string(),
+        None => format!("{err:#}")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

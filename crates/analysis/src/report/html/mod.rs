@@ -454,25 +454,16 @@ fn queries(page: &mut Page, r: &Report, v: &View) {
                 crate::report::sections::queries::short(&q.query, 80)
             });
         let mut graphs = String::new();
-        let on_title = format!("on-CPU: {}", qs.query_id);
-        let off_title = format!("off-CPU: {}", qs.query_id);
-        let on = flame::one(
-            &qs.on_cpu,
-            &format!("query-flamegraph-{}", i + 1),
-            &on_title,
-            &flame::ON_CPU,
-            &mut page.csp,
-        );
-        let off = flame::one(
-            &qs.off_cpu,
-            &format!("query-offcpu-flamegraph-{}", i + 1),
-            &off_title,
-            &flame::OFF_CPU,
-            &mut page.csp,
-        );
-        // Loaded when opened (assets/html/page.js): not laid out at 0 px.
-        for g in [on, off].into_iter().flatten() {
-            graphs.push_str(&g.replacen(" src=\"data:", " data-src=\"data:", 1));
+        for (stacks, chart, kind) in [
+            (&qs.on_cpu, "query-flamegraph", &flame::ON_CPU),
+            (&qs.off_cpu, "query-offcpu-flamegraph", &flame::OFF_CPU),
+        ] {
+            let title = format!("{}: {}", kind.title, qs.query_id);
+            let name = format!("{chart}-{}", i + 1);
+            // Loaded when opened (assets/html/page.js): not laid out at 0 px.
+            if let Some(g) = flame::one(stacks, &name, &title, kind, &mut page.csp) {
+                graphs.push_str(&g.replacen(" src=\"data:", " data-src=\"data:", 1));
+            }
         }
         let _ = writeln!(
             page.body,
