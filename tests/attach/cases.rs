@@ -2345,6 +2345,57 @@ fn disk_io_errors_found_attached() {
     );
 }
 
+/// Issue 39's `disk-io-errors` on its write path, attached: the table of
+/// the read test in shared_buffers (pg_prewarm), the device's last 16 MB
+/// cut off, then an UPDATE of the table's last 500 pages and a CHECKPOINT.
+/// The writes land in the page cache; the checkpointer's fsync meets the
+/// write-back's EIO and PANICs (data_sync_retry off since 12), and each
+/// crash recovery's end-of-recovery checkpoint PANICs on the same file: a
+/// crash loop the server never leaves. Critical, with the restarts and the
+/// kernel's errors on the tablespace's device.
+#[test]
+fn disk_io_errors_fsync_panic_found_attached() {
+    use pgbelow::scenarios::disk_io_errors::{LOAD, TABLESPACE};
+    if common::skipped_unless_root("the loop device needs root") {
+        return;
+    }
+    let (mut dev, c) = loop_tablespace(TABLESPACE);
+    for stmt in LOAD.split(";\n") {
+        c.psql("postgres", stmt);
+    }
+    c.psql("postgres", "create extension pg_prewarm");
+    c.psql("postgres", "select pg_prewarm('eio')");
+    dev.cut_end(16 << 20).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let r = record_while(&c, &d.path().join("rec"), 6, "procfs,pgstat,system", || {
+        // Both fail once the server PANICs: their errors are the case.
+        for sql in [
+            "update eio set v = v where ctid >= '(4500,0)'::tid",
+            "checkpoint",
+        ] {
+            let _ = common::userdb::without_pg_env(&mut Command::new("psql"))
+                .args(["-X", "-q", "-d", &c.dsn("postgres"), "-c", sql])
+                .output();
+        }
+    });
+    drop(c);
+    dev.teardown().unwrap();
+    let f = raised_on(&r, "disk-io-errors", "a failed fsync", 3.0);
+    let ev = &f["evidence"];
+    eprintln!("attached: {} {} {ev}", f["severity"], f["title"]);
+    assert_eq!(f["severity"], "critical", "{f}");
+    assert!(ev["server_failures"].as_u64().unwrap() >= 1, "{ev}");
+    assert!(ev["crash_restarts"].as_u64().unwrap() >= 1, "{ev}");
+    assert!(f["summary"].as_str().unwrap().contains("PANIC"), "{f}");
+    assert!(ev["kernel_errors"].as_u64().unwrap() >= 1, "{ev}");
+    assert!(
+        ev["where"][0].as_str().unwrap().starts_with("tablespace "),
+        "{ev}"
+    );
+    // One bulk statement's step is not a filesystem filling up.
+    common::silent(&r, "filesystem-full");
+}
+
 /// Issue 39's `fd-exhaustion` attached: a cluster started by initdb/pg_ctl,
 /// a table of 200 hash partitions counted with a parallel plan by psql in
 /// a loop, after the running postmaster's open-files limit was lowered to

@@ -127,4 +127,16 @@ fn backends_of_a_connection_per_transaction_are_backends() {
         assert!(why.contains("lived shorter than a round"), "{check}");
     }
     assert!(!why.contains("no backend used a CPU"), "{check}");
+    // The account says it is incomplete, and by how much: nearly all the
+    // backends' system calls were the short-lived ones'.
+    let a = &r["account"];
+    let share = a["backends_unread_share"].as_f64();
+    eprintln!("account: unread {} share {share:?}", a["backends_unread"]);
+    assert!(share.is_some_and(|s| s >= 0.5), "{a}");
+    assert!(
+        a["backends_unread"]
+            .as_str()
+            .is_some_and(|w| w.contains("of the backends' system calls")),
+        "{a}"
+    );
 }

@@ -87,14 +87,32 @@ fn select_only_on_13_and_15_with_its_page() {
     );
     for r in rows {
         for rec in r["recordings"].as_array().unwrap() {
-            assert!(
-                std::path::Path::new(rec.as_str().unwrap())
-                    .join("manifest.json")
-                    .exists(),
-                "{rec}"
-            );
+            let rec = std::path::Path::new(rec.as_str().unwrap());
+            assert!(rec.join("manifest.json").exists(), "{}", rec.display());
+            common::assert_torn_down(rec);
         }
     }
+    // The 15 row is select_only's "15 with statement_timeout raises
+    // nothing" (a run of its own before): its report, re-read, is silent
+    // with its margin logged, and its setitimer rate is about 0.
+    let rec = rows[1]["recordings"][0].as_str().unwrap();
+    let o = Command::cargo_bin("pgbelow")
+        .unwrap()
+        .args(["report", rec, "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["postgres"]["major"], 15, "{}", r["postgres"]);
+    let settings = &common::manifest(std::path::Path::new(rec))["postgres"]["settings"];
+    assert!(
+        settings["statement_timeout"]
+            .as_str()
+            .is_some_and(|v| v != "0"),
+        "{settings}"
+    );
+    common::silent(&r, "timer-syscalls-per-statement");
+    assert!(common::per_statement(&r, "setitimer") < 0.05);
 }
 
 /// 13 and 14, one run each: the finding on 13 only, with its share.

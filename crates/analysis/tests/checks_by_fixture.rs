@@ -123,6 +123,10 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
     ),
     ("pg15-disk-io-errors-16", &[("disk-io-errors", "critical")]),
     ("pg15-disk-io-errors-0", &[]),
+    (
+        "pg15-disk-io-errors-fsync-panic",
+        &[("disk-io-errors", "critical")],
+    ),
     ("pg15-fd-exhaustion-64", &[("fd-exhaustion", "critical")]),
     ("pg15-fd-exhaustion-start-limit", &[]),
     (

@@ -36,6 +36,68 @@ pub const MIN_FAILED: u64 = 1;
 /// Failures per second from which it is critical (three a minute).
 pub const CRITICAL_RATE: f64 = 0.05;
 
+/// The postmaster's crash restarts within the recording ("all server
+/// processes terminated; reinitializing"), and whether the server accepted
+/// connections again after the last one.
+fn crash_restarts(ev: &Evidence) -> (usize, bool) {
+    let crash = in_recording(ev, "crash");
+    let resets: Vec<f64> = crash
+        .iter()
+        .filter(|e| e.phase == "reinitializing")
+        .map(|e| e.t)
+        .collect();
+    let last = resets.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let back = crash.iter().any(|e| e.phase == "ready" && e.t >= last);
+    (resets.len(), back)
+}
+
+/// The finding's title and the summary's first clause: statements that
+/// failed, the server's PANICs (a failed fsync or WAL write), and the crash
+/// restarts they caused — a loop when the end-of-recovery checkpoint meets
+/// the same blocks again and the server never comes back.
+fn headline(
+    failed: usize,
+    rate: f64,
+    server: usize,
+    restarts: usize,
+    back: bool,
+) -> (String, String, String) {
+    let mut parts = Vec::new();
+    if failed > 0 {
+        parts.push(format!(
+            "{failed} statement(s) failed with \"Input/output error\" ({rate:.2} a second)"
+        ));
+    }
+    if server > 0 {
+        parts.push(format!(
+            "{server} PANIC/FATAL on \"Input/output error\" (a failed fsync or WAL write takes \
+             the server down since 12)"
+        ));
+    }
+    let what = parts.join(" and ");
+    let restarted = if restarts > 0 {
+        format!(
+            "; the postmaster restarted the server {restarts} time(s) with crash recovery{}",
+            if back {
+                ", and it accepted connections again"
+            } else {
+                ", and it did not accept connections again before the recording ended"
+            }
+        )
+    } else {
+        String::new()
+    };
+    let title = match (failed > 0, server > 0, restarts >= 2 && !back) {
+        (_, true, true) => "The device returned I/O errors: the server PANICs in a crash loop",
+        (false, true, false) => "The device returned I/O errors: the server PANICked",
+        (true, true, false) => {
+            "The device returned I/O errors: statements failed and the server PANICked"
+        }
+        _ => "The device returned I/O errors: statements failed",
+    };
+    (title.to_string(), what, restarted)
+}
+
 /// The server log's I/O errors within the recording.
 fn pg_errors(ev: &Evidence) -> Vec<&LogEvent> {
     in_recording(ev, "io-error")
@@ -201,23 +263,24 @@ impl Rule for DiskIoErrors {
                 Severity::Warning
             };
             let seconds = seconds_with(errors);
+            let (restarts, back) = crash_restarts(ev);
+            evidence["crash_restarts"] = json!(restarts);
+            evidence["ready_after_last_restart"] = json!(back);
+            let (title, what, restarted) = headline(failed, rate, server, restarts, back);
             return Some(Finding {
                 id: ID.into(),
                 severity,
                 impact: Impact::new(
                     seconds as f64 / secs,
-                    "the recording's seconds (a statement failed on an I/O error in them)",
+                    "the recording's seconds (an I/O error failed a statement or the server in them)",
                     format!(
                         "{failed} statement(s) failed and {server} PANIC/FATAL on \
                          \"Input/output error\" over {secs:.0} s ({rate:.2}/s)"
                     ),
                 ),
-                title: "The device returned I/O errors: statements failed".into(),
+                title,
                 summary: format!(
-                    "{failed} statement(s) failed with \"Input/output error\" ({rate:.2} a \
-                     second; first at t={:.1} s) and {server} PANIC/FATAL, reading or writing {} \
-                     ({}){kernel_said}.",
-                    errors.first().map_or(0.0, |e| e.t),
+                    "{what}, reading or writing {} ({}), the first at t={:.1} s{restarted}{kernel_said}.",
                     if places.is_empty() {
                         "files not named".to_string()
                     } else {
@@ -228,6 +291,7 @@ impl Rule for DiskIoErrors {
                     } else {
                         files.join(", ")
                     },
+                    errors.first().map_or(0.0, |e| e.t),
                 ),
                 evidence,
                 remedy,
@@ -285,6 +349,42 @@ mod tests {
     // lab run --scenario disk-io-errors --collectors procfs,system,pgstat
     // [--cut-mb 0]` (a count(*) every 200 ms of a table whose tablespace's
     // loop device lost its last 16 MB, beside pgbench -S; or kept them).
+    /// Attached (PostgreSQL 15.18, 2026-11-30): a 64 MB loop device under a
+    /// tablespace shrunk to 48 MB while the table's last pages sat dirty in
+    /// shared_buffers; an UPDATE of them and a CHECKPOINT. The
+    /// checkpointer's fsync met EIO: PANIC, and each crash recovery's
+    /// end-of-recovery checkpoint PANICked on the same file again.
+    #[test]
+    fn a_failed_fsync_is_a_crash_loop() {
+        let rec = fixture("pg15-disk-io-errors-fsync-panic");
+        let f = DiskIoErrors.evaluate(&rec).expect("raised");
+        assert_eq!(f.severity, Severity::Critical);
+        assert!(f.title.contains("crash loop"), "{}", f.title);
+        assert_eq!(f.evidence["failed_statements"], 0, "{}", f.evidence);
+        assert!(
+            f.evidence["server_failures"].as_u64().unwrap() >= 10,
+            "{}",
+            f.evidence
+        );
+        assert!(
+            f.evidence["crash_restarts"].as_u64().unwrap() >= 10,
+            "{}",
+            f.evidence
+        );
+        assert_eq!(f.evidence["ready_after_last_restart"], false);
+        assert!(
+            f.evidence["kernel_errors"].as_u64().unwrap() >= 10,
+            "{}",
+            f.evidence
+        );
+        assert!(
+            f.summary.contains("did not accept connections again"),
+            "{}",
+            f.summary
+        );
+        assert!(f.summary.contains("PANIC"), "{}", f.summary);
+    }
+
     #[test]
     fn critical_when_reads_fail_and_the_kernel_names_the_device() {
         let rec = fixture("pg15-disk-io-errors-16");

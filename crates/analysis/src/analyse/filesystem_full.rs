@@ -101,6 +101,10 @@ pub struct Growth {
     /// The largest fall of used space (WAL left out) between two samples:
     /// space freed, so the growth is not sustained.
     pub largest_drop_kb: u64,
+    /// Used space's growth (WAL left out) over the span's second half: a
+    /// step early in the recording that then stopped (one bulk statement)
+    /// is not a rate to project.
+    pub late_growth_kb: f64,
     /// kB the growth would add within [`HORIZON_S`], WAL capped.
     pub projected_kb: f64,
     /// Seconds until full at the measured growth; None: not filling.
@@ -116,8 +120,26 @@ impl Growth {
     /// The measured growth fills its free space within the horizon, and
     /// the recording never saw it undone.
     pub fn sustained(&self) -> bool {
+        !self.freed() && !self.stopped()
+    }
+
+    /// Growth other than WAL over the whole span, kB.
+    fn other_growth_kb(&self) -> f64 {
+        (self.other_rate_kb_s() * self.span_s).max(0.0)
+    }
+
+    /// Space was freed during the recording: more than a tenth of the
+    /// growth (at least 1 MB) at once.
+    fn freed(&self) -> bool {
         let growth = (self.rate_kb_s * self.span_s).max(0.0);
-        (self.largest_drop_kb as f64) <= (0.1 * growth).max(1024.0)
+        (self.largest_drop_kb as f64) > (0.1 * growth).max(1024.0)
+    }
+
+    /// The growth stopped: of more than 1 MB, under a quarter came in the
+    /// span's second half (steady growth brings half).
+    fn stopped(&self) -> bool {
+        let growth = self.other_growth_kb();
+        growth > 1024.0 && self.late_growth_kb < 0.25 * growth
     }
 
     /// Its time to full lies within what its span may be projected to
@@ -148,6 +170,7 @@ impl Growth {
             "wal_growth_kb_per_s": round3(self.wal_rate_kb_s),
             "wal_room_kb": self.wal_room_kb.map(round3),
             "largest_drop_kb": self.largest_drop_kb,
+            "late_growth_kb": crate::round3(self.late_growth_kb),
             "sustained": self.sustained(),
             "share_of_free_in_10_min": round3(self.share_in_horizon().min(1e6)),
             "time_to_full_s": self.time_to_full_s.map(round3),
@@ -240,6 +263,10 @@ pub fn growth(ev: &Evidence) -> Vec<Growth> {
         } else {
             (0.0, 0.0)
         };
+        let mid = first.0 + span / 2.0;
+        let late_growth = series.iter().find(|x| x.0 >= mid).map_or(0.0, |m| {
+            (used(last.1) - wal_of(last.2)) - (used(m.1) - wal_of(m.2))
+        });
         let largest_drop = series
             .windows(2)
             .map(|w| (used(w[0].1) - wal_of(w[0].2)) - (used(w[1].1) - wal_of(w[1].2)))
@@ -272,6 +299,7 @@ pub fn growth(ev: &Evidence) -> Vec<Growth> {
             wal_rate_kb_s: wal_rate,
             wal_room_kb: wal_room,
             largest_drop_kb: largest_drop.max(0.0) as u64,
+            late_growth_kb: late_growth,
             projected_kb: projected,
             time_to_full_s: ttf,
         });
@@ -398,11 +426,19 @@ impl Rule for FilesystemFull {
 
     fn held_back(&self, ev: &Evidence) -> Option<String> {
         let g = Self::fullest(ev)?;
-        (!g.sustained()).then(|| {
-            format!(
+        if g.freed() {
+            return Some(format!(
                 "space was freed during the recording ({} at once, WAL left out): the growth \
                  was not sustained, so it is not projected",
                 gb(g.largest_drop_kb as f64)
+            ));
+        }
+        g.stopped().then(|| {
+            format!(
+                "the growth stopped: {} of the {} came in the recording's second half (a bulk \
+                 statement's step, not a rate), so it is not projected",
+                gb(g.late_growth_kb.max(0.0)),
+                gb(g.other_growth_kb())
             )
         })
     }
@@ -700,6 +736,26 @@ mod tests {
         assert!(FilesystemFull.held_back(&small).unwrap().contains("freed"));
     }
 
+    /// A real recording (disk-io-errors' fsync PANIC, attached): one
+    /// UPDATE wrote 4 MB of new row versions into a 55 MB tablespace with
+    /// 11 MB free in its first second, then the server crash-looped and
+    /// nothing grew. At the span's mean rate it would be full in 13 s; the
+    /// growth stopped, so it is not projected and nothing is raised.
+    #[test]
+    fn a_step_that_stopped_is_not_projected() {
+        let rec = fixture("pg15-disk-io-errors-fsync-panic");
+        let g = growth(&rec)
+            .into_iter()
+            .find(|g| g.holds[0].starts_with("tablespace"))
+            .unwrap();
+        assert!(g.other_growth_kb() > 3000.0, "{g:?}");
+        assert!(g.late_growth_kb < 0.25 * g.other_growth_kb(), "{g:?}");
+        assert!(!g.sustained(), "{g:?}");
+        assert!(FilesystemFull.evaluate(&rec).is_none());
+        let why = FilesystemFull.held_back(&rec).unwrap_or_default();
+        assert!(why.contains("the growth stopped"), "{why}");
+    }
+
     #[test]
     fn nearly_full_needs_a_small_share_and_little_room() {
         // CI's root filesystem, which held the bench baseline's data
@@ -731,6 +787,7 @@ mod tests {
             wal_rate_kb_s: 0.0,
             wal_room_kb: None,
             largest_drop_kb: 0,
+            late_growth_kb: 0.0,
             projected_kb: 0.0,
             time_to_full_s: None,
         };

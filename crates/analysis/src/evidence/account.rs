@@ -58,6 +58,72 @@ pub struct Account {
     /// a round of /proc's readers (their time is not in the account).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backends_unread: Option<String>,
+    /// Those backends' share of all backends' system calls (the syscalls
+    /// collector counts every process): how much of the work the account
+    /// leaves out. None when not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backends_unread_share: Option<f64>,
+}
+
+/// Below this share of the backends' system calls, backends /proc never
+/// read (pgbench's first connection, a monitoring probe) leave the account
+/// whole as far as it can tell; from it on the account is incomplete.
+pub const UNREAD_MATERIAL: f64 = 0.02;
+
+impl Account {
+    /// Whether the backends /proc could not read did a material share of
+    /// the work (or how much is not known).
+    pub fn incomplete(&self) -> bool {
+        self.backends_unread.is_some()
+            && self
+                .backends_unread_share
+                .is_none_or(|s| s >= UNREAD_MATERIAL)
+    }
+}
+
+/// Why backends are missing from the account, with how much of the work
+/// they were when the syscalls collector counted it.
+fn unread_why(ev: &Evidence) -> Option<String> {
+    let why = ev.backends_too_short_for_proc()?;
+    Some(match unread_share(ev) {
+        Some(share) if share < UNREAD_MATERIAL => {
+            let n = ev.rec.unread_backends();
+            format!(
+                "{n} backend{} lived shorter than a round of /proc's readers (a setup or \
+                 monitoring connection's), {:.1} % of the backends' system calls: too little \
+                 to change the account",
+                if n == 1 { "" } else { "s" },
+                share * 100.0
+            )
+        }
+        Some(share) => format!(
+            "{why}; they made {:.0} % of the backends' system calls",
+            share * 100.0
+        ),
+        None => why,
+    })
+}
+
+/// The short-lived backends' share of all backends' system calls.
+fn unread_share(ev: &Evidence) -> Option<f64> {
+    if ev.rec.unread_backends() == 0 || !ev.recorded("syscalls") || ev.rec.syscalls.is_empty() {
+        return None;
+    }
+    let (mut short, mut all) = (0u64, 0u64);
+    for (pid, calls) in ev.rec.syscall_totals(None) {
+        let Some(p) = ev.rec.processes.get(&pid) else {
+            continue;
+        };
+        if p.role != Role::Backend {
+            continue;
+        }
+        let n: u64 = calls.values().sum();
+        all += n;
+        if p.title == crate::recording::role::SHORT_LIVED_BACKEND {
+            short += n;
+        }
+    }
+    (all > 0).then(|| crate::round3(short as f64 / all as f64))
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -300,7 +366,8 @@ pub fn build(ev: &Evidence) -> Option<Account> {
         hz: ev.procfs.first().map_or(0.0, |s| s.hz),
         waits_hz: (span > 0.0).then(|| crate::round3(f64::from(ticks) / span)),
         roles,
-        backends_unread: ev.backends_too_short_for_proc(),
+        backends_unread: unread_why(ev),
+        backends_unread_share: unread_share(ev),
     })
 }
 

@@ -164,7 +164,13 @@ fn io_error(msg: &str) -> Option<(String, &'static str, String, Option<String>)>
             Some(comm),
         ));
     }
-    if let Some(rest) = msg.strip_prefix("Buffer I/O error on dev ") {
+    // fs/buffer.c: "Buffer I/O error on dev loop0, logical block …, lost
+    // async page write"; ext4's write-back completion: "Buffer I/O error on
+    // device loop0, logical block …".
+    if let Some(rest) = msg
+        .strip_prefix("Buffer I/O error on device ")
+        .or_else(|| msg.strip_prefix("Buffer I/O error on dev "))
+    {
         let (dev, detail) = rest.split_once(',').unwrap_or((rest, ""));
         return Some((dev.trim().to_string(), "buffer", cut(detail), None));
     }
@@ -178,6 +184,14 @@ fn io_error(msg: &str) -> Option<(String, &'static str, String, Option<String>)>
     };
     if msg.starts_with("EXT4-fs error") || msg.starts_with("EXT4-fs warning") {
         if let Some((dev, detail)) = fs_dev("(device ") {
+            return Some((dev, "fs", cut(detail), None));
+        }
+    }
+    // "EXT4-fs (loop0): failed to convert unwritten extents to written
+    // extents -- potential data loss!  (inode 15, error -5)": a write the
+    // device failed (-5: EIO), the file's data lost.
+    if msg.starts_with("EXT4-fs (") && (msg.contains("error -5)") || msg.contains("I/O error")) {
+        if let Some((dev, detail)) = fs_dev("EXT4-fs (") {
             return Some((dev, "fs", cut(detail), None));
         }
     }
@@ -266,6 +280,7 @@ pub fn monotonic_s() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     /// Recorded from /dev/kmsg on this machine after oom-kill-restart's lab
     /// run (PostgreSQL 15, a 512 MB memory cgroup, cgroup v1).
@@ -351,6 +366,43 @@ mod tests {
         assert_eq!(v[7].io.detail, "logical block 16385, lost sync page write");
         // No OOM kill among them.
         assert!(parse(IO_FIXTURE.as_bytes()).is_empty());
+    }
+
+    /// Recorded (kernel 6.18, /dev/kmsg): a 64 MB ext4 loop device shrunk
+    /// to 48 MB under a PostgreSQL 15 tablespace whose table's dirty pages
+    /// were past the new end; the checkpoint's write-back failed (the
+    /// kworker's and then postgres's), the checkpointer's fsync returned
+    /// EIO and the server PANICked in a loop.
+    const WRITE_FIXTURE: &str =
+        include_str!("../../../../tests/fixtures/kmsg/io-errors-write-loop.kmsg");
+
+    #[test]
+    fn write_back_errors_are_parsed_with_their_device() {
+        let v = parse_io_errors(WRITE_FIXTURE.as_bytes());
+        let mut by_kind = BTreeMap::new();
+        for p in &v {
+            assert_eq!(p.io.device, "loop0", "{p:?}");
+            *by_kind.entry(p.io.kind.as_str()).or_insert(0) += 1;
+        }
+        // Every record naming loop0 but the capacity change and the
+        // mount's lines is an error.
+        let named = WRITE_FIXTURE
+            .lines()
+            .filter(|l| l.contains("loop0"))
+            .filter(|l| !l.contains("capacity change") && !l.contains("filesystem"))
+            .count();
+        assert_eq!(v.len(), named, "{by_kind:?}");
+        for kind in ["beyond-end", "buffer", "fs"] {
+            assert!(by_kind.get(kind).is_some_and(|n| *n >= 5), "{by_kind:?}");
+        }
+        let buffer = v.iter().find(|p| p.io.kind == "buffer").unwrap();
+        assert_eq!(buffer.io.detail, "logical block 60481");
+        let lost = v
+            .iter()
+            .find(|p| p.io.detail.contains("unwritten extents"))
+            .unwrap();
+        assert_eq!(lost.io.kind, "fs");
+        assert!(v.iter().any(|p| p.io.comm.as_deref() == Some("postgres")));
     }
 
     #[test]

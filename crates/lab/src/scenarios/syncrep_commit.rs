@@ -16,6 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use postgres::{Client, NoTls};
 
+use super::spec::{count_in, Flag};
 use super::{Lab, LabOptions, Scenario, Spec};
 use crate::interrupt;
 use crate::provision::SyncMode;
@@ -46,10 +47,21 @@ pub fn prepare(dsn: &str, status: &dyn Fn(&str)) -> Result<()> {
     Ok(())
 }
 
-/// Seconds each sweep level runs.
+/// Seconds each sweep level runs: `--sweep-seconds`, else `--duration`
+/// capped at [`MAX_LEVEL_S`].
 pub fn level_seconds(opts: &LabOptions) -> u32 {
-    opts.duration_s.clamp(1, MAX_LEVEL_S)
+    opts.params
+        .get("sweep-seconds")
+        .unwrap_or_else(|| opts.duration_s.clamp(1, MAX_LEVEL_S))
 }
+
+static SWEEP_SECONDS: Flag = Flag::value(
+    "sweep-seconds",
+    "S",
+    "syncrep-commit --sweep: seconds per synchronous_commit level (default: --duration, at most 10)",
+    |s| count_in(s, 1, 3600),
+)
+.requiring("sweep");
 
 /// Run the workload once per level and write [`SWEEP`] into `dir`.
 pub fn sweep(
@@ -124,7 +136,7 @@ static SPEC: Spec = Spec {
     // Commits that wait: 2 synchronous standbys unless told otherwise.
     standbys: 2,
     sync: SyncMode::First,
-    flags: &[&super::spec::SWEEP],
+    flags: &[&super::spec::SWEEP, &SWEEP_SECONDS],
     ..Spec::BASE
 };
 

@@ -117,7 +117,12 @@ pub fn render(a: &Account, o: &mut String) {
         ))
     );
     if let Some(why) = &a.backends_unread {
-        let _ = writeln!(o, "  incomplete: {why}");
+        let head = if a.incomplete() {
+            "incomplete"
+        } else {
+            "left out"
+        };
+        let _ = writeln!(o, "  {head}: {why}");
     }
     let _ = writeln!(
         o,

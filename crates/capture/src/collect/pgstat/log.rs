@@ -693,6 +693,34 @@ mod tests {
         );
     }
 
+    // PostgreSQL 15.18's server log (log_line_prefix '%m [%p] ', the first
+    // 40 lines, 2026-11-30) when the loop device under a tablespace was
+    // shrunk below a table's dirty pages: the checkpoint's fsync failed
+    // with EIO, a PANIC (data_sync_retry off since 12), and the end-of-
+    // recovery checkpoint of each crash restart PANICked again: a loop.
+    #[test]
+    fn parses_the_fsync_panics_of_a_crash_loop() {
+        let log =
+            include_str!("../../../../../tests/fixtures/serverlog/pg15-io-error-fsync-panic.log");
+        let ev: Vec<LogEvent> = log
+            .lines()
+            .filter_map(parse_log_line)
+            .map(|l| l.event)
+            .collect();
+        let io: Vec<&LogEvent> = ev.iter().filter(|e| e.kind == "io-error").collect();
+        assert_eq!(io.len(), 3, "{io:?}");
+        assert!(io.iter().all(|e| e.phase == "PANIC"), "{io:?}");
+        assert_eq!(io[0].pid, Some(2537));
+        assert_eq!(
+            io[0].file.as_deref(),
+            Some("pg_tblspc/16384/PG_15_202209061/5/16385")
+        );
+        // The UPDATE that could not extend the table is a no-space error.
+        let full: Vec<&LogEvent> = ev.iter().filter(|e| e.kind == "no-space").collect();
+        assert_eq!(full.len(), 1, "{full:?}");
+        assert_eq!(full[0].phase, "ERROR");
+    }
+
     // PostgreSQL 15.18's lines (log_line_prefix '%m [%p] ') when a backend
     // forked after `prlimit --nofile=64:64` on the postmaster counted 200
     // partitions (2026-11-30): fd.c releasing cached files and retrying,
