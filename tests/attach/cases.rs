@@ -2396,6 +2396,57 @@ fn disk_io_errors_fsync_panic_found_attached() {
     common::silent(&r, "filesystem-full");
 }
 
+/// Issue 39's `network-retransmits` on the clients' side, attached: a
+/// cluster started by initdb/pg_ctl listening on 127.0.0.1, pgbench -S
+/// over TCP at 200 transactions a second, one packet in 20 dropped each
+/// way on the server's port (an iptables NFQUEUE rule, as the standby's
+/// case). The server-side ends of the client connections resend their
+/// lost segments and the finding says how long the replies were held;
+/// the same run without the drops raises nothing.
+#[test]
+fn network_retransmits_to_clients_found_attached() {
+    use pgbelow::scenarios::syncrep_network_latency::NetDelay;
+    if common::skipped_unless_root("the packet drops need root (iptables NFQUEUE)") {
+        return;
+    }
+    let mut runs = Vec::new();
+    for lossy in [true, false] {
+        let c = UserCluster::builder()
+            .settings(&[("listen_addresses", "127.0.0.1")])
+            .start();
+        c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+        let drops = lossy.then(|| NetDelay::start_lossy(c.port, Duration::ZERO, 20).unwrap());
+        let d = tempfile::tempdir().unwrap();
+        let r = record_while(&c, &d.path().join("rec"), 6, "pgstat", || {
+            let o = Command::new(pgbelow::workload::find_pgbench().unwrap())
+                .args(["-n", "-S", "-c", "4", "-j", "2", "-R", "200", "-T", "5"])
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &c.port.to_string(),
+                    "-U",
+                    "postgres",
+                ])
+                .arg("postgres")
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        });
+        drop(drops);
+        runs.push(r);
+    }
+    let f = raised_on(&runs[0], "network-retransmits", "clients, lossy", 1.5);
+    let ev = &f["evidence"];
+    eprintln!("lossy: {} {} {ev}", f["severity"], f["title"]);
+    assert_eq!(ev["link"], "clients", "{ev}");
+    assert!(ev["retransmitted"].as_u64().unwrap() >= 5, "{ev}");
+    assert!(ev["stall_s_at_least"].as_f64().unwrap() > 0.0, "{ev}");
+    silent_on(&runs[1], "network-retransmits", "clients, clean");
+    let clean = common::check(&runs[1], "network-retransmits");
+    assert_eq!(clean["status"], "clear", "{clean}");
+}
+
 /// Issue 39's `fd-exhaustion` attached: a cluster started by initdb/pg_ctl,
 /// a table of 200 hash partitions counted with a parallel plan by psql in
 /// a loop, after the running postmaster's open-files limit was lowered to

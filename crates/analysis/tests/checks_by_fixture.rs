@@ -124,6 +124,11 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
     ("pg15-disk-io-errors-16", &[("disk-io-errors", "critical")]),
     ("pg15-disk-io-errors-0", &[]),
     (
+        "pg15-network-retransmits-clients-20",
+        &[("network-retransmits", "warning")],
+    ),
+    ("pg15-network-retransmits-clients-0", &[]),
+    (
         "pg15-disk-io-errors-fsync-panic",
         &[("disk-io-errors", "critical")],
     ),

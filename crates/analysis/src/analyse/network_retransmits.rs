@@ -13,7 +13,15 @@
 //! The cost is the backends' wait for those standbys (their
 //! `IPC:SyncRep` samples): a warning needs both the loss and commits
 //! waiting on that link; loss on an asynchronous standby's link (lag, not
-//! commit latency) is info. Clients' sockets are not read yet.
+//! commit latency) is info.
+//!
+//! The clients' connections are read the same way (the server-side ends of
+//! the established connections on the ports the postmaster listens on):
+//! their lost segments hold the replies behind them, a cost the server
+//! cannot see in its own waits. It is measured as the time the connections
+//! spent getting lost segments through (timeout recovery, and a round trip
+//! per other resent segment) over their connected time: a warning from
+//! [`CLIENT_STALL_SHARE`], else info.
 use serde_json::json;
 
 use super::syncrep_network_latency::{commits, SYNCREP_WAIT};
@@ -37,6 +45,11 @@ pub const WARN_SHARE: f64 = 0.01;
 pub const CRITICAL_SHARE: f64 = 0.05;
 /// Retransmissions needed: a couple on a quiet link are not a rate.
 pub const MIN_RETRANS: u64 = 5;
+/// The clients' connections spent this share of their connected time
+/// getting lost segments through (a lower bound of the replies' delay):
+/// a warning. Measured here (`tests/attach` `network_retransmits_to_clients_found_attached`:
+/// pgbench -S over TCP at 200 tps, one packet in 20 dropped each way).
+pub const CLIENT_STALL_SHARE: f64 = 0.01;
 /// The commits wait on the link: this share of the busy backends' samples
 /// in `IPC:SyncRep`.
 pub const MIN_SYNCREP_SHARE: f64 = 0.10;
@@ -168,6 +181,47 @@ pub fn links(ev: &Evidence) -> Result<Vec<Link>, (String, bool)> {
     Ok(out)
 }
 
+/// The server's client connections as one link (summed deltas of the
+/// samples after the first), with their connected seconds; None when they
+/// were not read (no TCP listener seen, an older recording).
+pub fn clients(ev: &Evidence) -> Option<(Link, f64)> {
+    let v: Vec<(f64, &crate::recording::schema::pgstat::ClientsTcp)> = ev
+        .server
+        .iter()
+        .filter_map(|s| s.clients_tcp.as_ref().map(|c| (s.t, c)))
+        .collect();
+    let (first, last) = (v.first()?, v.last()?);
+    let mut link = Link {
+        standby: "clients".into(),
+        sync: false,
+        retrans: 0,
+        segs_out: 0,
+        rto_ms: None,
+        samples: v.len(),
+        rtt_ms: None,
+        rto_count: None,
+        rto_time_ms: None,
+        span_s: last.0 - first.0,
+    };
+    let mut connected = 0.0;
+    let mut rtts = Vec::new();
+    for w in v.windows(2) {
+        let (dt, c) = (w[1].0 - w[0].0, w[1].1);
+        link.retrans += c.retrans;
+        link.segs_out += c.segs_out;
+        if let Some(ms) = c.rto_time_ms {
+            *link.rto_time_ms.get_or_insert(0) += ms;
+        }
+        connected += dt * f64::from(c.sockets);
+        rtts.extend(c.rtt_ms);
+    }
+    rtts.sort_by(f64::total_cmp);
+    link.rtt_ms = rtts.get(rtts.len() / 2).copied();
+    // Nothing sent to a client over TCP: no share to tell (a listener only,
+    // clients on Unix sockets), not a clean 0 %.
+    (link.segs_out > 0).then_some((link, connected))
+}
+
 /// The link that lost the most, by share.
 fn worst(ev: &Evidence) -> Option<Link> {
     worst_of(&links(ev).ok()?).cloned()
@@ -177,8 +231,94 @@ fn worst_of(all: &[Link]) -> Option<&Link> {
     all.iter().max_by(|a, b| a.share().total_cmp(&b.share()))
 }
 
+/// The largest share among the standbys' links and the clients'.
 fn retransmitted_pct(ev: &Evidence) -> Option<f64> {
-    worst(ev).map(|l| round3(100.0 * l.share()))
+    worst(ev)
+        .into_iter()
+        .chain(clients(ev).map(|(l, _)| l))
+        .map(|l| round3(100.0 * l.share()))
+        .reduce(f64::max)
+}
+
+/// Past the loss bound with enough resent segments to be a rate.
+fn lossy(l: &Link) -> bool {
+    l.share() >= WARN_SHARE && l.retrans >= MIN_RETRANS
+}
+
+/// The finding on the clients' connections, when they lose packets.
+fn clients_finding(ev: &Evidence) -> Option<Finding> {
+    let (l, connected) = clients(ev).filter(|(l, _)| lossy(l))?;
+    let stall_share = l.stall_s() / connected.max(1e-9);
+    let evidence = json!({
+        "link": "clients",
+        "retransmitted": l.retrans,
+        "segments_sent": l.segs_out,
+        "retransmitted_share": round3(l.share()),
+        "rtt_ms": l.rtt_ms,
+        "timeout_recovery_ms": l.rto_time_ms,
+        "stall_s_at_least": round3(l.stall_s()),
+        "connected_s": round3(connected),
+        "stall_share_of_connected": round3(stall_share),
+        "samples": l.samples,
+    });
+    let remedy = "Find where the path to the clients loses packets: `ss -ti state established \
+                  '( sport = :5432 )'` on the server (retrans, rto), `nstat -az TcpRetransSegs \
+                  TcpExtTCPTimeouts`, the interfaces' drop and error counters (`ip -s link`), \
+                  a saturated or policed path (a NAT gateway, a load balancer, a VPN), MTU \
+                  mismatches. Each segment lost at the end of a reply waits for its \
+                  retransmission timeout (200 ms at least on Linux) before the client sees it: \
+                  the statement was fast, the reply was late."
+        .to_string();
+    let loss = format!(
+        "{} of {} segments the server sent to its clients were sent again ({:.1} %); the \
+         connections spent at least {:.2} s getting lost segments through ({}, and a {} round \
+         trip for each other resent segment): {:.1} % of their {:.0} connected seconds",
+        l.retrans,
+        l.segs_out,
+        100.0 * l.share(),
+        l.stall_s(),
+        l.rto_time_ms
+            .map(|ms| format!("{ms} ms of timeout recovery"))
+            .unwrap_or_else(|| "timeouts not counted by this kernel".into()),
+        l.rtt_ms
+            .map(|r| format!("{r:.2} ms"))
+            .unwrap_or_else(|| "(unknown)".into()),
+        100.0 * stall_share,
+        connected
+    );
+    let costly = stall_share >= CLIENT_STALL_SHARE;
+    Some(Finding {
+        id: ID.into(),
+        severity: if costly {
+            Severity::Warning
+        } else {
+            Severity::Info
+        },
+        impact: costly
+            .then(|| {
+                Impact::new(
+                    stall_share,
+                    "the client connections' time, in which they were getting lost segments \
+                     through (a lower bound of the replies' delay)",
+                    format!(
+                        "at least {:.2} s of {connected:.0} connection-seconds",
+                        l.stall_s()
+                    ),
+                )
+            })
+            .flatten(),
+        title: if costly {
+            "Replies to the clients wait for packets lost on the way".into()
+        } else {
+            "The clients' connections lose packets; little time was lost to it".into()
+        },
+        summary: format!(
+            "{loss}. Their statements' time in the server does not show it: the delay is on \
+             the wire, after the reply was sent."
+        ),
+        evidence,
+        remedy,
+    })
 }
 
 pub struct NetworkRetransmits;
@@ -190,27 +330,32 @@ impl Rule for NetworkRetransmits {
 
     fn headline(&self) -> Option<Headline> {
         Some(Headline {
-            figure: "segments the walsenders sent again, % of those sent",
+            figure: "segments the server sent again to a standby or its clients, % of those sent",
             value: retransmitted_pct,
             metric: None,
         })
     }
 
     fn measure(&self, ev: &Evidence) -> Measure {
-        match links(ev) {
-            Err((why, true)) => Measure::NotApplicable(why),
-            Err((why, false)) => Measure::Missing(why),
-            Ok(_) => Measure::Figure(Figure::above(
-                "segments the walsenders sent again",
+        match (links(ev), clients(ev)) {
+            (Err(_), Some(_)) | (Ok(_), _) => Measure::Figure(Figure::above(
+                "segments sent again on the server's TCP links (standbys, clients)",
                 retransmitted_pct(ev).unwrap_or(0.0),
                 "%",
                 WARN_SHARE * 100.0,
             )),
+            (Err((why, true)), None) => Measure::NotApplicable(format!(
+                "{why}, and the server sent nothing to a client over TCP during the recording"
+            )),
+            (Err((why, false)), None) => Measure::Missing(why),
         }
     }
 
     fn held_back(&self, ev: &Evidence) -> Option<String> {
-        let l = worst(ev)?;
+        let l = worst(ev)
+            .into_iter()
+            .chain(clients(ev).map(|(l, _)| l))
+            .max_by(|a, b| a.share().total_cmp(&b.share()))?;
         (l.retrans < MIN_RETRANS).then(|| {
             format!(
                 "{} segment(s) resent of {}: fewer than {MIN_RETRANS}, not a rate",
@@ -220,11 +365,10 @@ impl Rule for NetworkRetransmits {
     }
 
     fn evaluate(&self, ev: &Evidence) -> Option<Finding> {
-        let measured = links(ev).ok()?;
-        let l = worst_of(&measured)?;
-        if l.share() < WARN_SHARE || l.retrans < MIN_RETRANS {
-            return None;
-        }
+        let measured = links(ev).unwrap_or_default();
+        let Some(l) = worst_of(&measured).filter(|l| lossy(l)) else {
+            return clients_finding(ev);
+        };
         let all: Vec<serde_json::Value> = measured.iter().map(Link::json).collect();
         let c = commits(ev);
         let syncrep_share = c
@@ -387,6 +531,39 @@ mod tests {
             NetworkRetransmits.measure(&unix),
             Measure::NotApplicable(_)
         ));
+    }
+
+    // Attached (PostgreSQL 15.18, 2026-11-30, tests/attach
+    // `network_retransmits_to_clients_found_attached`): pgbench -S over TCP
+    // on 127.0.0.1 at 200 tps, 4 clients, one packet in 20 dropped each way
+    // on the server's port (…-20), and the same without drops (…-0).
+    #[test]
+    fn the_clients_connections_lossy_and_clean() {
+        let rec = fixture("pg15-network-retransmits-clients-20");
+        let (l, connected) = clients(&rec).expect("clients read");
+        assert!(l.share() >= 2.0 * WARN_SHARE, "{l:?}");
+        assert!(connected > 10.0, "{connected}");
+        let f = NetworkRetransmits.evaluate(&rec).expect("finding");
+        assert_eq!(f.evidence["link"], "clients", "{}", f.evidence);
+        let stall = f.evidence["stall_share_of_connected"].as_f64().unwrap();
+        let expect = if stall >= CLIENT_STALL_SHARE {
+            Severity::Warning
+        } else {
+            Severity::Info
+        };
+        assert_eq!(f.severity, expect, "{}", f.evidence);
+        assert_eq!(f.impact.is_some(), expect == Severity::Warning);
+        // No standby at all: the figure is the clients'.
+        assert!(links(&rec).is_err());
+        match NetworkRetransmits.measure(&rec) {
+            Measure::Figure(m) => assert!(m.past(), "{m:?}"),
+            Measure::Missing(why) | Measure::NotApplicable(why) => panic!("{why}"),
+        }
+        let clean = fixture("pg15-network-retransmits-clients-0");
+        assert!(NetworkRetransmits.evaluate(&clean).is_none());
+        let (l, _) = clients(&clean).expect("clients read");
+        assert_eq!(l.retrans, 0, "{l:?}");
+        assert!(l.segs_out > 100, "{l:?}");
     }
 
     #[test]

@@ -13,6 +13,10 @@ use std::mem::size_of;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TcpRtt {
     pub inode: u64,
+    /// The socket's local port and TCP state (`TCP_ESTABLISHED` 1,
+    /// `TCP_LISTEN` 10, …), from `inet_diag_msg`.
+    pub local_port: u16,
+    pub state: u8,
     /// Smoothed round-trip time, ms.
     pub rtt_ms: f64,
     /// Its mean deviation, ms.
@@ -206,6 +210,8 @@ fn parse(mut b: &[u8], out: &mut BTreeMap<u64, TcpRtt>) -> io::Result<bool> {
             _ if kind == SOCK_DIAG_BY_FAMILY && len >= HDR + MSG_LEN => {
                 let m = &b[HDR..len];
                 let inode = u64::from(u32_at(m, MSG_INODE));
+                // idiag_state at 1; idiag_sport (network order) opens the sockid at 4.
+                let (state, port) = (m[1], u16::from_be_bytes([m[4], m[5]]));
                 let mut a = &m[MSG_LEN..];
                 while a.len() >= 4 {
                     let alen = usize::from(u16_at(a, 0));
@@ -214,7 +220,9 @@ fn parse(mut b: &[u8], out: &mut BTreeMap<u64, TcpRtt>) -> io::Result<bool> {
                         break;
                     }
                     if akind == INET_DIAG_INFO {
-                        if let Some(r) = rtt(inode, &a[4..alen]) {
+                        if let Some(mut r) = rtt(inode, &a[4..alen]) {
+                            r.local_port = port;
+                            r.state = state;
                             out.insert(inode, r);
                         }
                     }
@@ -255,6 +263,8 @@ fn rtt(inode: u64, info: &[u8]) -> Option<TcpRtt> {
             .then(|| u32::from(u16::from_ne_bytes([info[TOTAL_RTO], info[TOTAL_RTO + 1]]))),
         total_rto_time_ms: (info.len() >= TOTAL_RTO_TIME + 4).then(|| u32_at(info, TOTAL_RTO_TIME)),
         inode,
+        local_port: 0,
+        state: 0,
         rtt_ms: f64::from(u32_at(info, off)) / 1000.0,
         rttvar_ms: f64::from(u32_at(info, var)) / 1000.0,
         min_rtt_ms: (info.len() >= MIN_RTT + 4)
@@ -305,6 +315,21 @@ mod tests {
         );
         assert!(
             sent.iter().all(|r| r.rto_ms.is_some_and(|ms| ms >= 200.0)),
+            "{mine:?}"
+        );
+        // The listener and the accepted end hold the listening port, the
+        // one LISTEN (10), the other ESTABLISHED (1); the client's end not.
+        let port = l.local_addr().unwrap().port();
+        let mut states: Vec<u8> = mine
+            .iter()
+            .filter(|r| r.local_port == port)
+            .map(|r| r.state)
+            .collect();
+        states.sort();
+        assert_eq!(states, [1, 10], "{mine:?}");
+        assert_eq!(
+            mine.iter().filter(|r| r.local_port != port).count(),
+            1,
             "{mine:?}"
         );
     }

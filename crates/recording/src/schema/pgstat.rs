@@ -68,6 +68,25 @@ impl WaitRow {
     }
 }
 
+/// The server-side ends of its established client connections at one
+/// sample, with what they sent and resent since the last one (a
+/// connection opened since counts whole; the first sample is the baseline,
+/// all zero).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClientsTcp {
+    pub sockets: u32,
+    /// Segments sent again (`tcpi_total_retrans`) and sent (`tcpi_segs_out`).
+    pub retrans: u64,
+    pub segs_out: u64,
+    /// Time the connections spent recovering from retransmission timeouts,
+    /// ms (`tcpi_total_rto_time`, Linux 6.7+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rto_time_ms: Option<u64>,
+    /// Median smoothed round trip of the connections, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_ms: Option<f64>,
+}
+
 /// Server-wide counters at one instant (cumulative; rates are differences).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServerSample {
@@ -95,6 +114,11 @@ pub struct ServerSample {
     /// `pg_stat_slru` (13+), one row per SLRU cache.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slru: Vec<Slru>,
+    /// The server's TCP connections to its clients (sock_diag): absent
+    /// when the postmaster listens on no TCP port in pgbelow's network
+    /// namespace (Unix sockets only, or another namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients_tcp: Option<ClientsTcp>,
     /// `pg_stat_recovery_prefetch` (15+), on a standby.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_prefetch: Option<RecoveryPrefetch>,

@@ -338,6 +338,7 @@ impl ServerConn {
             replication: row.replication.unwrap_or_default(),
             slru: row.slru.unwrap_or_default(),
             recovery_prefetch: row.recovery_prefetch,
+            clients_tcp: None,
         };
         Ok((s, pg))
     }

@@ -15,6 +15,7 @@
 //! the statements and the rows they return, `log` the server log's
 //! checkpoint lines and `tail` following the log file; this file is the
 //! collector that runs them.
+mod clients_tcp;
 mod conn;
 mod log;
 mod sql;
@@ -219,9 +220,10 @@ impl PgstatCollector {
         }
         let thread_shared = Arc::clone(&shared);
         let t0 = ctx.start;
+        let postmaster = ctx.postmaster;
         let thread = std::thread::Builder::new()
             .name("pgbelow-pgstat".into())
-            .spawn(move || sampler(conn, prepared, pids, t0, &thread_shared))
+            .spawn(move || sampler(conn, prepared, pids, postmaster, t0, &thread_shared))
             .context("starting the pgstat sampling thread")?;
         Ok(PgstatCollector {
             backend_pid,
@@ -525,9 +527,11 @@ fn sampler(
     mut conn: ServerConn,
     p: Prepared,
     mut pids: crate::pidns::PidMap,
+    postmaster: u32,
     t0: Instant,
     shared: &Shared,
 ) {
+    let mut clients = clients_tcp::ClientLinks::default();
     let mut period = Duration::from_secs_f64(1.0 / WAIT_HZ);
     let t = || crate::round3(t0.elapsed().as_secs_f64());
     let mut next = Instant::now();
@@ -577,6 +581,7 @@ fn sampler(
                     for r in &mut s.replication {
                         walsender_rtt(r, pids.host(r.pid), &mut sockets);
                     }
+                    s.clients_tcp = clients.sample(postmaster, &mut sockets);
                     if let Ok(mut g) = shared.pending.lock() {
                         g.server.push(s);
                         g.pgstat.push(pg);
