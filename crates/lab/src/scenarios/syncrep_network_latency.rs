@@ -118,7 +118,11 @@ impl NetDelay {
         crate::interrupt::check()?;
         require_root()?;
         let tool = iptables()?;
-        let queue = 4000 + (std::process::id() % 20000) as u16;
+        // One queue per delayer: two in one process (tests on parallel
+        // threads, a primary's clients and its standby) may not share one.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let nth = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let queue = 4000 + ((std::process::id() + nth * 7919) % 20000) as u16;
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel();
         let s = Arc::clone(&stop);
