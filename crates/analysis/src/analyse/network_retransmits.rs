@@ -231,13 +231,16 @@ fn worst_of(all: &[Link]) -> Option<&Link> {
     all.iter().max_by(|a, b| a.share().total_cmp(&b.share()))
 }
 
-/// The largest share among the standbys' links and the clients'.
-fn retransmitted_pct(ev: &Evidence) -> Option<f64> {
+/// The link that lost the most among the standbys' and the clients'.
+fn worst_any(ev: &Evidence) -> Option<Link> {
     worst(ev)
         .into_iter()
         .chain(clients(ev).map(|(l, _)| l))
-        .map(|l| round3(100.0 * l.share()))
-        .reduce(f64::max)
+        .max_by(|a, b| a.share().total_cmp(&b.share()))
+}
+
+fn retransmitted_pct(ev: &Evidence) -> Option<f64> {
+    worst_any(ev).map(|l| round3(100.0 * l.share()))
 }
 
 /// Past the loss bound with enough resent segments to be a rate.
@@ -352,10 +355,7 @@ impl Rule for NetworkRetransmits {
     }
 
     fn held_back(&self, ev: &Evidence) -> Option<String> {
-        let l = worst(ev)
-            .into_iter()
-            .chain(clients(ev).map(|(l, _)| l))
-            .max_by(|a, b| a.share().total_cmp(&b.share()))?;
+        let l = worst_any(ev)?;
         (l.retrans < MIN_RETRANS).then(|| {
             format!(
                 "{} segment(s) resent of {}: fewer than {MIN_RETRANS}, not a rate",

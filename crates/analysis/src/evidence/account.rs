@@ -83,9 +83,9 @@ impl Account {
 
 /// Why backends are missing from the account, with how much of the work
 /// they were when the syscalls collector counted it.
-fn unread_why(ev: &Evidence) -> Option<String> {
+fn unread_why(ev: &Evidence, share: Option<f64>) -> Option<String> {
     let why = ev.backends_too_short_for_proc()?;
-    Some(match unread_share(ev) {
+    Some(match share {
         Some(share) if share < UNREAD_MATERIAL => {
             let n = ev.rec.unread_backends();
             format!(
@@ -362,12 +362,13 @@ pub fn build(ev: &Evidence) -> Option<Account> {
         .collect();
     let ticks: u32 = ev.waits.iter().map(|w| w.ticks).sum();
     let span: f64 = ev.waits.iter().map(|w| w.dt).sum();
+    let share = unread_share(ev);
     Some(Account {
         hz: ev.procfs.first().map_or(0.0, |s| s.hz),
         waits_hz: (span > 0.0).then(|| crate::round3(f64::from(ticks) / span)),
         roles,
-        backends_unread: unread_why(ev),
-        backends_unread_share: unread_share(ev),
+        backends_unread: unread_why(ev, share),
+        backends_unread_share: share,
     })
 }
 

@@ -579,63 +579,70 @@ pub struct HelperBill {
 /// the looks waiting for it: (per query key: role → seconds, the bills).
 fn helper_join(ev: &super::Evidence) -> (BTreeMap<String, BTreeMap<String, f64>>, Vec<HelperBill>) {
     let mut per_query: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-    let mut bills = Vec::new();
     let Some(act) = ev.activity.as_ref() else {
-        return (per_query, bills);
+        return (per_query, Vec::new());
     };
-    for (role, waits, method) in HELPERS {
-        let mut bill = HelperBill {
+    let mut bills: Vec<HelperBill> = HELPERS
+        .iter()
+        .map(|(role, _, method)| HelperBill {
             role: role.as_str().to_string(),
             method: method.to_string(),
             ..Default::default()
-        };
-        for smp in &ev.procfs {
-            let mut busy: f64 = smp
-                .procs
-                .iter()
-                .filter(|(pid, _)| ev.rec.role_of(**pid) == role)
-                .map(|(_, d)| d.cpu_s + d.runq_s)
-                .sum();
-            busy += smp
-                .rows
-                .iter()
-                .filter(|r| r.role == role && r.state == "D")
-                .map(|r| r.s)
-                .sum::<f64>();
-            if busy <= 0.0 {
+        })
+        .collect();
+    for smp in &ev.procfs {
+        // Each helper role's busy seconds in this interval, in one pass.
+        let mut busy = [0.0f64; HELPERS.len()];
+        let slot = |role: Role| HELPERS.iter().position(|(r, _, _)| *r == role);
+        for (pid, d) in &smp.procs {
+            if let Some(i) = slot(ev.rec.role_of(*pid)) {
+                busy[i] += d.cpu_s + d.runq_s;
+            }
+        }
+        for r in smp.rows.iter().filter(|r| r.state == "D") {
+            if let Some(i) = slot(r.role) {
+                busy[i] += r.s;
+            }
+        }
+        let tick = tick_at(&act.ticks, smp.t);
+        for (i, (_, waits, _)) in HELPERS.iter().enumerate() {
+            if busy[i] <= 0.0 {
                 continue;
             }
-            bill.busy_s += busy;
+            let bill = &mut bills[i];
+            bill.busy_s += busy[i];
             let mut looks: BTreeMap<&str, u32> = BTreeMap::new();
-            if let Some(a) = tick_at(&act.ticks, smp.t) {
-                for r in a.pids.values().flatten() {
-                    if let (Some(q), true) = (&r.query, waits.contains(&r.wait.as_str())) {
-                        *looks.entry(q.as_str()).or_default() += r.n;
-                    }
+            for r in tick.iter().flat_map(|a| a.pids.values().flatten()) {
+                if let (Some(q), true) = (&r.query, waits.contains(&r.wait.as_str())) {
+                    *looks.entry(q.as_str()).or_default() += r.n;
                 }
             }
             let all: u32 = looks.values().sum();
             if all == 0 {
-                bill.not_attributed_s += busy;
+                bill.not_attributed_s += busy[i];
                 continue;
             }
-            bill.attributed_s += busy;
+            bill.attributed_s += busy[i];
             for (q, n) in looks {
                 *per_query
                     .entry(q.to_string())
                     .or_default()
                     .entry(bill.role.clone())
-                    .or_default() += busy * f64::from(n) / f64::from(all);
+                    .or_default() += busy[i] * f64::from(n) / f64::from(all);
             }
         }
-        if bill.busy_s > 0.0 {
-            let r3 = crate::round3;
-            bill.busy_s = r3(bill.busy_s);
-            bill.attributed_s = r3(bill.attributed_s);
-            bill.not_attributed_s = r3(bill.not_attributed_s);
-            bills.push(bill);
-        }
     }
+    let r3 = crate::round3;
+    let bills = bills
+        .into_iter()
+        .filter(|b| b.busy_s > 0.0)
+        .map(|b| HelperBill {
+            busy_s: r3(b.busy_s),
+            attributed_s: r3(b.attributed_s),
+            not_attributed_s: r3(b.not_attributed_s),
+            ..b
+        })
+        .collect();
     (per_query, bills)
 }
 

@@ -395,7 +395,6 @@ fn checks(o: &mut String, r: &Report) {
     let _ = writeln!(o, "</tbody></table></section>");
 }
 
-/// The page of one recording.
 /// The queries by kernel time: what each cost below PostgreSQL, its own
 /// backends' and other processes' for it, and its flame graphs behind a
 /// click (a `<details>` per query).
@@ -476,6 +475,7 @@ fn queries(page: &mut Page, r: &Report, v: &View) {
     let _ = writeln!(page.body, "</section>");
 }
 
+/// The page of one recording.
 pub fn render(r: &Report, v: &View) -> String {
     let mut page = Page::new();
     let o = &mut page.body;

@@ -68,32 +68,42 @@ fn query_stacks(r: &Report, ev: &Evidence) -> Vec<QueryStacks> {
             })
             .collect()
     };
+    type Stacks = BTreeMap<Vec<String>, u64>;
+    // The top queries' samples, gathered in one pass over the model.
+    let mut by_query: BTreeMap<&str, (Stacks, Stacks)> = r
+        .queries
+        .iter()
+        .take(QUERY_FLAMES)
+        .map(|q| (q.query_id.as_str(), Default::default()))
+        .collect();
+    for s in &m.samples {
+        let Some((on, off)) = s
+            .labels
+            .iter()
+            .find(|(k, _)| *k == "query_id")
+            .and_then(|(_, v)| by_query.get_mut(v.as_str()))
+        else {
+            continue;
+        };
+        let names = s.frames.iter().map(|f| f.name.clone());
+        match s.kind {
+            SampleKind::OnCpu => *on.entry(names.collect()).or_default() += s.count,
+            SampleKind::OffCpu(state) => {
+                let frames = std::iter::once(state.to_string()).chain(names).collect();
+                *off.entry(frames).or_default() += s.count;
+            }
+        }
+    }
     r.queries
         .iter()
         .take(QUERY_FLAMES)
-        .map(|q| {
-            let (mut on, mut off): (BTreeMap<Vec<String>, u64>, BTreeMap<Vec<String>, u64>) =
-                Default::default();
-            let mine = m.samples.iter().filter(|s| {
-                s.labels
-                    .iter()
-                    .any(|(k, v)| *k == "query_id" && *v == q.query_id)
-            });
-            for s in mine {
-                let names = s.frames.iter().map(|f| f.name.clone());
-                match s.kind {
-                    SampleKind::OnCpu => *on.entry(names.collect()).or_default() += s.count,
-                    SampleKind::OffCpu(state) => {
-                        let frames = std::iter::once(state.to_string()).chain(names).collect();
-                        *off.entry(frames).or_default() += s.count;
-                    }
-                }
-            }
-            QueryStacks {
+        .filter_map(|q| {
+            let (on, off) = by_query.remove(q.query_id.as_str())?;
+            Some(QueryStacks {
                 query_id: q.query_id.clone(),
                 on_cpu: folded(on, "backend"),
                 off_cpu: folded(off, "backend"),
-            }
+            })
         })
         .filter(|q| !q.on_cpu.is_empty() || !q.off_cpu.is_empty())
         .collect()

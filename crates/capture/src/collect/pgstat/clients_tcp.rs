@@ -16,9 +16,12 @@ const TCP_LISTEN: u8 = 10;
 /// Per connection, its counters at the last sample.
 #[derive(Default)]
 pub struct ClientLinks {
-    /// The ports the postmaster listens on (learnt from its sockets; empty:
-    /// it listens on none in this network namespace, or not read yet).
-    ports: Vec<u16>,
+    /// The ports the postmaster listens on, learnt once from its sockets
+    /// (listen_addresses and port change only with a restart, which ends
+    /// the session's server); None: not read yet. Empty: none in this
+    /// network namespace, or its fds unreadable — then nothing is read
+    /// again, rather than its fd table and the dump every second.
+    ports: Option<Vec<u16>>,
     /// Connection (socket inode) -> (resent, sent, timeout recovery ms).
     last: HashMap<u64, (u32, u32, Option<u32>)>,
     /// Whether a sample was taken: the first one is the baseline.
@@ -33,32 +36,24 @@ impl ClientLinks {
         postmaster: u32,
         all: &mut Option<io::Result<BTreeMap<u64, TcpRtt>>>,
     ) -> Option<ClientsTcp> {
-        if self.ports.is_empty() {
-            let inodes = sockdiag::socket_inodes(postmaster).ok()?;
-            if inodes.is_empty() {
-                return None;
-            }
-            let dump = all
-                .get_or_insert_with(sockdiag::tcp_sockets)
-                .as_ref()
-                .ok()?;
-            self.ports = inodes
-                .iter()
-                .filter_map(|i| dump.get(i))
-                .filter(|s| s.state == TCP_LISTEN)
-                .map(|s| s.local_port)
-                .collect();
-            self.ports.sort_unstable();
-            self.ports.dedup();
-            if self.ports.is_empty() {
-                return None;
-            }
+        if self.ports.is_none() {
+            self.ports = Some(listening_ports(postmaster, all));
+        }
+        if self.ports.as_ref().is_none_or(Vec::is_empty) {
+            return None;
         }
         let dump = all
             .get_or_insert_with(sockdiag::tcp_sockets)
             .as_ref()
             .ok()?;
         Some(self.add(dump.values()))
+    }
+
+    /// Whether `port` is one the postmaster listens on.
+    fn listens_on(&self, port: u16) -> bool {
+        self.ports
+            .as_ref()
+            .is_some_and(|p| p.binary_search(&port).is_ok())
     }
 
     /// The deltas of the connections in `sockets` since the last call.
@@ -70,7 +65,7 @@ impl ClientLinks {
         let mut rto_time = None::<u64>;
         let mut now = HashMap::new();
         for s in sockets {
-            if s.state != TCP_ESTABLISHED || self.ports.binary_search(&s.local_port).is_err() {
+            if s.state != TCP_ESTABLISHED || !self.listens_on(s.local_port) {
                 continue;
             }
             let (Some(retrans), Some(segs)) = (s.total_retrans, s.segs_out) else {
@@ -102,6 +97,30 @@ impl ClientLinks {
     }
 }
 
+/// The TCP ports of the postmaster's listening sockets, sorted; empty when
+/// it has none here or its fds cannot be read.
+fn listening_ports(
+    postmaster: u32,
+    all: &mut Option<io::Result<BTreeMap<u64, TcpRtt>>>,
+) -> Vec<u16> {
+    let inodes = sockdiag::socket_inodes(postmaster).unwrap_or_default();
+    if inodes.is_empty() {
+        return Vec::new();
+    }
+    let Ok(dump) = all.get_or_insert_with(sockdiag::tcp_sockets).as_ref() else {
+        return Vec::new();
+    };
+    let mut ports: Vec<u16> = inodes
+        .iter()
+        .filter_map(|i| dump.get(i))
+        .filter(|s| s.state == TCP_LISTEN)
+        .map(|s| s.local_port)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,7 +144,7 @@ mod tests {
     #[test]
     fn deltas_of_the_servers_ends_only() {
         let mut c = ClientLinks {
-            ports: vec![5432],
+            ports: Some(vec![5432]),
             ..Default::default()
         };
         // The baseline: counts nothing of what came before.
