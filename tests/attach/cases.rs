@@ -1943,6 +1943,26 @@ fn shm_too_small_found_attached() {
     eprintln!("attached: {ev}");
 }
 
+/// The walsender sockets' round trips, a sample a second, from the
+/// recording's `pgstat_server.jsonl`: "srtt/rttvar min" each.
+fn walsender_rtts(rec: &Path) -> String {
+    let text = std::fs::read_to_string(rec.join("pgstat_server.jsonl")).unwrap_or_default();
+    let f = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x}"));
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .flat_map(|v| v["replication"].as_array().cloned().unwrap_or_default())
+        .map(|r| {
+            format!(
+                "{}/{} {}",
+                f(&r["rtt_ms"]),
+                f(&r["rttvar_ms"]),
+                f(&r["min_rtt_ms"])
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Issue 23's `syncrep-network-latency` attached to the primary: one
 /// synchronous standby streaming over TCP (127.0.0.1), one INSERT per
 /// commit from 4 sessions. With the standby's packets held 10 ms each way
@@ -1970,12 +1990,11 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
             "host=127.0.0.1 port={} user=postgres application_name=standby1",
             p.port
         );
-        // Before the standby connects: the kernel's minimum round trip is
-        // then the delayed path's.
-        let delay = (delayed || lossy).then(|| {
-            let each_way = std::time::Duration::from_millis(if delayed { 10 } else { 0 });
-            NetDelay::start_lossy(p.port, each_way, if lossy { 20 } else { 0 }).unwrap()
-        });
+        // The loss from before the standby connects; the delay once it
+        // streams, as a link degrades (issue 39): the kernel's minimum
+        // round trip (`tcpi_min_rtt`, a 5-minute window) is then still the
+        // clean path's, measured on the commits made before the delay.
+        let mut delay = lossy.then(|| NetDelay::start_lossy(p.port, Duration::ZERO, 20).unwrap());
         let s = UserCluster::builder()
             .standby_of(&p)
             .settings(&[("primary_conninfo", &conninfo)])
@@ -1985,6 +2004,16 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
             "postgres",
             "create table netlat_t (id bigserial primary key, info text)",
         );
+        if delayed {
+            p.psql(
+                "postgres",
+                "insert into netlat_t (info) select md5(g::text) from generate_series(1, 50) g",
+            );
+            for _ in 0..20 {
+                p.psql("postgres", "insert into netlat_t (info) values ('clean')");
+            }
+            delay = Some(NetDelay::start(p.port, Duration::from_millis(10)).unwrap());
+        }
         let d = tempfile::tempdir().unwrap();
         let r = record_while(&p, &d.path().join("rec"), 6, "pgstat", || {
             pgbench_script(
@@ -1996,6 +2025,10 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
             )
         });
         drop(delay);
+        eprintln!(
+            "delayed {delayed} lossy {lossy}: walsender socket per second (srtt/rttvar min_rtt, ms): {}",
+            walsender_rtts(&d.path().join("rec"))
+        );
         results.push(r);
         drop(s);
     }

@@ -211,6 +211,14 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
         &[("syncrep-network-latency", "warning")],
     ),
     (
+        "pg15-syncrep-network-latency-20ms-midway",
+        &[("syncrep-network-latency", "warning")],
+    ),
+    (
+        "pg15-syncrep-network-latency-attached-0ms",
+        &[("wal-fsync-latency", "info")],
+    ),
+    (
         "pg15-thp-compaction-stall-always",
         &[("thp-compaction-stall", "info")],
     ),

@@ -47,12 +47,38 @@ const MIN_COMMITS: u64 = 50;
 /// The synchronous standbys' round trip as the walsenders' sockets showed it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rtt {
-    /// Median of the samples, ms (of the slowest standby a commit waits for):
-    /// the kernel's minimum round trip (`tcpi_min_rtt`), else its smoothed
-    /// one (`tcpi_rtt`).
+    /// Median of the samples' floors, ms (of the slowest standby a commit
+    /// waits for): see [`floor`].
     pub ms: f64,
     pub standby: String,
     pub samples: usize,
+    /// Samples whose floor was the smoothed round trip's lower edge, above
+    /// the kernel's minimum: the path slowed within the minimum's window.
+    pub above_min: usize,
+}
+
+/// One sample's round-trip floor, ms, and whether the smoothed round
+/// trip's lower edge set it. The kernel's minimum (`tcpi_min_rtt`) leaves
+/// out the standby's time to answer (a delayed ACK riding on its reply),
+/// but it is the minimum over 5 minutes (`net.ipv4.tcp_min_rtt_wlen`): a
+/// link that slowed while the standby was connected keeps the old minimum
+/// that long. The smoothed round trip less twice its mean deviation
+/// (`tcpi_rtt − 2·tcpi_rttvar`) is what the last round trips stayed
+/// above: measured 15–23 ms with 20 ms added mid-connection (minimum
+/// 0.015 ms), 0–0.5 ms on a clean link under load, where the standby's
+/// answers spread the samples. The higher of the two; before rttvar was
+/// recorded, the minimum, else the smoothed round trip.
+fn floor(r: &crate::recording::schema::pgstat::Replica) -> Option<(f64, bool)> {
+    let edge = r
+        .rtt_ms
+        .zip(r.rttvar_ms)
+        .map(|(a, v)| (a - 2.0 * v).max(0.0));
+    match (r.min_rtt_ms, edge) {
+        (Some(m), Some(e)) => Some((m.max(e), e > m)),
+        (Some(m), None) => Some((m, false)),
+        (None, Some(e)) => Some((e, true)),
+        (None, None) => r.rtt_ms.map(|a| (a, false)),
+    }
 }
 
 /// Synchronous standbys seen, and their round trip if any socket was read;
@@ -67,19 +93,15 @@ pub fn rtt(ev: &Evidence) -> Result<Rtt, String> {
                 .into(),
         );
     }
-    let mut by: std::collections::BTreeMap<String, (Vec<f64>, Option<String>, bool)> =
-        Default::default();
+    type Seen = (Vec<(f64, bool)>, Option<String>, bool);
+    let mut by: std::collections::BTreeMap<String, Seen> = Default::default();
     for s in &ev.server {
         for r in &s.replication {
             if !matches!(r.sync_state.as_deref(), Some("sync" | "quorum")) {
                 continue;
             }
             let e = by.entry(r.application_name.clone()).or_default();
-            // The path's floor where the kernel gives it: the smoothed
-            // round trip also holds the standby's time to answer (its ACK
-            // rides on its reply after the WAL write), which a slow disk
-            // or a busy CPU stretches on a standby next door.
-            e.0.extend(r.min_rtt_ms.or(r.rtt_ms));
+            e.0.extend(floor(r));
             if r.rtt_error.is_some() {
                 e.1 = r.rtt_error.clone();
             }
@@ -108,13 +130,14 @@ pub fn rtt(ev: &Evidence) -> Result<Rtt, String> {
             });
             continue;
         }
-        v.sort_by(f64::total_cmp);
-        let ms = v[v.len() / 2];
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let ms = v[v.len() / 2].0;
         if best.as_ref().is_none_or(|b| ms > b.ms) {
             best = Some(Rtt {
                 ms: round3(ms),
                 standby: name,
                 samples: v.len(),
+                above_min: v.iter().filter(|x| x.1).count(),
             });
         }
     }
@@ -257,20 +280,31 @@ impl Rule for SyncrepNetworkLatency {
                 share,
                 "commit latency",
                 format!(
-                    "the walsender's TCP round trip to {} ({:.1} ms, tcp_info's minimum) against {:.1} ms \
+                    "the walsender's TCP round trip to {} ({:.1} ms, tcp_info's floor) against {:.1} ms \
                      per commit ({})",
                     r.standby, r.ms, c.latency_ms, c.latency_source
                 ),
             ),
             title: "Commits wait a network round trip to the synchronous standby".into(),
             summary: format!(
-                "Each commit waited for standby {standby} {rtt:.1} ms away (the kernel's minimum \
-                 round trip on the walsender's socket, median of {k} samples): {pct:.0}% of the \
-                 {lat:.1} ms a commit took ({lsrc}). The backends spent {sr:.1} ms per commit in \
-                 {SYNCREP_WAIT} ({srs} of {busy} busy samples) over {n} commits ({src}).{lag}{level}",
+                "Each commit waited for standby {standby} {rtt:.1} ms away (the floor of the \
+                 round trips on the walsender's socket, median of {k} samples{slowed}): {pct:.0}% \
+                 of the {lat:.1} ms a commit took ({lsrc}). The backends spent {sr:.1} ms per \
+                 commit in {SYNCREP_WAIT} ({srs} of {busy} busy samples) over {n} commits \
+                 ({src}).{lag}{level}",
                 standby = r.standby,
                 rtt = r.ms,
                 k = r.samples,
+                slowed = if 2 * r.above_min > r.samples {
+                    format!(
+                        "; in {} of them the smoothed round trip less twice its deviation was \
+                         above the kernel's minimum, which keeps 5 minutes of the past: the link \
+                         slowed while the standby was connected",
+                        r.above_min
+                    )
+                } else {
+                    String::new()
+                },
                 pct = share * 100.0,
                 lat = c.latency_ms,
                 lsrc = c.latency_source,
@@ -283,6 +317,7 @@ impl Rule for SyncrepNetworkLatency {
             evidence: json!({
                 "rtt_ms": r.ms,
                 "rtt_samples": r.samples,
+                "rtt_samples_above_kernel_min": r.above_min,
                 "standby": r.standby,
                 "commit_latency_ms": round3(c.latency_ms),
                 "syncrep_ms_per_commit": round3(syncrep_ms),
@@ -323,6 +358,44 @@ mod tests {
         assert!(rtt >= 5.0 * WARN_RTT_MS, "{rtt} ms");
         assert!(f.impact.as_ref().unwrap().share >= MIN_SHARE, "{f:?}");
         assert!(f.remedy.contains("synchronous_commit"), "{}", f.remedy);
+    }
+
+    /// Attached (tests/attach `syncrep_network_latency_found_attached_to_the_primary`):
+    /// 10 ms added each way once the standby streamed. The kernel's
+    /// minimum stayed at the clean path's 0.016 ms; the smoothed round
+    /// trip went to 23–28 ms with a deviation of 3.7–4.8 ms.
+    #[test]
+    fn fires_on_a_delay_that_started_while_the_standby_was_connected() {
+        let ev = fixture("pg15-syncrep-network-latency-20ms-midway");
+        let f = SyncrepNetworkLatency.evaluate(&ev).expect("finding");
+        let rtt = f.evidence["rtt_ms"].as_f64().unwrap();
+        assert!(rtt >= 5.0 * WARN_RTT_MS, "{rtt} ms");
+        let r = super::rtt(&ev).unwrap();
+        assert!(2 * r.above_min > r.samples, "{r:?}");
+        assert!(
+            f.summary.contains("slowed while the standby"),
+            "{}",
+            f.summary
+        );
+        // The minimum alone (as before rttvar was recorded) misses it.
+        let mut old = ev.clone();
+        for s in &mut old.server {
+            for x in &mut s.replication {
+                x.rttvar_ms = None;
+            }
+        }
+        assert!(super::rtt(&old).unwrap().ms < 0.1, "{:?}", super::rtt(&old));
+        assert!(SyncrepNetworkLatency.evaluate(&old).is_none());
+    }
+
+    #[test]
+    fn silent_on_the_same_standby_attached_without_a_delay() {
+        let ev = fixture("pg15-syncrep-network-latency-attached-0ms");
+        let (c, f) = SyncrepNetworkLatency.check(&ev);
+        assert!(f.is_none(), "{f:?}");
+        assert_eq!(c.status, Status::Clear, "{c:?}");
+        let r = super::rtt(&ev).unwrap();
+        assert!(r.ms < 0.25 * WARN_RTT_MS, "{r:?}");
     }
 
     #[test]

@@ -219,6 +219,11 @@ pub struct Replica {
     /// Unix socket or when the socket could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtt_ms: Option<f64>,
+    /// The smoothed round trip's mean deviation (`tcpi_rttvar`), ms: with
+    /// `rtt_ms`, how far below the average the samples of the last round
+    /// trips went (absent before 2026-12-01).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rttvar_ms: Option<f64>,
     /// The smallest round trip in the kernel's window (`tcpi_min_rtt`), ms:
     /// the path's delay without the standby's time to answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]

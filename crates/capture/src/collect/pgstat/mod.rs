@@ -495,6 +495,7 @@ fn walsender_rtt(
         Ok(v) => match v.first() {
             Some(x) => {
                 r.rtt_ms = Some(crate::round3(x.rtt_ms));
+                r.rttvar_ms = Some(crate::round3(x.rttvar_ms));
                 r.min_rtt_ms = x.min_rtt_ms.map(crate::round3);
                 r.retrans = x.total_retrans.map(u64::from);
                 r.segs_out = x.segs_out.map(u64::from);
