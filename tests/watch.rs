@@ -475,7 +475,10 @@ fn watch_survives_a_server_restart() {
     let Some(_) = prometheus_tool("promtool") else {
         return;
     };
-    let _alone = common::exclusive();
+    // Not the measuring lock: an idle cluster and `--triggers restart`
+    // measure nothing another test's load could move, and load nothing
+    // that could move another's (47 s of CI's budget beside the other
+    // thread's run).
     let logs = tempfile::tempdir().unwrap();
     let keep = tempfile::tempdir().unwrap();
     let c = UserCluster::start(&[], &[]);
@@ -582,7 +585,8 @@ fn an_unwritable_keep_is_said_and_watching_goes_on() {
     if common::skipped_unless_root("mounts a tmpfs") {
         return;
     }
-    let _alone = common::exclusive();
+    // Not the measuring lock: an idle cluster, `--triggers restart`, and
+    // only what watch says of its keep directory asserted.
     struct Unmount(tempfile::TempDir);
     impl Drop for Unmount {
         fn drop(&mut self) {

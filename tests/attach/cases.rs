@@ -1976,6 +1976,9 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
     if common::skipped_unless_root("the network delay needs root (iptables NFQUEUE)") {
         return;
     }
+    // The delay, loss or resolver is machine-wide: made and removed under
+    // the lock, where no other test checks for its own.
+    let _alone = common::exclusive();
     let mut results = Vec::new();
     // Delayed 10 ms each way, clean, and lossy (one packet in 20 dropped
     // each way, no delay: issue 39's `network-retransmits`).
@@ -2090,6 +2093,9 @@ fn dns_on_connect_found_attached() {
     if common::skipped_unless_root("needs root (port 53, a mount namespace)") {
         return;
     }
+    // The delay, loss or resolver is machine-wide: made and removed under
+    // the lock, where no other test checks for its own.
+    let _alone = common::exclusive();
     let etc = tempfile::tempdir().unwrap();
     let files = private_etc(etc.path()).unwrap();
     let files: Vec<(&Path, &Path)> = files
@@ -2184,10 +2190,13 @@ fn thp_compaction_stall_measured_attached() {
         );
     };
     let collectors = "profile,offcpu,procfs,system";
+    // The fragmenter (1 GiB, busy) only while this test measures.
+    let alone = common::exclusive();
     let frag = Fragmenter::start(1, &|_| {}).unwrap();
     let d = tempfile::tempdir().unwrap();
     let tunable = record_while(&c, &d.path().join("tunable"), 4, collectors, load);
     drop(frag);
+    drop(alone);
     c.stop();
     c.restart_stopped(&work_mem);
     let plain = record_while(&c, &d.path().join("plain"), 4, collectors, load);
@@ -2442,6 +2451,9 @@ fn network_retransmits_to_clients_found_attached() {
     if common::skipped_unless_root("the packet drops need root (iptables NFQUEUE)") {
         return;
     }
+    // The delay, loss or resolver is machine-wide: made and removed under
+    // the lock, where no other test checks for its own.
+    let _alone = common::exclusive();
     let mut runs = Vec::new();
     for lossy in [true, false] {
         let c = UserCluster::builder()

@@ -58,14 +58,37 @@ pub fn skipped_unless_root(why: &str) -> bool {
 /// parallel threads, and two clusters under load on this 2-core machine skew
 /// each other's timings: the CI run that failed had a drop-many run's
 /// primary-only baseline slower than its synchronous drops because a sweep
-/// ran next to it.
+/// ran next to it. Machine-wide state (cgroups, NFQUEUE rules, the slow
+/// resolver's port, vm.nr_hugepages) is made and checked under it too, so
+/// a check never sees the other thread's test's. A thread that holds it
+/// may take it again (a test holding it around `run_json`, which takes
+/// it): the inner hold is a no-op.
 pub fn exclusive() -> Exclusive {
     static LAB: Mutex<()> = Mutex::new(());
+    thread_local! {
+        static HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if HELD.with(|h| h.get()) {
+        return Exclusive {
+            guard: None,
+            since: std::time::Instant::now(),
+        };
+    }
     // A failed test poisons the lock; the next one may still run alone.
     let guard = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    HELD.with(|h| h.set(true));
     Exclusive {
-        _guard: guard,
+        guard: Some((guard, HeldMark(&HELD))),
         since: std::time::Instant::now(),
+    }
+}
+
+/// Clears the thread's mark when the outer hold ends (before the lock).
+struct HeldMark(&'static std::thread::LocalKey<std::cell::Cell<bool>>);
+
+impl Drop for HeldMark {
+    fn drop(&mut self) {
+        self.0.with(|h| h.set(false));
     }
 }
 
@@ -73,14 +96,17 @@ pub fn exclusive() -> Exclusive {
 /// seconds are appended to FILE (`<seconds> <binary> <test>`): how much of a
 /// binary's time is measuring that may not overlap, and how much could.
 pub struct Exclusive {
-    _guard: MutexGuard<'static, ()>,
+    /// None for a hold inside the thread's own.
+    guard: Option<(MutexGuard<'static, ()>, HeldMark)>,
     since: std::time::Instant,
 }
 
 impl Drop for Exclusive {
     fn drop(&mut self) {
-        let held = format!("{:.1}", self.since.elapsed().as_secs_f64());
-        log_line("PGBELOW_TEST_LOCK_LOG", &held);
+        if self.guard.is_some() {
+            let held = format!("{:.1}", self.since.elapsed().as_secs_f64());
+            log_line("PGBELOW_TEST_LOCK_LOG", &held);
+        }
     }
 }
 
@@ -147,6 +173,9 @@ pub fn own_v1_cgroup(controller: &str) -> Option<PathBuf> {
 
 /// No cgroup named `prefix…` is left in any of `dirs`.
 pub fn assert_no_cgroups(dirs: &[PathBuf], prefix: &str) {
+    // A cgroup named after this process is an attached test's own (its
+    // helper's drop removes it), not one a pgbelow it ran left.
+    let own = format!("{prefix}{}", std::process::id());
     for root in dirs {
         let left: Vec<String> = std::fs::read_dir(root)
             .into_iter()
@@ -154,6 +183,7 @@ pub fn assert_no_cgroups(dirs: &[PathBuf], prefix: &str) {
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with(prefix))
+            .filter(|n| *n != own && !n.starts_with(&format!("{own}-")))
             .collect();
         assert!(
             left.is_empty(),

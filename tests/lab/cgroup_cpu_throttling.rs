@@ -21,6 +21,9 @@ fn quota_below_demand_raises_the_finding_and_none_does_not() {
     if common::skipped_unless_root("cgroup-cpu-throttling needs root (a cpu cgroup)") {
         return;
     }
+    // Its checks of machine-wide state run under the lock too (no other
+    // test makes or removes any meanwhile).
+    let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("quota");
     let r = common::lab_short_case(ID, &[], &out);

@@ -28,6 +28,9 @@ fn a_read_limit_raises_the_finding_and_the_same_cold_start_without_does_not() {
     if common::skipped_unless_root("disk-read-latency needs root (a blkio cgroup)") {
         return;
     }
+    // Its checks of machine-wide state run under the lock too (no other
+    // test makes or removes any meanwhile).
+    let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("limit");
     let r = lab_run(&[], &out);

@@ -16,6 +16,9 @@ fn limit_above_shared_buffers_raises_the_finding_and_none_does_not() {
     if common::skipped_unless_root("memory-cgroup-reclaim needs root (a memory cgroup)") {
         return;
     }
+    // Its checks of machine-wide state run under the lock too (no other
+    // test makes or removes any meanwhile).
+    let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("limit");
     let r = common::lab_short_case(ID, &[], &out);

@@ -25,6 +25,9 @@ fn a_lossy_link_to_the_sync_standby_raises_the_finding_and_a_clean_one_does_not(
     if common::skipped_unless_root("network-retransmits needs root (iptables NFQUEUE)") {
         return;
     }
+    // Its checks of machine-wide state run under the lock too (no other
+    // test makes or removes any meanwhile).
+    let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("lossy");
     let r = lab_run(&[], &out);

@@ -36,6 +36,9 @@ fn page_tables_raise_the_finding_without_huge_pages_and_not_with_them() {
     if common::skipped_unless_root("--huge-pages on needs root (vm.nr_hugepages)") {
         return;
     }
+    // Its checks of machine-wide state run under the lock too (no other
+    // test makes or removes any meanwhile).
+    let _alone = common::exclusive();
     let before = nr_hugepages();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("off");

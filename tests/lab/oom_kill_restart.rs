@@ -31,6 +31,9 @@ fn a_limit_below_the_working_set_kills_and_restarts_and_an_ample_one_does_not() 
     if common::skipped_unless_root("oom-kill-restart needs root (a memory cgroup)") {
         return;
     }
+    // Its checks of machine-wide state run under the lock too (no other
+    // test makes or removes any meanwhile).
+    let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("limit");
     let r = lab_run("8", &[], &out);

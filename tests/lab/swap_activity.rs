@@ -30,6 +30,9 @@ fn swap_under_a_memory_limit_raises_the_finding_and_none_does_not() {
     if common::skipped_unless_root("swap-activity needs root (a swap file, a memory cgroup)") {
         return;
     }
+    // Its checks of machine-wide state run under the lock too (no other
+    // test makes or removes any meanwhile).
+    let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("swap");
     let collectors = [

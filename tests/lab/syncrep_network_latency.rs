@@ -24,6 +24,9 @@ fn a_far_standby_raises_the_finding_and_the_same_standby_next_door_does_not() {
     if common::skipped_unless_root("syncrep-network-latency needs root (iptables NFQUEUE)") {
         return;
     }
+    // Its checks of machine-wide state run under the lock too (no other
+    // test makes or removes any meanwhile).
+    let _alone = common::exclusive();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("far");
     let r = lab_run(&[], &out);

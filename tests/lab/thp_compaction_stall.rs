@@ -35,6 +35,9 @@ fn thp_always_with_a_fragmenter_is_measured_and_everything_restored() {
     ) {
         return;
     }
+    // Its checks of machine-wide state run under the lock too (no other
+    // test makes or removes any meanwhile).
+    let _alone = common::exclusive();
     if !std::path::Path::new(SETTINGS[0]).exists() {
         eprintln!("skipped: this kernel has no transparent huge pages");
         return;
