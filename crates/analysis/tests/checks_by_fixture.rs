@@ -167,6 +167,7 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
         "pg15-network-retransmits-20",
         &[("network-retransmits", "warning")],
     ),
+    ("pg15-network-retransmits-slow-standby", &[]),
     ("pg15-no-huge-pages-off", &[("no-huge-pages", "info")]),
     ("pg15-no-huge-pages-on", &[]),
     (

@@ -29,6 +29,10 @@ pub struct TcpRtt {
     /// (`tcpi_total_retrans`), and segments sent (`tcpi_segs_out`, 4.2+).
     pub total_retrans: Option<u32>,
     pub segs_out: Option<u32>,
+    /// Resent segments the peer reported it already had (`tcpi_dsack_dups`,
+    /// its D-SACKs; Linux 4.19+): resent on a late acknowledgement (a tail
+    /// loss probe, a timeout that came too soon), not lost.
+    pub dsack_dups: Option<u32>,
     /// The retransmission timeout now (`tcpi_rto`), ms: how long a lost
     /// segment waits before it is sent again when no duplicate ACK says so.
     pub rto_ms: Option<f64>,
@@ -246,6 +250,9 @@ const SEGS_OUT: usize = 136;
 /// Offsets of `tcpi_total_rto` (u16) and `tcpi_total_rto_time` (u32, ms),
 /// after `tcpi_rehash` at 236 (Linux 6.7+).
 const TOTAL_RTO: usize = 240;
+/// Offset of `tcpi_dsack_dups` (after `tcpi_bytes_sent` and
+/// `tcpi_bytes_retrans`, u64s at 200 and 208; Linux 4.19+).
+const DSACK_DUPS: usize = 216;
 const TOTAL_RTO_TIME: usize = 244;
 
 /// `tcpi_rtt`, `tcpi_rttvar` and `tcpi_min_rtt` (µs) from a `struct tcp_info`.
@@ -258,6 +265,7 @@ fn rtt(inode: u64, info: &[u8]) -> Option<TcpRtt> {
     (info.len() >= var + 4).then(|| TcpRtt {
         total_retrans: at(retrans),
         segs_out: at(SEGS_OUT),
+        dsack_dups: at(DSACK_DUPS),
         rto_ms: at(rto).map(|us| f64::from(us) / 1000.0),
         total_rto: (info.len() >= TOTAL_RTO_TIME + 4)
             .then(|| u32::from(u16::from_ne_bytes([info[TOTAL_RTO], info[TOTAL_RTO + 1]]))),
@@ -309,8 +317,9 @@ mod tests {
         // the timeout is the kernel's floor or above (200 ms, Linux).
         let sent: Vec<_> = mine.iter().filter(|r| r.rtt_ms > 0.0).collect();
         assert!(
-            sent.iter()
-                .all(|r| r.total_retrans == Some(0) && r.segs_out.is_some_and(|n| n >= 3)),
+            sent.iter().all(|r| r.total_retrans == Some(0)
+                && r.dsack_dups == Some(0)
+                && r.segs_out.is_some_and(|n| n >= 3)),
             "{mine:?}"
         );
         assert!(

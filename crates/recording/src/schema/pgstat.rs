@@ -78,6 +78,11 @@ pub struct ClientsTcp {
     /// Segments sent again (`tcpi_total_retrans`) and sent (`tcpi_segs_out`).
     pub retrans: u64,
     pub segs_out: u64,
+    /// Of the segments sent again, those the clients reported they already
+    /// had (`tcpi_dsack_dups`): resent on a late acknowledgement, not lost
+    /// (absent before 2026-12-01, or on a kernel before 4.19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsack: Option<u64>,
     /// Time the connections spent recovering from retransmission timeouts,
     /// ms (`tcpi_total_rto_time`, Linux 6.7+).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,6 +243,11 @@ pub struct Replica {
     pub retrans: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segs_out: Option<u64>,
+    /// Of the segments sent again, those the standby reported it already
+    /// had (`tcpi_dsack_dups`, its D-SACKs, over the socket's life): resent
+    /// on a late acknowledgement, not lost (absent before 2026-12-01).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsack_dups: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rto_ms: Option<f64>,
     /// Its retransmission timeouts that fired and the time spent recovering

@@ -23,7 +23,7 @@ pub struct ClientLinks {
     /// again, rather than its fd table and the dump every second.
     ports: Option<Vec<u16>>,
     /// Connection (socket inode) -> (resent, sent, timeout recovery ms).
-    last: HashMap<u64, (u32, u32, Option<u32>)>,
+    last: HashMap<u64, (u32, u32, Option<u32>, Option<u32>)>,
     /// Whether a sample was taken: the first one is the baseline.
     started: bool,
 }
@@ -63,6 +63,7 @@ impl ClientLinks {
         let mut out = ClientsTcp::default();
         let mut rtts = Vec::new();
         let mut rto_time = None::<u64>;
+        let mut dsack = None::<u64>;
         let mut now = HashMap::new();
         for s in sockets {
             if s.state != TCP_ESTABLISHED || !self.listens_on(s.local_port) {
@@ -77,20 +78,29 @@ impl ClientLinks {
             }
             // A connection opened since the last sample counts whole; at
             // the first sample every one is the baseline.
-            let (r0, s0, t0) = match self.last.get(&s.inode) {
+            let (r0, s0, t0, d0) = match self.last.get(&s.inode) {
                 Some(v) => *v,
-                None if first => (retrans, segs, s.total_rto_time_ms),
-                None => (0, 0, s.total_rto_time_ms.map(|_| 0)),
+                None if first => (retrans, segs, s.total_rto_time_ms, s.dsack_dups),
+                None => (
+                    0,
+                    0,
+                    s.total_rto_time_ms.map(|_| 0),
+                    s.dsack_dups.map(|_| 0),
+                ),
             };
             out.retrans += u64::from(retrans.saturating_sub(r0));
             out.segs_out += u64::from(segs.saturating_sub(s0));
             if let (Some(t), Some(t0)) = (s.total_rto_time_ms, t0) {
                 *rto_time.get_or_insert(0) += u64::from(t.saturating_sub(t0));
             }
-            now.insert(s.inode, (retrans, segs, s.total_rto_time_ms));
+            if let (Some(d), Some(d0)) = (s.dsack_dups, d0) {
+                *dsack.get_or_insert(0) += u64::from(d.saturating_sub(d0));
+            }
+            now.insert(s.inode, (retrans, segs, s.total_rto_time_ms, s.dsack_dups));
         }
         self.last = now;
         out.rto_time_ms = rto_time;
+        out.dsack = dsack;
         rtts.sort_by(f64::total_cmp);
         out.rtt_ms = rtts.get(rtts.len() / 2).map(|r| crate::round3(*r));
         out
@@ -138,6 +148,7 @@ mod tests {
             rto_ms: Some(200.0),
             total_rto: Some(0),
             total_rto_time_ms: Some(retrans * 10),
+            dsack_dups: Some(retrans / 2),
         }
     }
 
@@ -166,6 +177,8 @@ mod tests {
         let s = c.add(b.iter());
         assert_eq!((s.sockets, s.retrans, s.segs_out), (2, 4, 70));
         assert_eq!(s.rto_time_ms, Some(40));
+        // D-SACKs: connection 1's went 1 → 2, connection 4's 0 (whole).
+        assert_eq!(s.dsack, Some(1));
         assert_eq!(s.rtt_ms, Some(0.1));
         // Connection 1 closed: nothing negative, nothing counted twice.
         let s = c.add([sock(4, 5432, TCP_ESTABLISHED, 1, 30)].iter());

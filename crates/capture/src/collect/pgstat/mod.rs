@@ -499,6 +499,7 @@ fn walsender_rtt(
                 r.min_rtt_ms = x.min_rtt_ms.map(crate::round3);
                 r.retrans = x.total_retrans.map(u64::from);
                 r.segs_out = x.segs_out.map(u64::from);
+                r.dsack_dups = x.dsack_dups.map(u64::from);
                 r.rto_ms = x.rto_ms.map(crate::round3);
                 r.rto_count = x.total_rto.map(u64::from);
                 r.rto_time_ms = x.total_rto_time_ms.map(u64::from);
