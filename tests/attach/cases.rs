@@ -1976,9 +1976,6 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
     if common::skipped_unless_root("the network delay needs root (iptables NFQUEUE)") {
         return;
     }
-    // The delay, loss or resolver is machine-wide: made and removed under
-    // the lock, where no other test checks for its own.
-    let _alone = common::exclusive();
     let mut results = Vec::new();
     // Delayed 10 ms each way, clean, and lossy (one packet in 20 dropped
     // each way, no delay: issue 39's `network-retransmits`).
@@ -1993,11 +1990,6 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
             "host=127.0.0.1 port={} user=postgres application_name=standby1",
             p.port
         );
-        // The loss from before the standby connects; the delay once it
-        // streams, as a link degrades (issue 39): the kernel's minimum
-        // round trip (`tcpi_min_rtt`, a 5-minute window) is then still the
-        // clean path's, measured on the commits made before the delay.
-        let mut delay = lossy.then(|| NetDelay::start_lossy(p.port, Duration::ZERO, 20).unwrap());
         let s = UserCluster::builder()
             .standby_of(&p)
             .settings(&[("primary_conninfo", &conninfo)])
@@ -2007,6 +1999,13 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
             "postgres",
             "create table netlat_t (id bigserial primary key, info text)",
         );
+        // The delay or loss (NFQUEUE rules are machine-wide) only under the
+        // lock, where no other test checks for its own. The delay comes once
+        // the standby streams, as a link degrades (issue 39): the kernel's
+        // minimum round trip (`tcpi_min_rtt`, a 5-minute window) is then
+        // still the clean path's, measured on the commits made before it.
+        let alone = common::exclusive();
+        let mut delay = lossy.then(|| NetDelay::start_lossy(p.port, Duration::ZERO, 20).unwrap());
         if delayed {
             p.psql(
                 "postgres",
@@ -2028,6 +2027,7 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
             )
         });
         drop(delay);
+        drop(alone);
         eprintln!(
             "delayed {delayed} lossy {lossy}: walsender socket per second (srtt/rttvar min_rtt, ms): {}",
             walsender_rtts(&d.path().join("rec"))
@@ -2073,11 +2073,8 @@ fn syncrep_network_latency_found_attached_to_the_primary() {
         "syncrep-network-latency",
         "loss without a delay",
     );
-    let rules = Command::new("iptables-legacy")
-        .args(["-w", "-S", "OUTPUT"])
-        .output()
-        .unwrap();
-    assert!(!String::from_utf8_lossy(&rules.stdout).contains("NFQUEUE"));
+    let _alone = common::exclusive();
+    common::assert_no_nfqueue_rules();
 }
 
 /// Issue 23's `dns-on-connect` attached: a server with log_hostname=on in
@@ -2093,20 +2090,20 @@ fn dns_on_connect_found_attached() {
     if common::skipped_unless_root("needs root (port 53, a mount namespace)") {
         return;
     }
-    // The delay, loss or resolver is machine-wide: made and removed under
-    // the lock, where no other test checks for its own.
-    let _alone = common::exclusive();
     let etc = tempfile::tempdir().unwrap();
     let files = private_etc(etc.path()).unwrap();
     let files: Vec<(&Path, &Path)> = files
         .iter()
         .map(|(s, d)| (s.as_path(), d.as_path()))
         .collect();
-    let resolver = SlowResolver::start(200).unwrap();
     let c = UserCluster::builder()
         .settings(&[("log_hostname", "on"), ("listen_addresses", "127.0.0.1")])
         .private_files(&files)
         .start();
+    // The resolver's port is machine-wide (the lab's scenario binds it
+    // too): held under the lock, where no other test binds it.
+    let alone = common::exclusive();
+    let resolver = SlowResolver::start(200).unwrap();
     let script = c.dir.path().join("connect.sql");
     std::fs::write(&script, "select 1;\n").unwrap();
     let load = || {
@@ -2126,6 +2123,7 @@ fn dns_on_connect_found_attached() {
     let fast = record_while(&c, &d.path().join("fast"), 3, "offcpu", load);
     drop(c);
     drop(resolver);
+    drop(alone);
     // Measured ~200 ms per connection against the 20 ms bound.
     let f = raised_on(&slow, "dns-on-connect", "a resolver 200 ms slow", 5.0);
     assert_eq!(f["evidence"]["resolver_frame"], "getnameinfo", "{f}");
@@ -2451,15 +2449,15 @@ fn network_retransmits_to_clients_found_attached() {
     if common::skipped_unless_root("the packet drops need root (iptables NFQUEUE)") {
         return;
     }
-    // The delay, loss or resolver is machine-wide: made and removed under
-    // the lock, where no other test checks for its own.
-    let _alone = common::exclusive();
     let mut runs = Vec::new();
     for lossy in [true, false] {
         let c = UserCluster::builder()
             .settings(&[("listen_addresses", "127.0.0.1")])
             .start();
         c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
+        // The drops (an NFQUEUE rule, machine-wide) only under the lock,
+        // where no other test checks for its own.
+        let alone = common::exclusive();
         let drops = lossy.then(|| NetDelay::start_lossy(c.port, Duration::ZERO, 20).unwrap());
         let d = tempfile::tempdir().unwrap();
         let r = record_while(&c, &d.path().join("rec"), 6, "pgstat", || {
@@ -2479,6 +2477,7 @@ fn network_retransmits_to_clients_found_attached() {
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         });
         drop(drops);
+        drop(alone);
         runs.push(r);
     }
     let f = raised_on(&runs[0], "network-retransmits", "clients, lossy", 1.5);
