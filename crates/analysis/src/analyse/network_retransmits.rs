@@ -27,6 +27,7 @@ use serde_json::json;
 use super::syncrep_network_latency::{commits, SYNCREP_WAIT};
 use super::{Figure, Finding, Headline, Impact, Measure, Rule, Severity};
 use crate::evidence::Evidence;
+use crate::recording::schema::pgstat::Replica;
 use crate::round3;
 
 pub const ID: &str = "network-retransmits";
@@ -108,23 +109,36 @@ impl Link {
             + fast as f64 * self.rtt_ms.unwrap_or(0.0) / 1000.0
     }
 
+    /// `fields` with the link's counts of segments sent, resent and lost
+    /// added: the figures every finding's evidence gives.
+    fn with_counts(&self, mut fields: serde_json::Value) -> serde_json::Value {
+        if let Some(m) = fields.as_object_mut() {
+            m.extend([
+                ("retransmitted".to_string(), json!(self.retrans)),
+                ("segments_sent".to_string(), json!(self.segs_out)),
+                (
+                    "retransmitted_share".to_string(),
+                    json!(round3(self.resent_share())),
+                ),
+                ("reported_duplicate".to_string(), json!(self.dsack)),
+                ("lost".to_string(), json!(self.lost())),
+                ("lost_share".to_string(), json!(round3(self.share()))),
+            ]);
+        }
+        fields
+    }
+
     fn json(&self) -> serde_json::Value {
-        json!({
+        self.with_counts(json!({
             "standby": self.standby,
             "sync": self.sync,
-            "retransmitted": self.retrans,
-            "segments_sent": self.segs_out,
-            "retransmitted_share": round3(self.resent_share()),
-            "reported_duplicate": self.dsack,
-            "lost": self.lost(),
-            "lost_share": round3(self.share()),
             "rto_ms": self.rto_ms,
             "rtt_ms": self.rtt_ms,
             "timeouts": self.rto_count,
             "timeout_recovery_ms": self.rto_time_ms,
             "stall_s_at_least": round3(self.stall_s()),
             "samples": self.samples,
-        })
+        }))
     }
 }
 
@@ -139,17 +153,9 @@ pub fn links(ev: &Evidence) -> Result<Vec<Link>, (String, bool)> {
             false,
         ));
     }
-    type Sample = (
-        f64,
-        u64,
-        u64,
-        Option<f64>,
-        Option<f64>,
-        Option<u64>,
-        Option<u64>,
-        Option<u64>,
-    );
-    type Seen = (Vec<Sample>, bool, bool);
+    // Each standby's samples that read its counters, and whether it is
+    // synchronous.
+    type Seen<'a> = (Vec<(f64, &'a Replica)>, bool);
     let mut by: std::collections::BTreeMap<String, Seen> = Default::default();
     for s in &ev.server {
         for r in &s.replication {
@@ -158,18 +164,8 @@ pub fn links(ev: &Evidence) -> Result<Vec<Link>, (String, bool)> {
             }
             let e = by.entry(r.application_name.clone()).or_default();
             e.1 |= matches!(r.sync_state.as_deref(), Some("sync" | "quorum"));
-            e.2 = true;
-            if let (Some(re), Some(so)) = (r.retrans, r.segs_out) {
-                e.0.push((
-                    s.t,
-                    re,
-                    so,
-                    r.rto_ms,
-                    r.rtt_ms,
-                    r.rto_count,
-                    r.rto_time_ms,
-                    r.dsack_dups,
-                ));
+            if r.retrans.is_some() && r.segs_out.is_some() {
+                e.0.push((s.t, r));
             }
         }
     }
@@ -182,25 +178,26 @@ pub fn links(ev: &Evidence) -> Result<Vec<Link>, (String, bool)> {
         ));
     }
     let mut out = Vec::new();
-    for (standby, (v, sync, _)) in by {
-        let (Some(first), Some(last)) = (v.first(), v.last()) else {
+    for (standby, (v, sync)) in by {
+        let (Some(&(t0, first)), Some(&(t1, last))) = (v.first(), v.last()) else {
             continue;
         };
-        let mut rtts: Vec<f64> = v.iter().filter_map(|x| x.4).collect();
+        let mut rtts: Vec<f64> = v.iter().filter_map(|(_, r)| r.rtt_ms).collect();
         rtts.sort_by(f64::total_cmp);
-        let delta = |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?));
+        // A counter's growth between the first and last sample.
+        let delta = |f: fn(&Replica) -> Option<u64>| Some(f(last)?.saturating_sub(f(first)?));
         out.push(Link {
             standby,
             sync,
-            retrans: last.1.saturating_sub(first.1),
-            segs_out: last.2.saturating_sub(first.2),
-            rto_ms: v.iter().filter_map(|x| x.3).reduce(f64::max),
+            retrans: delta(|r| r.retrans).unwrap_or(0),
+            segs_out: delta(|r| r.segs_out).unwrap_or(0),
+            rto_ms: v.iter().filter_map(|(_, r)| r.rto_ms).reduce(f64::max),
             samples: v.len(),
             rtt_ms: rtts.get(rtts.len() / 2).copied(),
-            rto_count: delta(first.5, last.5),
-            rto_time_ms: delta(first.6, last.6),
-            dsack: delta(first.7, last.7),
-            span_s: last.0 - first.0,
+            rto_count: delta(|r| r.rto_count),
+            rto_time_ms: delta(|r| r.rto_time_ms),
+            dsack: delta(|r| r.dsack_dups),
+            span_s: t1 - t0,
         });
     }
     if out.is_empty() {
@@ -303,21 +300,15 @@ fn lossy(l: &Link) -> bool {
 fn clients_finding(ev: &Evidence) -> Option<Finding> {
     let (l, connected) = clients(ev).filter(|(l, _)| lossy(l))?;
     let stall_share = l.stall_s() / connected.max(1e-9);
-    let evidence = json!({
+    let evidence = l.with_counts(json!({
         "link": "clients",
-        "retransmitted": l.retrans,
-        "segments_sent": l.segs_out,
-        "retransmitted_share": round3(l.resent_share()),
-        "reported_duplicate": l.dsack,
-        "lost": l.lost(),
-        "lost_share": round3(l.share()),
         "rtt_ms": l.rtt_ms,
         "timeout_recovery_ms": l.rto_time_ms,
         "stall_s_at_least": round3(l.stall_s()),
         "connected_s": round3(connected),
         "stall_share_of_connected": round3(stall_share),
         "samples": l.samples,
-    });
+    }));
     let remedy = "Find where the path to the clients loses packets: `ss -ti state established \
                   '( sport = :5432 )'` on the server (retrans, rto), `nstat -az TcpRetransSegs \
                   TcpExtTCPTimeouts`, the interfaces' drop and error counters (`ip -s link`), \
@@ -433,22 +424,16 @@ impl Rule for NetworkRetransmits {
             .as_ref()
             .map(|c| c.syncrep_samples as f64 / c.busy_samples.max(1) as f64);
         let waited = l.sync && syncrep_share.is_some_and(|s| s >= MIN_SYNCREP_SHARE);
-        let evidence = json!({
+        let evidence = l.with_counts(json!({
             "standby": l.standby,
             "sync": l.sync,
-            "retransmitted": l.retrans,
-            "segments_sent": l.segs_out,
-            "retransmitted_share": round3(l.resent_share()),
-            "reported_duplicate": l.dsack,
-            "lost": l.lost(),
-            "lost_share": round3(l.share()),
             "rto_ms": l.rto_ms,
             "links": all,
             "syncrep_share_of_busy": syncrep_share.map(round3),
             "syncrep_ms_per_commit": c.as_ref().map(|c| round3(c.syncrep_ms_per_commit())),
             "commit_latency_ms": c.as_ref().map(|c| round3(c.latency_ms)),
             "commits": c.as_ref().map(|c| c.n),
-        });
+        }));
         let remedy = "Find where the link to the standby loses packets: `ss -ti` on the \
                       primary (retrans, rto), `nstat -az TcpRetransSegs TcpExtTCPTimeouts`, the \
                       interfaces' drop and error counters (`ip -s link`), a saturated or \

@@ -22,8 +22,8 @@ pub struct ClientLinks {
     /// network namespace, or its fds unreadable — then nothing is read
     /// again, rather than its fd table and the dump every second.
     ports: Option<Vec<u16>>,
-    /// Connection (socket inode) -> (resent, sent, timeout recovery ms).
-    last: HashMap<u64, (u32, u32, Option<u32>, Option<u32>)>,
+    /// Connection (socket inode) -> its counters at the last sample.
+    last: HashMap<u64, TcpRtt>,
     /// Whether a sample was taken: the first one is the baseline.
     started: bool,
 }
@@ -69,34 +69,28 @@ impl ClientLinks {
             if s.state != TCP_ESTABLISHED || !self.listens_on(s.local_port) {
                 continue;
             }
-            let (Some(retrans), Some(segs)) = (s.total_retrans, s.segs_out) else {
+            if s.total_retrans.is_none() || s.segs_out.is_none() {
                 continue;
-            };
+            }
             out.sockets += 1;
             if s.rtt_ms > 0.0 {
                 rtts.push(s.rtt_ms);
             }
             // A connection opened since the last sample counts whole; at
             // the first sample every one is the baseline.
-            let (r0, s0, t0, d0) = match self.last.get(&s.inode) {
-                Some(v) => *v,
-                None if first => (retrans, segs, s.total_rto_time_ms, s.dsack_dups),
-                None => (
-                    0,
-                    0,
-                    s.total_rto_time_ms.map(|_| 0),
-                    s.dsack_dups.map(|_| 0),
-                ),
+            let base = self.last.get(&s.inode).or(first.then_some(s));
+            let delta = |f: fn(&TcpRtt) -> Option<u32>| {
+                Some(u64::from(f(s)?.saturating_sub(base.map_or(Some(0), f)?)))
             };
-            out.retrans += u64::from(retrans.saturating_sub(r0));
-            out.segs_out += u64::from(segs.saturating_sub(s0));
-            if let (Some(t), Some(t0)) = (s.total_rto_time_ms, t0) {
-                *rto_time.get_or_insert(0) += u64::from(t.saturating_sub(t0));
+            out.retrans += delta(|x| x.total_retrans).unwrap_or(0);
+            out.segs_out += delta(|x| x.segs_out).unwrap_or(0);
+            if let Some(t) = delta(|x| x.total_rto_time_ms) {
+                *rto_time.get_or_insert(0) += t;
             }
-            if let (Some(d), Some(d0)) = (s.dsack_dups, d0) {
-                *dsack.get_or_insert(0) += u64::from(d.saturating_sub(d0));
+            if let Some(d) = delta(|x| x.dsack_dups) {
+                *dsack.get_or_insert(0) += d;
             }
-            now.insert(s.inode, (retrans, segs, s.total_rto_time_ms, s.dsack_dups));
+            now.insert(s.inode, *s);
         }
         self.last = now;
         out.rto_time_ms = rto_time;
