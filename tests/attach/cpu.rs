@@ -121,6 +121,47 @@ fn backends_of_a_connection_per_transaction_are_backends() {
         samples("backend") > samples("short-lived"),
         "profile: {prof}"
     );
+    // Their CPU in the procfs stream: none in rows of their own (no read
+    // found them alive), all of it on the postmaster's row as the time of
+    // the children it reaped that no row held (stat's cutime + cstime).
+    // The kernel's CPU accounting against the profile's samples: two
+    // mechanisms, the same seconds.
+    let (mut rows, mut exited) = (0.0, 0.0);
+    let roles: std::collections::BTreeMap<String, String> =
+        std::fs::read_to_string(out.join("processes.jsonl"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|p| {
+                (
+                    p["pid"].to_string(),
+                    p["role"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+    for l in std::fs::read_to_string(out.join("procfs.jsonl"))
+        .unwrap()
+        .lines()
+    {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        for (pid, d) in v["procs"].as_object().into_iter().flatten() {
+            if roles.get(pid).is_some_and(|r| r == "backend") {
+                rows += d["cpu_s"].as_f64().unwrap_or(0.0);
+            }
+            exited += d["exited_cpu_s"].as_f64().unwrap_or(0.0);
+        }
+    }
+    let profiled = samples("backend") as f64 / r["profile"]["hz"].as_f64().unwrap();
+    eprintln!(
+        "backends' CPU: {rows:.3} s in their rows, {exited:.3} s exited unread, \
+         {profiled:.3} s in the profile"
+    );
+    let ratio = (rows + exited) / profiled;
+    assert!(
+        (0.5..=2.0).contains(&ratio),
+        "procfs {rows} + {exited} s vs profile {profiled} s"
+    );
+    assert!(exited > rows, "exited {exited} s, rows {rows} s");
     let check = common::check(&r, "cpu-saturation");
     let why = check["missing"].as_str().unwrap_or("");
     if check["status"] == "not_measurable" {
@@ -136,7 +177,10 @@ fn backends_of_a_connection_per_transaction_are_backends() {
     assert!(
         a["backends_unread"]
             .as_str()
-            .is_some_and(|w| w.contains("of the backends' system calls")),
+            .is_some_and(|w| w.contains("of the backends' system calls")
+                && w.contains("the children it reaped")),
         "{a}"
     );
+    let unread_cpu = a["backends_unread_cpu_s"].as_f64().unwrap_or(0.0);
+    assert!(unread_cpu >= 0.5 * profiled, "{a}");
 }

@@ -63,6 +63,12 @@ pub struct Account {
     /// leaves out. None when not counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backends_unread_share: Option<f64>,
+    /// CPU seconds of the server's children that exited unread (the
+    /// postmaster's reaped children less what their rows held: procfs's
+    /// `exited_cpu_s`). None in recordings made before 2026-12-01 or when
+    /// none exited unread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backends_unread_cpu_s: Option<f64>,
 }
 
 /// Below this share of the backends' system calls, backends /proc never
@@ -83,8 +89,15 @@ impl Account {
 
 /// Why backends are missing from the account, with how much of the work
 /// they were when the syscalls collector counted it.
-fn unread_why(ev: &Evidence, share: Option<f64>) -> Option<String> {
+fn unread_why(ev: &Evidence, share: Option<f64>, cpu_s: Option<f64>) -> Option<String> {
     let why = ev.backends_too_short_for_proc()?;
+    let why = match cpu_s {
+        Some(s) => format!(
+            "{why}; the postmaster's count of the children it reaped still gives their \
+             CPU: {s:.2} s"
+        ),
+        None => why,
+    };
     Some(match share {
         Some(share) if share < UNREAD_MATERIAL => {
             let n = ev.rec.unread_backends();
@@ -363,12 +376,20 @@ pub fn build(ev: &Evidence) -> Option<Account> {
     let ticks: u32 = ev.waits.iter().map(|w| w.ticks).sum();
     let span: f64 = ev.waits.iter().map(|w| w.dt).sum();
     let share = unread_share(ev);
+    let exited: f64 = ev
+        .procfs
+        .iter()
+        .flat_map(|smp| smp.procs.values())
+        .map(|d| d.exited_cpu_s)
+        .sum();
+    let unread_cpu = (exited > 0.0).then(|| crate::round3(exited));
     Some(Account {
         hz: ev.procfs.first().map_or(0.0, |s| s.hz),
         waits_hz: (span > 0.0).then(|| crate::round3(f64::from(ticks) / span)),
         roles,
-        backends_unread: unread_why(ev, share),
+        backends_unread: unread_why(ev, share, unread_cpu),
         backends_unread_share: share,
+        backends_unread_cpu_s: unread_cpu,
     })
 }
 

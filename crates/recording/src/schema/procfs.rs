@@ -96,6 +96,14 @@ pub struct ProcDelta {
     /// CPU seconds (user + system).
     #[serde(default, skip_serializing_if = "is_zero_f")]
     pub cpu_s: f64,
+    /// CPU seconds of its children that exited in the interval beyond
+    /// what their own rows counted: children that lived between two reads
+    /// (a backend of `pgbench -C`) and the ends of those read before they
+    /// exited. From /proc/PID/stat cutime + cstime (clock ticks): on the
+    /// postmaster's row, the backends' and workers' time no row of theirs
+    /// holds. Absent before 2026-12-01.
+    #[serde(default, skip_serializing_if = "is_zero_f")]
+    pub exited_cpu_s: f64,
     /// Seconds runnable but waiting for a CPU.
     #[serde(default, skip_serializing_if = "is_zero_f")]
     pub runq_s: f64,

@@ -228,7 +228,11 @@ impl Interval {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Counters {
     pub starttime: u64,
+    pub ppid: u32,
     pub cpu_ns: u64,
+    /// CPU of its children that exited and it reaped (stat's cutime +
+    /// cstime), in ns at clock-tick resolution.
+    pub children_cpu_ns: u64,
     pub runq_ns: u64,
     pub io: Io,
     pub ctxt: CtxSwitches,
@@ -255,7 +259,9 @@ impl Counters {
         };
         Counters {
             starttime: stat.starttime,
+            ppid: stat.ppid,
             cpu_ns,
+            children_cpu_ns: stat.children_ticks * (1_000_000_000 / ticks_per_s.max(1)),
             runq_ns: sched.map_or(0, |s| s.runq_wait_ns),
             io: io.unwrap_or_default(),
             ctxt: ctxt.unwrap_or_default(),
@@ -306,6 +312,14 @@ impl Counters {
 #[derive(Default)]
 pub struct CounterDeltas {
     prev: BTreeMap<u32, Counters>,
+    /// Each process's CPU since its start at its last read, by pid: what
+    /// its parent's reaped-children counter will gain from it that rows
+    /// already hold (or that ran before the recording).
+    counted_ns: BTreeMap<u32, u64>,
+    /// Per parent: CPU its exited children had in their own rows that its
+    /// reaped-children counter has not yet passed (the reap and the read
+    /// that finds the child gone may fall in different intervals).
+    owed_ns: BTreeMap<u32, u64>,
     /// Processes that started at or after this (clock ticks since boot)
     /// began within the recording: their whole counters count.
     pub recording_start_ticks: u64,
@@ -315,6 +329,8 @@ impl CounterDeltas {
     pub fn new(recording_start_ticks: u64) -> CounterDeltas {
         CounterDeltas {
             prev: BTreeMap::new(),
+            counted_ns: BTreeMap::new(),
+            owed_ns: BTreeMap::new(),
             recording_start_ticks,
         }
     }
@@ -323,7 +339,21 @@ impl CounterDeltas {
     /// ones have exited and are forgotten). A process seen for the first
     /// time counts from its start if it started during the recording, else
     /// from now on; a pid reused by a new process counts from its start.
+    ///
+    /// A process that exited between two reads, or the end of one after its
+    /// last read, is in no row of its own: its parent's reaped-children CPU
+    /// (the postmaster's, for the backends) less what the exited children's
+    /// own rows counted is the parent's `exited_cpu_s`.
     pub fn update(&mut self, now: BTreeMap<u32, Counters>) -> BTreeMap<u32, ProcDelta> {
+        for (pid, p) in &self.prev {
+            let reused = now.get(pid).is_some_and(|c| c.starttime != p.starttime);
+            if now.contains_key(pid) && !reused {
+                continue;
+            }
+            if let Some(n) = self.counted_ns.remove(pid) {
+                *self.owed_ns.entry(p.ppid).or_default() += n;
+            }
+        }
         let mut out = BTreeMap::new();
         for (pid, c) in &now {
             let base = match self.prev.get(pid) {
@@ -332,9 +362,23 @@ impl CounterDeltas {
                 None if c.starttime >= self.recording_start_ticks => Some(Counters::default()),
                 None => None,
             };
+            self.counted_ns.insert(*pid, c.cpu_ns);
             let Some(b) = base else { continue };
+            let cpu_ns = c.cpu_ns.saturating_sub(b.cpu_ns);
+            // Only a counter seen before gives a delta (a first sight's
+            // cutime holds children reaped before the recording).
+            let reaped = match self.prev.get(pid) {
+                Some(p) if p.starttime == c.starttime => {
+                    c.children_cpu_ns.saturating_sub(p.children_cpu_ns)
+                }
+                _ => 0,
+            };
+            let owed = self.owed_ns.entry(*pid).or_default();
+            let exited_ns = reaped.saturating_sub(*owed);
+            *owed = owed.saturating_sub(reaped);
             let d = ProcDelta {
-                cpu_s: round_us(c.cpu_ns.saturating_sub(b.cpu_ns) as f64 * 1e-9),
+                cpu_s: round_us(cpu_ns as f64 * 1e-9),
+                exited_cpu_s: round_us(exited_ns as f64 * 1e-9),
                 runq_s: round_us(c.runq_ns.saturating_sub(b.runq_ns) as f64 * 1e-9),
                 read_bytes: c.io.read_bytes.saturating_sub(b.io.read_bytes),
                 // Dirtied pages of files truncated or deleted before
@@ -354,6 +398,8 @@ impl CounterDeltas {
                 out.insert(*pid, d);
             }
         }
+        self.owed_ns
+            .retain(|pid, n| *n > 0 && now.contains_key(pid));
         self.prev = now;
         out
     }
@@ -668,5 +714,53 @@ mod tests {
         let dd = parse_stat(&fixture("stat_d_dd")).unwrap();
         let no_sched = Counters::from_parts(&dd, None, None, None, None, 100);
         assert_eq!(no_sched.cpu_ns, 1_570_000_000);
+    }
+
+    /// The postmaster's reaped-children CPU, less what the exited
+    /// children's own rows counted (or ran before the recording), is the
+    /// time of the backends no read saw.
+    #[test]
+    fn exited_children_cpu_is_the_reaped_time_no_row_holds() {
+        let ms = 1_000_000u64;
+        let proc_ = |ppid: u32, starttime: u64, cpu_ms: u64, children_ms: u64| Counters {
+            starttime,
+            ppid,
+            cpu_ns: cpu_ms * ms,
+            children_cpu_ns: children_ms * ms,
+            ..Counters::default()
+        };
+        let mut d = CounterDeltas::new(1000);
+        // The postmaster (started before), a backend connected before the
+        // recording with 10 s of CPU, and one started during it.
+        let out = d.update(BTreeMap::from([
+            (100, proc_(1, 10, 50, 0)),
+            (200, proc_(100, 20, 10_000, 0)),
+            (300, proc_(100, 1500, 100, 0)),
+        ]));
+        assert_eq!(out[&300].cpu_s, 0.1);
+        assert!(!out.contains_key(&100) && !out.contains_key(&200));
+        // Both exit and are reaped: 300 ran 50 ms more, 200 20 ms more, and
+        // a backend never read (400) ran 150 ms. The reaped counter gains
+        // all of their lifetimes: 150 + 10,020 + 150 ms.
+        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 51, 10_320))]));
+        assert_eq!(out[&100].exited_cpu_s, 0.22, "{out:?}");
+        assert_eq!(out[&100].cpu_s, 0.001);
+        // A child found gone before its reap shows in the counter: owed to
+        // the next interval, not lost and not negative.
+        let out = d.update(BTreeMap::from([
+            (100, proc_(1, 10, 51, 10_320)),
+            (500, proc_(100, 2000, 40, 0)),
+        ]));
+        assert!(
+            out.get(&100).is_none_or(|x| x.exited_cpu_s == 0.0),
+            "{out:?}"
+        );
+        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 51, 10_320))]));
+        assert!(
+            out.get(&100).is_none_or(|x| x.exited_cpu_s == 0.0),
+            "{out:?}"
+        );
+        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 52, 10_370))]));
+        assert_eq!(out[&100].exited_cpu_s, 0.01, "{out:?}");
     }
 }

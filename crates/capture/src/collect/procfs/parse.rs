@@ -23,6 +23,10 @@ pub struct Stat {
     /// Clock ticks (USER_HZ) in user and kernel mode.
     pub utime: u64,
     pub stime: u64,
+    /// Clock ticks of its children that exited and it reaped (fields 16 and
+    /// 17, cutime + cstime): the postmaster's count the backends that lived
+    /// between two reads.
+    pub children_ticks: u64,
     /// Clock ticks after boot when the process started: tells a reused pid apart.
     pub starttime: u64,
 }
@@ -48,8 +52,10 @@ pub fn parse_stat(s: &str) -> Option<Stat> {
     let mut f = f.skip(1);
     let utime = f.next()?.parse().ok()?;
     let stime = f.next()?.parse().ok()?;
-    // Fields 16..=21 (cutime .. itrealvalue), then 22: starttime.
-    let starttime = f.nth(6)?.parse().ok()?;
+    let cutime: u64 = f.next()?.parse().ok()?;
+    let cstime: u64 = f.next()?.parse().ok()?;
+    // Fields 18..=21 (priority .. itrealvalue), then 22: starttime.
+    let starttime = f.nth(4)?.parse().ok()?;
     Some(Stat {
         pid,
         comm,
@@ -59,6 +65,7 @@ pub fn parse_stat(s: &str) -> Option<Stat> {
         majflt,
         utime,
         stime,
+        children_ticks: cutime + cstime,
         starttime,
     })
 }
@@ -370,6 +377,19 @@ mod tests {
         assert_eq!(c.ppid, 20290);
         assert!(parse_stat("12 (x").is_none());
         assert!(parse_stat("").is_none());
+    }
+
+    /// A PostgreSQL 15 postmaster after 3 s of `pgbench -S -C -c 2` (1,337
+    /// connections): its own 0.49 s, and the 4.64 s of the backends it
+    /// reaped (cutime 232 + cstime 232 ticks); starttime still field 22.
+    #[test]
+    fn stat_of_a_postmaster_counts_its_reaped_backends() {
+        let p = parse_stat(&fixture("stat_pg15_postmaster_after_pgbench_C")).unwrap();
+        assert_eq!((p.utime, p.stime, p.children_ticks), (2, 47, 464));
+        assert_eq!(p.comm, "postgres");
+        let b = parse_stat(&fixture("stat_pg_backend")).unwrap();
+        assert_eq!(b.children_ticks, 0);
+        assert_eq!(p.starttime, 2_501_186);
     }
 
     #[test]
