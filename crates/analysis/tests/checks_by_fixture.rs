@@ -28,6 +28,10 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
         &[("standby-replay-drop-cost", "critical")],
     ),
     (
+        "pg13-tpcb-connection-per-transaction-timeout-attached",
+        &[("timer-syscalls-per-statement", "info")],
+    ),
+    (
         "pg13-select-only-on-off-cpu",
         &[("timer-syscalls-per-statement", "info")],
     ),
@@ -193,6 +197,7 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
     ),
     ("pg15-replay-prefetch", &[]),
     ("pg15-select-only-timeout", &[]),
+    ("pg15-tpcb-connection-per-transaction-attached", &[]),
     ("pg15-shm-too-small-1g", &[]),
     ("pg15-shm-too-small-64", &[("shm-too-small", "critical")]),
     (
