@@ -109,9 +109,15 @@ impl Rule for SnapshotScaling {
     fn measure(&self, ev: &Evidence) -> Measure {
         let (backend, snap) = snapshot_samples(ev.stacks());
         if backend < MIN_BACKEND_SAMPLES {
+            // The reason that is true: no profile, or one in which the
+            // backends were seldom on a CPU.
+            let fix = if ev.profile.is_some() {
+                "the backends were seldom on a CPU: record longer, or while they work"
+            } else {
+                "add the profile collector (--collectors …,profile)"
+            };
             return Measure::Missing(format!(
-                "{backend} backend profile samples, fewer than the {MIN_BACKEND_SAMPLES} needed: \
-                 add the profile collector, or record longer under load"
+                "{backend} backend profile samples, fewer than the {MIN_BACKEND_SAMPLES} needed: {fix}"
             ));
         }
         Measure::Figure(Figure::above(
@@ -284,5 +290,19 @@ mod tests {
             }
         }
         assert!(SnapshotScaling.evaluate(&ev).is_none());
+        // The reason names what is true: a profile was taken, the
+        // backends were seldom on a CPU (an idle-in-transaction pool).
+        let Measure::Missing(why) = SnapshotScaling.measure(&ev) else {
+            panic!("measured on 30 samples");
+        };
+        assert!(
+            why.contains("seldom on a CPU") && !why.contains("add the profile"),
+            "{why}"
+        );
+        ev.profile = None;
+        let Measure::Missing(why) = SnapshotScaling.measure(&ev) else {
+            panic!("measured without a profile");
+        };
+        assert!(why.contains("add the profile collector"), "{why}");
     }
 }
