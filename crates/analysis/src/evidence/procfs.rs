@@ -39,6 +39,12 @@ pub struct ProcfsSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     pub roles: BTreeMap<Role, RoleProcfs>,
+    /// CPU seconds of children that exited unread: the parents' (the
+    /// postmaster's) reaped children less what the children's own rows
+    /// held — backends of connections shorter than a read. None when none
+    /// (or a recording from before 2026-12-01).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exited_cpu_s: Option<f64>,
     /// Where processes were blocked in D, every role, most time first:
     /// "4 backends in D for 9 s in jbd2_journal_start".
     pub blocked: Vec<FrameRow>,
@@ -346,8 +352,12 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
             r.nvcsw += d.nvcsw;
             r.minflt += d.minflt;
             r.majflt += d.majflt;
+            if d.exited_cpu_s > 0.0 {
+                *out.exited_cpu_s.get_or_insert(0.0) += d.exited_cpu_s;
+            }
         }
     }
+    out.exited_cpu_s = out.exited_cpu_s.map(crate::round3);
     let mut all_rows: Vec<FrameRow> = frames
         .into_iter()
         .map(|((role, state, frame), f)| {

@@ -44,6 +44,14 @@ pub fn render(s: &ProcfsSection, out: &mut String) {
             mb(r.written_bytes.filter(|_| !reaps)),
         );
     }
+    if let Some(x) = s.exited_cpu_s {
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>4} {x:>8.3}   (CPU of children that lived between two reads, from the \
+             postmaster's count of those it reaped)",
+            "exited unread", "—"
+        );
+    }
     // /proc/PID/io write_bytes is accounted when a page cache folio turns
     // dirty, its whole size: measured on 6.18/ext4, 200 writes of 8 kB
     // into a cached file counted 38.6 MB against 1.6 MB written.
@@ -314,6 +322,39 @@ mod tests {
         // It round-trips through report.json.
         let j = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<ProcfsSection>(&j).unwrap(), s);
+    }
+
+    /// The postmaster's `exited_cpu_s` (backends that lived between two
+    /// reads) is summed apart from the roles' own CPU and printed as a row.
+    #[test]
+    fn children_that_exited_unread_are_a_row_of_their_own() {
+        let role = |pid: u32| match pid {
+            1 => Role::Postmaster,
+            20 => Role::Checkpointer,
+            _ => Role::Backend,
+        };
+        assert_eq!(summarize(&samples(), role).exited_cpu_s, None);
+        let mut smp = samples();
+        for (i, x) in [(0, 1.25), (3, 0.5)] {
+            smp[i].procs.insert(
+                1,
+                ProcDelta {
+                    cpu_s: 0.01,
+                    exited_cpu_s: x,
+                    ..Default::default()
+                },
+            );
+        }
+        let s = summarize(&smp, role);
+        assert_eq!(s.exited_cpu_s, Some(1.75));
+        assert_eq!(s.roles[&Role::Postmaster].cpu_s, 0.02);
+        let mut out = String::new();
+        render(&s, &mut out);
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("  exited unread") && l.contains(" 1.750 ")),
+            "{out}"
+        );
     }
 
     #[test]
