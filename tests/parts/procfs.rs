@@ -678,11 +678,17 @@ fn the_kernel_says_which_processes_ran_and_forked() {
         );
     }
     assert!(looks <= 3, "seen running only after {looks} rounds");
-    // Still running at every round after (on a CPU or runnable since).
+    // Still running after: seen to run at most looks 50 ms apart. Not at
+    // every one: a busy loop runnable but waiting for a CPU since the last
+    // look did not run, and the kernel rightly says so (a CI run's parts
+    // harness, its other thread under load, had one look of five at 20 ms
+    // find it so). A sleeping process is seen at none (above).
+    let mut running = 0;
     for _ in 0..5 {
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(ran.ran(Reader::Counters, spinner.pid()));
+        std::thread::sleep(Duration::from_millis(50));
+        running += usize::from(ran.ran(Reader::Counters, spinner.pid()));
     }
+    assert!(running >= 3, "seen to run at {running} of 5 looks");
 
     // The walk: after one full look, nothing new until the forker forks.
     let mut live = BTreeMap::new();
