@@ -121,36 +121,14 @@ fn backends_of_a_connection_per_transaction_are_backends() {
         samples("backend") > samples("short-lived"),
         "profile: {prof}"
     );
-    // Their CPU in the procfs stream: none in rows of their own (no read
+    // Their CPU in the report's procfs section: none in rows of their own (no read
     // found them alive), all of it on the postmaster's row as the time of
     // the children it reaped that no row held (stat's cutime + cstime).
     // The kernel's CPU accounting against the profile's samples: two
     // mechanisms, the same seconds.
-    let (mut rows, mut exited) = (0.0, 0.0);
-    let roles: std::collections::BTreeMap<String, String> =
-        std::fs::read_to_string(out.join("processes.jsonl"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .map(|p| {
-                (
-                    p["pid"].to_string(),
-                    p["role"].as_str().unwrap_or("").to_string(),
-                )
-            })
-            .collect();
-    for l in std::fs::read_to_string(out.join("procfs.jsonl"))
-        .unwrap()
-        .lines()
-    {
-        let v: serde_json::Value = serde_json::from_str(l).unwrap();
-        for (pid, d) in v["procs"].as_object().into_iter().flatten() {
-            if roles.get(pid).is_some_and(|r| r == "backend") {
-                rows += d["cpu_s"].as_f64().unwrap_or(0.0);
-            }
-            exited += d["exited_cpu_s"].as_f64().unwrap_or(0.0);
-        }
-    }
+    let procfs = &r["procfs"];
+    let rows = procfs["roles"]["backend"]["cpu_s"].as_f64().unwrap_or(0.0);
+    let exited = procfs["exited_cpu_s"].as_f64().unwrap_or(0.0);
     let profiled = samples("backend") as f64 / r["profile"]["hz"].as_f64().unwrap();
     eprintln!(
         "backends' CPU: {rows:.3} s in their rows, {exited:.3} s exited unread, \

@@ -148,6 +148,9 @@ pub fn stack_time(
     let mut blocked = 0.0;
     // procfs's CPU seconds and D process-seconds of the roles.
     let (mut cpu_s, mut d_s) = (0.0, 0.0);
+    // The postmaster's children that exited unread (`exited_cpu_s`):
+    // backends and workers, counted with the backends.
+    let with_exited = role("backend");
     for smp in &ev.procfs {
         for r in &smp.rows {
             if !role(r.role.as_str()) || r.samples == 0 || r.state != "D" {
@@ -166,9 +169,7 @@ pub fn stack_time(
             if role(ev.role_of(*pid).as_str()) {
                 cpu_s += d.cpu_s;
             }
-            // The postmaster's children that exited unread: backends
-            // and workers, counted with the backends.
-            if role("backend") {
+            if with_exited {
                 cpu_s += d.exited_cpu_s;
             }
         }

@@ -376,13 +376,7 @@ pub fn build(ev: &Evidence) -> Option<Account> {
     let ticks: u32 = ev.waits.iter().map(|w| w.ticks).sum();
     let span: f64 = ev.waits.iter().map(|w| w.dt).sum();
     let share = unread_share(ev);
-    let exited: f64 = ev
-        .procfs
-        .iter()
-        .flat_map(|smp| smp.procs.values())
-        .map(|d| d.exited_cpu_s)
-        .sum();
-    let unread_cpu = (exited > 0.0).then(|| crate::round3(exited));
+    let unread_cpu = super::procfs::exited_cpu_s(&ev.procfs);
     Some(Account {
         hz: ev.procfs.first().map_or(0.0, |s| s.hz),
         waits_hz: (span > 0.0).then(|| crate::round3(f64::from(ticks) / span)),

@@ -280,6 +280,17 @@ struct FrameAcc {
     syscalls: BTreeMap<String, u64>,
 }
 
+/// CPU seconds of children that exited between two reads (the parents'
+/// `exited_cpu_s`, summed); None when there were none.
+pub fn exited_cpu_s(samples: &[ProcfsSample]) -> Option<f64> {
+    let s: f64 = samples
+        .iter()
+        .flat_map(|smp| smp.procs.values())
+        .map(|d| d.exited_cpu_s)
+        .sum();
+    (s > 0.0).then(|| crate::round3(s))
+}
+
 /// Aggregate samples; `role_of` names the role of a pid in the per-process deltas.
 pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> ProcfsSection {
     let mut out = ProcfsSection {
@@ -352,12 +363,9 @@ pub fn summarize(samples: &[ProcfsSample], role_of: impl Fn(u32) -> Role) -> Pro
             r.nvcsw += d.nvcsw;
             r.minflt += d.minflt;
             r.majflt += d.majflt;
-            if d.exited_cpu_s > 0.0 {
-                *out.exited_cpu_s.get_or_insert(0.0) += d.exited_cpu_s;
-            }
         }
     }
-    out.exited_cpu_s = out.exited_cpu_s.map(crate::round3);
+    out.exited_cpu_s = exited_cpu_s(samples);
     let mut all_rows: Vec<FrameRow> = frames
         .into_iter()
         .map(|((role, state, frame), f)| {

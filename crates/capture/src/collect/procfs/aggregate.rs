@@ -311,11 +311,10 @@ impl Counters {
 /// Turns cumulative counters into per-interval deltas per pid.
 #[derive(Default)]
 pub struct CounterDeltas {
-    prev: BTreeMap<u32, Counters>,
-    /// Each process's CPU since its start at its last read, by pid: what
-    /// its parent's reaped-children counter will gain from it that rows
+    /// Each process's counters at its last read: its CPU there is what its
+    /// parent's reaped-children counter will gain from it that rows
     /// already hold (or that ran before the recording).
-    counted_ns: BTreeMap<u32, u64>,
+    prev: BTreeMap<u32, Counters>,
     /// Per parent: CPU its exited children had in their own rows that its
     /// reaped-children counter has not yet passed (the reap and the read
     /// that finds the child gone may fall in different intervals).
@@ -329,7 +328,6 @@ impl CounterDeltas {
     pub fn new(recording_start_ticks: u64) -> CounterDeltas {
         CounterDeltas {
             prev: BTreeMap::new(),
-            counted_ns: BTreeMap::new(),
             owed_ns: BTreeMap::new(),
             recording_start_ticks,
         }
@@ -350,9 +348,7 @@ impl CounterDeltas {
             if now.contains_key(pid) && !reused {
                 continue;
             }
-            if let Some(n) = self.counted_ns.remove(pid) {
-                *self.owed_ns.entry(p.ppid).or_default() += n;
-            }
+            *self.owed_ns.entry(p.ppid).or_default() += p.cpu_ns;
         }
         let mut out = BTreeMap::new();
         for (pid, c) in &now {
@@ -362,7 +358,6 @@ impl CounterDeltas {
                 None if c.starttime >= self.recording_start_ticks => Some(Counters::default()),
                 None => None,
             };
-            self.counted_ns.insert(*pid, c.cpu_ns);
             let Some(b) = base else { continue };
             let cpu_ns = c.cpu_ns.saturating_sub(b.cpu_ns);
             // Only a counter seen before gives a delta (a first sight's
@@ -373,9 +368,16 @@ impl CounterDeltas {
                 }
                 _ => 0,
             };
-            let owed = self.owed_ns.entry(*pid).or_default();
-            let exited_ns = reaped.saturating_sub(*owed);
-            *owed = owed.saturating_sub(reaped);
+            // Only parents of exited children owe anything: no map entry
+            // for the other processes, a second.
+            let exited_ns = match self.owed_ns.get_mut(pid) {
+                Some(owed) => {
+                    let e = reaped.saturating_sub(*owed);
+                    *owed = owed.saturating_sub(reaped);
+                    e
+                }
+                None => reaped,
+            };
             let d = ProcDelta {
                 cpu_s: round_us(cpu_ns as f64 * 1e-9),
                 exited_cpu_s: round_us(exited_ns as f64 * 1e-9),
