@@ -797,3 +797,103 @@ sys.stdin.readline()\n";
         "written_bytes {written} for 1,638,400 bytes passed to pwrite (write_bytes {dirtied})"
     );
 }
+
+/// Children that live between two reads (backends of a connection per
+/// transaction): the kernel's count at each exit gives the parent's row
+/// their run-queue wait, which each child also read of itself just before
+/// it exited (an independent count) while busy loops kept it waiting.
+#[test]
+fn the_wait_of_children_no_read_saw_is_their_parents() {
+    if !is_root() {
+        eprintln!("skipped: eBPF needs root");
+        return;
+    }
+    use pgbelow::collect::procfs::EXITED_RUNQ;
+    use pgbelow::collect::ran::Ran;
+    const CHILDREN: usize = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let said = dir.path().join("said");
+    // A subshell forks without exec: a child of the forker that spins
+    // ~20 ms and writes its own schedstat (CPU ns, run-queue ns) as its
+    // last act. No other child: the loop is bash arithmetic.
+    let child = format!(
+        r#"( for ((i=0;i<20000;i++)); do :; done; read -r c r n < /proc/$BASHPID/schedstat; echo "$BASHPID $c $r" >> {} )"#,
+        said.display()
+    );
+    let mut forker = waiting_bash(&format!(
+        "for ((j=0;j<{CHILDREN};j++)); do {child}; done; exec sleep 30"
+    ));
+    let mut spinners: Vec<Kid> = (0..3)
+        .map(|_| waiting_bash("while :; do :; done"))
+        .collect();
+    wait_blocked(forker.pid(), "");
+    let mut ctx = Context::new(forker.pid());
+    ctx.sampling.procfs_hz = 10.0;
+    ctx.ran = Some(std::sync::Arc::new(
+        Ran::start(&[forker.pid()]).expect("load ran.bpf.c"),
+    ));
+    table_with(&ctx, &[(&forker, Role::Postmaster)]);
+    let mut w = Writer::create(&dir.path().join("rec"), this_host_manifest("lab")).unwrap();
+    let mut c = ProcfsCollector::start(&ctx).unwrap();
+    let facts = c.facts();
+    assert!(facts.iter().any(|(k, _)| k == EXITED_RUNQ), "{facts:?}");
+    // The parent's first sight: the baseline of its reaped-children count.
+    c.sample(ctx.t(), &mut w).unwrap();
+    for s in &mut spinners {
+        go(s);
+    }
+    go(&mut forker);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let lines = loop {
+        let text = std::fs::read_to_string(&said).unwrap_or_default();
+        if text.lines().count() >= CHILDREN {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the children did not finish: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(spinners);
+    // The last child's exit (and its reap) after its last write.
+    std::thread::sleep(Duration::from_millis(200));
+    c.sample(ctx.t(), &mut w).unwrap();
+    c.finish(ctx.t(), &mut w).unwrap();
+    w.flush().unwrap();
+    drop(w);
+    let (mut cpu_said, mut runq_said) = (0.0, 0.0);
+    for l in lines.lines() {
+        let f: Vec<f64> = l.split(' ').filter_map(|x| x.parse().ok()).collect();
+        assert_eq!(f.len(), 3, "{l}");
+        cpu_said += f[1] * 1e-9;
+        runq_said += f[2] * 1e-9;
+    }
+    let samples: Vec<ProcfsSample> = read_stream(&dir.path().join("rec"), STREAM);
+    let row = |f: fn(&pgbelow::collect::procfs::ProcDelta) -> f64| -> f64 {
+        samples
+            .iter()
+            .filter_map(|s| s.procs.get(&forker.pid()))
+            .map(f)
+            .sum()
+    };
+    let (exited_cpu, exited_runq) = (row(|d| d.exited_cpu_s), row(|d| d.exited_runq_s));
+    eprintln!(
+        "children said: {cpu_said:.4} s CPU, {runq_said:.4} s run queue; the parent's row: \
+         {exited_cpu:.4} s exited CPU, {exited_runq:.4} s exited run queue"
+    );
+    // Three busy loops on this machine's CPUs: the children waited.
+    assert!(runq_said > 0.0, "{lines}");
+    // At least what they said, and at most what a child can wait between
+    // its last word and its exit (a time slice or two each, 50 ms granted).
+    assert!(
+        exited_runq >= runq_said - 1e-5,
+        "{exited_runq} < {runq_said}"
+    );
+    assert!(
+        exited_runq <= runq_said + CHILDREN as f64 * 0.05,
+        "{exited_runq} ≫ {runq_said}"
+    );
+    // The same children's CPU from the parent's reaped-children count.
+    assert!(exited_cpu >= cpu_said * 0.5, "{exited_cpu} vs {cpu_said}");
+}

@@ -198,6 +198,11 @@ const TABLE: &[(&str, &[(&str, &str)])] = &[
     ("pg15-replay-prefetch", &[]),
     ("pg15-select-only-timeout", &[]),
     ("pg15-tpcb-connection-per-transaction-attached", &[]),
+    ("pg15-select-only-connection-per-transaction-attached", &[]),
+    (
+        "pg15-select-only-connection-per-transaction-hogs-4-attached",
+        &[("cpu-saturation", "warning")],
+    ),
     ("pg15-shm-too-small-1g", &[]),
     ("pg15-shm-too-small-64", &[("shm-too-small", "critical")]),
     (

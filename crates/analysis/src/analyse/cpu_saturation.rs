@@ -20,6 +20,7 @@ use serde_json::json;
 
 use super::{Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
 use crate::evidence::Evidence;
+use crate::recording::schema::procfs::{ProcfsSample, EXITED_RUNQ};
 use crate::role::Role;
 use crate::round3;
 
@@ -72,6 +73,11 @@ pub struct BackendWait {
     pub window_s: f64,
     pub busy_backends: usize,
     pub backends: usize,
+    /// Of `cpu_s` and `runq_s`: the backends that exited between two reads
+    /// (a connection per transaction), from the postmaster's reaped
+    /// children and the kernel's count at each exit. None where their
+    /// wait was not measured (then neither is in the sums).
+    pub exited: Option<(f64, f64)>,
 }
 
 impl BackendWait {
@@ -81,13 +87,47 @@ impl BackendWait {
     }
 }
 
-/// The backends' waits, None without procfs samples or backends in them.
+/// Whether the recording measured the run-queue wait of the processes
+/// that exited between two reads (`exited_runq_s`): without it their CPU
+/// (`exited_cpu_s`, from the parent's reaped-children counter) is left out
+/// too, or the ratio would count their CPU and not their wait.
+fn exits_measured(rec: &Evidence) -> bool {
+    rec.rec.manifest.facts.contains_key(EXITED_RUNQ)
+}
+
+/// The postmaster's exited children's unread CPU and run-queue seconds in
+/// `sample`: backends of a connection per transaction, which no read of
+/// /proc finds alive, and the workers it started. Zero unless measured.
+fn exited_backends(rec: &Evidence, sample: &ProcfsSample) -> (f64, f64) {
+    if !exits_measured(rec) {
+        return (0.0, 0.0);
+    }
+    sample
+        .procs
+        .iter()
+        .filter(|(pid, _)| rec.role_of(**pid) == Role::Postmaster)
+        .fold((0.0, 0.0), |(c, r), (_, d)| {
+            (c + d.exited_cpu_s, r + d.exited_runq_s)
+        })
+}
+
+/// The backends' waits, None without procfs samples or backends in them
+/// (alive at a read, or exited between reads where that was measured).
 pub fn backend_wait(rec: &Evidence) -> Option<BackendWait> {
     if rec.procfs.is_empty() {
         return None;
     }
     let p = rec.procfs_in(None);
-    let b = p.roles.get(&Role::Backend)?;
+    let (ex_cpu, ex_runq) = rec
+        .procfs
+        .iter()
+        .map(|s| exited_backends(rec, s))
+        .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let exited = exits_measured(rec).then_some((ex_cpu, ex_runq));
+    let alive = p.roles.get(&Role::Backend);
+    if alive.is_none() && ex_cpu <= 0.0 {
+        return None;
+    }
     let window_s = (p.window_s[1] - p.window_s[0]).max(1e-9);
     let mut per_pid: BTreeMap<u32, f64> = BTreeMap::new();
     for s in &rec.procfs {
@@ -98,14 +138,15 @@ pub fn backend_wait(rec: &Evidence) -> Option<BackendWait> {
         }
     }
     Some(BackendWait {
-        cpu_s: b.cpu_s,
-        runq_s: b.runq_s,
+        cpu_s: alive.map_or(0.0, |b| b.cpu_s) + ex_cpu,
+        runq_s: alive.map_or(0.0, |b| b.runq_s) + ex_runq,
         window_s,
         busy_backends: per_pid
             .values()
             .filter(|s| **s >= BUSY_SHARE * window_s)
             .count(),
-        backends: b.pids,
+        backends: alive.map_or(0, |b| b.pids),
+        exited,
     })
 }
 
@@ -122,7 +163,8 @@ fn busy_while_waiting(rec: &Evidence) -> Option<f64> {
             .iter()
             .filter(|(pid, _)| rec.role_of(**pid) == Role::Backend)
             .map(|(_, d)| d.runq_s)
-            .sum();
+            .sum::<f64>()
+            + exited_backends(rec, p).1;
         if runq <= 0.0 {
             continue;
         }
@@ -157,7 +199,11 @@ fn unmeasured(rec: &Evidence) -> String {
                 (--collectors …,procfs; it reads /proc/PID/schedstat)"
             .into();
     }
-    if let Some(why) = rec.backends_too_short_for_proc() {
+    // Where the kernel counted their exits, short lives are measured.
+    if let Some(why) = rec
+        .backends_too_short_for_proc()
+        .filter(|_| !exits_measured(rec))
+    {
         return why;
     }
     "no backend used a CPU during the recording: nothing waited for one (run it while the \
@@ -243,7 +289,10 @@ fn gate(rec: &Evidence) -> Option<Result<Gate, Held>> {
         .iter()
         .filter(|(r, _)| !matches!(r, Role::Observer))
         .map(|(_, x)| x.cpu_s)
-        .sum();
+        .sum::<f64>()
+        // Its children that exited between two reads (backends of short
+        // connections, parallel and autovacuum workers): the cluster's too.
+        + crate::evidence::procfs::exited_cpu_s(&rec.procfs).unwrap_or(0.0);
     let Some(busy_cpu_s) = machine
         .as_ref()
         .filter(|m| m.samples > 0)
@@ -452,11 +501,22 @@ impl Rule for CpuSaturation {
             title: "The backends wait for a CPU: the machine's CPUs are saturated".into(),
             summary: format!(
                 "The backends waited {r:.1} s runnable on the run queue against {c:.1} s on a CPU \
-                 ({share:.2} s waiting per second running; {busy} busy backend(s) over {win:.0} s): \
+                 ({share:.2} s waiting per second running; {busy}over {win:.0} s{short}): \
                  every statement took that much longer for want of a CPU.{machine_text}{outside_text}{lat}",
+                short = match w.exited {
+                    Some((c, r)) if c > 0.0 => format!(
+                        "; {r:.1} s of the wait and {c:.1} s of the CPU were backends' that lived \
+                         between two reads of /proc, a connection per transaction, counted by the \
+                         kernel at their exit"
+                    ),
+                    _ => String::new(),
+                },
                 r = w.runq_s,
                 c = w.cpu_s,
-                busy = w.busy_backends,
+                busy = match w.busy_backends {
+                    0 => String::new(),
+                    n => format!("{n} busy backend(s) "),
+                },
                 win = w.window_s,
                 lat = latency.map_or(String::new(), |(t, l)| format!(
                     " pgbench: {t:.0} tps{}.",
@@ -469,6 +529,8 @@ impl Rule for CpuSaturation {
                 "runq_per_cpu_s": round3(share),
                 "busy_backends": w.busy_backends,
                 "backends": w.backends,
+                "exited_backends_cpu_s": w.exited.map(|e| round3(e.0)),
+                "exited_backends_runq_s": w.exited.map(|e| round3(e.1)),
                 "window_s": round3(w.window_s),
                 "cpus": cpus,
                 "load1_mean": machine.as_ref().and_then(|m| m.load1_mean),
@@ -756,5 +818,87 @@ mod tests {
         // A recording made before the system collector recorded CPUs.
         let rec = fixture("pg15-select-only-timeout");
         assert!(matches!(CpuSaturation.measure(&rec), Measure::Missing(_)));
+    }
+}
+
+#[cfg(test)]
+mod connection_per_transaction {
+    use super::*;
+    use crate::analyse::{fixture, Measure, Severity, Status};
+
+    // Attached runs on PostgreSQL 15.18, this 2-vCPU VM: a cluster from
+    // initdb and pg_ctl, `pgbench -S -C -c 2 -j 1 -T 7` (a connection per
+    // transaction, ~1,300 backends each living ~5 ms, none alive at a read
+    // of /proc), recorded with `pgbelow record --duration 9 --collectors
+    // syscalls,procfs,system,pgstat`; beside 4 busy loops (`pgbelow-spin
+    // 11`) and alone.
+    const HOGS: &str = "pg15-select-only-connection-per-transaction-hogs-4-attached";
+    const ALONE: &str = "pg15-select-only-connection-per-transaction-attached";
+
+    /// Backends no read saw alive: their CPU and wait, from the kernel,
+    /// decide the finding, and the summary says where they came from.
+    #[test]
+    fn backends_shorter_than_a_read_are_measured_and_raise_it() {
+        let rec = fixture(HOGS);
+        let w = backend_wait(&rec).expect("measured");
+        let (cpu, runq) = w.exited.expect("the exits were counted");
+        assert_eq!(
+            (w.cpu_s, w.runq_s),
+            (cpu, runq),
+            "{w:?}: no backend alive at a read"
+        );
+        assert!(
+            (runq - 5.271).abs() < 1e-3 && (cpu - 6.5).abs() < 1e-3,
+            "{w:?}"
+        );
+        let f = CpuSaturation.evaluate(&rec).expect("raised");
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(
+            f.summary.contains("lived between two reads of /proc"),
+            "{}",
+            f.summary
+        );
+        assert_eq!(
+            f.evidence["exited_backends_runq_s"], 5.271,
+            "{}",
+            f.evidence
+        );
+        // The exited backends are the cluster's CPU, not "processes that
+        // ended before the recording did".
+        assert!(
+            f.evidence["cluster_cpu_s"].as_f64().unwrap() >= 6.5,
+            "{}",
+            f.evidence
+        );
+        assert!(!f.summary.contains("not named"), "{}", f.summary);
+        // Alone: measured, inside the bound (fork and wake-up latency).
+        let rec = fixture(ALONE);
+        match CpuSaturation.measure(&rec) {
+            Measure::Figure(f) => assert!(!f.past() && f.value > 0.1, "{f:?}"),
+            m => panic!("{m:?}"),
+        }
+        let (c, f) = CpuSaturation.check(&rec);
+        assert!(f.is_none());
+        assert_eq!(c.status, Status::Clear, "{}", c.line());
+    }
+
+    /// Without the kernel's count (no BPF, or a recording from before it)
+    /// their CPU is not counted either, and the check says why.
+    #[test]
+    fn without_the_exits_counted_it_is_not_measured() {
+        let mut rec = fixture(HOGS);
+        rec.rec
+            .manifest
+            .facts
+            .remove(crate::recording::schema::procfs::EXITED_RUNQ);
+        assert_eq!(backend_wait(&rec), None);
+        match CpuSaturation.measure(&rec) {
+            Measure::Missing(why) => {
+                assert!(why.contains("lived shorter than a round"), "{why}")
+            }
+            m => panic!("{m:?}"),
+        }
+        let (c, _) = CpuSaturation.check(&rec);
+        assert_eq!(c.status, Status::NotMeasurable, "{}", c.line());
     }
 }

@@ -69,6 +69,11 @@ pub struct Account {
     /// none exited unread.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backends_unread_cpu_s: Option<f64>,
+    /// Their run-queue seconds past their last read, from the kernel's
+    /// count at each exit (procfs's `exited_runq_s`). None where not
+    /// measured (no BPF, recordings before 2026-12-02) or none exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backends_unread_runq_s: Option<f64>,
 }
 
 /// Below this share of the backends' system calls, backends /proc never
@@ -89,14 +94,23 @@ impl Account {
 
 /// Why backends are missing from the account, with how much of the work
 /// they were when the syscalls collector counted it.
-fn unread_why(ev: &Evidence, share: Option<f64>, cpu_s: Option<f64>) -> Option<String> {
+fn unread_why(
+    ev: &Evidence,
+    share: Option<f64>,
+    cpu_s: Option<f64>,
+    runq_s: Option<f64>,
+) -> Option<String> {
     let why = ev.backends_too_short_for_proc()?;
-    let why = match cpu_s {
-        Some(s) => format!(
+    let why = match (cpu_s, runq_s) {
+        (Some(s), Some(r)) => format!(
+            "{why}; the postmaster's count of the children it reaped still gives their \
+             CPU: {s:.2} s, and the kernel's count at each exit their run-queue wait: {r:.2} s"
+        ),
+        (Some(s), None) => format!(
             "{why}; the postmaster's count of the children it reaped still gives their \
              CPU: {s:.2} s"
         ),
-        None => why,
+        _ => why,
     };
     Some(match share {
         Some(share) if share < UNREAD_MATERIAL => {
@@ -377,13 +391,22 @@ pub fn build(ev: &Evidence) -> Option<Account> {
     let span: f64 = ev.waits.iter().map(|w| w.dt).sum();
     let share = unread_share(ev);
     let unread_cpu = super::procfs::exited_cpu_s(&ev.procfs);
+    let unread_runq = unread_cpu
+        .filter(|_| {
+            ev.rec
+                .manifest
+                .facts
+                .contains_key(crate::recording::schema::procfs::EXITED_RUNQ)
+        })
+        .map(|_| super::procfs::exited_runq_s(&ev.procfs));
     Some(Account {
         hz: ev.procfs.first().map_or(0.0, |s| s.hz),
         waits_hz: (span > 0.0).then(|| crate::round3(f64::from(ticks) / span)),
         roles,
-        backends_unread: unread_why(ev, share, unread_cpu),
+        backends_unread: unread_why(ev, share, unread_cpu, unread_runq),
         backends_unread_share: share,
         backends_unread_cpu_s: unread_cpu,
+        backends_unread_runq_s: unread_runq,
     })
 }
 

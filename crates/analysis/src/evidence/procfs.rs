@@ -45,6 +45,12 @@ pub struct ProcfsSection {
     /// (or a recording from before 2026-12-01).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exited_cpu_s: Option<f64>,
+    /// Seconds those children waited for a CPU past their last read (all
+    /// of it for one never read), from the kernel's count at their exit.
+    /// None where not measured (no BPF, or a recording from before
+    /// 2026-12-02): never printed as 0 then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exited_runq_s: Option<f64>,
     /// Where processes were blocked in D, every role, most time first:
     /// "4 backends in D for 9 s in jbd2_journal_start".
     pub blocked: Vec<FrameRow>,
@@ -260,6 +266,13 @@ pub fn build(rec: &Evidence) -> Option<ProcfsSection> {
         });
     }
     let mut s = summarize(samples, |pid| rec.role_of(pid));
+    if rec
+        .manifest
+        .facts
+        .contains_key(crate::recording::schema::procfs::EXITED_RUNQ)
+    {
+        s.exited_runq_s = Some(exited_runq_s(samples));
+    }
     if !rec.manifest.postgres.nodes.is_empty() {
         for (role, nodes) in split_by_node(samples, rec) {
             if let Some(r) = s.roles.get_mut(&role) {
@@ -289,6 +302,18 @@ pub fn exited_cpu_s(samples: &[ProcfsSample]) -> Option<f64> {
         .map(|d| d.exited_cpu_s)
         .sum();
     (s > 0.0).then(|| crate::round3(s))
+}
+
+/// Run-queue seconds of children that exited between two reads past what
+/// the reads saw (the parents' `exited_runq_s`, summed): read only where
+/// the recording measured it.
+pub fn exited_runq_s(samples: &[ProcfsSample]) -> f64 {
+    let s: f64 = samples
+        .iter()
+        .flat_map(|smp| smp.procs.values())
+        .map(|d| d.exited_runq_s)
+        .sum();
+    crate::round3(s)
 }
 
 /// Aggregate samples; `role_of` names the role of a pid in the per-process deltas.

@@ -30,10 +30,22 @@
 
 #include "tracked.h"
 
+struct sched_entity {
+	__u64 sum_exec_runtime;
+} __attribute__((preserve_access_index));
+
+struct sched_info {
+	unsigned long long run_delay;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	unsigned int __state;
 	int pid;
 	int tgid;
+	struct sched_entity se;
+	struct sched_info sched_info;
+	__u64 start_boottime;
+	struct task_struct *real_parent;
 } __attribute__((preserve_access_index));
 
 struct seq_file;
@@ -109,9 +121,53 @@ int on_fork(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
+// A tracked process's last counters, sent when it exits: what
+// /proc/PID/schedstat would have said at the end, which no read of a
+// process that lived between two reads (a backend of a connection per
+// transaction) sees. Userspace credits the part its reads missed to the
+// parent (src/collect/procfs/aggregate.rs).
+struct exit_record {
+	__u32 tgid;
+	__u32 ppid;
+	// Time on a CPU and runnable waiting for one (schedstat's first two).
+	__u64 cpu_ns;
+	__u64 runq_ns;
+	// When it started (ns since boot, /proc/PID/stat's starttime unit
+	// before its division into clock ticks).
+	__u64 start_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	// 256 KiB: about 8,000 exits between two reads a second apart.
+	__uint(max_entries, 256 * 1024);
+} exits SEC(".maps");
+
+// Exits not sent: the ring was full (no reader, or one far behind).
+__u64 exits_lost;
+
 SEC("raw_tp/sched_process_exit")
 int on_exit(struct bpf_raw_tracepoint_args *ctx)
 {
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	// The group leader's counters (a PostgreSQL process has one thread).
+	if ((__u32)id == tgid && is_tracked(tgid)) {
+		struct task_struct *t = (struct task_struct *)bpf_get_current_task();
+		struct exit_record r = {
+			.tgid = tgid,
+			.ppid = BPF_CORE_READ(t, real_parent, tgid),
+			.cpu_ns = BPF_CORE_READ(t, se.sum_exec_runtime),
+		};
+		if (bpf_core_field_exists(t->start_boottime))
+			r.start_ns = BPF_CORE_READ(t, start_boottime);
+		// Without schedstats in the kernel (CONFIG_SCHED_INFO) there is
+		// no run-queue delay to send (nor a /proc/PID/schedstat).
+		if (bpf_core_field_exists(t->sched_info))
+			r.runq_ns = BPF_CORE_READ(t, sched_info.run_delay);
+		if (bpf_ringbuf_output(&exits, &r, sizeof(r), 0))
+			__sync_fetch_and_add(&exits_lost, 1);
+	}
 	follow_exit();
 	return 0;
 }

@@ -51,6 +51,9 @@ const BITMAP_WORDS: usize = 65536;
 pub struct Ran {
     /// The task iterator of blocked processes' kernel stacks, or why not.
     stacks: std::result::Result<libbpf_rs::Link, String>,
+    /// The ring of exiting processes' last counters and what its callback
+    /// collected; before `skel` (dropped first: it maps the skeleton's map).
+    exits: std::sync::Mutex<(libbpf_rs::RingBuffer<'static>, ExitSink)>,
     /// Owns the object, maps and links: dropping it detaches everything.
     skel: RanSkel<'static>,
     bss: NonNull<types::bss>,
@@ -95,8 +98,23 @@ impl Ran {
             .as_deref_mut()
             .map(NonNull::from)
             .context("the BPF .bss section is not mmap'ed")?;
+        let sink = ExitSink::default();
+        let ring = {
+            let sink = sink.clone();
+            let mut b = libbpf_rs::RingBufferBuilder::new();
+            b.add(&skel.maps.exits, move |data: &[u8]| {
+                if let (Some(e), Ok(mut v)) = (Exit::parse(data), sink.lock()) {
+                    v.push(e);
+                }
+                0
+            })
+            .context("opening the exits ring of the ran-since BPF object")?;
+            b.build()
+                .context("opening the exits ring of the ran-since BPF object")?
+        };
         let mut me = Ran {
             stacks: Err("not attached".into()),
+            exits: std::sync::Mutex::new((ring, sink)),
             skel,
             bss,
             _slot: slot,
@@ -189,6 +207,29 @@ impl Ran {
         )
     }
 
+    /// The tracked processes that exited since the last call, with their
+    /// last counters, and how many exits the ring had no room for since
+    /// the start (none unless this is called far less than once a second).
+    pub fn take_exits(&self) -> (Vec<Exit>, u64) {
+        let taken = match self.exits.lock() {
+            Ok(g) => {
+                // A failed poll leaves the records for the next call.
+                let _ = g.0.consume();
+                g.1.lock()
+                    .map(|mut v| std::mem::take(&mut *v))
+                    .unwrap_or_default()
+            }
+            Err(_) => Vec::new(),
+        };
+        // SAFETY: a field address inside the live mmap'ed .bss; the kernel
+        // writes it with an atomic add, read atomically here.
+        let lost = unsafe {
+            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.bss.as_ptr()).exits_lost))
+                .load(Ordering::Relaxed)
+        };
+        (taken, lost)
+    }
+
     /// Kernel run time of the programs (ns) and runs, when BPF statistics
     /// are on.
     pub fn run_time(&self) -> (u64, u64) {
@@ -197,6 +238,43 @@ impl Ran {
             .iter()
             .map(|prog| prog_stats(prog.as_fd().as_raw_fd()))
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+}
+
+type ExitSink = std::sync::Arc<std::sync::Mutex<Vec<Exit>>>;
+
+/// A tracked process's counters when it exited (`exit_record` of
+/// src/bpf/ran.bpf.c): what its /proc/PID/schedstat said last, which a
+/// process that lived between two reads never showed a reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exit {
+    pub tgid: u32,
+    /// Its parent's tgid (the postmaster, for a backend).
+    pub ppid: u32,
+    /// Nanoseconds on a CPU.
+    pub cpu_ns: u64,
+    /// Nanoseconds runnable, waiting for a CPU (0 without schedstats).
+    pub runq_ns: u64,
+    /// Its start, in nanoseconds since boot (0 where the kernel lacks it).
+    pub start_ns: u64,
+}
+
+impl Exit {
+    /// { u32 tgid, u32 ppid, u64 cpu_ns, u64 runq_ns, u64 start_ns },
+    /// native-endian; None for a record of another size.
+    fn parse(b: &[u8]) -> Option<Exit> {
+        if b.len() != 32 {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_ne_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_ne_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Some(Exit {
+            tgid: u32_at(0),
+            ppid: u32_at(4),
+            cpu_ns: u64_at(8),
+            runq_ns: u64_at(16),
+            start_ns: u64_at(24),
+        })
     }
 }
 
@@ -272,6 +350,27 @@ fn take(words: &[AtomicU64], tgid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exit_records_are_read_at_their_size_only() {
+        let mut b = Vec::new();
+        b.extend(4242u32.to_ne_bytes());
+        b.extend(17u32.to_ne_bytes());
+        b.extend(3_000_000u64.to_ne_bytes());
+        b.extend(1_500_000u64.to_ne_bytes());
+        b.extend(123_456_789_000u64.to_ne_bytes());
+        assert_eq!(
+            Exit::parse(&b),
+            Some(Exit {
+                tgid: 4242,
+                ppid: 17,
+                cpu_ns: 3_000_000,
+                runq_ns: 1_500_000,
+                start_ns: 123_456_789_000,
+            })
+        );
+        assert_eq!(Exit::parse(&b[..31]), None);
+    }
 
     #[test]
     fn stack_records_are_read_back_to_back() {

@@ -11,6 +11,9 @@ pub const STREAM: &str = "procfs.jsonl";
 /// Manifest fact: the postmaster's main shared memory mapping
 /// ([`SharedSegment`]), or why it is unknown.
 pub const SHARED_MEMORY: &str = "shared_memory";
+/// The manifest fact saying the run-queue wait of children that exited
+/// between two reads was measured (`ProcDelta::exited_runq_s`), and how.
+pub const EXITED_RUNQ: &str = "procfs.exited_runq";
 
 /// One line of `procfs.jsonl`: what the cluster's processes did in `(t-dt, t]`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -107,6 +110,14 @@ pub struct ProcDelta {
     /// Seconds runnable but waiting for a CPU.
     #[serde(default, skip_serializing_if = "is_zero_f")]
     pub runq_s: f64,
+    /// Seconds its children that exited in the interval waited for a CPU
+    /// beyond what their own rows counted (all of it for a child that
+    /// lived between two reads): each exiting child's last schedstat, from
+    /// eBPF on sched_process_exit. Only where the manifest's facts hold
+    /// `procfs.exited_runq` (else not measured, not 0). Absent before
+    /// 2026-12-01.
+    #[serde(default, skip_serializing_if = "is_zero_f")]
+    pub exited_runq_s: f64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub read_bytes: u64,
     /// /proc/PID/io write_bytes: accounted when a page cache folio turns

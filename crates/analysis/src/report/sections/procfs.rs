@@ -45,11 +45,20 @@ pub fn render(s: &ProcfsSection, out: &mut String) {
         );
     }
     if let Some(x) = s.exited_cpu_s {
+        let runq = s
+            .exited_runq_s
+            .map_or("—".to_string(), |r| format!("{r:.3}"));
         let _ = writeln!(
             out,
-            "  {:<28} {:>4} {x:>8.3}   (CPU of children that lived between two reads, from the \
-             postmaster's count of those it reaped)",
-            "exited unread", "—"
+            "  {:<28} {:>4} {x:>8.3} {runq:>7}   (children that lived between two reads: CPU from \
+             the postmaster's count of those it reaped{})",
+            "exited unread",
+            "—",
+            if s.exited_runq_s.is_some() {
+                ", run queue from the kernel's count at each exit"
+            } else {
+                "; their run-queue wait was not measured (no BPF)"
+            }
         );
     }
     // /proc/PID/io write_bytes is accounted when a page cache folio turns

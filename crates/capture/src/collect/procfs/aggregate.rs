@@ -342,7 +342,16 @@ impl CounterDeltas {
     /// last read, is in no row of its own: its parent's reaped-children CPU
     /// (the postmaster's, for the backends) less what the exited children's
     /// own rows counted is the parent's `exited_cpu_s`.
-    pub fn update(&mut self, now: BTreeMap<u32, Counters>) -> BTreeMap<u32, ProcDelta> {
+    ///
+    /// `exits`: the processes the kernel saw exit since the last call, with
+    /// their last counters (None: not told). The run-queue wait no read of
+    /// an exited process saw (all of it for one that lived between two
+    /// reads) is its parent's `exited_runq_s`.
+    pub fn update(
+        &mut self,
+        now: BTreeMap<u32, Counters>,
+        exits: Option<&[ExitCounters]>,
+    ) -> BTreeMap<u32, ProcDelta> {
         for (pid, p) in &self.prev {
             let reused = now.get(pid).is_some_and(|c| c.starttime != p.starttime);
             if now.contains_key(pid) && !reused {
@@ -381,6 +390,7 @@ impl CounterDeltas {
             let d = ProcDelta {
                 cpu_s: round_us(cpu_ns as f64 * 1e-9),
                 exited_cpu_s: round_us(exited_ns as f64 * 1e-9),
+                exited_runq_s: 0.0,
                 runq_s: round_us(c.runq_ns.saturating_sub(b.runq_ns) as f64 * 1e-9),
                 read_bytes: c.io.read_bytes.saturating_sub(b.io.read_bytes),
                 // Dirtied pages of files truncated or deleted before
@@ -400,11 +410,56 @@ impl CounterDeltas {
                 out.insert(*pid, d);
             }
         }
+        for (ppid, ns) in self.exited_runq(&now, exits.unwrap_or_default()) {
+            out.entry(ppid).or_default().exited_runq_s = round_us(ns as f64 * 1e-9);
+        }
         self.owed_ns
             .retain(|pid, n| *n > 0 && now.contains_key(pid));
         self.prev = now;
         out
     }
+}
+
+impl CounterDeltas {
+    /// Per parent: the run-queue nanoseconds of its exited children past
+    /// their last read (this round's, when one read it before it exited;
+    /// else the last round's). A child the reads never saw counts whole if
+    /// it started during the recording; one that started before and was
+    /// never read is left out (how much of its wait fell inside is unknown).
+    fn exited_runq(
+        &self,
+        now: &BTreeMap<u32, Counters>,
+        exits: &[ExitCounters],
+    ) -> BTreeMap<u32, u64> {
+        let mut out: BTreeMap<u32, u64> = BTreeMap::new();
+        for e in exits {
+            let same = |c: &&Counters| c.starttime == e.start_ticks;
+            let read = now
+                .get(&e.tgid)
+                .filter(same)
+                .or_else(|| self.prev.get(&e.tgid).filter(same));
+            let base = match read {
+                Some(c) => c.runq_ns,
+                None if e.start_ticks >= self.recording_start_ticks => 0,
+                None => continue,
+            };
+            let unread = e.runq_ns.saturating_sub(base);
+            if unread > 0 {
+                *out.entry(e.ppid).or_default() += unread;
+            }
+        }
+        out
+    }
+}
+
+/// A process's last counters when it exited, as the kernel told them
+/// (its start in clock ticks since boot, /proc/PID/stat's starttime).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitCounters {
+    pub tgid: u32,
+    pub ppid: u32,
+    pub runq_ns: u64,
+    pub start_ticks: u64,
 }
 
 pub fn round_us(x: f64) -> f64 {
@@ -688,12 +743,12 @@ mod tests {
         assert_eq!(c.cpu_ns, 892845);
         // Started before the recording: the first sight is only a baseline.
         let mut d = CounterDeltas::new(stat.starttime + 1);
-        assert!(d.update(BTreeMap::from([(20291, c)])).is_empty());
+        assert!(d.update(BTreeMap::from([(20291, c)]), None).is_empty());
         let mut c2 = c;
         c2.cpu_ns += 250_000_000;
         c2.io.write_bytes += 8192;
         c2.ctxt.voluntary += 3;
-        let out = d.update(BTreeMap::from([(20291, c2)]));
+        let out = d.update(BTreeMap::from([(20291, c2)]), None);
         assert_eq!(
             out[&20291],
             ProcDelta {
@@ -706,11 +761,11 @@ mod tests {
         // The same pid, reused by a process started later: counted from 0.
         let mut c3 = c;
         c3.starttime += 500;
-        let out = d.update(BTreeMap::from([(20291, c3)]));
+        let out = d.update(BTreeMap::from([(20291, c3)]), None);
         assert_eq!(out[&20291].write_bytes, 192512);
         // Started during the recording: counted from its start.
         let mut d = CounterDeltas::new(stat.starttime);
-        let out = d.update(BTreeMap::from([(20291, c)]));
+        let out = d.update(BTreeMap::from([(20291, c)]), None);
         assert_eq!(out[&20291].cpu_s, 0.000893);
         // Without schedstat, CPU comes from stat's clock ticks.
         let dd = parse_stat(&fixture("stat_d_dd")).unwrap();
@@ -734,35 +789,93 @@ mod tests {
         let mut d = CounterDeltas::new(1000);
         // The postmaster (started before), a backend connected before the
         // recording with 10 s of CPU, and one started during it.
-        let out = d.update(BTreeMap::from([
-            (100, proc_(1, 10, 50, 0)),
-            (200, proc_(100, 20, 10_000, 0)),
-            (300, proc_(100, 1500, 100, 0)),
-        ]));
+        let out = d.update(
+            BTreeMap::from([
+                (100, proc_(1, 10, 50, 0)),
+                (200, proc_(100, 20, 10_000, 0)),
+                (300, proc_(100, 1500, 100, 0)),
+            ]),
+            None,
+        );
         assert_eq!(out[&300].cpu_s, 0.1);
         assert!(!out.contains_key(&100) && !out.contains_key(&200));
         // Both exit and are reaped: 300 ran 50 ms more, 200 20 ms more, and
         // a backend never read (400) ran 150 ms. The reaped counter gains
         // all of their lifetimes: 150 + 10,020 + 150 ms.
-        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 51, 10_320))]));
+        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 51, 10_320))]), None);
         assert_eq!(out[&100].exited_cpu_s, 0.22, "{out:?}");
         assert_eq!(out[&100].cpu_s, 0.001);
         // A child found gone before its reap shows in the counter: owed to
         // the next interval, not lost and not negative.
-        let out = d.update(BTreeMap::from([
-            (100, proc_(1, 10, 51, 10_320)),
-            (500, proc_(100, 2000, 40, 0)),
-        ]));
+        let out = d.update(
+            BTreeMap::from([
+                (100, proc_(1, 10, 51, 10_320)),
+                (500, proc_(100, 2000, 40, 0)),
+            ]),
+            None,
+        );
         assert!(
             out.get(&100).is_none_or(|x| x.exited_cpu_s == 0.0),
             "{out:?}"
         );
-        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 51, 10_320))]));
+        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 51, 10_320))]), None);
         assert!(
             out.get(&100).is_none_or(|x| x.exited_cpu_s == 0.0),
             "{out:?}"
         );
-        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 52, 10_370))]));
+        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 52, 10_370))]), None);
         assert_eq!(out[&100].exited_cpu_s, 0.01, "{out:?}");
+    }
+
+    /// The kernel's word on each exit: the wait past the child's last read
+    /// is its parent's; a child never read counts whole if it started in
+    /// the recording, not at all if before; one read after it exited (a
+    /// zombie's final counters) adds nothing.
+    #[test]
+    fn exited_children_wait_past_their_last_read_is_the_parents() {
+        let ms = 1_000_000;
+        let proc_ = |ppid: u32, starttime: u64, runq_ms: u64| Counters {
+            starttime,
+            ppid,
+            runq_ns: runq_ms * ms,
+            ..Counters::default()
+        };
+        let exit = |tgid: u32, start_ticks: u64, runq_ms: u64| ExitCounters {
+            tgid,
+            ppid: 100,
+            runq_ns: runq_ms * ms,
+            start_ticks,
+        };
+        let mut d = CounterDeltas::new(1000);
+        let out = d.update(
+            BTreeMap::from([(100, proc_(1, 10, 0)), (300, proc_(100, 1500, 5))]),
+            Some(&[]),
+        );
+        assert_eq!(out[&300].runq_s, 0.005);
+        assert!(!out.contains_key(&100), "{out:?}");
+        let exits = [
+            // Read last round with 5 ms: 15 ms unread.
+            exit(300, 1500, 20),
+            // Born and gone between two reads: all 30 ms.
+            exit(400, 1600, 30),
+            // Started before the recording, never read: unknown, left out.
+            exit(500, 900, 70),
+            // Read this round after it exited: nothing unread.
+            exit(600, 1700, 9),
+            // Its pid's last read was another process's (reused): whole.
+            exit(300, 1800, 2),
+        ];
+        let out = d.update(
+            BTreeMap::from([(100, proc_(1, 10, 0)), (600, proc_(100, 1700, 9))]),
+            Some(&exits),
+        );
+        assert_eq!(out[&100].exited_runq_s, 0.047, "{out:?}");
+        assert_eq!(out[&100].cpu_s, 0.0, "{out:?}");
+        // Not told (no BPF): nothing credited.
+        let out = d.update(BTreeMap::from([(100, proc_(1, 10, 0))]), None);
+        assert!(
+            out.get(&100).is_none_or(|x| x.exited_runq_s == 0.0),
+            "{out:?}"
+        );
     }
 }

@@ -32,7 +32,7 @@ use crate::error::fixable;
 use crate::procinfo::Role;
 use crate::recording::{CollectorInfo, Writer};
 
-pub use crate::recording::schema::procfs::{SHARED_MEMORY, STREAM};
+pub use crate::recording::schema::procfs::{EXITED_RUNQ, SHARED_MEMORY, STREAM};
 
 /// Highest sampling rate accepted.
 pub const MAX_HZ: f64 = 1000.0;
@@ -61,6 +61,8 @@ pub struct ProcfsCollector {
     last_t: f64,
     /// The postmaster's shared memory mapping, read once at the start.
     segment: Result<parse::SharedSegment, String>,
+    /// Exits the kernel's ring had no room for (their waits not counted).
+    exits_lost: u64,
 }
 
 /// The postmaster's largest shared mapping (one read of its maps: no page
@@ -128,6 +130,7 @@ impl ProcfsCollector {
             ticks_per_s,
             last_t: ctx.t(),
             segment: shared_segment(ctx.postmaster),
+            exits_lost: 0,
         })
     }
 
@@ -301,7 +304,23 @@ impl Collector for ProcfsCollector {
         }
         self.last_schedstat = schedstats;
         let mem = aggregate::mem_rows(&now, |pid| self.ctx.role_of(pid).unwrap_or(Role::Other));
-        let procs = self.deltas.update(now);
+        // The processes that exited since: their last counters, from the
+        // kernel (none without BPF: their unread waits are not measured).
+        let exits = self.ctx.ran.as_ref().map(|r| {
+            let (exits, lost) = r.take_exits();
+            self.exits_lost = lost;
+            let tick_ns = 1_000_000_000 / self.ticks_per_s.max(1);
+            exits
+                .iter()
+                .map(|e| aggregate::ExitCounters {
+                    tgid: e.tgid,
+                    ppid: e.ppid,
+                    runq_ns: e.runq_ns,
+                    start_ticks: e.start_ns / tick_ns,
+                })
+                .collect::<Vec<_>>()
+        });
+        let procs = self.deltas.update(now, exits.as_deref());
         let dt = t - self.last_t;
         self.last_t = t;
         out.append(STREAM, &interval.into_sample(t, dt, self.hz, procs, mem))
@@ -316,14 +335,23 @@ impl Collector for ProcfsCollector {
             Ok(s) => serde_json::to_value(s).unwrap_or_default(),
             Err(why) => serde_json::json!({ "unavailable": why }),
         };
-        vec![
+        let mut facts = vec![
             ("procfs.hz".into(), serde_json::json!(self.hz)),
             (SHARED_MEMORY.into(), segment),
-        ]
+        ];
+        if self.ctx.ran.is_some() {
+            facts.push((EXITED_RUNQ.into(), exited_runq_fact(0)));
+        }
+        facts
     }
 
-    fn finish(&mut self, _t: f64, _out: &mut Writer) -> Result<()> {
+    fn finish(&mut self, _t: f64, out: &mut Writer) -> Result<()> {
         self.stop_thread();
+        if self.ctx.ran.is_some() && self.exits_lost > 0 {
+            out.manifest
+                .facts
+                .insert(EXITED_RUNQ.into(), exited_runq_fact(self.exits_lost));
+        }
         Ok(())
     }
 }
@@ -354,6 +382,13 @@ fn recording_start_ticks(start: Instant, ticks_per_s: u64) -> u64 {
     let boot_now = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
     let at = (boot_now - start.elapsed().as_secs_f64()).max(0.0);
     (at * ticks_per_s as f64) as u64
+}
+
+fn exited_runq_fact(lost: u64) -> serde_json::Value {
+    serde_json::json!({
+        "mechanism": "eBPF on sched_process_exit: each exiting process's last schedstat, less what reads of it saw",
+        "lost_exits": lost,
+    })
 }
 
 #[cfg(test)]
