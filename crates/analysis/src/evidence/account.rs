@@ -74,6 +74,13 @@ pub struct Account {
     /// measured (no BPF, recordings before 2026-12-02) or none exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backends_unread_runq_s: Option<f64>,
+    /// The machine's pressure (PSI, /proc/pressure) over the same samples
+    /// of the system collector: the kernel's own share of the time some
+    /// task (every task, `full`) waited for a CPU, memory or I/O — beside
+    /// the backends' slices, what the whole machine lost. None where not
+    /// recorded (no system collector, a kernel without PSI), never 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<super::system::PressureShares>,
 }
 
 /// Below this share of the backends' system calls, backends /proc never
@@ -407,6 +414,7 @@ pub fn build(ev: &Evidence) -> Option<Account> {
         backends_unread_share: share,
         backends_unread_cpu_s: unread_cpu,
         backends_unread_runq_s: unread_runq,
+        pressure: super::system::pressure(&ev.system),
     })
 }
 
@@ -722,6 +730,37 @@ mod tests {
             r.total_s,
             r.slices
         );
+    }
+
+    /// PSI beside the slices: beside 4 busy loops some task waited for a
+    /// CPU nearly all the time (the backends' run-queue slice is the
+    /// cluster's part of it); without the system collector, not told.
+    #[test]
+    fn the_machines_pressure_is_beside_the_slices() {
+        let ev = fixture("pg15-select-only-connection-per-transaction-hogs-4-attached");
+        let p = build(&ev).unwrap().pressure.expect("PSI recorded");
+        assert!(p.cpu_some.is_some_and(|s| s > 0.5), "{p:?}");
+        assert!(p.io_some.is_some_and(|s| s < 0.1), "{p:?}");
+        let mut text = String::new();
+        crate::report::sections::account::render(&build(&ev).unwrap(), &mut text);
+        assert!(text.contains("the machine's pressure (PSI, "), "{text}");
+        // Reads limited to 1,000 IOPS beside 8 loops: under the table too.
+        let ev = fixture("pg15-disk-read-latency-1000-hogs-8");
+        let a = build(&ev).unwrap();
+        let p = a.pressure.clone().expect("PSI recorded");
+        assert!(p.io_some.is_some_and(|s| s > 0.1), "{p:?}");
+        let mut text = String::new();
+        crate::report::sections::account::render(&a, &mut text);
+        let table = text.find("largest stack or wait").expect("the table");
+        let psi = text
+            .find("the machine's pressure (PSI, ")
+            .expect("the PSI line");
+        assert!(psi > table, "{text}");
+        let ev = fixture("pg15-tpcb-connection-per-transaction-attached");
+        assert!(ev.system.is_empty());
+        if let Some(a) = build(&ev) {
+            assert_eq!(a.pressure, None);
+        }
     }
 
     /// Every recorded fixture with procfs: every role's slices add up to

@@ -92,10 +92,32 @@ fn others_line(r: &RoleAccount, o: &mut String) {
     );
 }
 
+/// The machine's PSI under the backends' slices: the kernel's word on
+/// the time lost to waiting, whoever waited.
+fn pressure_line(p: &crate::evidence::system::PressureShares, o: &mut String) {
+    let pct = |some: Option<f64>, full: Option<f64>| match (some, full) {
+        (Some(s), Some(f)) => format!("{:.1} % (all tasks {:.1} %)", s * 100.0, f * 100.0),
+        (Some(s), None) => format!("{:.1} %", s * 100.0),
+        _ => "not told".into(),
+    };
+    let _ = writeln!(
+        o,
+        "  the machine's pressure (PSI, {:.0} s): some task waited for a CPU {}, for memory {}, \
+         for I/O {} of the time",
+        p.covered_s,
+        pct(p.cpu_some, p.cpu_full),
+        pct(p.memory_some, p.memory_full),
+        pct(p.io_some, p.io_full),
+    );
+}
+
 pub fn render(a: &Account, o: &mut String) {
     let Some(b) = a.role(Role::Backend) else {
         if let Some(why) = &a.backends_unread {
             let _ = writeln!(o, "\nWhere the backends' time went: not measured — {why}");
+            if let Some(p) = &a.pressure {
+                pressure_line(p, o);
+            }
         }
         return;
     };
@@ -133,6 +155,9 @@ pub fn render(a: &Account, o: &mut String) {
     slices.sort_by(|x, y| y.s.total_cmp(&x.s).then_with(|| x.key.cmp(&y.key)));
     for s in slices {
         row(s, b.busy_s, o);
+    }
+    if let Some(p) = &a.pressure {
+        pressure_line(p, o);
     }
     let others: Vec<&RoleAccount> = a.roles.iter().filter(|r| r.role != Role::Backend).collect();
     if !others.is_empty() {
