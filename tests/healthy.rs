@@ -190,6 +190,16 @@ fn healthy_servers_raise_no_warning() {
             |c| vec![pgbench(c, &["-S", "-c", "2"])],
         );
     }
+    // A connection per transaction (no pooler): every backend lives a few
+    // milliseconds, between two reads of /proc; the kernel counts their
+    // CPU and run-queue wait at exit, and the CPU checks judge them.
+    run(
+        &mut rows,
+        "pgbench tpcb-like -C -c 4, a connection per transaction (PG 15)",
+        &pg15,
+        |c| init_pgbench(c, "10"),
+        |c| vec![pgbench(c, &["-C", "-c", "4"])],
+    );
     // Bulk COPY into a table, over and over.
     run(
         &mut rows,
