@@ -19,8 +19,9 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::{Figure, Finding, Gauge, Headline, Impact, Measure, Rule};
+use crate::evidence::procfs::exits_measured;
 use crate::evidence::Evidence;
-use crate::recording::schema::procfs::{ProcfsSample, EXITED_RUNQ};
+use crate::recording::schema::procfs::ProcfsSample;
 use crate::role::Role;
 use crate::round3;
 
@@ -87,21 +88,12 @@ impl BackendWait {
     }
 }
 
-/// Whether the recording measured the run-queue wait of the processes
-/// that exited between two reads (`exited_runq_s`): without it their CPU
-/// (`exited_cpu_s`, from the parent's reaped-children counter) is left out
-/// too, or the ratio would count their CPU and not their wait.
-fn exits_measured(rec: &Evidence) -> bool {
-    rec.rec.manifest.facts.contains_key(EXITED_RUNQ)
-}
-
 /// The postmaster's exited children's unread CPU and run-queue seconds in
 /// `sample`: backends of a connection per transaction, which no read of
-/// /proc finds alive, and the workers it started. Zero unless measured.
+/// /proc finds alive, and the workers it started. Only where the exits'
+/// wait was measured ([`exits_measured`]): without it their CPU is left
+/// out too, or the ratio would count their CPU and not their wait.
 fn exited_backends(rec: &Evidence, sample: &ProcfsSample) -> (f64, f64) {
-    if !exits_measured(rec) {
-        return (0.0, 0.0);
-    }
     sample
         .procs
         .iter()
@@ -118,12 +110,13 @@ pub fn backend_wait(rec: &Evidence) -> Option<BackendWait> {
         return None;
     }
     let p = rec.procfs_in(None);
-    let (ex_cpu, ex_runq) = rec
-        .procfs
-        .iter()
-        .map(|s| exited_backends(rec, s))
-        .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
-    let exited = exits_measured(rec).then_some((ex_cpu, ex_runq));
+    let exited = exits_measured(rec).then(|| {
+        rec.procfs
+            .iter()
+            .map(|s| exited_backends(rec, s))
+            .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1))
+    });
+    let (ex_cpu, ex_runq) = exited.unwrap_or((0.0, 0.0));
     let alive = p.roles.get(&Role::Backend);
     if alive.is_none() && ex_cpu <= 0.0 {
         return None;
@@ -157,14 +150,20 @@ pub fn backend_wait(rec: &Evidence) -> Option<BackendWait> {
 /// neighbour) is judged by the seconds of the burst. None without both.
 fn busy_while_waiting(rec: &Evidence) -> Option<f64> {
     let (mut sum, mut weight) = (0.0, 0.0);
+    let exits = exits_measured(rec);
     for p in &rec.procfs {
+        let exited = if exits {
+            exited_backends(rec, p).1
+        } else {
+            0.0
+        };
         let runq: f64 = p
             .procs
             .iter()
             .filter(|(pid, _)| rec.role_of(**pid) == Role::Backend)
             .map(|(_, d)| d.runq_s)
             .sum::<f64>()
-            + exited_backends(rec, p).1;
+            + exited;
         if runq <= 0.0 {
             continue;
         }

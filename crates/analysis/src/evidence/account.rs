@@ -398,14 +398,7 @@ pub fn build(ev: &Evidence) -> Option<Account> {
     let span: f64 = ev.waits.iter().map(|w| w.dt).sum();
     let share = unread_share(ev);
     let unread_cpu = super::procfs::exited_cpu_s(&ev.procfs);
-    let unread_runq = unread_cpu
-        .filter(|_| {
-            ev.rec
-                .manifest
-                .facts
-                .contains_key(crate::recording::schema::procfs::EXITED_RUNQ)
-        })
-        .map(|_| super::procfs::exited_runq_s(&ev.procfs));
+    let unread_runq = unread_cpu.and_then(|_| super::procfs::exited_runq_s(ev));
     Some(Account {
         hz: ev.procfs.first().map_or(0.0, |s| s.hz),
         waits_hz: (span > 0.0).then(|| crate::round3(f64::from(ticks) / span)),

@@ -266,13 +266,7 @@ pub fn build(rec: &Evidence) -> Option<ProcfsSection> {
         });
     }
     let mut s = summarize(samples, |pid| rec.role_of(pid));
-    if rec
-        .manifest
-        .facts
-        .contains_key(crate::recording::schema::procfs::EXITED_RUNQ)
-    {
-        s.exited_runq_s = Some(exited_runq_s(samples));
-    }
+    s.exited_runq_s = exited_runq_s(rec);
     if !rec.manifest.postgres.nodes.is_empty() {
         for (role, nodes) in split_by_node(samples, rec) {
             if let Some(r) = s.roles.get_mut(&role) {
@@ -304,16 +298,28 @@ pub fn exited_cpu_s(samples: &[ProcfsSample]) -> Option<f64> {
     (s > 0.0).then(|| crate::round3(s))
 }
 
+/// Whether the recording measured the run-queue wait of children that
+/// exited between two reads (the manifest's fact `procfs.exited_runq`):
+/// without it their `exited_runq_s` is not measured, not 0.
+pub fn exits_measured(rec: &Evidence) -> bool {
+    rec.manifest
+        .facts
+        .contains_key(crate::recording::schema::procfs::EXITED_RUNQ)
+}
+
 /// Run-queue seconds of children that exited between two reads past what
-/// the reads saw (the parents' `exited_runq_s`, summed): read only where
-/// the recording measured it.
-pub fn exited_runq_s(samples: &[ProcfsSample]) -> f64 {
-    let s: f64 = samples
-        .iter()
-        .flat_map(|smp| smp.procs.values())
-        .map(|d| d.exited_runq_s)
-        .sum();
-    crate::round3(s)
+/// the reads saw (the parents' `exited_runq_s`, summed); None where the
+/// recording did not measure it.
+pub fn exited_runq_s(rec: &Evidence) -> Option<f64> {
+    exits_measured(rec).then(|| {
+        let s: f64 = rec
+            .procfs
+            .iter()
+            .flat_map(|smp| smp.procs.values())
+            .map(|d| d.exited_runq_s)
+            .sum();
+        crate::round3(s)
+    })
 }
 
 /// Aggregate samples; `role_of` names the role of a pid in the per-process deltas.
