@@ -326,8 +326,8 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
     silent_on(&results[1], "syncrep-wait-syscalls", "PostgreSQL 15");
 }
 
-/// pgbench's scale-1 tables, then 7 s recorded with select-only from 1.5 s
-/// in to past its end (its backend born during the recording); checks the
+/// pgbench's scale-1 tables, then 7 s recorded with select-only from when
+/// the collectors run to past its end (its backend born during the recording); checks the
 /// recording is a complete attach one with pgbelow's own connection kept
 /// apart. The load runs past the end so that only the first interval is
 /// partly loaded: duty-cycled counting (when counting every call would cost
@@ -839,7 +839,7 @@ fn snapshot_scaling_found_attached() {
             .flat_map(|h| h.join().unwrap())
             .collect();
         let d = tempfile::tempdir().unwrap();
-        // The load outlasts the 8 s recording (it starts 1.5 s in).
+        // The load outlasts the 8 s recording (it starts once the collectors run).
         let r = record_while(&c, &d.path().join("rec"), 8, "profile,pgstat", || {
             c.pgbench(
                 "postgres",
@@ -1484,7 +1484,7 @@ fn timer_syscalls_found_in_a_container() {
         c.port
     );
     let d = tempfile::tempdir().unwrap();
-    // pgbench from 1.5 s in to past the recording's end (as
+    // pgbench from the collectors' start to past the recording's end (as
     // `record_select_only`, why there). Beside `dd bs=1` (syscall-heavy, so
     // counting is duty-cycled) the figure read 0.63-0.98 with pgbench
     // ending mid-recording (one run under the 1.5× margin, as in a CI run

@@ -658,8 +658,8 @@ pub fn record(c: &userdb::UserCluster, out: &Path, secs: u32, collectors: &str) 
     record_while(c, out, secs, collectors, || {})
 }
 
-/// `pgbelow record` of `c` for `secs`, running `during` 1.5 s in (after the
-/// collectors attached); the JSON report.
+/// `pgbelow record` of `c` for `secs`, running `during` once the
+/// collectors run; the JSON report.
 pub fn record_while(
     c: &userdb::UserCluster,
     out: &Path,
@@ -693,8 +693,8 @@ pub fn record_while_as(
 }
 
 /// `pgbelow record` started by `cmd` with `target` (the server's options:
-/// `--pid`, `--dsn`, either or both) for `secs`, running `during` 1.5 s
-/// in; the JSON report.
+/// `--pid`, `--dsn`, either or both) for `secs`, running `during` once its
+/// collectors run; the JSON report.
 pub fn record_target_while(
     cmd: std::process::Command,
     target: &[&str],
@@ -718,7 +718,7 @@ pub fn record_target_while_held(
     collectors: &str,
     during: impl FnOnce(),
 ) -> Value {
-    let child = cmd
+    let mut child = cmd
         .arg("record")
         .args(target)
         .args(["--duration", &secs.to_string()])
@@ -728,7 +728,7 @@ pub fn record_target_while_held(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    wait_until_recording(&mut child, out);
     during();
     let o = child.wait_with_output().unwrap();
     assert!(
@@ -743,6 +743,22 @@ pub fn record_target_while_held(
             String::from_utf8_lossy(&o.stderr)
         )
     })
+}
+
+/// Until `record`'s collectors run: the session writes processes.jsonl
+/// once every collector has started (and the manifest before it), so a
+/// load started then is seen from its first statement. A fixed 1.5 s lead
+/// did the same with about 1.2 s of idle recording and lock each time
+/// (issue 38). Returns early if the child exits (its error is reported by
+/// the caller), and after 15 s whatever happened.
+fn wait_until_recording(child: &mut std::process::Child, out: &Path) {
+    let t0 = std::time::Instant::now();
+    while !out.join("processes.jsonl").exists() && t0.elapsed().as_secs() < 15 {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// A read limit on the disk under `dir` for a cluster's processes, as a
