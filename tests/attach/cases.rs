@@ -327,8 +327,8 @@ fn syncrep_wait_syscalls_found_attached_to_the_primary() {
 }
 
 /// pgbench's scale-1 tables, then 7 s recorded with select-only from when
-/// the collectors run to past its end (its backend born during the recording); checks the
-/// recording is a complete attach one with pgbelow's own connection kept
+/// the collectors run to past its end (its backend born during the
+/// recording); checks the recording is a complete attach one with pgbelow's own connection kept
 /// apart. The load runs past the end so that only the first interval is
 /// partly loaded: duty-cycled counting (when counting every call would cost
 /// more than its budget, e.g. beside a syscall-heavy neighbour) estimates

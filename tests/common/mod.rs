@@ -749,11 +749,13 @@ pub fn record_target_while_held(
 /// once every collector has started (and the manifest before it), so a
 /// load started then is seen from its first statement. A fixed 1.5 s lead
 /// did the same with about 1.2 s of idle recording and lock each time
-/// (issue 38). Returns early if the child exits (its error is reported by
-/// the caller), and after 15 s whatever happened.
+/// (issue 38). Not [`wait_for`]: a record that fails must return here at
+/// once, so the caller reports its stderr, not a two-minute timeout;
+/// after 15 s it goes on whatever happened.
 fn wait_until_recording(child: &mut std::process::Child, out: &Path) {
     let t0 = std::time::Instant::now();
-    while !out.join("processes.jsonl").exists() && t0.elapsed().as_secs() < 15 {
+    let ready = out.join(pgbelow::recording::files::PROCESSES);
+    while !ready.exists() && t0.elapsed().as_secs() < 15 {
         if matches!(child.try_wait(), Ok(Some(_))) {
             return;
         }
