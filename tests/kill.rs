@@ -89,10 +89,18 @@ fn pgbelow(ledger: &Path) -> Command {
     c
 }
 
+/// `cmd` with `env` set.
+fn with_env(mut cmd: Command, env: &[(&str, &Path)]) -> Command {
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
 impl Run {
-    /// `pgbelow ARGV --out OUT`.
-    fn start(ledger: &Path, argv: &[&str], out: &Path) -> Run {
-        let mut child = pgbelow(ledger)
+    /// `pgbelow ARGV --out OUT` with `env`.
+    fn start(ledger: &Path, argv: &[&str], out: &Path, env: &[(&str, &Path)]) -> Run {
+        let mut child = with_env(pgbelow(ledger), env)
             .args(argv)
             .arg("--out")
             .arg(out)
@@ -418,7 +426,7 @@ fn assert_nothing_left(what: &str, seen: &BTreeSet<String>, bpf_before: &BTreeSe
 /// Returns the seconds from the signal to the exit.
 fn kill_at(ledger: &Path, args: &[&str], phase: Phase, sig: Sig, next_start: &[&str]) -> f64 {
     let argv = [&["lab", "run"], args, &["--format", "json"]].concat();
-    kill_cmd_at(ledger, &argv, phase, sig, next_start).0
+    kill_cmd_at(ledger, &argv, phase, sig, next_start, &[]).0
 }
 
 /// Whether `pgbelow ARGV` loads BPF programs (the syscall or off-CPU
@@ -434,21 +442,29 @@ fn loads_bpf(argv: &[&str]) -> bool {
 }
 
 /// [`kill_at`] for any command writing a recording to `--out` (`lab run
-/// … --format json` prints its report; `doctor` its text). Also returns
-/// every ledger object the run noted.
+/// … --format json` prints its report; `doctor` its text), with `env` set
+/// for every pgbelow it runs. Also returns every ledger object the run
+/// noted.
 fn kill_cmd_at(
     ledger: &Path,
     argv: &[&str],
     phase: Phase,
     sig: Sig,
     next_start: &[&str],
+    env: &[(&str, &Path)],
 ) -> (f64, BTreeSet<String>) {
+    // `pgbench -i` runs in a lab run only when no template holds its data.
+    let off: &[(&str, &Path)] = &[("PGBELOW_LAB_TEMPLATES", Path::new("off"))];
+    let env = match phase {
+        Phase::Init(_) if env.is_empty() => off,
+        _ => env,
+    };
     let what = format!("{argv:?} {sig:?} @ {phase:?}");
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
     let bpf_before: BTreeSet<u64> = common::bpf_programs().into_keys().collect();
     let t0 = Instant::now();
-    let mut run = Run::start(ledger, argv, &out);
+    let mut run = Run::start(ledger, argv, &out, env);
     run.wait_for(phase, &out);
     let pid = u64::from(run.child.id());
     let held = common::bpf_programs()
@@ -499,7 +515,10 @@ fn kill_cmd_at(
             "{what}: SIGKILL left no temp cluster (was it killed?)"
         );
         // Only a start after it can clean up: it must, and say what it did.
-        let o = pgbelow(ledger).args(next_start).output().unwrap();
+        let o = with_env(pgbelow(ledger), env)
+            .args(next_start)
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{what}: {next_start:?} failed");
         let said = format!(
             "{}{}",
@@ -524,7 +543,10 @@ fn kill_cmd_at(
             assert!(at("removed /tmp/pgbelow-") < at("unmounted"));
             assert!(at("unmounted") < at("detached /dev/loop"));
         }
-        let again = pgbelow(ledger).args(["lab", "cleanup"]).output().unwrap();
+        let again = with_env(pgbelow(ledger), env)
+            .args(["lab", "cleanup"])
+            .output()
+            .unwrap();
         assert_eq!(
             String::from_utf8_lossy(&again.stdout),
             "nothing to clean up\n",
@@ -538,7 +560,7 @@ fn kill_cmd_at(
                 "{what}: the second Ctrl-C did not force: {err}"
             );
         }
-        let rep = pgbelow(ledger)
+        let rep = with_env(pgbelow(ledger), env)
             .args(["report", "--format", "json"])
             .arg(&out)
             .output()
@@ -647,16 +669,67 @@ fn single_node_killed_at_every_phase() {
         &["lab", "list"],
     );
     kill_at(l.path(), SHORT, Phase::Workload, Sig::IntGroupTwice, &[]);
-    let quick = [
-        "--scenario",
-        "select-only",
-        "--scale",
-        "1",
-        "--duration",
-        "2",
-    ];
-    kill_at(l.path(), &quick, Phase::Report, Sig::IntGroup, &[]);
+    kill_at(l.path(), &QUICK[2..8], Phase::Report, Sig::IntGroup, &[]);
     eprintln!("single node: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// A two-second select-only run at scale 1 (`lab run … --format json`).
+const QUICK: [&str; 10] = [
+    "lab",
+    "run",
+    "--scenario",
+    "select-only",
+    "--scale",
+    "1",
+    "--duration",
+    "2",
+    "--format",
+    "json",
+];
+
+/// Killed while it makes a template cluster (`pgbench -i` on a cluster of
+/// its own, the data bound for the cache's `.tmp-<pid>`): the next start
+/// removes the cluster (the ledger), the next template build the half-made
+/// directory, and that run makes the template and runs on a copy of it.
+#[test]
+fn killed_while_making_a_template() {
+    let _alone = common::exclusive();
+    let l = ledger_dir();
+    let cache = tempfile::tempdir().unwrap();
+    let env: &[(&str, &Path)] = &[("XDG_CACHE_HOME", cache.path())];
+    let argv = QUICK;
+    let building = Phase::Init("for the template");
+    kill_cmd_at(l.path(), &argv, building, Sig::Kill, &["lab", "list"], env);
+    let clusters = cache.path().join("pgbelow").join("clusters");
+    let names = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&clusters)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let left = names();
+    assert!(
+        left.len() == 1 && left[0].starts_with(".tmp-"),
+        "the kill left no half-made template: {left:?}"
+    );
+    let d = tempfile::tempdir().unwrap();
+    let o = with_env(pgbelow(l.path()), env)
+        .args(argv)
+        .arg("--out")
+        .arg(d.path().join("rec"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "the run after the kill: {err}");
+    assert!(err.contains("making a template cluster"), "{err}");
+    let after = names();
+    assert!(
+        after.len() == 1 && !after[0].starts_with('.'),
+        "the half-made template was not replaced: {after:?}"
+    );
+    assert!(clusters.join(&after[0]).join("data/PG_VERSION").is_file());
 }
 
 #[test]
@@ -810,7 +883,7 @@ fn memory_cgroup_and_huge_pages_killed_during_the_workload() {
     ];
     for (argv, kind) in [(&memcg[..], "cgroup"), (&huge[..], "sysctl")] {
         for (sig, next) in [(Sig::IntGroup, &[][..]), (Sig::Kill, &["lab", "list"][..])] {
-            let (_, seen) = kill_cmd_at(l.path(), argv, Phase::Workload, sig, next);
+            let (_, seen) = kill_cmd_at(l.path(), argv, Phase::Workload, sig, next, &[]);
             assert!(
                 seen.iter()
                     .any(|o| o.contains(&format!("\"kind\":\"{kind}\""))),
@@ -840,13 +913,14 @@ fn doctor_killed_during_its_first_probe() {
         return;
     };
     let argv = ["doctor", "--duration", "20"];
-    kill_cmd_at(l.path(), &argv, Phase::Workload, Sig::IntGroup, &[]);
+    kill_cmd_at(l.path(), &argv, Phase::Workload, Sig::IntGroup, &[], &[]);
     kill_cmd_at(
         l.path(),
         &argv,
         Phase::Workload,
         Sig::Kill,
         &["lab", "cleanup"],
+        &[],
     );
     eprintln!("doctor: {:.1} s", t0.elapsed().as_secs_f64());
 }
@@ -907,7 +981,7 @@ fn noisy_neighbour_hogs_do_not_outlive_the_run() {
         "json",
     ];
     for (sig, next) in [(Sig::IntGroup, &[][..]), (Sig::Kill, &["lab", "list"][..])] {
-        kill_cmd_at(l.path(), &argv, Phase::Workload, sig, next);
+        kill_cmd_at(l.path(), &argv, Phase::Workload, sig, next, &[]);
         let left = hogs_left();
         assert!(left.is_empty(), "{sig:?}: busy loops left: {left:?}");
     }
@@ -936,7 +1010,7 @@ fn swap_file_killed_during_the_workload() {
         "json",
     ];
     for (sig, next) in [(Sig::IntGroup, &[][..]), (Sig::Kill, &["lab", "list"][..])] {
-        let (_, seen) = kill_cmd_at(l.path(), &argv, Phase::Workload, sig, next);
+        let (_, seen) = kill_cmd_at(l.path(), &argv, Phase::Workload, sig, next, &[]);
         assert!(
             seen.iter().any(|o| o.contains("\"kind\":\"swap_file\"")),
             "{sig:?}: the ledger never listed the swap file: {seen:?}"

@@ -30,6 +30,7 @@ fn two_sync_standbys(install: &PgInstall) {
         standbys: 2,
         sync: SyncMode::First,
         standby_settings: vec![("hot_standby_feedback".into(), "on".into())],
+        primary_template: None,
     };
     let topo = Topology::start(install, &opts, &|m| eprintln!("{m}")).expect("topology");
     eprintln!(

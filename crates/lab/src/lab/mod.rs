@@ -12,10 +12,10 @@ use anyhow::{Context, Result};
 use crate::collect::session::Session;
 use crate::error::fixable;
 use crate::interrupt;
-use crate::provision::{ClusterOptions, PgInstall, Topology, TopologyOptions};
+use crate::provision::{template, ClusterOptions, PgInstall, Topology, TopologyOptions};
 use crate::recording::{files, this_host_manifest, Recorded, ScenarioInfo, Status};
 use crate::scenarios::{Beside, Fixtures, Lab};
-use crate::workload::Pgbench;
+use crate::workload::{Pgbench, PgbenchTarget};
 
 pub use crate::scenarios::{LabOptions, PgChoice, Replication};
 pub use manifest::{parse_settings, settings_sql};
@@ -73,7 +73,8 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     // device can only be unmounted once the server is gone.
     let mut host = Fixtures::default();
     opts.scenario.before_start(opts, &mut host, &status)?;
-    let mut topo = match start_topology(opts, &install, &status) {
+    let template = template_for(opts, &install, &pgbench, &status);
+    let mut topo = match start_topology(opts, &install, template.as_deref(), &status) {
         Ok(t) => t,
         Err(e) if interrupt::requested() => return interrupted_early(&out, opts, &install, &e),
         Err(e) => return Err(e),
@@ -89,7 +90,7 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
                 topo: &topo,
                 status: &status,
             };
-            run_on(&lab, &mut host, &out)
+            run_on(&lab, &mut host, &out, template.is_some())
         });
     let released = host.release();
     let stopped = topo.stop();
@@ -110,9 +111,62 @@ pub fn run(opts: &LabOptions) -> Result<Recorded> {
     Ok(res)
 }
 
+/// The template for this run's primary ([`template`]): the `bench`
+/// database, filled by `pgbench -i` when the scenario asks for it. A
+/// template that cannot be made is said and the run goes on with initdb.
+fn template_for(
+    opts: &LabOptions,
+    install: &PgInstall,
+    pgbench: &Pgbench,
+    status: &dyn Fn(&str),
+) -> Option<PathBuf> {
+    if !template::enabled() || !opts.scenario.templated_data() {
+        return None;
+    }
+    // The template's data was made under the default settings: a run that
+    // sets what shapes the data itself makes its own.
+    if opts.set.iter().any(|(k, _)| template::shapes_data(k)) {
+        return None;
+    }
+    let init = opts.scenario.spec().init;
+    let filler = match init {
+        true => format!("pgbench -i -s {} ({})", opts.scale, pgbench.version().ok()?),
+        false => "create database bench".to_string(),
+    };
+    let key = template::Key::new(install, filler);
+    let made = template::ensure(install, &key, status, |c| {
+        c.psql("postgres", "CREATE DATABASE bench")?;
+        if init {
+            let target = PgbenchTarget {
+                host: c.socket_dir().display().to_string(),
+                port: c.port(),
+                user: c.user().to_string(),
+                dbname: "bench".into(),
+            };
+            status(&format!("pgbench -i -s {} for the template", opts.scale));
+            pgbench.init(&target, opts.scale)?;
+        }
+        Ok(())
+    });
+    match made {
+        Ok(data) => Some(data),
+        Err(e) if interrupt::requested() => {
+            let _ = e;
+            None
+        }
+        Err(e) => {
+            eprintln!(
+                "pgbelow: no template cluster ({e:#}); running initdb and pgbench -i instead"
+            );
+            None
+        }
+    }
+}
+
 fn start_topology(
     opts: &LabOptions,
     install: &PgInstall,
+    template: Option<&Path>,
     status: &dyn Fn(&str),
 ) -> Result<Topology> {
     let rep = &opts.replication;
@@ -126,6 +180,7 @@ fn start_topology(
             standbys: rep.standbys,
             sync: rep.sync,
             standby_settings: rep.standby_set.clone(),
+            primary_template: template.map(Path::to_path_buf),
         },
         status,
     )?;
@@ -190,10 +245,14 @@ fn scenario_info(opts: &LabOptions) -> ScenarioInfo {
 
 /// The database, the scenario's preparation, the recorded workload and
 /// what follows it, on running servers.
-fn run_on(lab: &Lab, host: &mut Fixtures, out: &Path) -> Result<Recorded> {
+/// `templated`: the primary's data came from a template that holds the
+/// `bench` database and, for scenarios that ask, pgbench's tables.
+fn run_on(lab: &Lab, host: &mut Fixtures, out: &Path, templated: bool) -> Result<Recorded> {
     let (opts, status) = (lab.opts, lab.status);
-    lab.psql("postgres", "CREATE DATABASE bench")?;
-    if opts.scenario.spec().init {
+    if !templated {
+        lab.psql("postgres", "CREATE DATABASE bench")?;
+    }
+    if opts.scenario.spec().init && !templated {
         status(&format!("pgbench -i -s {}", opts.scale));
         // A stop that came before a command started does not end it: check.
         interrupt::check()?;

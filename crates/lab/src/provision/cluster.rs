@@ -96,6 +96,23 @@ impl Cluster {
         Ok(c)
     }
 
+    /// [`Cluster::start`] from a copy of a template's data directory
+    /// ([`super::template`]) instead of initdb.
+    pub fn start_from(install: &PgInstall, opts: &ClusterOptions, data: &Path) -> Result<Cluster> {
+        validate_settings(&opts.settings)?;
+        let mut c = Cluster::empty(install)?;
+        super::template::copy_data(data, &c.data_dir, &c.account)?;
+        c.configure_and_launch(opts)?;
+        Ok(c)
+    }
+
+    /// initdb into a fresh temp dir; nothing runs yet.
+    pub(super) fn initdb_only(install: &PgInstall) -> Result<Cluster> {
+        let c = Cluster::empty(install)?;
+        c.initdb()?;
+        Ok(c)
+    }
+
     /// A fresh temp dir for a cluster whose data dir is still to be made
     /// (by initdb, or by a base backup for a standby). Nothing runs yet.
     pub(super) fn empty(install: &PgInstall) -> Result<Cluster> {
@@ -346,6 +363,25 @@ impl Cluster {
                 problems.join("; ")
             )
         }
+    }
+
+    /// Stop the server with a fast shutdown, move its data directory to
+    /// `to`, then tear down the rest as [`Cluster::stop`] does. Fails unless
+    /// the server shut down cleanly.
+    pub(super) fn stop_keeping_data(&mut self, to: &Path) -> Result<()> {
+        let mut child = self.child.take().context("the cluster is not running")?;
+        procs::signal(child.id(), libc::SIGINT);
+        if !procs::wait_child(&mut child, FAST_SHUTDOWN_TIMEOUT) {
+            self.child = Some(child);
+            bail!(
+                "the server in {} did not shut down",
+                self.data_dir.display()
+            );
+        }
+        let moved = std::fs::rename(&self.data_dir, to)
+            .with_context(|| format!("moving {} to {}", self.data_dir.display(), to.display()));
+        self.stop()?;
+        moved
     }
 
     fn shutdown(&self, child: &mut Child) {

@@ -23,8 +23,15 @@
 //! root and the user cache dir is not traversable by that account, the cache
 //! is `/var/cache/pgbelow/pg/<package version>` instead.
 //!
+//! # Templates
+//! A lab run's primary starts from a copy of a template data directory
+//! (the `bench` database, and pgbench's tables at the run's scale) kept in
+//! `$XDG_CACHE_HOME/pgbelow/clusters`, made by the first run that needs it
+//! ([`template`]), unless its scenario sets up what the database must be
+//! made inside.
+//!
 //! # Clusters
-//! A [`Cluster`] is initdb'd into a fresh `pgbelow-*` directory under the
+//! A [`Cluster`] is initdb'd (or copied from a template) into a fresh `pgbelow-*` directory under the
 //! system temp dir (mode 0700, owned by the server account), listens on
 //! 127.0.0.1 at a free port and on a unix socket in that directory, and is
 //! torn down completely (no process left, directory deleted) by
@@ -36,6 +43,7 @@ mod elf;
 mod install;
 mod npm;
 mod procs;
+pub mod template;
 mod topology;
 
 pub use cluster::{Cluster, ClusterOptions, PrivateMounts};

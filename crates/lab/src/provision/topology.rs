@@ -109,6 +109,9 @@ pub struct TopologyOptions {
     pub sync: SyncMode,
     /// `--standby-set GUC=VALUE`, appended to every standby's postgresql.conf.
     pub standby_settings: Vec<(String, String)>,
+    /// A template's data directory to copy for the primary instead of
+    /// initdb ([`super::template`]).
+    pub primary_template: Option<std::path::PathBuf>,
 }
 
 /// One standby: its name (also its slot and application_name) and cluster.
@@ -140,7 +143,10 @@ impl Topology {
         progress: &dyn Fn(&str),
     ) -> Result<Topology> {
         validate_settings(&opts.standby_settings)?;
-        let primary = Cluster::start(install, &opts.primary)?;
+        let primary = match &opts.primary_template {
+            Some(data) => Cluster::start_from(install, &opts.primary, data)?,
+            None => Cluster::start(install, &opts.primary)?,
+        };
         let mut t = Topology {
             primary: Some(primary),
             standbys: Vec::new(),

@@ -106,6 +106,10 @@ impl Scenario for Composed {
         Ok(())
     }
 
+    fn templated_data(&self) -> bool {
+        self.setups().all(|s| s.templated_data())
+    }
+
     fn after_start(
         &self,
         opts: &LabOptions,

@@ -402,6 +402,7 @@ pub fn sweep(
                 standbys: rep.standbys.max(1),
                 sync: rep.sync,
                 standby_settings,
+                primary_template: None,
             },
             status,
         )?;

@@ -77,6 +77,16 @@ pub trait Scenario: Sync {
         Ok(())
     }
 
+    /// Whether the primary's database may come from a template
+    /// ([`crate::provision::template`]: `bench` made and `pgbench -i` run
+    /// before the server started) instead of being made in this run. Not
+    /// for a scenario whose [`Scenario::after_start`] sets up what the
+    /// database must be made inside (a cgroup that is charged for it, a
+    /// device under pg_wal or a tablespace).
+    fn templated_data(&self) -> bool {
+        true
+    }
+
     /// Once the servers run, before the database exists: devices, cgroups
     /// the cluster is moved into.
     fn after_start(

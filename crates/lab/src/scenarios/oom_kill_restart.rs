@@ -98,6 +98,11 @@ impl Scenario for OomKillRestart {
     }
 
     /// Moved in before the load, limited after it.
+    /// No template: the database is made inside the memory cgroup, which is charged for its page cache.
+    fn templated_data(&self) -> bool {
+        false
+    }
+
     fn after_start(
         &self,
         opts: &LabOptions,

@@ -253,6 +253,11 @@ impl Scenario for SwapActivity {
     }
 
     /// In the cgroup before the load, so its pages are charged there.
+    /// No template: the database is made inside the memory cgroup, which is charged for its page cache.
+    fn templated_data(&self) -> bool {
+        false
+    }
+
     fn after_start(
         &self,
         opts: &LabOptions,

@@ -65,6 +65,11 @@ impl Scenario for WalFsyncLatency {
         Ok(opts.clone())
     }
 
+    /// No template: pgbench -i writes its WAL onto the loop device under pg_wal.
+    fn templated_data(&self) -> bool {
+        false
+    }
+
     fn after_start(
         &self,
         _opts: &LabOptions,

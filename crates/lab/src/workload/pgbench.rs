@@ -106,6 +106,20 @@ impl Pgbench {
         c
     }
 
+    /// `pgbench --version`'s line, e.g. "pgbench (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)".
+    pub fn version(&self) -> Result<String> {
+        let out = self
+            .command()
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {}", self.bin.display()))?;
+        if !out.status.success() {
+            anyhow::bail!("{} --version failed ({})", self.bin.display(), out.status);
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
     /// `pgbench -i -s SCALE` (quiet). Fails with pgbench's own error text.
     pub fn init(&self, target: &PgbenchTarget, scale: u32) -> Result<()> {
         let mut cmd = self.command();
