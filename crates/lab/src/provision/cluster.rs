@@ -101,7 +101,7 @@ impl Cluster {
     pub fn start_from(install: &PgInstall, opts: &ClusterOptions, data: &Path) -> Result<Cluster> {
         validate_settings(&opts.settings)?;
         let mut c = Cluster::empty(install)?;
-        super::template::copy_data(data, &c.data_dir, &c.account)?;
+        copy_data(data, &c.data_dir, &c.account)?;
         c.configure_and_launch(opts)?;
         Ok(c)
     }
@@ -955,6 +955,31 @@ pub(super) fn tail(text: &str, n: usize) -> String {
         return "(empty)".to_string();
     }
     lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// Copy a template's data directory to `to` (which must not exist), owned
+/// by `account`, modes kept.
+fn copy_data(from: &Path, to: &Path, account: &Account) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(from).with_context(|| format!("reading {}", from.display()))?;
+    std::fs::create_dir(to).with_context(|| format!("creating {}", to.display()))?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    account.chown(to)?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let ft = e.file_type()?;
+        if ft.is_dir() {
+            copy_data(&src, &dst, account)?;
+        } else if ft.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst)
+                .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+            account.chown(&dst)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -262,33 +262,6 @@ fn bytes_under(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Copy a template's data directory to `to` (which must not exist), owned
-/// by `account`, modes kept.
-pub(super) fn copy_data(from: &Path, to: &Path, account: &Account) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(from).with_context(|| format!("reading {}", from.display()))?;
-    std::fs::create_dir(to).with_context(|| format!("creating {}", to.display()))?;
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
-    account.chown(to)?;
-    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
-        let e = e?;
-        let (src, dst) = (e.path(), to.join(e.file_name()));
-        let ft = e.file_type()?;
-        if ft.is_dir() {
-            copy_data(&src, &dst, account)?;
-        } else if ft.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
-        } else {
-            std::fs::copy(&src, &dst)
-                .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
-            account.chown(&dst)?;
-        }
-    }
-    Ok(())
-}
-
-use std::os::unix::fs::MetadataExt;
-
 #[cfg(test)]
 mod tests {
     use super::*;
