@@ -150,10 +150,7 @@ fn template_for(
     });
     match made {
         Ok(data) => Some(data),
-        Err(e) if interrupt::requested() => {
-            let _ = e;
-            None
-        }
+        Err(_) if interrupt::requested() => None,
         Err(e) => {
             eprintln!(
                 "pgbelow: no template cluster ({e:#}); running initdb and pgbench -i instead"
@@ -251,12 +248,12 @@ fn run_on(lab: &Lab, host: &mut Fixtures, out: &Path, templated: bool) -> Result
     let (opts, status) = (lab.opts, lab.status);
     if !templated {
         lab.psql("postgres", "CREATE DATABASE bench")?;
-    }
-    if opts.scenario.spec().init && !templated {
-        status(&format!("pgbench -i -s {}", opts.scale));
-        // A stop that came before a command started does not end it: check.
-        interrupt::check()?;
-        lab.pgbench.init(&lab.target(lab.primary()), opts.scale)?;
+        if opts.scenario.spec().init {
+            status(&format!("pgbench -i -s {}", opts.scale));
+            // A stop that came before a command started does not end it: check.
+            interrupt::check()?;
+            lab.pgbench.init(&lab.target(lab.primary()), opts.scale)?;
+        }
     }
     // Held until this function returns: after the recording is written.
     let prepared = opts.scenario.prepare(lab, host)?;

@@ -121,12 +121,7 @@ fn parse_versions_json(text: &str) -> Result<Vec<String>> {
 
 /// The cache root for npm builds (see the module docs).
 pub fn default_cache_root() -> Result<PathBuf> {
-    let user = Account::current()?;
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .unwrap_or_else(|| user.home.join(".cache"));
-    let root = base.join("pgbelow").join("pg");
+    let root = user_cache()?.join("pg");
     if running_as_root() {
         let server = Account::server()?;
         if server.blocking_dir(&root).is_some() {
@@ -134,6 +129,19 @@ pub fn default_cache_root() -> Result<PathBuf> {
         }
     }
     Ok(root)
+}
+
+/// pgbelow's directory in the user's cache: `$XDG_CACHE_HOME/pgbelow`
+/// (an absolute one), else `~/.cache/pgbelow`.
+pub(super) fn user_cache() -> Result<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute());
+    Ok(match base {
+        Some(b) => b,
+        None => Account::current()?.home.join(".cache"),
+    }
+    .join("pgbelow"))
 }
 
 /// The npm build of `major` under `root`: from the cache, else fetched.

@@ -24,7 +24,6 @@ use anyhow::{bail, Context, Result};
 
 use super::cluster::Cluster;
 use super::install::PgInstall;
-use crate::account::Account;
 
 /// Environment variable that turns templates off (`off` or `0`).
 pub const ENV: &str = "PGBELOW_LAB_TEMPLATES";
@@ -89,11 +88,7 @@ impl Key {
 
 /// The cache's root directory.
 fn root() -> Result<PathBuf> {
-    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        Some(v) => PathBuf::from(v),
-        None => Account::current()?.home.join(".cache"),
-    };
-    Ok(base.join("pgbelow").join("clusters"))
+    Ok(super::npm::user_cache()?.join("clusters"))
 }
 
 /// The data directory of the template for `key`, built now with `fill`

@@ -329,12 +329,12 @@ impl Scenario for MemoryCgroupReclaim {
         Ok(with_defaults(opts))
     }
 
-    /// Moved in before the load, limited after it ([`Scenario::prepare`]).
     /// No template: the database is made inside the memory cgroup, which is charged for its page cache.
     fn templated_data(&self) -> bool {
         false
     }
 
+    /// Moved in before the load, limited after it ([`Scenario::prepare`]).
     fn after_start(
         &self,
         opts: &LabOptions,

@@ -82,7 +82,7 @@ pub trait Scenario: Sync {
     /// before the server started) instead of being made in this run. Not
     /// for a scenario whose [`Scenario::after_start`] sets up what the
     /// database must be made inside (a cgroup that is charged for it, a
-    /// device under pg_wal or a tablespace).
+    /// device under pg_wal).
     fn templated_data(&self) -> bool {
         true
     }

@@ -97,12 +97,12 @@ impl Scenario for OomKillRestart {
         Ok(memory_cgroup::with_defaults(opts))
     }
 
-    /// Moved in before the load, limited after it.
     /// No template: the database is made inside the memory cgroup, which is charged for its page cache.
     fn templated_data(&self) -> bool {
         false
     }
 
+    /// Moved in before the load, limited after it.
     fn after_start(
         &self,
         opts: &LabOptions,

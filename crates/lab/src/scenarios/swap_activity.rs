@@ -252,12 +252,12 @@ impl Scenario for SwapActivity {
         Ok(o)
     }
 
-    /// In the cgroup before the load, so its pages are charged there.
     /// No template: the database is made inside the memory cgroup, which is charged for its page cache.
     fn templated_data(&self) -> bool {
         false
     }
 
+    /// In the cgroup before the load, so its pages are charged there.
     fn after_start(
         &self,
         opts: &LabOptions,
