@@ -60,6 +60,9 @@ pub struct Metrics {
     escalations: BTreeMap<String, u64>,
     incidents: BTreeMap<String, u64>,
     escalation_cpu_s: f64,
+    /// CPU seconds of pgbelow's own backend on the server, summed over the
+    /// windows that measured it; None before the first did.
+    observer_cpu_s: Option<f64>,
     /// The history's seconds and bytes, and the hour's escalation budget
     /// left (CPU-s), after the last window.
     history: Option<(f64, u64, f64)>,
@@ -182,6 +185,9 @@ impl Metrics {
         self.server_info = server_labels(rep);
         let secs = ev.rec.manifest.duration_s.unwrap_or(0.0);
         self.window_s += secs;
+        if let Some(c) = ev.rec.manifest.observer_backend_cpu_s {
+            *self.observer_cpu_s.get_or_insert(0.0) += c;
+        }
         self.last_window_end = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
         for c in &ev.rec.manifest.collectors {
             // Degraded is up: it ran, with less (a server in a pid
@@ -550,6 +556,14 @@ impl Metrics {
             "pgbelow's own CPU seconds over its escalated windows.",
             [(vec![], crate::round3(self.escalation_cpu_s))],
         );
+        if let Some(c) = self.observer_cpu_s {
+            e.family(
+                "pgbelow_observer_backend_cpu_seconds_total",
+                Kind::Counter,
+                "CPU seconds of pgbelow's own backends on the server (the pgstat collector's connection) over the windows: the server's side of pgbelow's cost, which process_cpu_seconds_total does not include.",
+                [(vec![], crate::round3(c))],
+            );
+        }
         e.family(
             "pgbelow_incidents_total",
             Kind::Counter,

@@ -653,6 +653,26 @@ fn attach_writes_nothing_and_changes_no_setting() {
             "the observer ran a statement that is not a read: {q}"
         );
     }
+    // Its backend's CPU, the server's side of pgbelow's cost: measured, and
+    // at least a part of what the server counted executing its statements
+    // (exec time is wall time, planning adds CPU; generous both ways).
+    let exec_s: f64 = c
+        .psql(
+            "postgres",
+            "select coalesce(sum(total_exec_time), 0) / 1000 from pg_stat_statements s \
+             join pg_roles r on r.oid = s.userid where r.rolname = 'watcher'",
+        )
+        .trim()
+        .parse()
+        .unwrap();
+    let cpu = &report["recording"]["observer_backend_cpu_s"];
+    let duration = report["recording"]["duration_s"].as_f64().unwrap();
+    eprintln!("observer backend: {cpu} CPU-s, its statements {exec_s:.4} s executing, {duration} s recorded");
+    let cpu = cpu.as_f64().expect("observer_backend_cpu_s measured");
+    assert!(
+        cpu > 0.0 && cpu >= 0.3 * exec_s && cpu < duration,
+        "observer backend {cpu} CPU-s vs its statements' {exec_s} s executing over {duration} s"
+    );
     assert_eq!(c.psql("postgres", settings), before, "a setting changed");
     let root_owned: Vec<_> = files_under(&c.data())
         .into_iter()

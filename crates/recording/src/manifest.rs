@@ -36,6 +36,12 @@ pub struct Manifest {
     pub facts: BTreeMap<String, serde_json::Value>,
     /// pgbelow's own CPU time (user+system) over the recording, in seconds.
     pub pgbelow_cpu_s: Option<f64>,
+    /// CPU seconds of pgbelow's own backend (the pgstat collector's
+    /// connection, `postgres.observer_backend_pid`) over the recording: the
+    /// server's side of pgbelow's cost. None: no such connection, or it
+    /// was lost before the end (not measured, never 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observer_backend_cpu_s: Option<f64>,
     /// pgbelow's peak resident memory (VmHWM), KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgbelow_peak_rss_kb: Option<u64>,
@@ -241,6 +247,7 @@ pub fn new_manifest(mode: &str) -> Manifest {
         collectors: Vec::new(),
         facts: BTreeMap::new(),
         pgbelow_cpu_s: None,
+        observer_backend_cpu_s: None,
         pgbelow_peak_rss_kb: None,
         error: None,
         incident: None,

@@ -242,6 +242,12 @@ pub fn splice(
     m.pgbelow_cpu_s = Some(round3(
         manifests.iter().filter_map(|x| x.pgbelow_cpu_s).sum(),
     ));
+    // Measured for the incident only when measured in every window.
+    m.observer_backend_cpu_s = manifests
+        .iter()
+        .map(|x| x.observer_backend_cpu_s)
+        .sum::<Option<f64>>()
+        .map(round3);
     m.pgbelow_peak_rss_kb = manifests.iter().filter_map(|x| x.pgbelow_peak_rss_kb).max();
     m.postgres = manifests
         .last()
@@ -398,6 +404,34 @@ mod tests {
             .filter(|n| n.starts_with(".pgbelow-splice"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    // The observer backend's CPU is the incident's only when every window
+    // measured it: one that did not (no pgstat connection) leaves it
+    // unmeasured, never a sum that reads as the whole.
+    #[test]
+    fn the_observer_backends_cpu_is_summed_only_when_every_window_measured_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = quiet_then_hogs(tmp.path(), "2026-11-25T23:05:16.500Z");
+        let set = |d: &Path, v: Option<f64>| {
+            let mut m = manifest_of(d).unwrap();
+            m.observer_backend_cpu_s = v;
+            std::fs::write(
+                d.join(super::super::files::MANIFEST),
+                serde_json::to_vec(&m).unwrap(),
+            )
+            .unwrap();
+        };
+        let joined = |name: &str| {
+            let out = tmp.path().join(name);
+            splice(&[a.clone(), b.clone()], &[false, false], None, &out, None).unwrap();
+            manifest_of(&out).unwrap().observer_backend_cpu_s
+        };
+        set(&a, Some(0.125));
+        set(&b, None);
+        assert_eq!(joined("one-unmeasured"), None);
+        set(&b, Some(0.25));
+        assert_eq!(joined("both"), Some(0.375));
     }
 
     // A checkpoint the first window saw start (the real stall run's) is

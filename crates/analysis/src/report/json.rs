@@ -141,6 +141,13 @@ pub struct RecordingMeta {
     pub pgbelow_cpu_share: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgbelow_peak_rss_kb: Option<u64>,
+    /// CPU seconds of pgbelow's own backend on the server (absent: not
+    /// measured — no pgstat connection, or it was lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observer_backend_cpu_s: Option<f64>,
+    /// The same as a share of one CPU over the recording.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observer_backend_cpu_share: Option<f64>,
     pub truncated_lines: usize,
     /// Parts of the recording that could not be read (file and why); the
     /// report shows what the rest measured.
@@ -330,10 +337,11 @@ pub fn build(rec: &Evidence) -> Report {
         latency_avg_ms: w.latency_avg_ms,
         tps_series: rec.progress.iter().map(|p| p.tps).collect(),
     });
-    let cpu_share = match (m.pgbelow_cpu_s, m.duration_s) {
+    let share = |cpu: Option<f64>| match (cpu, m.duration_s) {
         (Some(c), Some(d)) if d > 0.0 => Some(round3(c / d)),
         _ => None,
     };
+    let cpu_share = share(m.pgbelow_cpu_s);
     Report {
         schema_version: REPORT_SCHEMA_VERSION,
         pgbelow_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -345,6 +353,8 @@ pub fn build(rec: &Evidence) -> Report {
             pgbelow_cpu_s: m.pgbelow_cpu_s,
             pgbelow_cpu_share: cpu_share,
             pgbelow_peak_rss_kb: m.pgbelow_peak_rss_kb,
+            observer_backend_cpu_s: m.observer_backend_cpu_s,
+            observer_backend_cpu_share: share(m.observer_backend_cpu_s),
             truncated_lines: rec.truncated_lines,
             unreadable: rec.unreadable.clone(),
             scenario: m.scenario.clone(),

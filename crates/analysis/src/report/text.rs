@@ -52,6 +52,13 @@ pub fn render(r: &Report) -> String {
             " · pgbelow used {c:.3} s CPU ({:.2}% of one CPU)",
             share * 100.0
         );
+        if let (Some(b), Some(bs)) = (m.observer_backend_cpu_s, m.observer_backend_cpu_share) {
+            let _ = write!(
+                o,
+                ", its backend {b:.3} s on the server ({:.2}%)",
+                bs * 100.0
+            );
+        }
     }
     let _ = writeln!(o);
     if let Some(i) = &m.incident {

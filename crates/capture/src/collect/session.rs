@@ -24,6 +24,10 @@ pub struct Session {
     /// Each postmaster's live tree as last walked (pid → parent), when the
     /// kernel tells which processes forked ([`Context::ran`]).
     live: BTreeMap<u32, BTreeMap<u32, u32>>,
+    /// pgbelow's own backend (the pgstat collector's connection) and its
+    /// CPU seconds when the recording began: the server's side of
+    /// pgbelow's cost, which its own CPU time does not include.
+    observer_cpu_start: Option<(u32, f64)>,
 }
 
 impl Session {
@@ -85,6 +89,7 @@ impl Session {
             collectors,
             failed,
             live: BTreeMap::new(),
+            observer_cpu_start: None,
         };
         for (c, _) in &s.collectors {
             s.writer.manifest.facts.extend(c.facts());
@@ -96,6 +101,12 @@ impl Session {
                     .get_or_insert(pid);
             }
         }
+        s.observer_cpu_start = s
+            .writer
+            .manifest
+            .postgres
+            .observer_backend_pid
+            .and_then(|pid| Some((pid, super::procfs::cpu_s_of(pid)?)));
         s.update_manifest_collectors();
         s.writer.write_manifest()?;
         s.discover(&[])?;
@@ -289,6 +300,11 @@ impl Session {
     pub fn finish(mut self, status: Status, error: Option<String>) -> Result<PathBuf> {
         let mut result = self.tick();
         let t = self.t();
+        // Read before `halt`, which closes the connection: a backend gone
+        // (the connection lost) leaves the figure unmeasured, not 0.
+        let observer_cpu_s = self.observer_cpu_start.and_then(|(pid, start)| {
+            Some(round_us((super::procfs::cpu_s_of(pid)? - start).max(0.0)))
+        });
         for (c, cost) in &mut self.collectors {
             let c0 = thread_cpu_s();
             c.halt();
@@ -312,6 +328,7 @@ impl Session {
         m.error = error.or_else(|| result.as_ref().err().map(|e| format!("{e:#}")));
         m.duration_s = Some(t);
         m.pgbelow_cpu_s = Some(round_us(process_cpu_s() - self.cpu_start));
+        m.observer_backend_cpu_s = observer_cpu_s;
         m.pgbelow_peak_rss_kb = super::cpu::peak_rss_kb();
         self.writer.write_manifest()?;
         self.writer.flush()?;

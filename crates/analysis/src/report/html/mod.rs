@@ -333,6 +333,20 @@ fn header(o: &mut String, r: &Report) {
             ),
         ));
     }
+    if let Some(c) = r.recording.observer_backend_cpu_s {
+        facts.push((
+            "its backend's cost on the server".into(),
+            format!(
+                "{c:.2} s CPU{}",
+                r.recording
+                    .observer_backend_cpu_share
+                    .map_or(String::new(), |s| format!(
+                        " ({:.1}% of one CPU)",
+                        s * 100.0
+                    ))
+            ),
+        ));
+    }
     // What the recording could not read, as the text report lists it: a
     // damaged recording's page says so instead of looking complete.
     if let Some(e) = &r.recording.error {

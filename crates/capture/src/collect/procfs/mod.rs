@@ -360,6 +360,14 @@ fn thread_cpu_ns() -> u64 {
     (super::cpu::thread_cpu_s() * 1e9) as u64
 }
 
+/// CPU seconds process `pid` has used so far: its schedstat's time on a
+/// CPU (nanoseconds, where the stat file's ticks are 10 ms), or None when
+/// it is gone or the kernel keeps no schedstat.
+pub fn cpu_s_of(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    Some(parse::parse_schedstat(&s)?.run_ns as f64 / 1e9)
+}
+
 /// USER_HZ, the unit of CPU times and start times in /proc/PID/stat.
 pub fn clock_ticks_per_s() -> u64 {
     // SAFETY: sysconf has no preconditions.
