@@ -158,7 +158,7 @@ fn build(
         format!("{}\n{}\n", key.install, key.filler),
     )?;
     // On disk before it is renamed into place: a crash leaves no torn template.
-    sync_fs(tmp)
+    super::cluster::sync_fs(tmp)
 }
 
 fn wal_dir(major: u32) -> &'static str {
@@ -185,16 +185,6 @@ fn trim_wal(wal: &Path) -> Result<()> {
     for s in &segments[1..] {
         std::fs::remove_file(wal.join(s))
             .with_context(|| format!("removing {}", wal.join(s).display()))?;
-    }
-    Ok(())
-}
-
-fn sync_fs(dir: &Path) -> Result<()> {
-    let f = std::fs::File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
-    // SAFETY: syncfs on a descriptor we own.
-    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("syncfs of {}", dir.display()));
     }
     Ok(())
 }
