@@ -174,7 +174,6 @@ fn run(
         sampler.stacks_from_bpf();
     }
     let mut obs = Vec::new();
-    let mut gone = Vec::new();
     let mut next = Instant::now();
     let mut table_read: Option<Instant> = None;
     let mut rounds: u64 = 0;
@@ -186,10 +185,9 @@ fn run(
         }
         let reads_before = sampler.stack_reads;
         obs.clear();
-        gone.clear();
-        sampler.round_changes(&mut obs, &mut gone);
+        sampler.round(&mut obs);
         if let Ok(mut iv) = shared.interval.lock() {
-            iv.add_changes(&obs, &gone, sampler.stack_reads - reads_before);
+            iv.add_round(&obs, sampler.stack_reads - reads_before);
         }
         if let Some(p) = sampler.stack_problem.take() {
             if let Ok(mut slot) = shared.stack_problem.lock() {
@@ -265,8 +263,7 @@ impl Collector for ProcfsCollector {
 
     fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
         let interval = match self.shared.interval.lock() {
-            // Standing observations go on into the next interval.
-            Ok(mut iv) => iv.roll(),
+            Ok(mut iv) => std::mem::take(&mut *iv),
             Err(_) => return Err(anyhow::anyhow!("procfs sampler state poisoned")),
         };
         // A process that has not run since the last interval (schedstat

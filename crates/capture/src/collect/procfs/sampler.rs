@@ -191,9 +191,6 @@ pub struct Sampler {
     postmaster: Option<u32>,
     /// The last session's open files, taken as processes are added.
     reuse: BTreeMap<u32, Files>,
-    /// Processes the table no longer names, for the next
-    /// [`Sampler::round_changes`].
-    dropped: Vec<u32>,
 }
 
 /// Open files of the last session of each server (`watch`'s windows).
@@ -283,7 +280,6 @@ impl Sampler {
             bpf: None,
             postmaster: None,
             reuse: BTreeMap::new(),
-            dropped: Vec::new(),
         }
     }
 
@@ -321,26 +317,13 @@ impl Sampler {
     pub fn set_pids(&mut self, pids: &[(u32, Role)]) {
         let wanted: BTreeMap<u32, Role> = pids.iter().copied().collect();
         let before = self.procs.len();
-        let dropped = &mut self.dropped;
-        self.procs.retain(|pid, _| {
-            let keep = wanted.contains_key(pid);
-            if !keep {
-                dropped.push(*pid);
-            }
-            keep
-        });
+        self.procs.retain(|pid, _| wanted.contains_key(pid));
         if self.procs.len() != before {
             self.kept_open = self.procs.values().filter(|p| p.keep_open).count();
         }
         for (pid, role) in wanted {
             match self.procs.get_mut(&pid) {
-                // A new role is a new observation: read it again rather
-                // than let the old one stand until the process runs.
-                Some(p) if p.role != role => {
-                    p.role = role;
-                    p.cache = None;
-                }
-                Some(_) => {}
+                Some(p) => p.role = role,
                 None => {
                     let keep_open = self.kept_open < self.fd_budget;
                     self.kept_open += usize::from(keep_open);
@@ -372,8 +355,6 @@ impl Sampler {
             b.round = None;
             b.runs = 0;
         }
-        // Every standing process is in `out`: one missing is gone.
-        self.dropped.clear();
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         for pid in pids {
             match self.observe_at(pid, now) {
@@ -400,70 +381,27 @@ impl Sampler {
         self.observe_at(pid, Instant::now())
     }
 
-    /// One round that yields only what changed: the observations of the
-    /// processes read this round into `changed` (the same as before or
-    /// not), and in `gone` those that exited or left the table since the
-    /// last round. A process the kernel says has not run is in neither:
-    /// its last observation stands ([`Interval::add_changes`]), and a
-    /// round over 1,000 idle connections builds nothing for them.
-    ///
-    /// [`Interval::add_changes`]: super::aggregate::Interval::add_changes
-    pub fn round_changes(&mut self, changed: &mut Vec<Observation>, gone: &mut Vec<u32>) {
-        let now = Instant::now();
-        if let Some(b) = &mut self.bpf {
-            b.round = None;
-            b.runs = 0;
-        }
-        gone.append(&mut self.dropped);
-        let pids: Vec<u32> = self.procs.keys().copied().collect();
-        for pid in pids {
-            if self.stands(pid) {
-                self.unread += 1;
-                continue;
-            }
-            match self.read_observation(pid, now) {
-                Some(o) => changed.push(o),
-                None => {
-                    gone.push(pid);
-                    if let Some(p) = self.procs.get_mut(&pid) {
-                        p.files = Files::default();
-                        p.cache = None;
-                    }
-                }
-            }
-        }
-    }
-
-    /// The kernel says `pid` has not run since the last round and its last
-    /// observation is cached: it stands. Asked (and its bit cleared) before
-    /// any file is read: a run after this is seen next round.
-    fn stands(&mut self, pid: u32) -> bool {
+    fn observe_at(&mut self, pid: u32, now: Instant) -> Option<Observation> {
+        // Asked (and its bit cleared) before any file is read: a run after
+        // this is seen next round.
         let not_run = self
             .ran
             .as_ref()
             .is_some_and(|r| !r.ran(Reader::Sampler, pid));
-        not_run && self.procs.get(&pid).is_some_and(|p| p.cache.is_some())
-    }
-
-    fn observe_at(&mut self, pid: u32, now: Instant) -> Option<Observation> {
-        if self.stands(pid) {
+        if not_run {
             let p = self.procs.get(&pid)?;
-            let c = p.cache.as_ref()?;
-            self.unread += 1;
-            return Some(Observation {
-                pid,
-                role: p.role,
-                state: c.state,
-                wchan: c.wchan.clone(),
-                syscall: c.syscall.clone(),
-                stack: c.stack.clone(),
-            });
+            if let Some(c) = &p.cache {
+                self.unread += 1;
+                return Some(Observation {
+                    pid,
+                    role: p.role,
+                    state: c.state,
+                    wchan: c.wchan.clone(),
+                    syscall: c.syscall.clone(),
+                    stack: c.stack.clone(),
+                });
+            }
         }
-        self.read_observation(pid, now)
-    }
-
-    /// Read `pid`'s files (as few as its cache allows); None when it is gone.
-    fn read_observation(&mut self, pid: u32, now: Instant) -> Option<Observation> {
         let sched_len = match self.read(pid, Which::Schedstat) {
             Ok(n) => n,
             Err(e) if gone(&e) => return None,
