@@ -49,17 +49,17 @@ struct RowAcc {
 }
 
 /// One process's observation, counted for as many rounds as it stays the
-/// same: a process that did not run returns the same observation every
-/// round (an idle connection of 1,000 at 10 Hz), and is then one compare
-/// per round instead of five map updates.
+/// same: a process that did not run stands (an idle connection of 1,000
+/// at 10 Hz) and costs nothing per round; its rounds are counted when it
+/// changes, leaves, or the interval ends.
+#[derive(Clone)]
 struct Standing {
     key: RowKey,
     stack: Option<Arc<str>>,
     wchan: Option<Arc<str>>,
     syscall: Option<Arc<str>>,
-    rounds: u64,
-    /// The round it was last seen in.
-    tick: u64,
+    /// The first round of this interval it stands in.
+    since: u64,
 }
 
 impl Standing {
@@ -89,26 +89,49 @@ pub struct Interval {
 }
 
 impl Interval {
-    /// Add one sampling round.
+    /// Add one sampling round of every process's observation
+    /// ([`Sampler::round`](super::sampler::Sampler::round)): one missing
+    /// from `obs` is gone.
     pub fn add_round(&mut self, obs: &[Observation], stack_reads: u64) {
+        let known = obs
+            .iter()
+            .filter(|o| self.standing.contains_key(&o.pid))
+            .count();
+        let gone: Vec<u32> = if self.standing.len() > known {
+            let seen: std::collections::HashSet<u32> = obs.iter().map(|o| o.pid).collect();
+            self.standing
+                .keys()
+                .filter(|p| !seen.contains(p))
+                .copied()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.add_changes(obs, &gone, stack_reads);
+    }
+
+    /// Add one sampling round given as what changed
+    /// ([`Sampler::round_changes`](super::sampler::Sampler::round_changes)):
+    /// the processes read this round, and those gone. Every other standing
+    /// observation stands for this round too.
+    pub fn add_changes(&mut self, changed: &[Observation], gone: &[u32], stack_reads: u64) {
         self.ticks += 1;
         self.stack_reads += stack_reads;
         let tick = self.ticks;
-        for o in obs {
-            if let Some(s) = self.standing.get_mut(&o.pid) {
-                if s.is(o) {
-                    s.rounds += 1;
-                    s.tick = tick;
-                    continue;
-                }
+        for pid in gone {
+            if let Some(old) = self.standing.remove(pid) {
+                self.settle(*pid, old, tick - 1);
+            }
+        }
+        for o in changed {
+            if self.standing.get(&o.pid).is_some_and(|s| s.is(o)) {
+                continue;
             }
             if let Some(old) = self.standing.remove(&o.pid) {
-                self.settle(old);
+                self.settle(o.pid, old, tick - 1);
             }
             let key = (o.role, o.state, o.frame());
-            let r = self.rows.entry(key.clone()).or_default();
-            r.standing += 1;
-            r.pids.insert(o.pid);
+            self.rows.entry(key.clone()).or_default().standing += 1;
             self.standing.insert(
                 o.pid,
                 Standing {
@@ -116,25 +139,9 @@ impl Interval {
                     stack: o.stack.as_ref().map(|s| s.folded.clone()),
                     wchan: o.wchan.clone(),
                     syscall: o.syscall.clone(),
-                    rounds: 1,
-                    tick,
+                    since: tick,
                 },
             );
-        }
-        // Each observed process stands once: more standing than observed
-        // means some were not seen this round (exited).
-        if self.standing.len() > obs.len() {
-            let gone: Vec<u32> = self
-                .standing
-                .iter()
-                .filter(|(_, s)| s.tick != tick)
-                .map(|(p, _)| *p)
-                .collect();
-            for pid in gone {
-                if let Some(old) = self.standing.remove(&pid) {
-                    self.settle(old);
-                }
-            }
         }
         for r in self.rows.values_mut().filter(|r| r.standing > 0) {
             r.ticks_hit += 1;
@@ -142,30 +149,55 @@ impl Interval {
         }
     }
 
-    /// Count a standing observation's rounds into its row.
-    fn settle(&mut self, s: Standing) {
+    /// Count a standing observation's rounds, from its first to `last`,
+    /// into its row.
+    fn settle(&mut self, pid: u32, s: Standing, last: u64) {
         let Some(r) = self.rows.get_mut(&s.key) else {
             return;
         };
         r.standing -= 1;
-        r.samples += s.rounds;
+        let rounds = (last + 1).saturating_sub(s.since);
+        if rounds == 0 {
+            return;
+        }
+        r.samples += rounds;
+        r.pids.insert(pid);
         if let Some(k) = s.stack {
-            *r.stacks.entry(k).or_default() += s.rounds;
+            *r.stacks.entry(k).or_default() += rounds;
         }
         if let Some(k) = s.wchan {
-            *r.wchans.entry(k).or_default() += s.rounds;
+            *r.wchans.entry(k).or_default() += rounds;
         }
         if let Some(k) = s.syscall {
-            *r.syscalls.entry(k).or_default() += s.rounds;
+            *r.syscalls.entry(k).or_default() += rounds;
         }
     }
 
     /// Count every standing observation into its row.
     fn settle_all(&mut self) {
-        let standing: Vec<Standing> = self.standing.drain().map(|(_, s)| s).collect();
-        for s in standing {
-            self.settle(s);
+        let last = self.ticks;
+        let standing: Vec<(u32, Standing)> = self.standing.drain().collect();
+        for (pid, s) in standing {
+            self.settle(pid, s, last);
         }
+    }
+
+    /// End this interval: it is returned, and `self` becomes the next one,
+    /// where every observation standing now goes on standing from its
+    /// first round (a process that does not run is not observed again).
+    pub fn roll(&mut self) -> Interval {
+        let mut next = Interval::default();
+        for (pid, s) in &self.standing {
+            next.rows.entry(s.key.clone()).or_default().standing += 1;
+            next.standing.insert(
+                *pid,
+                Standing {
+                    since: 1,
+                    ..s.clone()
+                },
+            );
+        }
+        std::mem::replace(self, next)
     }
 
     pub fn ticks(&self) -> u64 {
@@ -185,6 +217,9 @@ impl Interval {
         };
         self.rows
             .iter()
+            // A row carried into this interval whose processes left before
+            // its first round.
+            .filter(|(_, r)| r.samples > 0)
             .map(|((role, state, frame), r)| StateRow {
                 role: *role,
                 state: state.to_string(),
@@ -616,10 +651,10 @@ mod tests {
         out
     }
 
-    #[test]
-    fn standing_observations_count_as_every_round_did() {
-        // Three kinds of observation, shared (as the sampler's cache
-        // returns them) or not; processes that change, appear and exit.
+    /// Sixty rounds of eight processes: three kinds of observation, shared
+    /// (as the sampler's cache returns them) or not; processes that change,
+    /// appear and exit.
+    fn random_rounds() -> Vec<Vec<Observation>> {
         let d = obs(
             1,
             Role::Backend,
@@ -683,18 +718,18 @@ mod tests {
             }
             rounds.push(v);
         }
-        let mut iv = Interval::default();
-        for v in &rounds {
-            iv.add_round(v, 0);
-        }
-        let got: BTreeMap<NaiveKey, Naive> = iv
-            .rows(6.0)
+        rounds
+    }
+
+    /// An interval's rows as the test compares them (rounds at 10 Hz).
+    fn as_naive(iv: &mut Interval) -> BTreeMap<NaiveKey, Naive> {
+        let dt = iv.ticks() as f64 / 10.0;
+        iv.rows(dt)
             .into_iter()
             .map(|r| {
                 let st = r.state.chars().next().expect("a state");
                 let row = Naive {
                     samples: r.samples,
-                    // 60 rounds over 6 s: a tenth of a second each.
                     ticks_hit: (r.wall_s * 10.0).round() as u64,
                     max_in_tick: r.max_pids,
                     pids: r.pids.iter().copied().collect(),
@@ -703,10 +738,71 @@ mod tests {
                 };
                 ((r.role, st, r.frame.clone()), row)
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn standing_observations_count_as_every_round_did() {
+        let rounds = random_rounds();
+        let mut iv = Interval::default();
+        for v in &rounds {
+            iv.add_round(v, 0);
+        }
         let want = naive_rows(&rounds);
-        assert_eq!(got, want);
+        assert_eq!(as_naive(&mut iv), want);
         assert!(want.len() >= 3, "{want:?}");
+    }
+
+    // The sampler's rounds as what changed (a process that did not run is
+    // not in the round at all; one read again may be the same as before),
+    // over intervals that roll every 7 rounds: each interval's rows are
+    // those of its rounds counted one observation at a time.
+    #[test]
+    fn changes_only_count_as_every_round_did_across_intervals() {
+        let rounds = random_rounds();
+        let mut iv = Interval::default();
+        let mut last: BTreeMap<u32, Observation> = BTreeMap::new();
+        let mut chunk: Vec<Vec<Observation>> = Vec::new();
+        let mut compared = 0;
+        for (i, v) in rounds.iter().enumerate() {
+            let now: BTreeMap<u32, Observation> = v.iter().map(|o| (o.pid, o.clone())).collect();
+            let gone: Vec<u32> = last
+                .keys()
+                .filter(|p| !now.contains_key(p))
+                .copied()
+                .collect();
+            // Unchanged ones left out, except every third round's (read
+            // again, the same).
+            let changed: Vec<Observation> = v
+                .iter()
+                .filter(|o| {
+                    i % 3 == 0
+                        || last.get(&o.pid).is_none_or(|l| {
+                            (l.role, l.state, l.frame(), &l.wchan)
+                                != (o.role, o.state, o.frame(), &o.wchan)
+                                || l.stack.as_ref().map(|s| &s.folded)
+                                    != o.stack.as_ref().map(|s| &s.folded)
+                        })
+                })
+                .cloned()
+                .collect();
+            iv.add_changes(&changed, &gone, 0);
+            chunk.push(v.clone());
+            last = now;
+            if chunk.len() == 7 || i + 1 == rounds.len() {
+                let mut done = iv.roll();
+                assert_eq!(
+                    as_naive(&mut done),
+                    naive_rows(&chunk),
+                    "interval ending at round {i}"
+                );
+                compared += 1;
+                chunk.clear();
+            }
+        }
+        assert_eq!(compared, 9);
+        // An interval with no round: nothing, though processes stand.
+        assert!(iv.roll().rows(0.0).is_empty());
     }
 
     #[test]

@@ -174,6 +174,7 @@ fn run(
         sampler.stacks_from_bpf();
     }
     let mut obs = Vec::new();
+    let mut gone = Vec::new();
     let mut next = Instant::now();
     let mut table_read: Option<Instant> = None;
     let mut rounds: u64 = 0;
@@ -185,9 +186,10 @@ fn run(
         }
         let reads_before = sampler.stack_reads;
         obs.clear();
-        sampler.round(&mut obs);
+        gone.clear();
+        sampler.round_changes(&mut obs, &mut gone);
         if let Ok(mut iv) = shared.interval.lock() {
-            iv.add_round(&obs, sampler.stack_reads - reads_before);
+            iv.add_changes(&obs, &gone, sampler.stack_reads - reads_before);
         }
         if let Some(p) = sampler.stack_problem.take() {
             if let Ok(mut slot) = shared.stack_problem.lock() {
@@ -247,8 +249,8 @@ impl Collector for ProcfsCollector {
         CollectorInfo {
             name: "procfs".into(),
             mechanism: match (self.ctx.ran.is_some(), self.from_bpf) {
-                (true, true) => "procfs; processes that did not run skipped (eBPF sched_switch); kernel stacks of blocked processes from an eBPF task iterator (/proc/PID/stack needs CAP_SYS_ADMIN)",
-                (true, false) => "procfs; processes that did not run skipped (eBPF sched_switch)",
+                (true, true) => "procfs; processes that neither ran nor woke skipped (eBPF sched_switch, sched_wakeup); kernel stacks of blocked processes from an eBPF task iterator (/proc/PID/stack needs CAP_SYS_ADMIN)",
+                (true, false) => "procfs; processes that neither ran nor woke skipped (eBPF sched_switch, sched_wakeup)",
                 _ => "procfs",
             }
             .into(),
@@ -263,7 +265,8 @@ impl Collector for ProcfsCollector {
 
     fn sample(&mut self, t: f64, out: &mut Writer) -> Result<()> {
         let interval = match self.shared.interval.lock() {
-            Ok(mut iv) => std::mem::take(&mut *iv),
+            // Standing observations go on into the next interval.
+            Ok(mut iv) => iv.roll(),
             Err(_) => return Err(anyhow::anyhow!("procfs sampler state poisoned")),
         };
         // A process that has not run since the last interval (schedstat

@@ -14,13 +14,16 @@
 //!   copy read before is older than [`STACK_REFRESH`]: an idle backend in
 //!   `epoll_wait` costs one stack read per second, not one per round;
 //! - a process that has not been on a CPU since the last round (its
-//!   `schedstat`, run time and timeslices, unchanged) cannot have moved:
-//!   its last observation stands, for one read instead of two to four. An
-//!   idle connection costs one small read per round (a server with 1,000
-//!   of them: see docs/collectors/procfs.md). A process woken but not yet
-//!   run keeps its last (sleeping) state until it runs;
-//! - when the kernel says which processes ran ([`Ran`], eBPF on
-//!   sched_switch), a process that has not run costs no read at all.
+//!   `schedstat`, run time and timeslices, unchanged) cannot have moved,
+//!   except from a sleep to R by a wake-up: its last observation stands,
+//!   for one read instead of two to four (an idle connection costs one
+//!   small read per round; a server with 1,000 of them: see
+//!   docs/collectors/procfs.md). The last observation is the R, if it was
+//!   one, not the sleep before it; a D is checked against `stat` (a
+//!   wake-up's wait for a CPU is not a D);
+//! - when the kernel says which processes ran or were woken ([`Ran`], eBPF
+//!   on sched_switch and sched_wakeup), a process that did neither costs
+//!   no read at all, and a woken one gets its `stat` read.
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, ErrorKind};
@@ -81,6 +84,17 @@ pub struct Observation {
 }
 
 impl Observation {
+    fn runnable(pid: u32, role: Role) -> Observation {
+        Observation {
+            pid,
+            role,
+            state: 'R',
+            wchan: None,
+            syscall: None,
+            stack: None,
+        }
+    }
+
     /// Where it waits: the stack's first meaningful frame, else the wait
     /// channel, else "" (running, or nothing known).
     pub fn frame(&self) -> Arc<str> {
@@ -104,6 +118,19 @@ struct Cached {
     stack: Option<Arc<Stack>>,
     stack_raw: Vec<u8>,
     at: Instant,
+}
+
+impl Cached {
+    fn observation(&self, pid: u32, role: Role) -> Observation {
+        Observation {
+            pid,
+            role,
+            state: self.state,
+            wchan: self.wchan.clone(),
+            syscall: self.syscall.clone(),
+            stack: self.stack.clone(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -135,7 +162,12 @@ struct Proc {
     /// Keep this process's files open between rounds (within the fd budget).
     keep_open: bool,
     files: Files,
+    /// The last sleeping observation (its stack and syscall are reused).
     cache: Option<Cached>,
+    /// Set, to its `schedstat` then, when the last observation was R: a
+    /// process cannot leave R without running, so until it runs that
+    /// observation, not the older sleep, stands.
+    runnable: Option<Vec<u8>>,
 }
 
 #[derive(Clone, Copy)]
@@ -191,6 +223,9 @@ pub struct Sampler {
     postmaster: Option<u32>,
     /// The last session's open files, taken as processes are added.
     reuse: BTreeMap<u32, Files>,
+    /// Processes the table no longer names, for the next
+    /// [`Sampler::round_changes`].
+    dropped: Vec<u32>,
 }
 
 /// Open files of the last session of each server (`watch`'s windows).
@@ -280,6 +315,7 @@ impl Sampler {
             bpf: None,
             postmaster: None,
             reuse: BTreeMap::new(),
+            dropped: Vec::new(),
         }
     }
 
@@ -317,13 +353,27 @@ impl Sampler {
     pub fn set_pids(&mut self, pids: &[(u32, Role)]) {
         let wanted: BTreeMap<u32, Role> = pids.iter().copied().collect();
         let before = self.procs.len();
-        self.procs.retain(|pid, _| wanted.contains_key(pid));
+        let dropped = &mut self.dropped;
+        self.procs.retain(|pid, _| {
+            let keep = wanted.contains_key(pid);
+            if !keep {
+                dropped.push(*pid);
+            }
+            keep
+        });
         if self.procs.len() != before {
             self.kept_open = self.procs.values().filter(|p| p.keep_open).count();
         }
         for (pid, role) in wanted {
             match self.procs.get_mut(&pid) {
-                Some(p) => p.role = role,
+                // A new role is a new observation: read it again rather
+                // than let the old one stand until the process runs.
+                Some(p) if p.role != role => {
+                    p.role = role;
+                    p.cache = None;
+                    p.runnable = None;
+                }
+                Some(_) => {}
                 None => {
                     let keep_open = self.kept_open < self.fd_budget;
                     self.kept_open += usize::from(keep_open);
@@ -335,6 +385,7 @@ impl Sampler {
                             keep_open,
                             files: files.unwrap_or_default(),
                             cache: None,
+                            runnable: None,
                         },
                     );
                 }
@@ -355,6 +406,8 @@ impl Sampler {
             b.round = None;
             b.runs = 0;
         }
+        // Every standing process is in `out`: one missing is gone.
+        self.dropped.clear();
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         for pid in pids {
             match self.observe_at(pid, now) {
@@ -365,6 +418,7 @@ impl Sampler {
                         // pid then names, not the dead process's files.
                         p.files = Files::default();
                         p.cache = None;
+                        p.runnable = None;
                     }
                 }
             }
@@ -381,54 +435,108 @@ impl Sampler {
         self.observe_at(pid, Instant::now())
     }
 
-    fn observe_at(&mut self, pid: u32, now: Instant) -> Option<Observation> {
-        // Asked (and its bit cleared) before any file is read: a run after
-        // this is seen next round.
+    /// One round that yields only what changed: the observations of the
+    /// processes read this round into `changed` (the same as before or
+    /// not), and in `gone` those that exited or left the table since the
+    /// last round. A process the kernel says has neither run nor been
+    /// woken is in neither: its last observation stands
+    /// ([`Interval::add_changes`]), and a round over 1,000 idle connections
+    /// builds nothing for them.
+    ///
+    /// [`Interval::add_changes`]: super::aggregate::Interval::add_changes
+    pub fn round_changes(&mut self, changed: &mut Vec<Observation>, gone: &mut Vec<u32>) {
+        let now = Instant::now();
+        if let Some(b) = &mut self.bpf {
+            b.round = None;
+            b.runs = 0;
+        }
+        gone.append(&mut self.dropped);
+        let pids: Vec<u32> = self.procs.keys().copied().collect();
+        for pid in pids {
+            if self.stands(pid) {
+                self.unread += 1;
+                continue;
+            }
+            match self.read_observation(pid, now) {
+                Some(o) => changed.push(o),
+                None => {
+                    gone.push(pid);
+                    if let Some(p) = self.procs.get_mut(&pid) {
+                        p.files = Files::default();
+                        p.cache = None;
+                        p.runnable = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The kernel says `pid` has neither run nor been woken since the last
+    /// round, and its last observation is known: it stands. Asked (and its
+    /// bit cleared) before any file is read: a run, or a wake-up, after
+    /// this is seen next round.
+    fn stands(&mut self, pid: u32) -> bool {
         let not_run = self
             .ran
             .as_ref()
             .is_some_and(|r| !r.ran(Reader::Sampler, pid));
-        if not_run {
+        not_run
+            && self
+                .procs
+                .get(&pid)
+                .is_some_and(|p| p.runnable.is_some() || p.cache.is_some())
+    }
+
+    fn observe_at(&mut self, pid: u32, now: Instant) -> Option<Observation> {
+        if self.stands(pid) {
+            self.unread += 1;
             let p = self.procs.get(&pid)?;
-            if let Some(c) = &p.cache {
-                self.unread += 1;
-                return Some(Observation {
-                    pid,
-                    role: p.role,
-                    state: c.state,
-                    wchan: c.wchan.clone(),
-                    syscall: c.syscall.clone(),
-                    stack: c.stack.clone(),
-                });
+            if p.runnable.is_some() {
+                return Some(Observation::runnable(pid, p.role));
             }
+            return Some(p.cache.as_ref()?.observation(pid, p.role));
         }
+        self.read_observation(pid, now)
+    }
+
+    /// Read `pid`'s files (as few as its last look allows); None when it
+    /// is gone.
+    fn read_observation(&mut self, pid: u32, now: Instant) -> Option<Observation> {
         let sched_len = match self.read(pid, Which::Schedstat) {
             Ok(n) => n,
             Err(e) if gone(&e) => return None,
             // Not this kernel's (no CONFIG_SCHED_INFO): every file, always.
             Err(_) => 0,
         };
-        let role = self.procs.get(&pid)?.role;
-        // (Only sleeping states are cached: R and Z return before it.)
-        if let Some(c) = self
-            .procs
-            .get(&pid)?
+        let p = self.procs.get(&pid)?;
+        let role = p.role;
+        let unchanged = |seen: &[u8]| sched_len > 0 && seen == &self.buf[..sched_len];
+        if p.runnable.as_deref().is_some_and(unchanged) {
+            return Some(Observation::runnable(pid, role));
+        }
+        // Not on a CPU since its last look, asleep then: it is asleep there
+        // still unless it was woken (and waits for a CPU). With the
+        // kernel's bits, this process's was set (a wake-up, since it did
+        // not run): its state is read. Without them, a D is checked (a
+        // wake-up would otherwise be counted as D, the state the rules
+        // weigh); any other sleep stands, for one read a round per idle
+        // connection (its wait for a CPU is counted from schedstat).
+        let asleep = p
             .cache
             .as_ref()
-            .filter(|c| sched_len > 0 && c.schedstat == self.buf[..sched_len])
-        {
-            return Some(Observation {
-                pid,
-                role,
-                state: c.state,
-                wchan: c.wchan.clone(),
-                syscall: c.syscall.clone(),
-                stack: c.stack.clone(),
-            });
+            .filter(|c| p.runnable.is_none() && unchanged(&c.schedstat))
+            .map(|c| c.state);
+        if asleep.is_some_and(|was| was != 'D' && self.ran.is_none()) {
+            let c = self.procs.get(&pid)?.cache.as_ref()?;
+            return Some(c.observation(pid, role));
         }
         let schedstat = self.buf[..sched_len].to_vec();
         let n = self.read(pid, Which::Stat).ok()?;
         let state = parse_stat_state(text(&self.buf, n))?;
+        if asleep == Some(state) {
+            let c = self.procs.get(&pid)?.cache.as_ref()?;
+            return Some(c.observation(pid, role));
+        }
         let mut o = Observation {
             pid,
             role,
@@ -440,9 +548,17 @@ impl Sampler {
         match state {
             // Running or runnable: its kernel stack is not stable and says
             // nothing about waiting.
-            'R' => return Some(o),
-            // Zombie or dead: nothing left to read.
-            'Z' | 'X' | 'x' => return Some(o),
+            'R' => {
+                self.procs.get_mut(&pid)?.runnable = Some(schedstat);
+                return Some(o);
+            }
+            // Zombie or dead: nothing left to read, nor to stand for it.
+            'Z' | 'X' | 'x' => {
+                let p = self.procs.get_mut(&pid)?;
+                p.runnable = None;
+                p.cache = None;
+                return Some(o);
+            }
             _ => {}
         }
         let wchan_len = match self.read(pid, Which::Wchan) {
@@ -455,6 +571,7 @@ impl Sampler {
         // before its other files: a block is often under a millisecond.
         let bpf_stack = self.bpf.as_mut().and_then(|b| b.of(pid, state, wchan_now));
         let proc = self.procs.get_mut(&pid)?;
+        proc.runnable = None;
         let cached = proc.cache.take();
         let same_wchan = cached
             .as_ref()
@@ -832,6 +949,37 @@ mod tests {
         assert_eq!((again.state, &again.wchan), (first.state, &first.wchan));
         // Taken from the last look: the cache was not read again.
         assert_eq!(s.procs[&pid].cache.as_ref().unwrap().at, cached_at);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    // A wake-up changes a sleeper's state without a run (schedstat stays):
+    // the last look must not stand for a D it has left, nor a sleep for
+    // the R a process was last seen in. The child sleeps in S; the looks
+    // are made as if the last had seen it elsewhere.
+    #[test]
+    fn a_d_is_checked_and_an_r_stands_for_itself() {
+        let (mut child, pid) = sleeper();
+        let mut s = Sampler::new(false);
+        s.set_pids(&[(pid, Role::Backend)]);
+        let t0 = Instant::now();
+        while s.observe(pid).unwrap().state != 'S' && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let seen = |s: &mut Sampler| s.observe(pid).unwrap().state;
+        assert_eq!(seen(&mut s), 'S');
+        // Seen in D at this schedstat (then woken): read again, it is S.
+        s.procs.get_mut(&pid).unwrap().cache.as_mut().unwrap().state = 'D';
+        assert_eq!(seen(&mut s), 'S');
+        assert_eq!(s.procs[&pid].cache.as_ref().unwrap().state, 'S');
+        // Seen R at this schedstat: it has not run since, so R stands.
+        let schedstat = s.procs[&pid].cache.as_ref().unwrap().schedstat.clone();
+        s.procs.get_mut(&pid).unwrap().runnable = Some(schedstat);
+        assert_eq!(seen(&mut s), 'R');
+        // Once it runs (schedstat moves), it is read again.
+        s.procs.get_mut(&pid).unwrap().runnable = Some(b"0 0 0\n".to_vec());
+        assert_eq!(seen(&mut s), 'S');
+        assert!(s.procs[&pid].runnable.is_none());
         let _ = child.kill();
         let _ = child.wait();
     }
