@@ -10,8 +10,7 @@
 //
 // Bits, each an array of one bit per tgid as tracked.h's:
 // - ran_bits[c]: set when a thread of the process is switched in or out,
-//   one array per reader `c` (each clears its own); the sampler's (c = 0)
-//   also when a thread is woken (its state changed, though it has not run);
+//   one array per reader `c` (each clears its own);
 // - oncpu_bits: set while a thread of the process is on a CPU (cleared when
 //   it is switched out), so that a process running since before a reader
 //   cleared its bit, and still running, counts as having run;
@@ -107,19 +106,6 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 		mark_ran(w, bit);
 		set_bit_once(&oncpu_bits[w], bit);
 	}
-	return 0;
-}
-
-// A process woken from a sleep has changed state (to R) without running:
-// the state sampler, which would otherwise report the sleep it last saw
-// until the process gets a CPU, must look again. Only its bit: the
-// counters and the syscall counts cannot have moved before it runs.
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(on_wakeup, struct task_struct *p)
-{
-	__u32 t = p->tgid;
-	if (is_tracked(t))
-		set_bit_once(&ran_bits[0][(t / 64) & (BITMAP_WORDS - 1)], 1ULL << (t & 63));
 	return 0;
 }
 

@@ -174,8 +174,7 @@ impl Ran {
     }
 
     /// Whether `tgid` may have run since `reader` last asked (and clears
-    /// its bit); for the sampler, also whether it was woken (its state
-    /// changed to runnable without a run). True for a process the kernel does not track (it cannot
+    /// its bit). True for a process the kernel does not track (it cannot
     /// tell): only "false" lets a reader skip.
     pub fn ran(&self, reader: Reader, tgid: u32) -> bool {
         if !self.tracked(tgid) {
@@ -235,7 +234,7 @@ impl Ran {
     /// are on.
     pub fn run_time(&self) -> (u64, u64) {
         let p = &self.skel.progs;
-        [&p.on_switch, &p.on_wakeup, &p.on_fork, &p.on_exit]
+        [&p.on_switch, &p.on_fork, &p.on_exit]
             .iter()
             .map(|prog| prog_stats(prog.as_fd().as_raw_fd()))
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))

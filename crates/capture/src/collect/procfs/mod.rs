@@ -249,8 +249,8 @@ impl Collector for ProcfsCollector {
         CollectorInfo {
             name: "procfs".into(),
             mechanism: match (self.ctx.ran.is_some(), self.from_bpf) {
-                (true, true) => "procfs; processes that neither ran nor woke skipped (eBPF sched_switch, sched_wakeup); kernel stacks of blocked processes from an eBPF task iterator (/proc/PID/stack needs CAP_SYS_ADMIN)",
-                (true, false) => "procfs; processes that neither ran nor woke skipped (eBPF sched_switch, sched_wakeup)",
+                (true, true) => "procfs; processes that did not run skipped (eBPF sched_switch); kernel stacks of blocked processes from an eBPF task iterator (/proc/PID/stack needs CAP_SYS_ADMIN)",
+                (true, false) => "procfs; processes that did not run skipped (eBPF sched_switch)",
                 _ => "procfs",
             }
             .into(),

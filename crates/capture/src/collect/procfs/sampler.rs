@@ -21,9 +21,9 @@
 //!   docs/collectors/procfs.md). The last observation is the R, if it was
 //!   one, not the sleep before it; a D is checked against `stat` (a
 //!   wake-up's wait for a CPU is not a D);
-//! - when the kernel says which processes ran or were woken ([`Ran`], eBPF
-//!   on sched_switch and sched_wakeup), a process that did neither costs
-//!   no read at all, and a woken one gets its `stat` read.
+//! - when the kernel says which processes ran ([`Ran`], eBPF on
+//!   sched_switch), a process that did not costs no read at all, unless
+//!   it was last seen in D (then its schedstat and `stat` are read).
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, ErrorKind};
@@ -438,8 +438,8 @@ impl Sampler {
     /// One round that yields only what changed: the observations of the
     /// processes read this round into `changed` (the same as before or
     /// not), and in `gone` those that exited or left the table since the
-    /// last round. A process the kernel says has neither run nor been
-    /// woken is in neither: its last observation stands
+    /// last round. A process the kernel says has not run (and was not
+    /// last seen in D) is in neither: its last observation stands
     /// ([`Interval::add_changes`]), and a round over 1,000 idle connections
     /// builds nothing for them.
     ///
@@ -471,20 +471,22 @@ impl Sampler {
         }
     }
 
-    /// The kernel says `pid` has neither run nor been woken since the last
-    /// round, and its last observation is known: it stands. Asked (and its
-    /// bit cleared) before any file is read: a run, or a wake-up, after
-    /// this is seen next round.
+    /// The kernel says `pid` has not run since the last round, and its
+    /// last observation is known and not a D: it stands. Asked (and its
+    /// bit cleared) before any file is read: a run after this is seen next
+    /// round.
     fn stands(&mut self, pid: u32) -> bool {
         let not_run = self
             .ran
             .as_ref()
             .is_some_and(|r| !r.ran(Reader::Sampler, pid));
+        // A D is read again (its `stat`): a wake-up moves a process from
+        // D to R without a run, and a wait for a CPU counted as D would
+        // swell the share the rules weigh. Few processes are in D.
         not_run
-            && self
-                .procs
-                .get(&pid)
-                .is_some_and(|p| p.runnable.is_some() || p.cache.is_some())
+            && self.procs.get(&pid).is_some_and(|p| {
+                p.runnable.is_some() || p.cache.as_ref().is_some_and(|c| c.state != 'D')
+            })
     }
 
     fn observe_at(&mut self, pid: u32, now: Instant) -> Option<Observation> {
@@ -515,10 +517,8 @@ impl Sampler {
             return Some(Observation::runnable(pid, role));
         }
         // Not on a CPU since its last look, asleep then: it is asleep there
-        // still unless it was woken (and waits for a CPU). With the
-        // kernel's bits, this process's was set (a wake-up, since it did
-        // not run): its state is read. Without them, a D is checked (a
-        // wake-up would otherwise be counted as D, the state the rules
+        // still unless it was woken (and waits for a CPU). A D is checked
+        // (a wake-up would otherwise be counted as D, the state the rules
         // weigh); any other sleep stands, for one read a round per idle
         // connection (its wait for a CPU is counted from schedstat).
         let asleep = p
@@ -526,7 +526,7 @@ impl Sampler {
             .as_ref()
             .filter(|c| p.runnable.is_none() && unchanged(&c.schedstat))
             .map(|c| c.state);
-        if asleep.is_some_and(|was| was != 'D' && self.ran.is_none()) {
+        if asleep.is_some_and(|was| was != 'D') {
             let c = self.procs.get(&pid)?.cache.as_ref()?;
             return Some(c.observation(pid, role));
         }
