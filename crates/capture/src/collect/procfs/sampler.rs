@@ -401,26 +401,14 @@ impl Sampler {
     /// Processes that have exited are skipped (and forgotten until the
     /// process table names them again).
     pub fn round(&mut self, out: &mut Vec<Observation>) {
-        let now = Instant::now();
-        if let Some(b) = &mut self.bpf {
-            b.round = None;
-            b.runs = 0;
-        }
+        let now = self.begin_round();
         // Every standing process is in `out`: one missing is gone.
         self.dropped.clear();
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         for pid in pids {
             match self.observe_at(pid, now) {
                 Some(o) => out.push(o),
-                None => {
-                    if let Some(p) = self.procs.get_mut(&pid) {
-                        // Closed so that a later round opens whatever the
-                        // pid then names, not the dead process's files.
-                        p.files = Files::default();
-                        p.cache = None;
-                        p.runnable = None;
-                    }
-                }
+                None => self.forget(pid),
             }
         }
     }
@@ -445,11 +433,7 @@ impl Sampler {
     ///
     /// [`Interval::add_changes`]: super::aggregate::Interval::add_changes
     pub fn round_changes(&mut self, changed: &mut Vec<Observation>, gone: &mut Vec<u32>) {
-        let now = Instant::now();
-        if let Some(b) = &mut self.bpf {
-            b.round = None;
-            b.runs = 0;
-        }
+        let now = self.begin_round();
         gone.append(&mut self.dropped);
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         for pid in pids {
@@ -461,13 +445,29 @@ impl Sampler {
                 Some(o) => changed.push(o),
                 None => {
                     gone.push(pid);
-                    if let Some(p) = self.procs.get_mut(&pid) {
-                        p.files = Files::default();
-                        p.cache = None;
-                        p.runnable = None;
-                    }
+                    self.forget(pid);
                 }
             }
+        }
+    }
+
+    /// A round's start: its time, and no eBPF stacks taken yet.
+    fn begin_round(&mut self) -> Instant {
+        if let Some(b) = &mut self.bpf {
+            b.round = None;
+            b.runs = 0;
+        }
+        Instant::now()
+    }
+
+    /// A process found gone: its files closed so that a later round opens
+    /// whatever the pid then names, not the dead process's, and nothing
+    /// of it left to stand.
+    fn forget(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.files = Files::default();
+            p.cache = None;
+            p.runnable = None;
         }
     }
 
@@ -926,6 +926,20 @@ mod tests {
         assert!(reused >= less && reused + 10 >= b, "{b}, {less}, {reused}");
     }
 
+    /// `pid` looked at until it is asleep in `sleep` (the first looks may
+    /// catch it starting), or 5 s have passed: the last look.
+    fn asleep(s: &mut Sampler, pid: u32) -> Observation {
+        let t0 = Instant::now();
+        loop {
+            let o = s.observe(pid).unwrap();
+            let asleep = o.wchan.as_deref().is_some_and(|w| w.contains("sleep"));
+            if (o.state == 'S' && asleep) || t0.elapsed() > Duration::from_secs(5) {
+                return o;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     // The process below sleeps in one place: once observed, a round that
     // finds its schedstat unchanged says the same without reading more.
     #[test]
@@ -933,16 +947,7 @@ mod tests {
         let (mut child, pid) = sleeper();
         let mut s = Sampler::new(false);
         s.set_pids(&[(pid, Role::Backend)]);
-        // Until it is asleep (the first looks may catch it starting).
-        let t0 = Instant::now();
-        let first = loop {
-            let o = s.observe(pid).unwrap();
-            let asleep = o.wchan.as_deref().is_some_and(|w| w.contains("sleep"));
-            if (o.state == 'S' && asleep) || t0.elapsed() > Duration::from_secs(5) {
-                break o;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let first = asleep(&mut s, pid);
         assert_eq!(first.state, 'S', "{:?}", first.wchan);
         let cached_at = s.procs[&pid].cache.as_ref().unwrap().at;
         let again = s.observe(pid).unwrap();
@@ -962,10 +967,7 @@ mod tests {
         let (mut child, pid) = sleeper();
         let mut s = Sampler::new(false);
         s.set_pids(&[(pid, Role::Backend)]);
-        let t0 = Instant::now();
-        while s.observe(pid).unwrap().state != 'S' && t0.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        asleep(&mut s, pid);
         let seen = |s: &mut Sampler| s.observe(pid).unwrap().state;
         assert_eq!(seen(&mut s), 'S');
         // Seen in D at this schedstat (then woken): read again, it is S.
