@@ -86,7 +86,12 @@ fn backends_of_a_connection_per_transaction_are_backends() {
     c.pgbench("postgres", &["-i", "-q", "-s", "1"]);
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("rec");
-    let r = record_while(&c, &out, 8, "syscalls,procfs,pgstat,profile", || {
+    // With the system collector: past its bound (0.53 s of wait per CPU
+    // second once, in CI of 6061b8d, beside the harness's other test) the
+    // check needs the machine's CPU split to say whose the CPUs were, and
+    // without it says "not measurable" — rightly, but not what this test
+    // is about (whether the exited backends' wait is measured).
+    let r = record_while(&c, &out, 8, "syscalls,procfs,pgstat,profile,system", || {
         let o = c.pgbench(
             "postgres",
             &["-S", "-C", "-c", "2", "-j", "1", "-R", "100", "-T", "5"],
@@ -147,6 +152,7 @@ fn backends_of_a_connection_per_transaction_are_backends() {
     eprintln!("exited backends' run-queue wait: {runq:?} s");
     assert!(runq.is_some(), "{procfs}");
     let check = common::check(&r, "cpu-saturation");
+    eprintln!("cpu-saturation: {check}");
     assert_ne!(check["status"], "not_measurable", "{check}");
     assert!(check["measured"]["value"].as_f64().is_some(), "{check}");
     // The account says it is incomplete, and by how much: nearly all the

@@ -1,6 +1,6 @@
 //! Case `swap-activity` end to end on real PostgreSQL: the lab prewarms
 //! shared_buffers (256MB) with the whole database, swaps on a file in
-//! /var/tmp and limits the cluster's memory cgroup to 96 MB, so the kernel
+//! /var/tmp and limits the cluster's memory cgroup to 128 MB, so the kernel
 //! swaps the buffers out and the backends fault them back in; the finding
 //! follows the backends' measured time in swap-in kernel stacks — raised
 //! with swap and the limit, clear without them. The swap file and the
@@ -71,8 +71,9 @@ fn swap_under_a_memory_limit_raises_the_finding_and_none_does_not() {
     assert_torn_down(&out);
     assert_no_swap_left();
     eprintln!(
-        "swap + 96 MB limit: {:.1} % of busy time in swap-ins, {tps_swap:.0} tps; none: \
+        "swap + {} MB limit: {:.1} % of busy time in swap-ins, {tps_swap:.0} tps; none: \
          {tps_none:.0} tps",
+        pgbelow::scenarios::swap_activity::LIMIT_MB,
         ev["swapin_share"].as_f64().unwrap() * 100.0
     );
     assert!(tps_none > 2.0 * tps_swap, "{tps_none} vs {tps_swap}");
