@@ -20,8 +20,12 @@ trap cleanup EXIT
 # descriptor budget follows the limit).
 ulimit -Sn "$(ulimit -Hn)"
 as_pg "$pgbin/initdb" -A trust -U postgres -D "$dir/data" >/dev/null
+# Listening on TCP as a user's server does (LISTEN_ADDRESSES= : the Unix
+# socket only, as every run before 2026-12-03): with a TCP port the pgstat
+# collector reads the clients' TCP sockets once a second, a dump whose
+# kernel walk costs the same whatever the clients connect through.
 as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" \
-  -o "-k $dir -p $port -c listen_addresses='' -c max_connections=${MAX_CONNECTIONS:-1100}" start >/dev/null
+  -o "-k $dir -p $port -c listen_addresses='${LISTEN_ADDRESSES-localhost}' -c max_connections=${MAX_CONNECTIONS:-1100}" start >/dev/null
 pgbench -h "$dir" -p "$port" -U postgres -i -q -s 10 postgres >/dev/null 2>&1
 dsn="host=$dir port=$port user=postgres dbname=postgres"
 

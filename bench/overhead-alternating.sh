@@ -19,6 +19,8 @@
 # usage: bench/overhead-alternating.sh [REPS=4] [ON=8] [OFF=5] [CONFIG ...]
 #   CONFIG: a --collectors list; default: none, the default set, each
 #   default collector alone, the default set less each one.
+# The server listens on localhost's TCP port as a user's does
+# (LISTEN_ADDRESSES= for the Unix socket only, as before 2026-12-03).
 set -euo pipefail
 reps=${1:-4}; shift || true
 on=${1:-8}; shift || true
@@ -57,7 +59,7 @@ fi
 
 runuser -u postgres -- "$pgbin/initdb" -A trust -U postgres -D "$work/data" >/dev/null
 taskset -c 0 runuser -u postgres -- "$pgbin/pg_ctl" -D "$work/data" -l "$work/log" -w \
-  -o "-p $port -k $work -c listen_addresses=''" start >/dev/null
+  -o "-p $port -k $work -c listen_addresses='${LISTEN_ADDRESSES-localhost}'" start >/dev/null
 pm=$(head -1 "$work/data/postmaster.pid")
 "$pgbin/pgbench" -h "$work" -p "$port" -U postgres -i -s 10 -q postgres 2>/dev/null
 total=$(( (${#configs[@]} * reps) * (on + off + 6) + 60 ))

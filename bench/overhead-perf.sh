@@ -24,6 +24,8 @@
 # usage: bench/overhead-perf.sh [SECONDS=8] [CONFIG ...]   (CONFIG: a --collectors list)
 # PGBELOW_ARGS: more `pgbelow record` options for every configuration
 # (e.g. --syscalls-budget 100 to count every system call).
+# The server listens on localhost's TCP port as a user's does
+# (LISTEN_ADDRESSES= for the Unix socket only, as before 2026-12-03).
 set -euo pipefail
 secs=${1:-8}; shift || true
 cd "$(dirname "$0")/.."
@@ -43,7 +45,7 @@ cleanup() {
 trap cleanup EXIT
 runuser -u postgres -- "$pgbin/initdb" -A trust -U postgres -D "$work/data" >/dev/null
 taskset -c 0 runuser -u postgres -- "$pgbin/pg_ctl" -D "$work/data" -l "$work/log" -w \
-  -o "-p $port -k $work -c listen_addresses=''" start >/dev/null
+  -o "-p $port -k $work -c listen_addresses='${LISTEN_ADDRESSES-localhost}'" start >/dev/null
 pm=$(head -1 "$work/data/postmaster.pid")
 "$pgbin/pgbench" -h "$work" -p "$port" -U postgres -i -s 10 -q postgres 2>/dev/null
 taskset -c 0 "$pgbin/pgbench" -h "$work" -p "$port" -U postgres -S -M prepared -c 1 \

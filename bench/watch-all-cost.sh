@@ -6,6 +6,8 @@
 # Usage (root): [WATCH_ARGS="--window 60"] [SCRAPE_S=5] bench/watch-all-cost.sh [N] [MINUTES] [PGBELOW_BINARY]
 # Starts N clusters of the system's PostgreSQL in temp dirs (as the postgres
 # account; the first with cluster_name set) and removes them at the end.
+# The server listens on localhost's TCP port as a user's does
+# (LISTEN_ADDRESSES= for the Unix socket only, as before 2026-12-03).
 set -euo pipefail
 n=${1:-1}
 minutes=${2:-3}
@@ -30,7 +32,7 @@ for i in $(seq 1 "$n"); do
   name=""
   [ "$i" = 1 ] && name="-c cluster_name=cost$i"
   as_pg "$pgbin/initdb" -A trust -U postgres --no-sync -D "$d/data" >/dev/null
-  as_pg "$pgbin/pg_ctl" -w -D "$d/data" -l "$d/log" -o "-k $d -p $(free_port) -c listen_addresses='' $name" start >/dev/null
+  as_pg "$pgbin/pg_ctl" -w -D "$d/data" -l "$d/log" -o "-k $d -p $(free_port) -c listen_addresses='${LISTEN_ADDRESSES-localhost}' $name" start >/dev/null
 done
 mport=$(free_port)
 log=$(mktemp /tmp/pgbelow-watchallcost-XXXXXX.log)

@@ -6,6 +6,8 @@
 # /metrics is scraped every SCRAPE_S seconds (default 5), as a Prometheus would.
 # Starts its own cluster of the system's PostgreSQL in a temp dir (as the
 # postgres account) and removes it at the end.
+# The server listens on localhost's TCP port as a user's does
+# (LISTEN_ADDRESSES= for the Unix socket only, as before 2026-12-03).
 set -euo pipefail
 minutes=${1:-5}
 bin=$(realpath "${2:-target/release/pgbelow}")
@@ -24,7 +26,7 @@ cleanup() {
 }
 trap cleanup EXIT
 as_pg "$pgbin/initdb" -A trust -U postgres -D "$dir/data" >/dev/null
-as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" -o "-k $dir -p $port -c listen_addresses=''" start >/dev/null
+as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" -o "-k $dir -p $port -c listen_addresses='${LISTEN_ADDRESSES-localhost}'" start >/dev/null
 pgbench -h "$dir" -p "$port" -U postgres -i -q -s 10 postgres >/dev/null 2>&1
 secs=$((minutes * 60 + 30))
 pgbench -h "$dir" -p "$port" -U postgres -S -M prepared -c 2 ${RATE:+-R "$RATE"} -T "$secs" postgres >"$dir/pgbench.out" 2>&1 &

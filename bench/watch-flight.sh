@@ -20,6 +20,8 @@
 # and from its end back to 0, and whether a kept incident holds at least
 # 30 s before the onset.
 # Usage (root): bench/watch-flight.sh [MINUTES] [PGBELOW_BINARY] [SEED]
+# The server listens on localhost's TCP port as a user's does
+# (LISTEN_ADDRESSES= for the Unix socket only, as before 2026-12-03).
 set -euo pipefail
 minutes=${1:-60}
 bin=$(realpath "${2:-target/release/pgbelow}")
@@ -66,7 +68,7 @@ trap cleanup EXIT
 as_pg "$pgbin/initdb" -A trust -U postgres -D "$dir/data" >/dev/null
 # flush_after 0: a checkpoint's writes stay dirty in the page cache until
 # the kernel writes them back, as seed 001's.
-as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" -o "-k $dir -p $port -c listen_addresses='' \
+as_pg "$pgbin/pg_ctl" -w -D "$dir/data" -l "$dir/log" -o "-k $dir -p $port -c listen_addresses='${LISTEN_ADDRESSES-localhost}' \
   -c checkpoint_flush_after=0 -c backend_flush_after=0 -c bgwriter_flush_after=0 \
   -c max_wal_size=4GB" start >/dev/null
 pgbench -h "$dir" -p "$port" -U postgres -i -q -s 30 postgres >/dev/null 2>&1
