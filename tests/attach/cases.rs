@@ -1648,14 +1648,10 @@ fn swap_activity_found_attached() {
     let load = || {
         c.pgbench("postgres", &["-S", "-M", "prepared", "-c", "4", "-T", "6"]);
     };
+    // The profile beside procfs: the swap-ins' time on a CPU as well as in D.
+    let collectors = "procfs,system,profile";
     let d = tempfile::tempdir().unwrap();
-    let healthy = record_while(
-        &c,
-        &d.path().join("healthy"),
-        8,
-        "procfs,system,profile",
-        load,
-    );
+    let healthy = record_while(&c, &d.path().join("healthy"), 8, collectors, load);
     silent_on(&healthy, "swap-activity", "no swap");
     {
         let _one = common::exclusive();
@@ -1676,7 +1672,7 @@ fn swap_activity_found_attached() {
         });
         assert!(set, "could not limit {} to {limit_mb} MB", cg.dir.display());
     }
-    let r = record_while(&c, &d.path().join("swap"), 8, "procfs,system,profile", load);
+    let r = record_while(&c, &d.path().join("swap"), 8, collectors, load);
     // Measured at 128 MB with the profile: 7.8-8.1× (39-41 % of the
     // backends' CPU + D time in swap-in stacks, bound 5 %; 3 runs), the
     // profile's on-CPU part 1.7-1.9 s of it. procfs alone (D in those

@@ -135,11 +135,19 @@ pub fn socket_inodes(pid: u32) -> io::Result<Vec<u64>> {
 /// dumped once per sample and shared by every walsender. One walk of the
 /// kernel's tables for both families where the kernel answers it.
 pub fn tcp_sockets() -> io::Result<BTreeMap<u64, TcpRtt>> {
-    let mut all = BTreeMap::new();
-    if dump_both(&mut all).is_ok() {
-        return Ok(all);
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Set once the kernel refused the one walk and answered the two dumps:
+    // a sample a second need not be refused again first.
+    static REFUSED: AtomicBool = AtomicBool::new(false);
+    if !REFUSED.load(Ordering::Relaxed) {
+        let mut all = BTreeMap::new();
+        if dump_both(&mut all).is_ok() {
+            return Ok(all);
+        }
+        let two = tcp_sockets_by_family();
+        REFUSED.store(two.is_ok(), Ordering::Relaxed);
+        return two;
     }
-    all.clear();
     tcp_sockets_by_family()
 }
 
