@@ -691,6 +691,9 @@ const QUICK: [&str; 10] = [
 /// its own, the data bound for the cache's `.tmp-<pid>`): the next start
 /// removes the cluster (the ledger), the next template build the half-made
 /// directory, and that run makes the template and runs on a copy of it.
+/// That run's temp dir is a tmpfs (/dev/shm) and the cache is on disk, as
+/// with a tmpfs /tmp: the data is copied into the cache, not renamed (a
+/// rename across filesystems fails, and no run had a template).
 #[test]
 fn killed_while_making_a_template() {
     let _alone = common::exclusive();
@@ -715,7 +718,9 @@ fn killed_while_making_a_template() {
         "the kill left no half-made template: {left:?}"
     );
     let d = tempfile::tempdir().unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
     let o = with_env(pgbelow(l.path()), env)
+        .env("TMPDIR", shm.path())
         .args(argv)
         .arg("--out")
         .arg(d.path().join("rec"))
@@ -724,6 +729,9 @@ fn killed_while_making_a_template() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "the run after the kill: {err}");
     assert!(err.contains("making a template cluster"), "{err}");
+    assert!(!err.contains("no template cluster"), "{err}");
+    let temp_left: Vec<_> = std::fs::read_dir(shm.path()).unwrap().collect();
+    assert!(temp_left.is_empty(), "left in its temp dir: {temp_left:?}");
     let after = names();
     assert!(
         after.len() == 1 && !after[0].starts_with('.'),

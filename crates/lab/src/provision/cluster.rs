@@ -384,7 +384,7 @@ impl Cluster {
                 self.data_dir.display()
             );
         }
-        let moved = std::fs::rename(&self.data_dir, to)
+        let moved = move_data(&self.data_dir, to, &self.account)
             .with_context(|| format!("moving {} to {}", self.data_dir.display(), to.display()));
         self.stop()?;
         moved
@@ -641,8 +641,6 @@ impl Drop for Cluster {
     }
 }
 
-/// A fresh `pgbelow-*` directory (mode 0700) in the temp dir, noted in the
-/// ledger before it is made.
 /// Copy a tree of plain files (pg_wal: segments, archive_status), each
 /// entry then given to `chown`.
 fn copy_tree(from: &Path, to: &Path, chown: &dyn Fn(&Path) -> Result<()>) -> Result<()> {
@@ -661,6 +659,8 @@ fn copy_tree(from: &Path, to: &Path, chown: &dyn Fn(&Path) -> Result<()>) -> Res
     Ok(())
 }
 
+/// A fresh `pgbelow-*` directory (mode 0700) in the temp dir, noted in the
+/// ledger before it is made.
 fn new_temp_dir() -> Result<(PathBuf, crate::ledger::Noted)> {
     use std::os::unix::fs::DirBuilderExt;
     let base = std::env::temp_dir();
@@ -976,6 +976,17 @@ pub(super) fn sync_fs(dir: &Path) -> Result<()> {
 
 /// Copy a template's data directory to `to` (which must not exist), owned
 /// by `account`, modes kept.
+/// `from` renamed to `to`, or copied where `to` is on another filesystem
+/// (the temp dir on a tmpfs /tmp, the template cache on disk, as on
+/// Debian 13: the rename failed with EXDEV and no lab run had a template).
+/// A copied source goes with its cluster's temp dir.
+fn move_data(from: &Path, to: &Path, account: &Account) -> Result<()> {
+    match std::fs::rename(from, to) {
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_data(from, to, account),
+        r => Ok(r?),
+    }
+}
+
 fn copy_data(from: &Path, to: &Path, account: &Account) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(from).with_context(|| format!("reading {}", from.display()))?;
