@@ -1,14 +1,26 @@
 //! The server's TCP connections to its clients, read with the walsenders'
-//! (sock_diag, one dump a second): the server-side ends of the established
+//! once a second (sock_diag): the server-side ends of the established
 //! connections on the ports the postmaster listens on, their segments sent
 //! and resent, and the time spent recovering from retransmission timeouts.
 //! Nothing is read from the backends themselves (no /proc/PID/fd walk per
 //! connection): the postmaster's listening sockets name the ports.
-use std::collections::{BTreeMap, HashMap};
+//!
+//! The dump of every TCP socket walks the kernel's whole
+//! established-connections table, whose size follows the machine's memory,
+//! not the connections; so it is taken only to find connections: at the
+//! first sample, after `pg_stat_activity` showed a backend it had not
+//! shown (a connection opened), and every [`DISCOVER_EVERY`]. In the other
+//! seconds the connections already found are asked for by their identity
+//! ([`sockdiag::lookup`]), a hash lookup each.
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
+use std::time::{Duration, Instant};
 
 use crate::collect::sockdiag::{self, TcpRtt};
 use crate::recording::schema::pgstat::ClientsTcp;
+
+/// The longest between two dumps, whatever `pg_stat_activity` shows.
+const DISCOVER_EVERY: Duration = Duration::from_secs(30);
 
 const TCP_ESTABLISHED: u8 = 1;
 const TCP_LISTEN: u8 = 10;
@@ -26,27 +38,89 @@ pub struct ClientLinks {
     last: HashMap<u64, TcpRtt>,
     /// Whether a sample was taken: the first one is the baseline.
     started: bool,
+    /// The server-side ends of the connections found so far.
+    known: Vec<sockdiag::SockId>,
+    /// When the last dump was taken.
+    dumped_at: Option<Instant>,
+    /// A backend `pg_stat_activity` had not shown appeared since then.
+    opened: bool,
+    /// The backends of the last `pg_stat_activity` sample; None until one
+    /// (without it, every read is a dump).
+    backends: Option<HashSet<u32>>,
 }
 
 impl ClientLinks {
     /// This sample's figures, None when the postmaster listens on no TCP
-    /// port pgbelow can see. `all` is the sample's shared dump.
+    /// port pgbelow can see. `all` is the sample's sockets, shared with
+    /// the walsenders ([`ClientLinks::read`]).
     pub fn sample(
         &mut self,
         postmaster: u32,
         all: &mut Option<io::Result<BTreeMap<u64, TcpRtt>>>,
     ) -> Option<ClientsTcp> {
-        if self.ports.is_none() {
-            self.ports = Some(listening_ports(postmaster, all));
+        if self.ports.as_ref().is_some_and(Vec::is_empty) {
+            return None;
         }
+        let read = all.get_or_insert_with(|| self.read(postmaster));
+        let sockets = read.as_ref().ok()?;
         if self.ports.as_ref().is_none_or(Vec::is_empty) {
             return None;
         }
-        let dump = all
-            .get_or_insert_with(sockdiag::tcp_sockets)
-            .as_ref()
-            .ok()?;
-        Some(self.add(dump.values()))
+        Some(self.add(sockets.values()))
+    }
+
+    /// The backends (host pids) of a `pg_stat_activity` sample: one not in
+    /// the last sample is a connection that opened, found by the next read.
+    pub fn saw_backends(&mut self, pids: impl Iterator<Item = u32>) {
+        let now: HashSet<u32> = pids.collect();
+        if let Some(last) = &self.backends {
+            self.opened |= now.iter().any(|p| !last.contains(p));
+        }
+        self.backends = Some(now);
+    }
+
+    /// The sample's TCP sockets: every one (a dump) when connections are to
+    /// be found (see the module's doc), else the connections found before
+    /// that still exist. Empty, without asking the kernel, when the
+    /// postmaster listens on no TCP port here.
+    pub fn read(&mut self, postmaster: u32) -> io::Result<BTreeMap<u64, TcpRtt>> {
+        if self.ports.is_none() {
+            let inodes = sockdiag::socket_inodes(postmaster).unwrap_or_default();
+            if inodes.is_empty() {
+                self.ports = Some(Vec::new());
+            }
+        }
+        if self.ports.as_ref().is_some_and(Vec::is_empty) {
+            return Ok(BTreeMap::new());
+        }
+        let now = Instant::now();
+        if !self.dump_due(now) {
+            // A kernel that refuses the lookup gets the dump.
+            if let Ok(found) = sockdiag::lookup(&self.known) {
+                self.known = found.values().map(|s| s.id).collect();
+                return Ok(found);
+            }
+        }
+        let all = sockdiag::tcp_sockets()?;
+        if self.ports.is_none() {
+            self.ports = Some(listening_ports(postmaster, &all));
+        }
+        self.known = all
+            .values()
+            .filter(|s| s.state == TCP_ESTABLISHED && self.listens_on(s.local_port))
+            .map(|s| s.id)
+            .collect();
+        self.dumped_at = Some(now);
+        self.opened = false;
+        Ok(all)
+    }
+
+    /// Whether the next read is a dump.
+    fn dump_due(&self, now: Instant) -> bool {
+        self.ports.is_none()
+            || self.backends.is_none()
+            || self.opened
+            || self.dumped_at.is_none_or(|t| now >= t + DISCOVER_EVERY)
     }
 
     /// Whether `port` is one the postmaster listens on.
@@ -101,19 +175,10 @@ impl ClientLinks {
     }
 }
 
-/// The TCP ports of the postmaster's listening sockets, sorted; empty when
-/// it has none here or its fds cannot be read.
-fn listening_ports(
-    postmaster: u32,
-    all: &mut Option<io::Result<BTreeMap<u64, TcpRtt>>>,
-) -> Vec<u16> {
+/// The TCP ports of the postmaster's listening sockets in `dump`, sorted;
+/// empty when it has none here or its fds cannot be read.
+fn listening_ports(postmaster: u32, dump: &BTreeMap<u64, TcpRtt>) -> Vec<u16> {
     let inodes = sockdiag::socket_inodes(postmaster).unwrap_or_default();
-    if inodes.is_empty() {
-        return Vec::new();
-    }
-    let Ok(dump) = all.get_or_insert_with(sockdiag::tcp_sockets).as_ref() else {
-        return Vec::new();
-    };
     let mut ports: Vec<u16> = inodes
         .iter()
         .filter_map(|i| dump.get(i))
@@ -132,6 +197,7 @@ mod tests {
     fn sock(inode: u64, port: u16, state: u8, retrans: u32, segs: u32) -> TcpRtt {
         TcpRtt {
             inode,
+            id: sockdiag::SockId::NONE,
             local_port: port,
             state,
             rtt_ms: 0.1,
@@ -144,6 +210,45 @@ mod tests {
             total_rto_time_ms: Some(retrans * 10),
             dsack_dups: Some(retrans / 2),
         }
+    }
+
+    /// This test process as the postmaster: its listener's connections are
+    /// found by a dump, then read by lookups until a new backend shows.
+    #[test]
+    fn a_dump_finds_connections_and_lookups_follow_them() {
+        use sockdiag::inode;
+        use std::net::{TcpListener, TcpStream};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c1 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s1, _) = l.accept().unwrap();
+        let me = std::process::id();
+        let mut c = ClientLinks::default();
+        c.saw_backends([1, 2].into_iter());
+        // The first read: a dump (the listener is in it), the port learnt.
+        let first = c.read(me).unwrap();
+        assert!(first.contains_key(&inode(&l)), "{first:?}");
+        assert!(c.listens_on(l.local_addr().unwrap().port()));
+        // The same backends: the connection found is asked for alone.
+        c.saw_backends([2, 1].into_iter());
+        let second = c.read(me).unwrap();
+        assert!(second.contains_key(&inode(&s1)), "{second:?}");
+        assert!(!second.contains_key(&inode(&l)), "a dump, not lookups");
+        assert!(second.values().all(|s| s.state == TCP_ESTABLISHED));
+        // A new backend: the next read is a dump, which finds the new
+        // connection; a closed one drops out of the lookups after.
+        let _c2 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s2, _) = l.accept().unwrap();
+        c.saw_backends([1, 2, 3].into_iter());
+        let third = c.read(me).unwrap();
+        assert!(third.contains_key(&inode(&l)) && third.contains_key(&inode(&s2)));
+        let gone = inode(&s1);
+        drop(s1);
+        let fourth = c.read(me).unwrap();
+        assert!(fourth.contains_key(&inode(&s2)) && !fourth.contains_key(&gone));
+        assert!(!fourth.contains_key(&inode(&l)), "a dump, not lookups");
+        // At the latest every DISCOVER_EVERY, a dump.
+        c.dumped_at = Some(Instant::now() - DISCOVER_EVERY);
+        assert!(c.dump_due(Instant::now()));
     }
 
     #[test]

@@ -482,16 +482,18 @@ fn discover_log(conn: &mut ServerConn, ctx: &Context) -> std::result::Result<Pat
 
 /// The round trip of a walsender's TCP connection (a standby on a Unix
 /// socket has none), read from the kernel by its pid on this host;
-/// `sockets`: the sample's one dump of the TCP sockets, made on first need.
+/// `sockets`: the sample's TCP sockets, read by `clients` on first need.
 fn walsender_rtt(
     r: &mut Replica,
     host_pid: u32,
     sockets: &mut Option<std::io::Result<BTreeMap<u64, super::sockdiag::TcpRtt>>>,
+    clients: &mut clients_tcp::ClientLinks,
+    postmaster: u32,
 ) {
     if r.client_addr.is_none() {
         return;
     }
-    match super::sockdiag::tcp_rtt_of(host_pid, sockets) {
+    match super::sockdiag::tcp_rtt_of(host_pid, sockets, || clients.read(postmaster)) {
         Ok(v) => match v.first() {
             Some(x) => {
                 r.rtt_ms = Some(crate::round3(x.rtt_ms));
@@ -554,6 +556,7 @@ fn sampler(
                     for r in &mut rows {
                         r.pid = pids.host(r.pid);
                     }
+                    clients.saw_backends(rows.iter().map(|r| r.pid));
                     let seen = rows
                         .iter()
                         .filter(|r| r.runs_queries())
@@ -581,7 +584,7 @@ fn sampler(
                 Ok((mut s, pg)) => {
                     let mut sockets = None;
                     for r in &mut s.replication {
-                        walsender_rtt(r, pids.host(r.pid), &mut sockets);
+                        walsender_rtt(r, pids.host(r.pid), &mut sockets, &mut clients, postmaster);
                     }
                     s.clients_tcp = clients.sample(postmaster, &mut sockets);
                     if let Ok(mut g) = shared.pending.lock() {
