@@ -75,8 +75,9 @@ fn record_explain_loop(c: &UserCluster) -> Value {
     r
 }
 
-/// `clock-reads-slow` raised in `r` by the sustained rate alone (few
-/// statements, so no per-statement ratio).
+/// `clock-reads-slow` raised in `r` by the sustained rate (the explain
+/// loop's statements are few and long; where the machine ran enough of
+/// them for a per-statement ratio, that ratio is past its bound too).
 fn assert_clock_reads_slow_by_rate(r: &Value, label: &str) {
     // Measured ~3000× (595,000 clock syscalls/s against 200/s); a rate,
     // so k far under half.
@@ -86,7 +87,15 @@ fn assert_clock_reads_slow_by_rate(r: &Value, label: &str) {
     assert!(ev["sustained_seconds"].as_u64().unwrap() >= 3, "{ev}");
     let rate = ev["sustained_rate_per_s"].as_f64().unwrap();
     assert!(rate >= 10_000.0, "clock syscalls/s {rate}: {ev}");
-    assert!(ev["clock_syscalls_per_statement"].is_null(), "{ev}");
+    // Not an assumption about the machine's speed: the ratio appears once
+    // 1,000 statements (transactions on 13 without pg_stat_statements,
+    // its parallel workers' included) ran in the window. On 2026-12-03 a
+    // faster day ran 1,069-1,267 (1.25-1.5 million clock syscalls/s,
+    // 190,000-735,000 when this test was written) and the test, which
+    // asserted no ratio, failed on a true finding.
+    if let Some(per) = ev["clock_syscalls_per_statement"].as_f64() {
+        assert!(per >= 100.0, "clock syscalls per statement {per}: {ev}");
+    }
     // Severity from the measured cost: the calls' extra cost over vDSO
     // reads against the backends' CPU (the clock collector and procfs).
     let cost = ev["cost"]
