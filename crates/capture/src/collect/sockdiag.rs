@@ -90,21 +90,17 @@ const STATES: u32 = 0x1ffe;
 /// `INET_DIAG_INFO`: the attribute carrying `struct tcp_info`.
 const INET_DIAG_INFO: u16 = 2;
 
-/// `struct inet_diag_req_v2` with its `inet_diag_sockid`.
+/// `struct inet_diag_req_v2` with its `inet_diag_sockid` as bytes (ports,
+/// addresses, interface, cookie in the kernel's order: a [`SockId`]'s).
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Req {
     family: u8,
     protocol: u8,
     ext: u8,
     pad: u8,
     states: u32,
-    sport: u16,
-    dport: u16,
-    src: [u32; 4],
-    dst: [u32; 4],
-    ifindex: u32,
-    cookie: [u32; 2],
+    id: [u8; 48],
 }
 
 /// A netlink header and its request.
@@ -209,8 +205,9 @@ fn dump(family: u8, out: &mut BTreeMap<u64, TcpRtt>) -> io::Result<()> {
         family,
         protocol: libc::IPPROTO_TCP as u8,
         ext: 1 << (INET_DIAG_INFO - 1),
+        pad: 0,
         states: STATES,
-        ..Req::default()
+        id: [0; 48],
     };
     dump_with(SOCK_DIAG_BY_FAMILY, req, out)
 }
@@ -265,9 +262,6 @@ pub fn lookup(ids: &[SockId]) -> io::Result<BTreeMap<u64, TcpRtt>> {
     for chunk in ids.chunks(LOOKUPS_AT_ONCE) {
         let mut msg = Vec::with_capacity(chunk.len() * size_of::<Request<Req>>());
         for (i, id) in chunk.iter().enumerate() {
-            let w = |o: usize| {
-                u32::from_ne_bytes([id.raw[o], id.raw[o + 1], id.raw[o + 2], id.raw[o + 3]])
-            };
             let req = Request {
                 nlh: libc::nlmsghdr {
                     nlmsg_len: size_of::<Request<Req>>() as u32,
@@ -282,14 +276,8 @@ pub fn lookup(ids: &[SockId]) -> io::Result<BTreeMap<u64, TcpRtt>> {
                     ext: 1 << (INET_DIAG_INFO - 1),
                     pad: 0,
                     states: STATES,
-                    // The sockid's bytes as the kernel sent them (ports and
-                    // addresses in network order).
-                    sport: u16::from_ne_bytes([id.raw[0], id.raw[1]]),
-                    dport: u16::from_ne_bytes([id.raw[2], id.raw[3]]),
-                    src: [w(4), w(8), w(12), w(16)],
-                    dst: [w(20), w(24), w(28), w(32)],
-                    ifindex: w(36),
-                    cookie: [w(40), w(44)],
+                    // The sockid as the kernel sent it.
+                    id: id.raw,
                 },
             };
             msg.extend_from_slice(as_bytes(&req));

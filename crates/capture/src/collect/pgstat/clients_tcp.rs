@@ -84,11 +84,14 @@ impl ClientLinks {
     /// that still exist. Empty, without asking the kernel, when the
     /// postmaster listens on no TCP port here.
     pub fn read(&mut self, postmaster: u32) -> io::Result<BTreeMap<u64, TcpRtt>> {
-        if self.ports.is_none() {
-            let inodes = sockdiag::socket_inodes(postmaster).unwrap_or_default();
-            if inodes.is_empty() {
-                self.ports = Some(Vec::new());
-            }
+        // The postmaster's socket inodes, read once (at the first read):
+        // none (its fds unreadable) is no port.
+        let inodes = match self.ports {
+            None => sockdiag::socket_inodes(postmaster).unwrap_or_default(),
+            Some(_) => Vec::new(),
+        };
+        if self.ports.is_none() && inodes.is_empty() {
+            self.ports = Some(Vec::new());
         }
         if self.ports.as_ref().is_some_and(Vec::is_empty) {
             return Ok(BTreeMap::new());
@@ -103,7 +106,7 @@ impl ClientLinks {
         }
         let all = sockdiag::tcp_sockets()?;
         if self.ports.is_none() {
-            self.ports = Some(listening_ports(postmaster, &all));
+            self.ports = Some(listening_ports(&inodes, &all));
         }
         self.known = all
             .values()
@@ -175,10 +178,9 @@ impl ClientLinks {
     }
 }
 
-/// The TCP ports of the postmaster's listening sockets in `dump`, sorted;
-/// empty when it has none here or its fds cannot be read.
-fn listening_ports(postmaster: u32, dump: &BTreeMap<u64, TcpRtt>) -> Vec<u16> {
-    let inodes = sockdiag::socket_inodes(postmaster).unwrap_or_default();
+/// The TCP ports of the postmaster's listening sockets (`inodes`, its
+/// socket inodes) in `dump`, sorted; empty when it has none here.
+fn listening_ports(inodes: &[u64], dump: &BTreeMap<u64, TcpRtt>) -> Vec<u16> {
     let mut ports: Vec<u16> = inodes
         .iter()
         .filter_map(|i| dump.get(i))
