@@ -56,15 +56,21 @@ pub struct LiveSyscalls {
 
 /// What the server did between two of its counter samples.
 fn pgstat_delta(a: &PgstatSample, b: &PgstatSample) -> (u64, u64) {
+    // The clients' commits: less the start-up commits of connections and
+    // parallel workers where the server counts them (14+, 18+).
+    let startups = b.startup_commits_since(a);
     let commits = b
         .commits
         .zip(a.commits)
-        .map_or(0, |(b, a)| b.saturating_sub(a));
+        .map_or(0, |(b, a)| b.saturating_sub(a).saturating_sub(startups));
     let own = b.own_statements.saturating_sub(a.own_statements);
     // As the report counts them (analyse/statements.rs).
     let statements = match (a.statements, b.statements) {
         (Some(a), Some(b)) => b.saturating_sub(a),
-        _ => b.transactions.saturating_sub(a.transactions),
+        _ => b
+            .transactions
+            .saturating_sub(a.transactions)
+            .saturating_sub(startups),
     };
     (commits, statements.saturating_sub(own))
 }

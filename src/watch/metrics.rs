@@ -333,7 +333,7 @@ impl Metrics {
         e.family(
             "pgbelow_commits_total",
             Kind::Counter,
-            "Committed transactions (pg_stat_database.xact_commit), over watched windows, current each second.",
+            "Committed transactions (pg_stat_database.xact_commit less the start-up commits of connections, 14+, and of parallel workers, 18+), over watched windows, current each second.",
             [(vec![], self.commits as f64)],
         );
         e.family(

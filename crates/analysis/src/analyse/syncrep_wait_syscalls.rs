@@ -57,13 +57,8 @@ pub(crate) fn commits(rec: &Evidence) -> Option<(u64, String, (f64, f64))> {
     let first = rec.pgstat.first()?;
     let last = rec.pgstat.last()?;
     (last.t > first.t).then(|| {
-        (
-            last.transactions
-                .saturating_sub(first.transactions)
-                .saturating_sub(last.own_statements.saturating_sub(first.own_statements)),
-            "pg_stat_database xact_commit+xact_rollback (pgbelow's own subtracted)".to_string(),
-            (first.t, last.t),
-        )
+        let (n, source) = super::statements::client_transactions(first, last);
+        (n, source, (first.t, last.t))
     })
 }
 
@@ -291,7 +286,12 @@ const FIX: Change = Change {
 /// samples), unrounded; 0 calls where no backend syscall was counted.
 fn window_epoll_create1_per_commit(rec: &Evidence) -> Option<f64> {
     let (a, b) = (rec.pgstat.first()?, rec.pgstat.last()?);
-    let commits = b.commits?.saturating_sub(a.commits?);
+    // Less the start-up transactions of connections and parallel workers,
+    // which wait for no standby.
+    let commits = b
+        .commits?
+        .saturating_sub(a.commits?)
+        .saturating_sub(b.startup_commits_since(a));
     let by_role = rec.syscalls_by_role(None);
     let calls = by_role
         .get(&Role::Backend)

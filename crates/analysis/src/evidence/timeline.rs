@@ -128,6 +128,58 @@ fn server_series(
     })
 }
 
+/// A per-second series of counts less what is not the clients' (`net`
+/// gives each interval's raw count and what to take out of it). What is
+/// taken out does not reach the counters in the same second as what it
+/// takes out of: pgbelow's own statements are counted as they run and
+/// their commits reported up to a second later, a parallel worker's
+/// commits at its exit and the leader's count of workers when it reports.
+/// Clipping each second at 0 would keep the early excess and drop the
+/// late correction (a run of 40 parallel counts summed to 174 over 52
+/// client transactions), so each second's count is the running total's
+/// lowest value from then on, less the one before: the series sums to the
+/// window's count and no second holds commits a later one takes back.
+fn server_net_series(
+    samples: &[PgstatSample],
+    source: &str,
+    unit: &str,
+    net: impl Fn(&PgstatSample, &PgstatSample) -> Option<(u64, u64)>,
+) -> Option<Series> {
+    if samples.len() < MIN_SERVER_POINTS {
+        return None;
+    }
+    let mut running = 0i64;
+    let mut at: Vec<(&PgstatSample, f64, i64)> = Vec::new();
+    for (a, b) in intervals(samples) {
+        if let Some((raw, less)) = net(a, b) {
+            running += raw as i64 - less as i64;
+            at.push((b, b.t - a.t, running));
+        }
+    }
+    // The lowest running total from each interval on.
+    let mut settled = vec![0i64; at.len()];
+    let mut low = i64::MAX;
+    for (i, &(_, _, c)) in at.iter().enumerate().rev() {
+        low = low.min(c);
+        settled[i] = low;
+    }
+    let mut before = settled.first().map_or(0, |&f| f.min(0));
+    let points: Vec<Point> = at
+        .iter()
+        .zip(&settled)
+        .map(|(&(b, dt, _), &now)| {
+            let n = now - before;
+            before = now;
+            point(b, dt, n as f64 / dt)
+        })
+        .collect();
+    (!points.is_empty()).then(|| Series {
+        source: source.into(),
+        unit: unit.into(),
+        points,
+    })
+}
+
 /// pgbelow's own statements (each its own read-only transaction) in the interval.
 fn own(a: &PgstatSample, b: &PgstatSample) -> u64 {
     b.own_statements.saturating_sub(a.own_statements)
@@ -135,6 +187,18 @@ fn own(a: &PgstatSample, b: &PgstatSample) -> u64 {
 
 fn delta(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     Some(b?.saturating_sub(a?))
+}
+
+/// What the series' sources add when the server's counters took
+/// [`PgstatSample::startup_commits_since`] out.
+fn not_clients_source(samples: &[PgstatSample]) -> &'static str {
+    match samples.last() {
+        Some(s) if s.parallel_workers.is_some() => {
+            ", less connections' start-up and parallel workers' transactions"
+        }
+        Some(s) if s.sessions.is_some() => ", less connections' start-up transactions",
+        _ => "",
+    }
 }
 
 impl Evidence {
@@ -147,31 +211,37 @@ impl Evidence {
         if self.pgstat.len() < MIN_SERVER_POINTS {
             return None;
         }
-        let points = intervals(&self.pgstat)
-            .map(|(a, b)| {
-                let n = b
-                    .transactions
-                    .saturating_sub(a.transactions)
-                    .saturating_sub(own(a, b));
-                point(b, b.t - a.t, n as f64 / (b.t - a.t))
-            })
-            .collect();
-        Some(Series {
-            source: "pg_stat_database xact_commit + xact_rollback, all databases, 1 Hz".into(),
+        let source = format!(
+            "pg_stat_database xact_commit + xact_rollback, all databases{}, 1 Hz",
+            not_clients_source(&self.pgstat)
+        );
+        let series = server_net_series(&self.pgstat, &source, "tps", |a, b| {
+            Some((
+                b.transactions.saturating_sub(a.transactions),
+                own(a, b) + b.startup_commits_since(a),
+            ))
+        });
+        Some(series.unwrap_or(Series {
+            source,
             unit: "tps".into(),
-            points,
-        })
+            points: Vec::new(),
+        }))
     }
 
     /// Commits per second, all databases, pgbelow's own subtracted.
     pub fn server_commits(&self) -> Option<Series> {
-        server_series(
+        server_net_series(
             &self.pgstat,
-            "pg_stat_database xact_commit, all databases, 1 Hz",
+            &format!(
+                "pg_stat_database xact_commit, all databases{}, 1 Hz",
+                not_clients_source(&self.pgstat)
+            ),
             "commits/s",
-            |a, b, dt| {
-                let n = delta(a.commits, b.commits)?.saturating_sub(own(a, b));
-                Some(n as f64 / dt)
+            |a, b| {
+                Some((
+                    delta(a.commits, b.commits)?,
+                    own(a, b) + b.startup_commits_since(a),
+                ))
             },
         )
     }
@@ -210,10 +280,11 @@ impl Evidence {
             .into_iter()
             .filter_map(|db| {
                 let mine = observer == Some(db.as_str());
-                let s = server_series(
+                let s = server_net_series(
                     &self.pgstat,
                     &format!(
-                        "pg_stat_database xact_commit of {db}{}, 1 Hz",
+                        "pg_stat_database xact_commit of {db}{}{}, 1 Hz",
+                        not_clients_source(&self.pgstat),
                         if mine {
                             ", pgbelow's own subtracted"
                         } else {
@@ -221,14 +292,13 @@ impl Evidence {
                         }
                     ),
                     "commits/s",
-                    |a, b, dt| {
-                        let n = b
-                            .by_database
-                            .get(db)?
-                            .commits
-                            .saturating_sub(a.by_database.get(db)?.commits);
-                        let n = if mine { n.saturating_sub(own(a, b)) } else { n };
-                        Some(n as f64 / dt)
+                    |a, b| {
+                        let (x, y) = (a.by_database.get(db)?, b.by_database.get(db)?);
+                        let own = if mine { own(a, b) } else { 0 };
+                        Some((
+                            y.commits.saturating_sub(x.commits),
+                            own + y.startup_commits_since(x),
+                        ))
                     },
                 )?;
                 Some((db.clone(), s))

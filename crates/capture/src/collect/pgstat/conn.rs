@@ -317,6 +317,8 @@ impl ServerConn {
             own_statements: self.own,
             commits: xacts.commits,
             rollbacks: xacts.rollbacks,
+            sessions: xacts.sessions,
+            parallel_workers: xacts.parallel_workers,
             by_database: xacts.by_database,
             exec_time_ms: pgss.as_ref().map(|s| crate::round3(s.exec_time_ms)),
             own_calls: pgss.as_ref().filter(|_| own_known).map(|s| s.own_calls),

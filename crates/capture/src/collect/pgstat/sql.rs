@@ -137,6 +137,24 @@ pub fn counters_sql(version_num: i32, pgss: Option<&PgssSource>) -> String {
     } else {
         "null::json"
     };
+    // What xact_commit counts besides the clients' transactions: each
+    // connection's start-up transaction (InitPostgres reads the catalogs
+    // in one), counted apart as `sessions` from 14, and each parallel
+    // worker's two (its start-up and its share of the query), counted
+    // apart as `parallel_workers_launched` from 18.
+    let (sessions, db_sessions) = if major >= 14 {
+        ("coalesce(sum(sessions), 0)", ", 'sessions', sessions")
+    } else {
+        ("null", "")
+    };
+    let (workers, db_workers) = if major >= 18 {
+        (
+            "coalesce(sum(parallel_workers_launched), 0)",
+            ", 'parallel_workers', parallel_workers_launched",
+        )
+    } else {
+        ("null", "")
+    };
     let pgss = match pgss {
         Some(src) => {
             let own = "queryid = any($1::int8[]) \
@@ -164,7 +182,8 @@ pub fn counters_sql(version_num: i32, pgss: Option<&PgssSource>) -> String {
          'transactions', (select coalesce(sum(xact_commit + xact_rollback), 0) from pg_stat_database), \
          'xacts', (select json_build_object('commits', coalesce(sum(xact_commit), 0), \
                   'rollbacks', coalesce(sum(xact_rollback), 0), \
-                  'by_database', coalesce(json_object_agg(datname, json_build_object('commits', xact_commit, 'rollbacks', xact_rollback)) \
+                  'sessions', {sessions}, 'parallel_workers', {workers}, \
+                  'by_database', coalesce(json_object_agg(datname, json_build_object('commits', xact_commit, 'rollbacks', xact_rollback{db_sessions}{db_workers})) \
                   filter (where datname is not null and datname not in ('template0', 'template1')), '{{}}'::json)) \
                   from pg_stat_database), \
          'pgss', {pgss}, \
@@ -324,6 +343,12 @@ pub(super) struct ServerRow {
 pub(super) struct XactsRow {
     pub(super) commits: Option<u64>,
     pub(super) rollbacks: Option<u64>,
+    /// Client connections started (14+).
+    #[serde(default)]
+    pub(super) sessions: Option<u64>,
+    /// Parallel workers launched (18+).
+    #[serde(default)]
+    pub(super) parallel_workers: Option<u64>,
     #[serde(default)]
     pub(super) by_database: BTreeMap<String, crate::recording::reader::DatabaseXacts>,
 }
