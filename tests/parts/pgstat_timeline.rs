@@ -85,7 +85,7 @@ fn record(c: &Cluster) -> (Evidence, u64, tempfile::TempDir) {
         script.push_str(&format!("begin;\ninsert into t values ({i});\n{end};\n"));
     }
     let mut bench_out = None;
-    let (ev, d) = record_while(c, || {
+    let (ev, d) = record_while(c, &[], || {
         let bench = pgbench(c, &["-n", "-S", "-c", "2", "-T", "3"])
             .spawn()
             .unwrap();
@@ -319,7 +319,7 @@ fn checkpoints_from_the_counters_when_the_log_has_none() {
         let init = pgbench(&c, &["-i", "-q", "-s", "1"]).output().unwrap();
         assert!(init.status.success());
         let d = tempfile::tempdir().unwrap();
-        let mut session = pgstat_session(&c, &d.path().join("rec"), false);
+        let mut session = pgstat_session(&c, &d.path().join("rec"), false, &[]);
         // Connected beforehand, so the call is the request itself.
         let mut client =
             postgres::Client::connect(&c.conninfo("postgres"), postgres::NoTls).unwrap();
@@ -371,9 +371,9 @@ fn checkpoints_from_the_counters_when_the_log_has_none() {
     }
 }
 
-/// A session of the pgstat collector attached to `c`, writing to `out`;
-/// with `log`, reading the server log too.
-fn pgstat_session(c: &Cluster, out: &std::path::Path, log: bool) -> Session {
+/// A session of the pgstat collector (and `more`) attached to `c`, writing
+/// to `out`; with `log`, reading the server log too.
+fn pgstat_session(c: &Cluster, out: &std::path::Path, log: bool, more: &[&str]) -> Session {
     let major = c.install().major;
     let mut ctx = Context::new(c.postmaster_pid());
     ctx.dsn = Some(c.conninfo("postgres"));
@@ -384,14 +384,11 @@ fn pgstat_session(c: &Cluster, out: &std::path::Path, log: bool) -> Session {
     let mut manifest = this_host_manifest("attach");
     manifest.postgres.postmaster_pid = c.postmaster_pid();
     manifest.postgres.major = Some(major);
-    Session::start(
-        out.to_path_buf(),
-        manifest,
-        ctx,
-        &["pgstat".to_string()],
-        Vec::new(),
-    )
-    .expect("session")
+    let collectors: Vec<String> = std::iter::once("pgstat")
+        .chain(more.iter().copied())
+        .map(String::from)
+        .collect();
+    Session::start(out.to_path_buf(), manifest, ctx, &collectors, Vec::new()).expect("session")
 }
 
 /// Record `c` with the pgstat collector while `work` runs on another
@@ -400,10 +397,14 @@ fn pgstat_session(c: &Cluster, out: &std::path::Path, log: bool) -> Session {
 /// seconds (pgbelow's own start-up transactions reach pg_stat_database up
 /// to a second late, in the first interval, which the checks leave out);
 /// three after the work (backends report their counters when they exit).
-fn record_while(c: &Cluster, work: impl FnOnce() + Send) -> (Evidence, tempfile::TempDir) {
+fn record_while(
+    c: &Cluster,
+    more: &[&str],
+    work: impl FnOnce() + Send,
+) -> (Evidence, tempfile::TempDir) {
     std::thread::sleep(Duration::from_millis(1500));
     let d = tempfile::tempdir().unwrap();
-    let mut session = pgstat_session(c, &d.path().join("rec"), true);
+    let mut session = pgstat_session(c, &d.path().join("rec"), true, more);
     for _ in 0..2 {
         std::thread::sleep(Duration::from_millis(1000));
         session.tick().unwrap();
@@ -469,7 +470,7 @@ fn assert_counted(rec: &Evidence, expected: u64, (n, source, series): &(u64, Str
 fn a_connection_per_transaction_counts_once() {
     let c = cluster(15, false);
     let mut bench = pgbench(&c, &["-n", "-C", "-S", "-c", "2", "-t", "100"]);
-    let (rec, _keep) = record_while(&c, move || {
+    let (rec, _keep) = record_while(&c, &[], move || {
         let o = bench.output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     });
@@ -506,7 +507,9 @@ fn parallel_workers_transactions_are_not_the_clients() {
          set min_parallel_table_scan_size = 0;\n{}",
         "select count(*) from pgbench_accounts;\n".repeat(40)
     );
-    let (rec, _keep) = record_while(&c, || {
+    // procfs and syscalls too: the workers' processes, most gone before
+    // /proc is read, which the kernel's counts name.
+    let (rec, _keep) = record_while(&c, &["procfs", "syscalls"], || {
         c.psql("postgres", &script).expect("the counts");
     });
     let n = counted(&rec);
@@ -521,4 +524,14 @@ fn parallel_workers_transactions_are_not_the_clients() {
     // 43 transactions; without the workers' taken out, 123 or more.
     assert_counted(&rec, 43, &n);
     assert!(n.1.contains("parallel workers' two each"), "{}", n.1);
+    // The children of the postmaster too short-lived for /proc are named
+    // as the server counted them: parallel workers, not connections.
+    let why = rec
+        .backends_too_short_for_proc()
+        .expect("short-lived children of the postmaster");
+    eprintln!("{why}");
+    assert!(
+        why.contains(&format!("launched {workers} parallel workers")) && !why.contains("pooler"),
+        "{why}"
+    );
 }

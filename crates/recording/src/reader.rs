@@ -286,18 +286,70 @@ impl Loaded {
             .count()
     }
 
+    /// A cumulative server count's growth over the recording (first to last
+    /// pgstat sample); None where it was not read.
+    fn pgstat_growth(&self, f: fn(&PgstatSample) -> Option<u64>) -> Option<u64> {
+        let (a, b) = (self.pgstat.first()?, self.pgstat.last()?);
+        Some(f(b)?.saturating_sub(f(a)?))
+    }
+
+    /// Client connections the server started during the recording
+    /// (pg_stat_database.sessions, 14+).
+    pub fn sessions_started(&self) -> Option<u64> {
+        self.pgstat_growth(|s| s.sessions)
+    }
+
+    /// Parallel workers the server launched during the recording
+    /// (pg_stat_database.parallel_workers_launched, 18+).
+    pub fn parallel_workers_launched(&self) -> Option<u64> {
+        self.pgstat_growth(|s| s.parallel_workers)
+    }
+
     /// Why /proc saw no backend at work though backends ran: they lived
-    /// shorter than a round of its readers. None when that is not so.
+    /// shorter than a round of its readers. None when that is not so. What
+    /// they were comes from the server's counts over the recording where it
+    /// keeps them: connections started (`sessions`, 14+) and parallel
+    /// workers launched (18+). A parallel query's workers are children of
+    /// the postmaster that live for a share of one query, filed as backends
+    /// like a connection per transaction's, and a pooler does nothing for
+    /// them (an attached PostgreSQL 18 under 2 clients' parallel counts:
+    /// 1,112 of them in 10 s, 2 connections).
     pub fn backends_too_short_for_proc(&self) -> Option<String> {
         let n = self.unread_backends();
-        (n > 0).then(|| {
-            format!(
-                "{n} backends lived shorter than a round of /proc's readers (a connection per \
-                 transaction, as pgbench -C): their CPU, run-queue wait and blocked time are not \
-                 in /proc when it looks, so this is not measured (the syscalls and the profile \
-                 still count them; a connection pooler keeps backends long enough to measure, \
-                 and saves the fork per connection)"
-            )
+        if n == 0 {
+            return None;
+        }
+        let (sessions, workers) = (self.sessions_started(), self.parallel_workers_launched());
+        let unmeasured = "their CPU, run-queue wait and blocked time are not in /proc when it \
+                          looks, so this is not measured (the syscalls and the profile still \
+                          count them";
+        let short = "lived shorter than a round of /proc's readers";
+        Some(match (sessions, workers) {
+            (s, Some(w)) if w > 0 && w >= s.unwrap_or(0) => format!(
+                "{n} children of the postmaster {short}, filed as backends: the server \
+                 launched {w} parallel workers{} meanwhile (pg_stat_database), so most were \
+                 parallel workers running a share of their leaders' queries: {unmeasured})",
+                s.map(|s| format!(" and started {s} connections"))
+                    .unwrap_or_default()
+            ),
+            (Some(s), None) if s.saturating_mul(2) < n as u64 => format!(
+                "{n} children of the postmaster {short}, filed as backends, while the server \
+                 started {s} connections (pg_stat_database.sessions): most were not \
+                 connections but workers it started for a moment (parallel workers: their \
+                 count is kept from PostgreSQL 18): {unmeasured})"
+            ),
+            (Some(s), _) => format!(
+                "{n} backends {short} (the server started {s} connections meanwhile: a \
+                 connection per transaction, as pgbench -C): {unmeasured}; a connection \
+                 pooler keeps backends long enough to measure, and saves the fork per \
+                 connection)"
+            ),
+            (None, _) => format!(
+                "{n} backends {short} (a connection per transaction, as pgbench -C, or a \
+                 parallel query's workers: this recording has no count of the server's \
+                 sessions, kept from PostgreSQL 14): {unmeasured}; a connection pooler keeps \
+                 backends long enough to measure, and saves the fork per connection)"
+            ),
         })
     }
 

@@ -318,10 +318,17 @@ fn gate(rec: &Evidence) -> Option<Result<Gate, Held>> {
         0.0
     };
     if outside_share < MIN_OUTSIDE_SHARE {
+        // Parallel workers fill CPUs too, and a pooler does not make fewer.
+        let whose = match rec.rec.parallel_workers_launched() {
+            Some(w) if w > 0 => format!(
+                "more active backends and parallel workers than CPUs, {w} workers launched: \
+                 a pooler's case, or max_parallel_workers_per_gather's"
+            ),
+            _ => "more active backends than CPUs: a pooler's case".to_string(),
+        };
         return Some(Err(Held::Not(format!(
             "processes outside the cluster had {:.0} % of the machine's busy CPU time, a \
-             neighbour's from {:.0} %: the cluster's own processes filled the CPUs (more \
-             active backends than CPUs: a pooler's case)",
+             neighbour's from {:.0} %: the cluster's own processes filled the CPUs ({whose})",
             outside_share * 100.0,
             MIN_OUTSIDE_SHARE * 100.0
         ))));
@@ -716,6 +723,25 @@ mod tests {
             }
         }
         assert!(CpuSaturation.evaluate(&rec).is_none());
+        let line = CpuSaturation.check(&rec).0.line();
+        assert!(
+            line.contains("more active backends than CPUs: a pooler's case"),
+            "{line}"
+        );
+        // Parallel workers launched meanwhile (18 counts them; this
+        // fixture was recorded without the pgstat collector): theirs too.
+        for (t, w) in [(1.0, 0), (8.0, 40)] {
+            rec.rec.pgstat.push(crate::recording::reader::PgstatSample {
+                t,
+                parallel_workers: Some(w),
+                ..Default::default()
+            });
+        }
+        let line = CpuSaturation.check(&rec).0.line();
+        assert!(
+            line.contains("parallel workers than CPUs, 40 workers launched"),
+            "{line}"
+        );
         // The backends waited and others used the CPUs, but the machine was
         // mostly idle (a healthy pgbench's backends wait 0.5 s per CPU s
         // for wake-ups alone): not saturation.

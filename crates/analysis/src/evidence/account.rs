@@ -938,4 +938,53 @@ mod tests {
         let s = r.slice("S").expect("the sleep left over");
         assert!(s.source.contains("counted busy"), "{}", s.source);
     }
+
+    /// What the short-lived children of the postmaster were, from the
+    /// server's counts: the fixture is a real `pgbench -C` recording
+    /// (15, before the counts were read), its samples given the counts
+    /// each kind of server keeps.
+    #[test]
+    fn short_lived_children_are_named_by_what_the_server_counted() {
+        let mut ev = fixture("pg15-tpcb-connection-per-transaction-attached");
+        let n = ev.rec.unread_backends() as u64;
+        assert!(n >= 500, "{n}");
+        let why = |ev: &Evidence| ev.backends_too_short_for_proc().unwrap();
+        // No count (before 14, or an older recording): either cause.
+        let text = why(&ev);
+        assert!(
+            text.contains("or a parallel query's workers") && text.contains("pooler"),
+            "{text}"
+        );
+        // As many sessions as short-lived children: connections.
+        let last = ev.rec.pgstat.len() - 1;
+        for (i, s) in ev.rec.pgstat.iter_mut().enumerate() {
+            s.sessions = Some(if i == last { 10 + n } else { 10 });
+        }
+        let text = why(&ev);
+        assert!(
+            text.contains(&format!("started {n} connections")) && text.contains("pooler"),
+            "{text}"
+        );
+        // Few sessions on 14–17: not connections, and no pooler's advice.
+        for s in ev.rec.pgstat.iter_mut() {
+            s.sessions = Some(10);
+        }
+        let text = why(&ev);
+        assert!(
+            text.contains("most were not connections") && !text.contains("pooler"),
+            "{text}"
+        );
+        // 18 counted the workers it launched.
+        for (i, s) in ev.rec.pgstat.iter_mut().enumerate() {
+            s.parallel_workers = Some(if i == last { 2 * n } else { 0 });
+        }
+        let text = why(&ev);
+        assert!(
+            text.contains(&format!(
+                "launched {} parallel workers and started 0 connections",
+                2 * n
+            )) && !text.contains("pooler"),
+            "{text}"
+        );
+    }
 }
