@@ -585,7 +585,7 @@ fn write_outputs(dir: &Path, ctx: &Context, tracker: Tracker, opts: Options) -> 
     let kallsyms = if opts.kernel {
         symbols::Kallsyms::read()
     } else {
-        symbols::Kallsyms::default()
+        Default::default()
     };
     let user_frames = tracker
         .stacks
