@@ -50,11 +50,14 @@ fn a_throttled_device_stalls_the_checkpoint_and_the_rule_fires() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("stall");
-    // 45 s, not the scenario's 60: the timed checkpoint starts 30 s into
-    // the load and its first second at 0 tps came 4 s later (measured: 0
-    // tps at 34-37 s of 60, 17 stalled seconds), so 15 s of checkpoint
-    // hold the stall; the last 15 s only held more of it.
-    let r = run(&out, &["--duration", "45"]);
+    // The scenario's 60 s: the timed checkpoint starts 30 s into the load
+    // and the whole of it is recorded. Its first second at 0 tps came 4 s
+    // later (0 tps at 34-37 s of 60, 17 stalled seconds) on a fast day, 9 s
+    // later on a slower one (2026-12-04, a fresh clone's CI: 1,204 and 0 tps
+    // at 38-39 s), where a 45 s recording cut the checkpoint off after four
+    // slow seconds and the best of the three slowest read 47 % of the
+    // median: 1.06× past the 50 % bound.
+    let r = run(&out, &[]);
     eprintln!("workload {}", r["workload"]);
     // Measured: the best of the 3 slowest seconds at 0 % of the median
     // (bound 50 %), an infinite margin; 2× is a dip below 25 %.
