@@ -239,7 +239,7 @@ static KEPT: Pool<BTreeMap<u32, Files>> = Pool::new();
 /// call, as without stacks.
 struct BpfStacks {
     ran: Arc<Ran>,
-    kallsyms: Option<std::sync::Arc<Kallsyms>>,
+    kallsyms: Option<Arc<Kallsyms>>,
     /// This round's stacks, once asked for.
     round: Option<std::collections::HashMap<u32, crate::collect::ran::TaskStack>>,
     /// Runs of the iterator this round.
