@@ -1025,6 +1025,18 @@ fn a_cpu_burst_is_an_incident_with_the_seconds_before_it() {
         );
         std::thread::sleep(Duration::from_secs(1));
     }
+    // The loops last through the escalation, which records them with the
+    // deep collectors. Stopped as soon as the alert fires, they lasted 5 s
+    // of the 20 s judged from the onset (2.3 s window raising it, 16 s
+    // escalation), and the incident's verdict — that span judged as
+    // `record` would judge it — was rightly "no findings".
+    let escalations = |m: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with("pgbelow_escalations_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    w.wait_for(120, "the escalated window", |m| escalations(m) >= 1.0);
     drop(hogs);
     let gone = Instant::now();
     let m = w.wait_for(150, "cpu-saturation cleared", |m| !active(m));
@@ -1045,12 +1057,7 @@ fn a_cpu_burst_is_an_incident_with_the_seconds_before_it() {
             >= 1.0,
         "{m}"
     );
-    let escalations: f64 = m
-        .lines()
-        .filter(|l| l.starts_with("pgbelow_escalations_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert!(escalations >= 1.0, "{m}");
+    assert!(escalations(&m) >= 1.0, "{m}");
     let left = sample(&m, "pgbelow_escalation_budget_left_seconds").unwrap();
     assert!(left > 0.0 && left < 72.0, "budget left {left}: {m}");
     let watch_pid = w.child.id();

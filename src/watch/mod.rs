@@ -441,7 +441,12 @@ fn windows_in(
             eprintln!("pgbelow: watch: {tag}observing the server again");
             last_error.clear();
         }
-        lock(metrics).add_window(&ev, &rep, server_up);
+        let escalation = escalated.then(|| {
+            let cpu = ev.rec.manifest.pgbelow_cpu_s.unwrap_or(0.0);
+            flight.budget.charge(ended, cpu);
+            let id = flight.pending.as_ref().map_or("", |p| p.trigger.id);
+            (id, cpu)
+        });
         eprintln!("pgbelow: watch: {tag}{}", window_line(n, &rep));
         if let Some(url) = &opts.otlp_endpoint {
             let pushed = otlp::push(url, &ev);
@@ -455,12 +460,6 @@ fn windows_in(
                 last_push_error.clear();
             }
             lock(metrics).otlp_pushed(pushed.is_ok());
-        }
-        if escalated {
-            let cpu = ev.rec.manifest.pgbelow_cpu_s.unwrap_or(0.0);
-            flight.budget.charge(ended, cpu);
-            let id = flight.pending.as_ref().map_or("", |p| p.trigger.id);
-            lock(metrics).escalated(id, cpu);
         }
         // A rule's key figure past its bound: the window's warnings and
         // criticals, and an info whose check's figure is past its bound
@@ -506,18 +505,42 @@ fn windows_in(
             flight.rearm(&tripped_here);
         }
         let decided = flight.pending.as_ref().map(|p| p.escalate);
-        match decided {
+        let ends_incident = match decided {
             // Just tripped: escalate next, or (no budget) keep it now.
-            Some(false) if !escalated && flight.decide_escalation(ended) => {}
+            Some(false) if !escalated && flight.decide_escalation(ended) => false,
             Some(false) if !escalated => {
                 eprintln!(
                     "pgbelow: watch: {tag}not escalating: the hour's budget ({:.1} CPU-s) is spent",
                     flight.budget.cap_s
                 );
-                keep_incident(opts, work, flight, metrics, target);
+                true
             }
-            Some(_) => keep_incident(opts, work, flight, metrics, target),
-            None => {}
+            Some(_) => true,
+            None => false,
+        };
+        let incident = if ends_incident {
+            flight.take_incident()
+        } else {
+            None
+        };
+        // The window, its escalation, the budget left and the incident it
+        // ends are published at once, before the incident's splice (seconds):
+        // a scrape in between would see a window whose escalation the budget
+        // has not paid, or a cleared finding with no incident yet.
+        {
+            let mut m = lock(metrics);
+            m.add_window(&ev, &rep, server_up);
+            if let Some((id, cpu)) = escalation {
+                m.escalated(id, cpu);
+            }
+            if let Some(inc) = &incident {
+                m.incident(inc.trigger.id);
+            }
+            let (held_s, held_bytes) = flight.held();
+            m.flight(held_s, held_bytes, flight.budget.left(ended));
+        }
+        if let Some(inc) = incident {
+            keep_incident(opts, work, inc, metrics, target);
         }
         if escalated {
             release_freed_memory();
@@ -572,16 +595,12 @@ fn deep_collectors(opts: &WatchOptions) -> Vec<String> {
 fn keep_incident(
     opts: &WatchOptions,
     work: &Path,
-    flight: &mut flight::Flight,
+    inc: flight::Incident,
     metrics: &Mutex<Metrics>,
     target: &Target,
 ) {
     let tag = &target.tag;
-    let Some(inc) = flight.take_incident() else {
-        return;
-    };
     let escalated = inc.escalated.iter().any(|e| *e);
-    lock(metrics).incident(inc.trigger.id);
     let stamp = format!(
         "{}{}",
         chrono::Local::now().format("%Y%m%d-%H%M%S"),
