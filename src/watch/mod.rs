@@ -545,6 +545,8 @@ fn windows_in(
         if escalated {
             release_freed_memory();
         }
+        // Pruned only now (the incident's splice reads windows the prune
+        // may delete), so the history held is published again.
         let (held_s, held_bytes) = {
             flight.prune(std::time::Instant::now());
             flight.held()
